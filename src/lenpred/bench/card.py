@@ -1,0 +1,100 @@
+"""Dataset card of a benchmark: counts, length statistics, truncation, within-prompt spread; Markdown + PNG.
+
+Within-prompt spread (for prompts with >= 2 samples): the mean over prompts of the standard
+deviation of their samples' lengths, and the median over prompts of ``max / max(min, 1)`` — how far
+one prompt's own samples scatter, which bounds what any prompt-only predictor can achieve.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from lenpred.bench.build import load_records
+from lenpred.bench.plan import SPLITS
+from lenpred.io import atomic_path
+
+
+def _spread(prompt_ids: np.ndarray, lengths: np.ndarray) -> tuple[float, float, int]:
+    groups: dict[str, list[float]] = {}
+    for pid, n in zip(prompt_ids, lengths):
+        groups.setdefault(pid, []).append(float(n))
+    multi = [np.asarray(v) for v in groups.values() if len(v) >= 2]
+    if not multi:
+        return float("nan"), float("nan"), 0
+    return (float(np.mean([v.std() for v in multi])), float(np.median([v.max() / max(v.min(), 1.0) for v in multi])),
+            len(multi))
+
+
+def card_stats(bench_dir: str | Path) -> list[dict]:
+    """One row per (scenario, split) plus an ``all`` split per scenario: counts and length statistics in tokens."""
+    t = load_records(bench_dir)
+    cols = {c: np.asarray(t.column(c).to_pylist()) for c in
+            ("scenario", "split", "prompt_id", "num_output_tokens", "finish_reason", "num_prompt_tokens")}
+    rows = []
+    for scenario in sorted(set(cols["scenario"])):
+        for split in (*SPLITS, "all"):
+            m = cols["scenario"] == scenario
+            if split != "all":
+                m &= cols["split"] == split
+            if not m.any():
+                continue
+            y = cols["num_output_tokens"][m]
+            std, ratio, n_multi = _spread(cols["prompt_id"][m], y)
+            rows.append({"scenario": scenario, "split": split, "prompts": int(len(set(cols["prompt_id"][m]))),
+                         "responses": int(m.sum()), "prompt_tokens_mean": float(cols["num_prompt_tokens"][m].mean()),
+                         "mean": float(y.mean()), "median": float(np.median(y)), "p90": float(np.percentile(y, 90)),
+                         "max": int(y.max()), "truncated": float(np.mean(cols["finish_reason"][m] == "length")),
+                         "multi_sample_prompts": n_multi, "within_prompt_std": std,
+                         "within_prompt_max_min_ratio": ratio})
+    return rows
+
+
+def card_markdown(rows: list[dict], title: str) -> str:
+    """The card's Markdown table."""
+    head = ("| scenario | split | prompts | responses | prompt tok (mean) | length mean | median | p90 | max | "
+            "truncated | within-prompt std | within-prompt max/min |")
+    lines = [f"# {title}", "", "Lengths in tokens (EOS excluded); *truncated* = share that hit max_new_tokens; "
+             "within-prompt columns use prompts with >= 2 samples.", "", head, "|---" * 12 + "|"]
+    for r in rows:
+        spread = (f"{r['within_prompt_std']:.1f} | {r['within_prompt_max_min_ratio']:.2f}" if r["multi_sample_prompts"]
+                  else "– | –")
+        lines.append(f"| {r['scenario']} | {r['split']} | {r['prompts']} | {r['responses']} | "
+                     f"{r['prompt_tokens_mean']:.0f} | {r['mean']:.1f} | {r['median']:.0f} | {r['p90']:.0f} | "
+                     f"{r['max']} | {100 * r['truncated']:.1f}% | {spread} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_card(bench_dir: str | Path) -> dict[str, Path]:
+    """Write ``CARD.md``, ``card.json`` and ``card.png`` (length histograms per scenario) into the benchmark dir."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    bench_dir = Path(bench_dir)
+    rows = card_stats(bench_dir)
+    manifest = json.loads((bench_dir / "bench.json").read_text())
+    paths = {"md": bench_dir / "CARD.md", "json": bench_dir / "card.json", "png": bench_dir / "card.png"}
+    with atomic_path(paths["md"]) as tmp:
+        tmp.write_text(card_markdown(rows, f"{bench_dir.name}: responses of {manifest['model_id']} "
+                                           f"(revision {manifest['model_revision']})"))
+    with atomic_path(paths["json"]) as tmp:
+        tmp.write_text(json.dumps(rows, indent=2) + "\n")
+    t = load_records(bench_dir)
+    scen = np.asarray(t.column("scenario").to_pylist())
+    y = np.asarray(t.column("num_output_tokens").to_pylist())
+    scenarios = sorted(set(scen))
+    fig, axes = plt.subplots(1, len(scenarios), figsize=(4 * len(scenarios), 3.2), squeeze=False)
+    for ax, s in zip(axes[0], scenarios):
+        ax.hist(y[scen == s], bins=40, color="tab:blue")
+        ax.set_title(f"{s} (n={int((scen == s).sum())})")
+        ax.set_xlabel("num_output_tokens")
+    axes[0][0].set_ylabel("responses")
+    fig.tight_layout()
+    with atomic_path(paths["png"]) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
+    plt.close(fig)
+    return paths

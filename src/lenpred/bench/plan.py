@@ -1,0 +1,201 @@
+"""Benchmark configuration and the deterministic sampling plan (which prompts, which split, which seeds).
+
+The plan is a pure function of the config, the data files and the tokenizer: prompts of each
+scenario are shuffled per source with the config seed and interleaved across sources, so a larger
+``num_prompts`` extends a smaller plan rather than reshuffling it; a prompt's split comes from a
+hash of its id, so it never moves between splits when the benchmark grows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from lenpred.bench.sources import SCENARIOS, SOURCES, load_prompts
+from lenpred.errors import LenpredError
+
+SPLITS = ("train", "validation", "test")
+
+
+@dataclass
+class ScenarioConfig:
+    """How one scenario is sampled.
+
+    Attributes:
+        sources: prompt sources (registry names) pooled into this scenario.
+        num_prompts: prompts drawn in all, across splits.
+        samples_per_prompt: responses per train prompt.
+        eval_samples_per_prompt: responses per validation/test prompt (more samples there measure the
+            irreducible scatter of a prompt's lengths).
+        temperature: sampling temperature (0.7 chat/CoT, 1.0 RL rollouts in ForeLen).
+        max_new_tokens: generation cap; capped responses are recorded as ``finish_reason="length"``.
+    """
+
+    sources: list[str]
+    num_prompts: int
+    samples_per_prompt: int = 1
+    eval_samples_per_prompt: int = 1
+    temperature: float = 0.7
+    max_new_tokens: int = 512
+
+    def __post_init__(self):
+        unknown = [s for s in self.sources if s not in SOURCES]
+        if unknown:
+            raise LenpredError(f"unknown sources {unknown}; valid sources: {', '.join(SOURCES)}")
+        if self.num_prompts < 1 or self.samples_per_prompt < 1 or self.eval_samples_per_prompt < 1:
+            raise LenpredError("num_prompts and samples per prompt must be >= 1")
+        if not 0 < self.temperature <= 2 or self.max_new_tokens < 1:
+            raise LenpredError("temperature must be in (0, 2] and max_new_tokens >= 1")
+
+
+@dataclass
+class BenchConfig:
+    """A ForeLen-style benchmark for one model.
+
+    Attributes:
+        model: backbone name (alias, hub id or directory) whose responses are sampled.
+        scenarios: per-scenario settings, keyed by ``longseq`` / ``reasoning`` / ``rl``.
+        split_fractions: train / validation / test shares of the prompts (by prompt, never by sample).
+        seed: fixes prompt order, splits and every per-request seed.
+        max_prompt_tokens: longer chat-formatted prompts are left out of the plan (and counted).
+        shard_size: prompts per shard (the unit of atomic writes and of resuming).
+    """
+
+    model: str
+    scenarios: dict[str, ScenarioConfig]
+    split_fractions: tuple[float, float, float] = (0.7, 0.1, 0.2)
+    seed: int = 0
+    max_prompt_tokens: int = 2048
+    shard_size: int = 16
+
+    def __post_init__(self):
+        self.scenarios = {k: v if isinstance(v, ScenarioConfig) else ScenarioConfig(**v)
+                          for k, v in self.scenarios.items()}
+        bad = [k for k in self.scenarios if k not in SCENARIOS]
+        if bad:
+            raise LenpredError(f"unknown scenarios {bad}; valid scenarios: {', '.join(SCENARIOS)}")
+        self.split_fractions = tuple(float(x) for x in self.split_fractions)
+        if len(self.split_fractions) != 3 or abs(sum(self.split_fractions) - 1) > 1e-6:
+            raise LenpredError("split_fractions must be three shares (train, validation, test) summing to 1")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def preset(name: str, model: str) -> BenchConfig:
+    """Named benchmark configurations.
+
+    * ``first``: ~300 prompts / ~600 responses (100 long-form, 100 CoT, 100 RL x 4), 512 tokens.
+    * ``forelen``: the full ForeLen-style build (>=1,500 prompts, >=4,500 responses; RL x 8;
+      4 samples on validation/test prompts of long-form and CoT; 1024 tokens for long-form).
+    * ``tiny``: 3 prompts per scenario, 16 tokens (tests and smoke runs).
+    """
+    longseq = ["longbench_write", "ifeval", "mt_bench", "vicuna_bench", "self_instruct", "alpaca_eval",
+               "alpaca_demo", "sharegpt", "oasst"]
+    reasoning = ["gsm8k", "math", "math500", "aqua", "strategyqa"]
+    if name == "first":
+        return BenchConfig(model, {
+            "longseq": ScenarioConfig(longseq, 100, 1, 1, 0.7, 512),
+            "reasoning": ScenarioConfig(["gsm8k", "math", "aqua"], 100, 1, 1, 0.7, 512),
+            "rl": ScenarioConfig(["gsm8k_train", "mbpp"], 100, 4, 4, 1.0, 512)}, shard_size=32)
+    if name == "forelen":
+        return BenchConfig(model, {
+            "longseq": ScenarioConfig(longseq, 600, 1, 4, 0.7, 1024),
+            "reasoning": ScenarioConfig(reasoning, 600, 1, 4, 0.7, 512),
+            "rl": ScenarioConfig(["gsm8k_train", "math_train", "mbpp", "humaneval"], 320, 8, 8, 1.0, 512)},
+            shard_size=32)
+    if name == "tiny":
+        return BenchConfig(model, {
+            "longseq": ScenarioConfig(["vicuna_bench", "oasst"], 3, 1, 2, 0.7, 16),
+            "reasoning": ScenarioConfig(["gsm8k"], 3, 1, 1, 0.7, 16),
+            "rl": ScenarioConfig(["mbpp"], 3, 2, 2, 1.0, 16)}, shard_size=2)
+    raise LenpredError(f"unknown preset '{name}'; valid presets: first, forelen, tiny")
+
+
+@dataclass(frozen=True)
+class PlannedPrompt:
+    """One prompt of the plan with the seeds of all its samples."""
+
+    scenario: str
+    source: str
+    prompt_id: str
+    split: str
+    num_prompt_tokens: int
+    prompt_token_ids: tuple[int, ...] = field(repr=False)
+    seeds: tuple[int, ...]
+    temperature: float
+    max_new_tokens: int
+
+
+def _unit_hash(*parts: Any) -> float:
+    """Deterministic number in [0, 1) from the parts (stable across Python runs, unlike ``hash``)."""
+    digest = hashlib.sha256("\x1f".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
+def assign_split(prompt_id: str, seed: int, fractions: tuple[float, float, float]) -> str:
+    """Split of a prompt, from a hash of its id: stable when the benchmark grows."""
+    u = _unit_hash("split", seed, prompt_id)
+    return "train" if u < fractions[0] else "validation" if u < fractions[0] + fractions[1] else "test"
+
+
+def sample_seed(prompt_id: str, sample_index: int, seed: int) -> int:
+    """Per-request sampling seed in [0, 2**31) from the prompt id and sample index."""
+    return int(_unit_hash("sample", seed, prompt_id, sample_index) * 2**31)
+
+
+def _interleaved_prompt_ids(cfg: ScenarioConfig, seed: int, data_dir) -> list[tuple[str, list]]:
+    pools = []
+    for name in cfg.sources:
+        items = list(load_prompts(name, data_dir).items())
+        random.Random(f"{seed}:{name}").shuffle(items)
+        pools.append(items)
+    out = []
+    for i in range(max(len(p) for p in pools)):
+        out.extend(p[i] for p in pools if i < len(p))
+    return out
+
+
+def make_plan(config: BenchConfig, tokenizer, data_dir=None) -> tuple[list[PlannedPrompt], dict[str, int]]:
+    """The full, ordered plan: scenarios interleaved prompt by prompt so any prefix covers all of them.
+
+    Returns:
+        ``(plan, skipped)`` where ``skipped`` counts prompts left out per scenario for exceeding
+        ``max_prompt_tokens``.
+    """
+    from lenpred.backbone import chat_token_ids
+
+    per_scenario: dict[str, list[PlannedPrompt]] = {}
+    skipped: dict[str, int] = {}
+    for scenario, cfg in config.scenarios.items():
+        chosen, skipped[scenario] = [], 0
+        for prompt_id, messages in _interleaved_prompt_ids(cfg, config.seed, data_dir):
+            if len(chosen) == cfg.num_prompts:
+                break
+            ids = chat_token_ids(tokenizer, messages)
+            if len(ids) > config.max_prompt_tokens:
+                skipped[scenario] += 1
+                continue
+            split = assign_split(prompt_id, config.seed, config.split_fractions)
+            k = cfg.samples_per_prompt if split == "train" else cfg.eval_samples_per_prompt
+            chosen.append(PlannedPrompt(scenario, prompt_id.rpartition(":")[0], prompt_id, split, len(ids),
+                                        tuple(ids), tuple(sample_seed(prompt_id, s, config.seed) for s in range(k)),
+                                        cfg.temperature, cfg.max_new_tokens))
+        if len(chosen) < cfg.num_prompts:
+            raise LenpredError(f"scenario '{scenario}' asks for {cfg.num_prompts} prompts but its sources hold only "
+                               f"{len(chosen)} usable ones; lower num_prompts or add sources")
+        per_scenario[scenario] = chosen
+    plan = []
+    for i in range(max(len(v) for v in per_scenario.values())):
+        plan.extend(v[i] for v in per_scenario.values() if i < len(v))
+    return plan, skipped
+
+
+def plan_fingerprint(plan: list[PlannedPrompt]) -> str:
+    """Hash of everything that determines the records (ids, prompt tokens, seeds, sampling params)."""
+    h = hashlib.sha256()
+    for p in plan:
+        h.update(repr((p.prompt_id, p.split, p.prompt_token_ids, p.seeds, p.temperature, p.max_new_tokens)).encode())
+    return h.hexdigest()[:16]

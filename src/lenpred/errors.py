@@ -1,0 +1,5 @@
+"""The one exception type the command line turns into a one-line message."""
+
+
+class LenpredError(ValueError):
+    """Bad input or state that the user can fix; the message names the problem and the fix."""

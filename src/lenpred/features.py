@@ -1,0 +1,140 @@
+"""Signal cache: extract prefill signals for many prompts once, resumably, and read them back.
+
+A cache directory holds ``part-XXXXX.safetensors`` files of up to ``part_size`` prompts each (written
+atomically, so a killed run resumes at the first missing part) and ``cache.json`` with the key:
+model revision, layers, whether attention was taken, and a hash of the prompts' token ids. A
+directory whose key differs is refused rather than mixed.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from lenpred.errors import LenpredError
+from lenpred.io import atomic_path, stable_hash, write_json
+from lenpred.signals import PromptSignals, extract_signals
+
+
+def _batches(lengths: list[int], max_batch_tokens: int) -> list[list[int]]:
+    """Group indices (sorted by length, so little padding) into batches of at most ``max_batch_tokens`` padded tokens."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    batches, cur = [], []
+    for i in order:
+        if cur and lengths[i] * (len(cur) + 1) > max_batch_tokens:
+            batches.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        batches.append(cur)
+    return batches
+
+
+def extract_cached(backbone, prompts: dict[str, list[int]], layers: tuple[int, ...], cache: str | Path,
+                   semantic: bool = True, part_size: int = 32, max_batch_tokens: int = 4096,
+                   progress: bool = True) -> dict[str, PromptSignals]:
+    """Signals of every prompt, from the cache where present, extracting (and caching) the rest.
+
+    Args:
+        backbone: the loaded model.
+        prompts: ``{prompt_id: chat token ids}``; order fixes the parts, so keep it stable.
+        layers: hidden-state indices to keep.
+        cache: cache directory.
+        semantic: also take the last layer's attention (ESTP's semantic score).
+        part_size: prompts per cache file (the unit of resuming).
+        max_batch_tokens: padded tokens per forward pass.
+
+    Returns:
+        ``{prompt_id: PromptSignals}``.
+
+    Raises:
+        LenpredError: the directory caches another model, layer set or prompt set; a part is unreadable.
+    """
+    from tqdm.auto import tqdm
+
+    cache = Path(cache)
+    ids = list(prompts)
+    key = {"model_revision": backbone.revision, "layers": list(layers), "semantic": semantic, "part_size": part_size,
+           "prompts": stable_hash([[pid, prompts[pid]] for pid in ids])}
+    meta_path = cache / "cache.json"
+    if meta_path.exists() and json.loads(meta_path.read_text()) != key:
+        raise LenpredError(f"{cache} caches signals for another model / layers / prompt set: delete it or use "
+                           "another --cache directory")
+    write_json(meta_path, key)
+    parts = [ids[i:i + part_size] for i in range(0, len(ids), part_size)]
+    out: dict[str, PromptSignals] = {}
+    total_tokens = sum(len(prompts[p]) for p in ids)
+    bar = tqdm(total=total_tokens, unit="tok", desc="prefill signals", disable=not progress)
+    t0, extracted = time.perf_counter(), 0
+    for k, part in enumerate(parts):
+        path = cache / f"part-{k:05d}.safetensors"
+        if not path.exists():
+            signals = {}
+            token_lists = [prompts[p] for p in part]
+            for batch in _batches([len(t) for t in token_lists], max_batch_tokens):
+                for i, s in zip(batch, extract_signals(backbone, [token_lists[i] for i in batch], layers, semantic)):
+                    signals[part[i]] = s
+            _write_part(path, part, signals)
+            extracted += sum(len(t) for t in token_lists)
+            bar.set_postfix(tok_s=f"{extracted / (time.perf_counter() - t0):.0f}")
+        out.update(_read_part(path, part, tuple(layers)))
+        bar.update(sum(len(prompts[p]) for p in part))
+    bar.close()
+    return out
+
+
+def _write_part(path: Path, part: list[str], signals: dict[str, PromptSignals]) -> None:
+    tensors = {}
+    for i, pid in enumerate(part):
+        s = signals[pid]
+        tensors[f"{i}.hidden_states"] = s.hidden_states.contiguous()
+        tensors[f"{i}.token_entropy"] = s.token_entropy.contiguous()
+        if s.semantic_score is not None:
+            tensors[f"{i}.semantic_score"] = s.semantic_score.contiguous()
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata={"prompt_ids": json.dumps(part)})
+
+
+def _read_part(path: Path, part: list[str], layers: tuple[int, ...]) -> dict[str, PromptSignals]:
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            stored = json.loads((f.metadata() or {})["prompt_ids"])
+        tensors = load_file(str(path))
+    except (OSError, KeyError, ValueError, RuntimeError) as exc:
+        raise LenpredError(f"{path} is unreadable ({type(exc).__name__}): delete it and rerun to re-extract") from None
+    if stored != part:
+        raise LenpredError(f"{path} holds other prompts than expected: delete the cache directory and rerun")
+    return {pid: PromptSignals(tensors[f"{i}.hidden_states"], tensors[f"{i}.token_entropy"],
+                               tensors.get(f"{i}.semantic_score"), layers) for i, pid in enumerate(part)}
+
+
+def measure_overhead(backbone, token_lists: list[list[int]], layers: tuple[int, ...], repeats: int = 2) -> dict:
+    """Prefill throughput (prompt tokens/s) of signal extraction vs plain prefill on the same batch.
+
+    Runs each ``repeats`` times after a warm-up and keeps the fastest. Returns a dict with
+    ``num_prompt_tokens``, ``plain_tok_s``, ``signals_tok_s`` and ``ratio`` (signals / plain; 1 = free).
+    """
+    from lenpred.signals import plain_prefill
+
+    n_tokens = sum(len(t) for t in token_lists)
+
+    def best(fn) -> float:
+        fn()
+        times = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+        return min(times)
+
+    with torch.inference_mode():
+        plain = best(lambda: plain_prefill(backbone, token_lists))
+        full = best(lambda: extract_signals(backbone, token_lists, layers, semantic=True))
+    return {"num_prompt_tokens": n_tokens, "batch_size": len(token_lists), "plain_tok_s": n_tokens / plain,
+            "signals_tok_s": n_tokens / full, "ratio": plain / full}

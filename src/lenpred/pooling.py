@@ -1,0 +1,105 @@
+"""Token poolers: turn one prompt's per-token hidden states into one feature vector.
+
+Every pooler is a pure function ``(hidden_states, token_entropy, semantic_score) -> z`` with
+``hidden_states`` of shape ``(n, d)`` (float32), ``token_entropy`` and ``semantic_score`` of shape
+``(n,)`` and ``z`` of shape ``(d,)``. Weighted poolers compute ``z = sum_i w_i h_i`` from
+``pooling_weights`` ``w`` of shape ``(n,)`` that sum to 1.
+
+Sources: EGTP — Xie et al., "Predicting LLM Output Length via Entropy-Guided Representations"
+(ICLR 2026): ``w = softmax(H)``. ESTP — Ren et al., "When Entropy Is Not Enough" (2026):
+``T = lambda1 * S~ + lambda2 * H~``, ``w = softmax(T / alpha)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from lenpred.errors import LenpredError
+
+
+def zscore(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """Per-prompt standard score ``(x - mean) / (std + eps)`` (population std); ``(n,)`` -> ``(n,)``.
+
+    ESTP's common scale for the semantic score and the entropy (the paper leaves the scale open;
+    we z-score within each prompt so lambda1 and lambda2 weigh comparable units). A prompt of one
+    token maps to 0.
+    """
+    if x.numel() < 2:
+        return torch.zeros_like(x)
+    return (x - x.mean()) / (x.std(unbiased=False) + eps)
+
+
+def egtp_weights(token_entropy: torch.Tensor) -> torch.Tensor:
+    """EGTP pooling weights ``w_i = softmax_i(H_i)`` with ``H_i`` in nats; ``(n,)`` -> ``(n,)``."""
+    return torch.softmax(token_entropy, dim=0)
+
+
+def estp_weights(token_entropy: torch.Tensor, semantic_score: torch.Tensor, lambda1: float = 1.0,
+                 lambda2: float = 1.0, alpha: float = 1.0) -> torch.Tensor:
+    """ESTP pooling weights ``e_i = softmax_i((lambda1 * zscore(S)_i + lambda2 * zscore(H)_i) / alpha)``.
+
+    Args:
+        token_entropy: ``(n,)`` next-token entropy in nats.
+        semantic_score: ``(n,)`` attention received (see :func:`lenpred.signals.semantic_score`).
+        lambda1: weight of the semantic term; lambda2: weight of the entropy term.
+        alpha: softmax temperature (> 0); large alpha tends to mean pooling.
+
+    Raises:
+        LenpredError: ``alpha <= 0``.
+    """
+    if alpha <= 0:
+        raise LenpredError(f"ESTP temperature alpha must be > 0, got {alpha}")
+    t = lambda1 * zscore(semantic_score) + lambda2 * zscore(token_entropy)
+    return torch.softmax(t / alpha, dim=0)
+
+
+def weighted_pool(hidden_states: torch.Tensor, pooling_weights: torch.Tensor) -> torch.Tensor:
+    """``z = sum_i w_i h_i``: ``(n, d)`` and ``(n,)`` -> ``(d,)``."""
+    return pooling_weights.to(hidden_states.dtype) @ hidden_states
+
+
+@dataclass(frozen=True)
+class Pooler:
+    """A named pooler with its hyper-parameters (``lambda1``, ``lambda2``, ``alpha`` for ESTP).
+
+    Call it on one prompt's signals: ``pooler(hidden_states, token_entropy, semantic_score) -> (d,)``.
+    """
+
+    name: str
+    lambda1: float = 1.0
+    lambda2: float = 1.0
+    alpha: float = 1.0
+
+    def __post_init__(self):
+        if self.name not in POOLERS:
+            raise LenpredError(f"unknown pooler '{self.name}'; valid poolers: {', '.join(POOLERS)}")
+
+    @property
+    def needs_semantic_score(self) -> bool:
+        """Whether the pooler reads attention (which costs an eager last layer)."""
+        return self.name in ("estp", "semantic_only")
+
+    def __call__(self, hidden_states: torch.Tensor, token_entropy: torch.Tensor,
+                 semantic_score: torch.Tensor | None = None) -> torch.Tensor:
+        if self.needs_semantic_score and semantic_score is None:
+            raise LenpredError(f"pooler '{self.name}' needs semantic_score: extract signals with attention")
+        return POOLERS[self.name](self, hidden_states, token_entropy, semantic_score)
+
+
+POOLERS: dict[str, Callable[..., torch.Tensor]] = {
+    "egtp": lambda p, h, H, S: weighted_pool(h, egtp_weights(H)),
+    "estp": lambda p, h, H, S: weighted_pool(h, estp_weights(H, S, p.lambda1, p.lambda2, p.alpha)),
+    "entropy_only": lambda p, h, H, S: weighted_pool(h, estp_weights(H, S if S is not None else H, 0.0, 1.0,
+                                                                     p.alpha)),
+    "semantic_only": lambda p, h, H, S: weighted_pool(h, estp_weights(H, S, 1.0, 0.0, p.alpha)),
+    "mean": lambda p, h, H, S: h.mean(dim=0),
+    "last": lambda p, h, H, S: h[-1],
+    "max": lambda p, h, H, S: h.max(dim=0).values,
+}
+"""Registry of poolers: name -> ``fn(pooler, hidden_states, token_entropy, semantic_score)``.
+
+``entropy_only`` / ``semantic_only`` are the ESTP ablations (one term, z-scored, temperature alpha);
+``egtp`` uses raw entropies with temperature 1 as in the EGTP paper."""

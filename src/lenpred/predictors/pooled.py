@@ -1,0 +1,70 @@
+"""Pooled-representation predictors: a pooler over one layer's token hidden states + the soft-label head.
+
+``egtp`` and ``estp`` are the two papers' methods; ``mean``, ``last``, ``max``, ``entropy_only`` and
+``semantic_only`` are the same head over other poolers (ablations / baselines).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from lenpred.heads import HeadConfig, SoftLabelRegressor
+from lenpred.pooling import POOLERS, Pooler
+from lenpred.predictors import Predictor, register
+
+
+def pool_features(signals: list, pooler: Pooler, layer: int) -> np.ndarray:
+    """Pooled features ``(n, d)`` float32: ``pooler`` applied to each prompt's ``layer`` hidden states."""
+    return torch.stack([pooler(s.layer(layer), s.token_entropy, s.semantic_score) for s in signals]).numpy()
+
+
+class PooledHeadPredictor(Predictor):
+    """``pooler`` over hidden-state index ``layer``, then :class:`SoftLabelRegressor`.
+
+    Args:
+        layer: hidden-state index (0 = embeddings, L = final-norm output of the last layer).
+        lambda1, lambda2, alpha: ESTP weights and temperature (ignored by poolers that do not use them).
+        seed: head initialisation / batch order.
+        head: :class:`HeadConfig` fields as a dict (JSON-able so ``save``/``load`` round-trip).
+    """
+
+    pooler_name = "mean"
+
+    def __init__(self, layer: int = -1, lambda1: float = 1.0, lambda2: float = 1.0, alpha: float = 1.0,
+                 seed: int = 0, head: dict | None = None):
+        super().__init__(layer=layer, lambda1=lambda1, lambda2=lambda2, alpha=alpha, seed=seed, head=head or {})
+        self.pooler = Pooler(self.pooler_name, lambda1, lambda2, alpha)
+        self.layer = layer
+
+    def features(self, signals: list) -> np.ndarray:
+        """Pooled features ``(n, d)`` of the signals (what the head sees)."""
+        layer = self.layer if self.layer >= 0 else signals[0].layers[-1] + 1 + self.layer
+        return pool_features(signals, self.pooler, layer)
+
+    def fit(self, signals, y):
+        self.head_ = SoftLabelRegressor(HeadConfig(**self.params["head"]), self.params["seed"])
+        self.head_.fit(self.features(signals), y)
+        return self
+
+    def predict(self, signals):
+        return self.head_.predict(self.features(signals))
+
+    def _get_state(self):
+        state = self.head_.state()
+        tensors = {f"module.{k}": v for k, v in state.pop("module").items()}
+        for key in ("edges", "centres", "mean", "std"):
+            tensors[key] = torch.from_numpy(np.asarray(state.pop(key)))
+        return tensors, state
+
+    def _set_state(self, tensors, info):
+        state = dict(info)
+        state["module"] = {k[len("module."):]: v for k, v in tensors.items() if k.startswith("module.")}
+        for key in ("edges", "centres", "mean", "std"):
+            state[key] = tensors[key].numpy()
+        self.head_ = SoftLabelRegressor.from_state(state)
+
+
+for _name in POOLERS:
+    register(_name)(type(f"{_name.title().replace('_', '')}Predictor", (PooledHeadPredictor,),
+                         {"pooler_name": _name, "__doc__": f"Soft-label head over '{_name}'-pooled hidden states."}))

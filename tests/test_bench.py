@@ -1,0 +1,153 @@
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pyarrow.parquet as pq
+import pytest
+
+from lenpred.bench.build import build_benchmark, load_records, shard_path
+from lenpred.bench.plan import BenchConfig, ScenarioConfig
+from lenpred.errors import LenpredError
+
+
+def tiny_config(model: str, max_new_tokens: int = 6) -> BenchConfig:
+    return BenchConfig(model, {
+        "longseq": ScenarioConfig(["vicuna_bench", "oasst"], 4, 1, 2, 0.7, max_new_tokens),
+        "reasoning": ScenarioConfig(["gsm8k"], 3, 1, 1, 0.7, max_new_tokens),
+        "rl": ScenarioConfig(["mbpp"], 3, 2, 2, 1.0, max_new_tokens)}, shard_size=2, seed=3)
+
+
+def _rows(bench_dir):
+    t = load_records(bench_dir)
+    return [(r["prompt_id"], r["sample_index"], r["seed"], tuple(r["response_token_ids"]), r["finish_reason"])
+            for r in t.to_pylist()]
+
+
+def test_build_records_and_schema(tiny_model_dir, tiny_data_dir, tmp_path):
+    cfg = tiny_config(str(tiny_model_dir))
+    out = build_benchmark(cfg, tmp_path / "b", engine="transformers", data_dir=tiny_data_dir)
+    t = load_records(out)
+    rows = t.to_pylist()
+    # 10 prompts; samples: train prompts get samples_per_prompt, others eval_samples_per_prompt
+    assert len({r["prompt_id"] for r in rows}) == 10
+    for r in rows:
+        cfg_s = cfg.scenarios[r["scenario"]]
+        assert r["num_output_tokens"] == len(r["response_token_ids"]) <= cfg_s.max_new_tokens
+        assert r["finish_reason"] == ("length" if r["num_output_tokens"] == cfg_s.max_new_tokens else "stop")
+        assert 3 not in r["response_token_ids"]  # EOS (id 3) excluded
+        assert r["engine"] == "transformers" and r["model_revision"]
+    per_prompt = {}
+    for r in rows:
+        per_prompt.setdefault(r["prompt_id"], []).append(r["sample_index"])
+    for pid, idx in per_prompt.items():
+        assert sorted(idx) == list(range(len(idx)))
+    rl = [r for r in rows if r["scenario"] == "rl"]
+    assert len(rl) == 6 and len({r["seed"] for r in rl}) == 6  # per-request seeds, never shared
+    # splits are by prompt: no prompt in two splits
+    splits = {}
+    for r in rows:
+        splits.setdefault(r["prompt_id"], set()).add(r["split"])
+    assert all(len(s) == 1 for s in splits.values())
+
+
+def test_resume_after_partial_build_gives_identical_records(tiny_model_dir, tiny_data_dir, tmp_path):
+    cfg = tiny_config(str(tiny_model_dir))
+    full = build_benchmark(cfg, tmp_path / "full", engine="transformers", data_dir=tiny_data_dir)
+    part = build_benchmark(cfg, tmp_path / "part", engine="transformers", data_dir=tiny_data_dir, max_shards=2)
+    assert len(list((part / "shards").glob("*.parquet"))) == 2
+    build_benchmark(cfg, part, engine="transformers", data_dir=tiny_data_dir)
+    assert _rows(part) == _rows(full)
+
+
+def test_kill_mid_build_then_resume(tiny_model_dir, tiny_data_dir, tmp_path):
+    """SIGKILL a build after its first shard lands; the rerun fills exactly the gaps."""
+    cfg = tiny_config(str(tiny_model_dir), max_new_tokens=24)
+    reference = build_benchmark(cfg, tmp_path / "ref", engine="transformers", data_dir=tiny_data_dir)
+    out = tmp_path / "killed"
+    code = ("import sys; sys.path.insert(0, {tests!r}); from test_bench import tiny_config; "
+            "from lenpred.bench.build import build_benchmark; "
+            "build_benchmark(tiny_config({model!r}, 24), {out!r}, engine='transformers', data_dir={data!r})"
+            ).format(tests=os.path.dirname(__file__), model=str(tiny_model_dir), out=str(out), data=str(tiny_data_dir))
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while not shard_path(out, 0).exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    done = sorted(p.name for p in (out / "shards").glob("*.parquet"))
+    assert done and len(done) < 5, "the kill should land mid-build"
+    build_benchmark(cfg, out, engine="transformers", data_dir=tiny_data_dir)
+    assert _rows(out) == _rows(reference)
+
+
+def test_other_plan_in_directory_is_refused(tiny_model_dir, tiny_data_dir, tmp_path):
+    cfg = tiny_config(str(tiny_model_dir))
+    out = build_benchmark(cfg, tmp_path / "b", engine="transformers", data_dir=tiny_data_dir, max_shards=1)
+    other = tiny_config(str(tiny_model_dir))
+    other.seed = 4
+    with pytest.raises(LenpredError, match="another plan_fingerprint"):
+        build_benchmark(other, out, engine="transformers", data_dir=tiny_data_dir)
+
+
+def test_corrupt_shard_is_detected(tiny_model_dir, tiny_data_dir, tmp_path):
+    cfg = tiny_config(str(tiny_model_dir))
+    out = build_benchmark(cfg, tmp_path / "b", engine="transformers", data_dir=tiny_data_dir, max_shards=1)
+    shard_path(out, 0).write_bytes(b"not parquet")
+    with pytest.raises(LenpredError, match="not a readable lenpred shard"):
+        load_records(out)
+    with pytest.raises(LenpredError, match="not a readable lenpred shard"):
+        build_benchmark(cfg, out, engine="transformers", data_dir=tiny_data_dir)
+
+
+def test_missing_source_file(tiny_model_dir, tiny_data_dir, tmp_path):
+    (tiny_data_dir / "gsm8k" / "test.jsonl").unlink()
+    with pytest.raises(LenpredError, match="gsm8k/test.jsonl, which is missing"):
+        build_benchmark(tiny_config(str(tiny_model_dir)), tmp_path / "b", engine="transformers",
+                        data_dir=tiny_data_dir)
+    assert not (tmp_path / "b").exists()  # nothing half-written
+
+
+def test_unknown_engine(tiny_model_dir, tiny_data_dir, tmp_path):
+    with pytest.raises(LenpredError, match="unknown engine 'tgi'"):
+        build_benchmark(tiny_config(str(tiny_model_dir)), tmp_path / "b", engine="tgi", data_dir=tiny_data_dir)
+
+
+@pytest.mark.slow
+def test_real_model_slice_of_20_prompts(tmp_path):
+    """Issue 3's CI check: the default model, transformers engine, 20 real prompts, resumable."""
+    from lenpred.bench.sources import default_data_dir
+
+    if not default_data_dir().is_dir():
+        pytest.skip("no ../shared/datasets here")
+    cfg = BenchConfig("smollm2-135m-instruct", {
+        "longseq": ScenarioConfig(["vicuna_bench", "mt_bench"], 7, 1, 1, 0.7, 8),
+        "reasoning": ScenarioConfig(["gsm8k", "aqua"], 7, 1, 1, 0.7, 8),
+        "rl": ScenarioConfig(["mbpp", "gsm8k_train"], 6, 2, 2, 1.0, 8)}, shard_size=5)
+    out = build_benchmark(cfg, tmp_path / "b", engine="transformers", max_shards=2)
+    build_benchmark(cfg, out, engine="transformers")
+    t = load_records(out)
+    assert t.num_rows == 26 and len(set(t.column("prompt_id").to_pylist())) == 20
+    assert set(t.column("scenario").to_pylist()) == {"longseq", "reasoning", "rl"}
+    meta = pq.read_schema(shard_path(out, 0)).metadata
+    assert b"plan_fingerprint" in meta[b"lenpred"]
+
+
+def test_card_counts_and_spread(tiny_model_dir, tiny_data_dir, tmp_path):
+    from lenpred.bench.card import _spread, write_card
+
+    # hand-worked spread: prompt a has lengths 2 and 6 (std 2, max/min 3), b has 4 and 4 (std 0, ratio 1),
+    # c has one sample (ignored) -> mean std 1.0, median ratio 2.0, 2 multi-sample prompts
+    assert _spread(["a", "a", "b", "b", "c"], [2, 6, 4, 4, 9]) == (1.0, 2.0, 2)
+    out = build_benchmark(tiny_config(str(tiny_model_dir)), tmp_path / "b", engine="transformers",
+                          data_dir=tiny_data_dir)
+    paths = write_card(out)
+    rows = json.loads(paths["json"].read_text())
+    records = load_records(out).to_pylist()
+    rl_all = next(r for r in rows if r["scenario"] == "rl" and r["split"] == "all")
+    assert rl_all["prompts"] == 3 and rl_all["responses"] == 6
+    lengths = [r["num_output_tokens"] for r in records if r["scenario"] == "rl"]
+    assert rl_all["max"] == max(lengths) and rl_all["mean"] == pytest.approx(sum(lengths) / 6)
+    assert paths["png"].read_bytes()[:4] == b"\x89PNG" and "| rl | all | 3 | 6 |" in paths["md"].read_text()

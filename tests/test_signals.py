@@ -1,0 +1,106 @@
+import math
+
+import pytest
+import torch
+
+from lenpred.errors import LenpredError
+from lenpred.signals import (extract_signals, left_pad, semantic_score_from_attention,
+                             token_entropy_from_logits)
+
+
+def test_token_entropy_hand_values():
+    # uniform over 4 -> ln 4; one-hot-ish (logit gap 1000) -> 0; [0, ln 3] -> p = [1/4, 3/4]
+    logits = torch.tensor([[0.0, 0.0, 0.0, 0.0], [1000.0, 0.0, 0.0, 0.0], [0.0, math.log(3), -1e9, -1e9]])
+    h = token_entropy_from_logits(logits)
+    expected_third = -(0.25 * math.log(0.25) + 0.75 * math.log(0.75))  # 0.5623
+    assert h.tolist() == pytest.approx([math.log(4), 0.0, expected_third], abs=1e-5)
+
+
+def test_semantic_score_hand_values_with_left_padding():
+    # one head, row b=0 has one pad token in front (n=3 padded, 2 real tokens)
+    A = torch.zeros(1, 1, 3, 3)
+    A[0, 0, 0] = torch.tensor([1.0, 0.0, 0.0])   # pad query: must be ignored
+    A[0, 0, 1] = torch.tensor([0.0, 1.0, 0.0])   # token 1 attends to itself
+    A[0, 0, 2] = torch.tensor([0.0, 0.6, 0.4])   # token 2 attends 0.6 to token 1, 0.4 to itself
+    mask = torch.tensor([[0, 1, 1]])
+    S = semantic_score_from_attention(A, mask)
+    # j=1: (1.0 + 0.6) / (n - j = 2) = 0.8 ; j=2: 0.4 / 1 ; pad position -> 0
+    assert S[0].tolist() == pytest.approx([0.0, 0.8, 0.4])
+
+
+def test_semantic_score_averages_heads():
+    A = torch.zeros(1, 2, 2, 2)
+    A[0, 0] = torch.tensor([[1.0, 0.0], [1.0, 0.0]])
+    A[0, 1] = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    S = semantic_score_from_attention(A, torch.ones(1, 2))
+    # head mean: [[1,0],[0.5,0.5]]; j=0: (1+0.5)/2 = 0.75; j=1: 0.5/1
+    assert S[0].tolist() == pytest.approx([0.75, 0.5])
+
+
+def test_left_pad():
+    ids, mask = left_pad([[5, 6, 7], [8]], pad_token_id=1)
+    assert ids.tolist() == [[5, 6, 7], [1, 1, 8]]
+    assert mask.tolist() == [[1, 1, 1], [0, 0, 1]]
+
+
+def test_signals_match_full_eager_reference(tiny_backbone):
+    from transformers import AutoModelForCausalLM
+
+    ids = [2, 10, 11, 12, 13, 14, 3]
+    s = extract_signals(tiny_backbone, [ids], layers=(0, 1, 2))[0]
+    ref = AutoModelForCausalLM.from_pretrained(tiny_backbone.model_dir, attn_implementation="eager")
+    with torch.no_grad():
+        out = ref(torch.tensor([ids]), output_hidden_states=True, output_attentions=True)
+    assert s.hidden_states.shape == (3, len(ids), 32)
+    for k in range(3):
+        torch.testing.assert_close(s.hidden_states[k], out.hidden_states[k][0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(s.token_entropy, token_entropy_from_logits(out.logits[0]), atol=1e-5, rtol=1e-5)
+    A = out.attentions[-1][0].mean(0)  # (n, n)
+    n = len(ids)
+    expected_S = A.sum(0) / torch.arange(n, 0, -1)
+    torch.testing.assert_close(s.semantic_score, expected_S, atol=1e-6, rtol=1e-5)
+    assert tiny_backbone.model.config._attn_implementation == "sdpa"  # restored after extraction
+
+
+def test_signals_do_not_depend_on_batch_mates(tiny_backbone):
+    prompts = [[2, 10, 11, 3], [2, 12, 13, 14, 15, 16, 17, 3], [2, 18, 3]]
+    batch = extract_signals(tiny_backbone, prompts, layers=(1, 2))
+    for p, b in zip(prompts, batch):
+        alone = extract_signals(tiny_backbone, [p], layers=(1, 2))[0]
+        assert b.hidden_states.shape[1] == len(p)
+        torch.testing.assert_close(b.hidden_states, alone.hidden_states, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(b.token_entropy, alone.token_entropy, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(b.semantic_score, alone.semantic_score, atol=1e-4, rtol=1e-4)
+
+
+def test_bad_inputs(tiny_backbone):
+    with pytest.raises(LenpredError, match="empty prompt"):
+        extract_signals(tiny_backbone, [[]], layers=(1,))
+    with pytest.raises(LenpredError, match="context window"):
+        extract_signals(tiny_backbone, [[2] * 65], layers=(1,))
+    with pytest.raises(LenpredError, match="layers must be in"):
+        extract_signals(tiny_backbone, [[2, 3]], layers=(5,))
+    s = extract_signals(tiny_backbone, [[2, 3]], layers=(-1,), semantic=False)[0]
+    assert s.semantic_score is None and s.layers == (2,)
+    with pytest.raises(LenpredError, match="not extracted"):
+        s.layer(1)
+
+
+@pytest.mark.slow
+def test_real_model_batch_independence_and_overhead():
+    from lenpred.backbone import chat_token_ids, load_backbone
+    from lenpred.features import measure_overhead
+
+    bb = load_backbone()
+    texts = ["Hi", "Write a long poem about the sea, the sky and the birds that fly over both.", "What is 2+2?"]
+    prompts = [chat_token_ids(bb.tokenizer, [{"role": "user", "content": t}]) for t in texts]
+    batch = extract_signals(bb, prompts, layers=(15, -1))
+    for p, b in zip(prompts, batch):
+        alone = extract_signals(bb, [p], layers=(15, -1))[0]
+        torch.testing.assert_close(b.hidden_states, alone.hidden_states, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(b.token_entropy, alone.token_entropy, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(b.semantic_score, alone.semantic_score, atol=1e-4, rtol=1e-4)
+    # entropies are in nats, between 0 and ln(vocab)
+    assert all(0 <= float(s.token_entropy.min()) and float(s.token_entropy.max()) <= math.log(49152) for s in batch)
+    o = measure_overhead(bb, prompts, (15, -1), repeats=1)
+    assert o["num_prompt_tokens"] == sum(map(len, prompts)) and o["ratio"] > 0
