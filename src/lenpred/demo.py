@@ -133,14 +133,14 @@ def run_demo(cfg: DemoConfig, console=None) -> dict:
     from lenpred.features import extract_cached, measure_overhead
     from lenpred.io import stable_hash
 
-    console = console or Console()
+    console = console or Console(width=max(Console().width, 150))  # the table has 9 columns
     t_start = time.perf_counter()
     table = load_records(cfg.bench)
     backbone = load_backbone(cfg.model, num_threads=cfg.threads)
     cols, prompts = load_samples(table, backbone.tokenizer, cfg.data_dir)
     layers = tuple(sorted({l if l >= 0 else backbone.num_layers + 1 + l for l in cfg.layers}))
     cache = Path(cfg.cache) if cfg.cache else cache_dir() / "signals" / (
-        f"{Path(cfg.bench).name}-{backbone.revision}-{stable_hash([layers, sorted(prompts)], 8)}")
+        f"{Path(cfg.bench).name}-{backbone.revision}-{stable_hash(layers, 8)}")
     t_extract = time.perf_counter()
     by_prompt = extract_cached(backbone, prompts, layers, cache)
     t_extract = time.perf_counter() - t_extract

@@ -1,9 +1,10 @@
 """Signal cache: extract prefill signals for many prompts once, resumably, and read them back.
 
-A cache directory holds ``part-XXXXX.safetensors`` files of up to ``part_size`` prompts each (written
-atomically, so a killed run resumes at the first missing part) and ``cache.json`` with the key:
-model revision, layers, whether attention was taken, and a hash of the prompts' token ids. A
-directory whose key differs is refused rather than mixed.
+A cache directory holds ``part-<hash>.safetensors`` files of up to ``part_size`` prompts each, named
+by a hash of their prompt ids and token ids (written atomically, so a killed run resumes at the
+first missing part, and a grown benchmark reuses every part whose prompts did not change), and
+``cache.json`` with the key: model revision, layers, whether attention was taken. A directory whose
+key differs is refused rather than mixed.
 """
 
 from __future__ import annotations
@@ -58,20 +59,19 @@ def extract_cached(backbone, prompts: dict[str, list[int]], layers: tuple[int, .
 
     cache = Path(cache)
     ids = list(prompts)
-    key = {"model_revision": backbone.revision, "layers": list(layers), "semantic": semantic, "part_size": part_size,
-           "prompts": stable_hash([[pid, prompts[pid]] for pid in ids])}
+    key = {"model_revision": backbone.revision, "layers": list(layers), "semantic": semantic}
     meta_path = cache / "cache.json"
     if meta_path.exists() and json.loads(meta_path.read_text()) != key:
-        raise LenpredError(f"{cache} caches signals for another model / layers / prompt set: delete it or use "
-                           "another --cache directory")
+        raise LenpredError(f"{cache} caches signals for another model / layers: delete it or use another "
+                           "--cache directory")
     write_json(meta_path, key)
     parts = [ids[i:i + part_size] for i in range(0, len(ids), part_size)]
     out: dict[str, PromptSignals] = {}
     total_tokens = sum(len(prompts[p]) for p in ids)
     bar = tqdm(total=total_tokens, unit="tok", desc="prefill signals", disable=not progress)
     t0, extracted = time.perf_counter(), 0
-    for k, part in enumerate(parts):
-        path = cache / f"part-{k:05d}.safetensors"
+    for part in parts:
+        path = cache / f"part-{stable_hash([[pid, prompts[pid]] for pid in part])}.safetensors"
         if not path.exists():
             signals = {}
             token_lists = [prompts[p] for p in part]
@@ -100,13 +100,13 @@ def _write_part(path: Path, part: list[str], signals: dict[str, PromptSignals]) 
 
 
 def _read_part(path: Path, part: list[str], layers: tuple[int, ...]) -> dict[str, PromptSignals]:
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
     try:
         with safe_open(str(path), framework="pt") as f:
             stored = json.loads((f.metadata() or {})["prompt_ids"])
         tensors = load_file(str(path))
-    except (OSError, KeyError, ValueError, RuntimeError) as exc:
+    except (OSError, KeyError, ValueError, RuntimeError, SafetensorError) as exc:
         raise LenpredError(f"{path} is unreadable ({type(exc).__name__}): delete it and rerun to re-extract") from None
     if stored != part:
         raise LenpredError(f"{path} holds other prompts than expected: delete the cache directory and rerun")

@@ -41,6 +41,8 @@ class ScenarioConfig:
     max_new_tokens: int = 512
 
     def __post_init__(self):
+        if not self.sources:
+            raise LenpredError("a scenario needs at least one source; valid sources: " + ", ".join(SOURCES))
         unknown = [s for s in self.sources if s not in SOURCES]
         if unknown:
             raise LenpredError(f"unknown sources {unknown}; valid sources: {', '.join(SOURCES)}")
@@ -73,6 +75,8 @@ class BenchConfig:
     def __post_init__(self):
         self.scenarios = {k: v if isinstance(v, ScenarioConfig) else ScenarioConfig(**v)
                           for k, v in self.scenarios.items()}
+        if not self.scenarios:
+            raise LenpredError(f"a benchmark needs at least one scenario of {', '.join(SCENARIOS)}")
         bad = [k for k in self.scenarios if k not in SCENARIOS]
         if bad:
             raise LenpredError(f"unknown scenarios {bad}; valid scenarios: {', '.join(SCENARIOS)}")

@@ -80,14 +80,14 @@ class Predictor:
         Raises:
             LenpredError: the file is missing, unreadable, or not a lenpred predictor.
         """
-        from safetensors import safe_open
+        from safetensors import SafetensorError, safe_open
 
         try:
             with safe_open(str(path), framework="pt") as f:
                 header = f.metadata() or {}
             tensors = load_file(str(path))
             name, params, info = header["predictor"], json.loads(header["params"]), json.loads(header["info"])
-        except (OSError, KeyError, ValueError, RuntimeError) as exc:
+        except (OSError, KeyError, ValueError, RuntimeError, SafetensorError) as exc:
             raise LenpredError(f"{path} is not a readable lenpred predictor ({type(exc).__name__}); retrain it") from None
         predictor = make_predictor(name, **params)
         predictor._set_state(tensors, info)

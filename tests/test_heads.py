@@ -1,0 +1,238 @@
+"""Unit tests of lenpred.heads: bins, soft labels, the combined loss and the soft-label regressor."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from lenpred.errors import LenpredError
+from lenpred.heads import (DistributionHead, HeadConfig, SoftLabelRegressor, assign_bins, bin_centres,
+                           length_bin_edges, soft_label_loss, soft_labels)
+
+# lengths 0..8: numpy's linear quantile sits at position q * (9 - 1) = 8q, so the 1/4, 2/4, 3/4
+# quantiles are exactly the values at positions 2, 4, 6: 2, 4 and 6.
+NINE = np.arange(9, dtype=float)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny matrices: one intra-op thread is ~50x faster than two on a busy 2-core machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+# ---------------------------------------------------------------- bins
+
+
+def test_length_bin_edges_equal_mass():
+    edges = length_bin_edges(NINE, num_bins=4)
+    np.testing.assert_array_equal(edges, [-np.inf, 2.0, 4.0, 6.0, np.inf])
+
+
+def test_length_bin_edges_interpolated_quantiles():
+    # lengths 1..8 (n=8), K=4: positions 7/4, 7/2, 21/4 -> 2.75, 4.5, 6.25
+    edges = length_bin_edges(np.arange(1, 9), num_bins=4)
+    np.testing.assert_allclose(edges[1:-1], [2.75, 4.5, 6.25])
+    assert edges[0] == -np.inf and edges[-1] == np.inf
+
+
+def test_length_bin_edges_merges_duplicates():
+    # 9 lengths, 7 of them capped at 256: the quartiles (positions 2, 4, 6) are all 256 -> one inner edge
+    lengths = np.array([10, 20] + [256] * 7)
+    edges = length_bin_edges(lengths, num_bins=4)
+    np.testing.assert_array_equal(edges, [-np.inf, 256.0, np.inf])
+    assert np.all(np.diff(edges) > 0)
+
+
+@pytest.mark.parametrize("lengths, k", [([5.0], 4), ([], 4), ([1.0, 2.0, 3.0], 1)])
+def test_length_bin_edges_rejects_bad_input(lengths, k):
+    with pytest.raises(LenpredError):
+        length_bin_edges(np.array(lengths), num_bins=k)
+
+
+def test_assign_bins_boundaries_are_left_closed():
+    edges = np.array([-np.inf, 2.0, 4.0, 6.0, np.inf])
+    # bin j is [edges[j], edges[j+1]): an edge value belongs to the bin above it
+    got = assign_bins(np.array([-100.0, 0.0, 1.999, 2.0, 3.5, 4.0, 5.999, 6.0, 1e9]), edges)
+    np.testing.assert_array_equal(got, [0, 0, 0, 1, 1, 2, 2, 3, 3])
+
+
+def test_bin_centres_are_bin_means():
+    edges = length_bin_edges(NINE, num_bins=4)
+    # bins: {0,1} -> 0.5, {2,3} -> 2.5, {4,5} -> 4.5, {6,7,8} -> 7
+    np.testing.assert_allclose(bin_centres(NINE, edges), [0.5, 2.5, 4.5, 7.0])
+
+
+def test_bin_centres_with_duplicates():
+    lengths = np.array([10, 20] + [256] * 7)
+    np.testing.assert_allclose(bin_centres(lengths, length_bin_edges(lengths, 4)), [15.0, 256.0])
+
+
+def test_bin_centres_empty_bin_takes_mid_of_finite_edges():
+    edges = np.array([-np.inf, 2.0, 4.0, 6.0, np.inf])
+    # lengths {0, 1} in bin 0, nothing in bins 1 and 2, {7, 9} in bin 3
+    np.testing.assert_allclose(bin_centres(np.array([0.0, 1.0, 7.0, 9.0]), edges), [0.5, 3.0, 5.0, 8.0])
+
+
+# ---------------------------------------------------------------- soft labels
+
+
+def test_soft_labels_hand_row_k3_b0():
+    q = soft_labels(torch.tensor([0]), 3, tau=1.0)
+    # q ∝ [e^0, e^-1, e^-2]
+    raw = np.array([1.0, math.exp(-1), math.exp(-2)])
+    np.testing.assert_allclose(q.numpy()[0], raw / raw.sum(), atol=1e-6)
+
+
+def test_soft_labels_middle_bin_and_tau():
+    q = soft_labels(torch.tensor([1, 2]), 3, tau=2.0)
+    # b=1: [e^-1/2, 1, e^-1/2]; b=2: [e^-1, e^-1/2, 1]
+    r1 = np.array([math.exp(-0.5), 1.0, math.exp(-0.5)])
+    r2 = np.array([math.exp(-1), math.exp(-0.5), 1.0])
+    np.testing.assert_allclose(q.numpy(), [r1 / r1.sum(), r2 / r2.sum()], atol=1e-6)
+    assert q.dtype == torch.float32
+
+
+def test_soft_labels_rows_sum_to_one_and_peak_at_true_bin():
+    bins = torch.tensor([0, 4, 9, 13, 19])
+    q = soft_labels(bins, 20, tau=0.5)
+    assert q.shape == (5, 20)
+    np.testing.assert_allclose(q.sum(1).numpy(), np.ones(5), atol=1e-6)
+    np.testing.assert_array_equal(q.argmax(1).numpy(), bins.numpy())
+
+
+# ---------------------------------------------------------------- loss
+
+
+def _loss_inputs():
+    # zero logits over K=2 -> p = [1/2, 1/2]; q = [1, 0] -> CE = -log(1/2) = ln 2
+    # centres [0, 10] -> y_hat = 5; y = 1, scale 2 -> ((5 - 1) / 2)^2 = 4
+    return torch.zeros(1, 2), torch.tensor([[1.0, 0.0]]), torch.tensor([1.0]), torch.tensor([0.0, 10.0])
+
+
+def test_soft_label_loss_lam1_is_cross_entropy():
+    logits, q, y, centres = _loss_inputs()
+    assert soft_label_loss(logits, q, y, centres, 2.0, lam=1.0).item() == pytest.approx(math.log(2), abs=1e-6)
+
+
+def test_soft_label_loss_lam0_is_scaled_mse():
+    logits, q, y, centres = _loss_inputs()
+    assert soft_label_loss(logits, q, y, centres, 2.0, lam=0.0).item() == pytest.approx(4.0, abs=1e-5)
+
+
+def test_soft_label_loss_mixture_and_batch_mean():
+    logits, q, y, centres = _loss_inputs()
+    # lam = 0.25: 0.25 ln 2 + 0.75 * 4
+    got = soft_label_loss(logits, q, y, centres, 2.0, lam=0.25).item()
+    assert got == pytest.approx(0.25 * math.log(2) + 3.0, abs=1e-5)
+    # second row: logits [0, ln 3] -> p = [1/4, 3/4], y_hat = 7.5; q = [0.5, 0.5]
+    #   CE = -(0.5 ln(1/4) + 0.5 ln(3/4)) = 0.5 (ln 4 + ln 4 - ln 3) ; MSE: y = 7.5 -> 0
+    logits2 = torch.tensor([[0.0, 0.0], [0.0, math.log(3)]])
+    q2 = torch.tensor([[1.0, 0.0], [0.5, 0.5]])
+    y2 = torch.tensor([1.0, 7.5])
+    ce = (math.log(2) + 0.5 * (2 * math.log(4) - math.log(3))) / 2
+    mse = (4.0 + 0.0) / 2
+    got2 = soft_label_loss(logits2, q2, y2, centres, 2.0, lam=0.5).item()
+    assert got2 == pytest.approx(0.5 * ce + 0.5 * mse, abs=1e-5)
+
+
+def test_distribution_head_shapes():
+    head = DistributionHead(8, 5)
+    assert head(torch.zeros(3, 8)).shape == (3, 5)
+    # Linear(d, d/2) -> LayerNorm -> ReLU -> Dropout -> Linear(d/2, K)
+    assert head.net[0].out_features == 4 and head.net[-1].in_features == 4
+
+
+# ---------------------------------------------------------------- config
+
+
+@pytest.mark.parametrize("kw", [{"lam": 1.5}, {"lam": -0.1}, {"tau": 0.0}, {"num_bins": 1}, {"epochs": 0}])
+def test_head_config_validation(kw):
+    with pytest.raises(LenpredError):
+        HeadConfig(**kw)
+
+
+# ---------------------------------------------------------------- regressor
+
+
+def _clusters(n_per: int, seed: int):
+    """Two well separated clusters in 32-d: features near +2 -> 5..15 tokens, near -2 -> 180..220 tokens."""
+    rng = np.random.default_rng(seed)
+    Xa = rng.normal(2.0, 0.3, size=(n_per, 32))
+    Xb = rng.normal(-2.0, 0.3, size=(n_per, 32))
+    ya = rng.integers(5, 16, size=n_per)
+    yb = rng.integers(180, 221, size=n_per)
+    return np.vstack([Xa, Xb]).astype(np.float32), np.concatenate([ya, yb]).astype(float)
+
+
+@pytest.fixture(scope="module")
+def fitted():
+    X, y = _clusters(20, seed=0)
+    return SoftLabelRegressor(HeadConfig(epochs=60, batch_size=8), seed=0).fit(X, y), y
+
+
+def test_regressor_learns_separable_toy(fitted):
+    head, y_train = fitted
+    median = float(np.median(y_train))  # ~100: half the data at ~10, half at ~200
+    assert 15 < median < 180
+    X, y = _clusters(10, seed=1)  # fresh points from the same clusters
+    pred = head.predict(X)
+    assert pred.shape == (20,)
+    # every prediction is on its cluster's side of the median and closer to the truth than the median
+    err = np.abs(pred - y)
+    assert np.all(err < np.abs(median - y))
+    assert np.all(pred[:10] < median) and np.all(pred[10:] > median)
+    # and the mean error is far below the constant predictor's (~90 tokens)
+    assert err.mean() < np.abs(median - y).mean() / 3
+
+
+def test_regressor_predictions_are_expectations_over_centres(fitted):
+    head, _ = fitted
+    X, _ = _clusters(3, seed=2)
+    p = head.predict_proba(X)
+    assert p.shape == (6, len(head.centres_))
+    np.testing.assert_allclose(p.sum(1), 1.0, atol=1e-6)  # float32 softmax
+    np.testing.assert_allclose(head.predict(X), p @ head.centres_)
+    # expectations of the bin centres stay within the range of the training lengths
+    pred = head.predict(X)
+    assert np.all(pred >= 5) and np.all(pred <= 220)
+
+
+def test_regressor_state_round_trip(fitted):
+    head, _ = fitted
+    X, _ = _clusters(5, seed=3)
+    clone = SoftLabelRegressor.from_state(head.state())
+    np.testing.assert_array_equal(clone.predict(X), head.predict(X))
+    np.testing.assert_array_equal(clone.edges_, head.edges_)
+    assert clone.config == head.config
+
+
+def test_regressor_fit_is_seeded():
+    X, y = _clusters(6, seed=4)
+    cfg = HeadConfig(epochs=3, num_bins=4)
+    a = SoftLabelRegressor(cfg, seed=7).fit(X, y).predict(X)
+    b = SoftLabelRegressor(cfg, seed=7).fit(X, y).predict(X)
+    np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("X, y", [
+    (np.zeros(4), np.zeros(4)),            # X not 2-D
+    (np.zeros((4, 3)), np.zeros(5)),       # lengths disagree
+    (np.zeros((4, 3)), np.zeros((4, 1))),  # y not 1-D
+])
+def test_regressor_rejects_bad_shapes(X, y):
+    with pytest.raises(LenpredError):
+        SoftLabelRegressor(HeadConfig(epochs=1)).fit(X, y)
+
+
+def test_regressor_rejects_single_sample():
+    with pytest.raises(LenpredError):
+        SoftLabelRegressor(HeadConfig(epochs=1)).fit(np.zeros((1, 3)), np.array([5.0]))
+
+
+def test_predict_before_fit_raises():
+    with pytest.raises(LenpredError, match="before fit"):
+        SoftLabelRegressor().predict(np.zeros((2, 3)))

@@ -1,0 +1,133 @@
+"""Unit tests of lenpred.predictors on small fake prefill signals (no model is loaded)."""
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from lenpred.errors import LenpredError
+from lenpred.pooling import POOLERS
+from lenpred.predictors import PREDICTORS, Predictor, make_predictor, num_prompt_tokens
+from lenpred.signals import PromptSignals
+
+LAYERS = (0, 2)
+D = 6
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny matrices: one intra-op thread is much faster than two on a busy 2-core machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def fake_signals(n: int, seed: int, layers=LAYERS) -> PromptSignals:
+    g = torch.Generator().manual_seed(seed)
+    return PromptSignals(hidden_states=torch.randn(len(layers), n, D, generator=g),
+                         token_entropy=torch.rand(n, generator=g) * 3,
+                         semantic_score=torch.rand(n, generator=g) / n,
+                         layers=layers)
+
+
+@pytest.fixture(scope="module")
+def train_set():
+    signals = [fake_signals(2 + i % 5, seed=i) for i in range(12)]
+    y = np.array([5.0, 40.0, 12.0, 90.0, 33.0, 7.0, 61.0, 18.0, 25.0, 150.0, 3.0, 48.0])
+    return signals, y
+
+
+def test_num_prompt_tokens():
+    np.testing.assert_array_equal(num_prompt_tokens([fake_signals(3, 0), fake_signals(7, 1)]), [3.0, 7.0])
+
+
+def test_registry_holds_floors_and_every_pooler():
+    assert {"global_median", "prompt_length"} | set(POOLERS) <= set(PREDICTORS)
+
+
+def test_global_median_predicts_training_median():
+    sig = [fake_signals(3, i) for i in range(4)]
+    # even count: median of [1, 2, 3, 10] = (2 + 3) / 2 = 2.5
+    model = make_predictor("global_median").fit(sig, np.array([10.0, 1.0, 3.0, 2.0]))
+    np.testing.assert_array_equal(model.predict([fake_signals(9, 9)] * 3), [2.5, 2.5, 2.5])
+    # odd count: median of [1, 5, 100] = 5
+    model = make_predictor("global_median").fit(sig[:3], np.array([100.0, 1.0, 5.0]))
+    np.testing.assert_array_equal(model.predict(sig), [5.0] * 4)
+
+
+def test_prompt_length_fits_exact_line():
+    # prompts of n = 2..6 tokens with y = 3 n + 5 -> [11, 14, 17, 20, 23]
+    sig = [fake_signals(n, n) for n in range(2, 7)]
+    model = make_predictor("prompt_length").fit(sig, np.array([11.0, 14.0, 17.0, 20.0, 23.0]))
+    # n = 10 -> 35, n = 1 -> 8
+    np.testing.assert_allclose(model.predict([fake_signals(10, 0), fake_signals(1, 1)]), [35.0, 8.0], atol=1e-9)
+
+
+def test_prompt_length_clips_at_zero():
+    # y = 30 - 10 n on n = 1..3 -> [20, 10, 0]; n = 10 would give -70 -> clipped to 0; n = 2 -> 10
+    sig = [fake_signals(n, n) for n in (1, 2, 3)]
+    model = make_predictor("prompt_length").fit(sig, np.array([20.0, 10.0, 0.0]))
+    np.testing.assert_allclose(model.predict([fake_signals(10, 0), fake_signals(2, 0)]), [0.0, 10.0], atol=1e-9)
+
+
+@pytest.mark.parametrize("name", sorted(PREDICTORS))
+def test_save_load_round_trip(name, train_set, tmp_path):
+    signals, y = train_set
+    params = {} if name in ("global_median", "prompt_length") else {"head": {"epochs": 3, "num_bins": 4}}
+    model = make_predictor(name, **params).fit(signals, y)
+    test = [fake_signals(3 + i, seed=100 + i) for i in range(4)]
+    before = model.predict(test)
+    assert before.shape == (4,)
+    assert np.all(np.isfinite(before))
+    path = tmp_path / "model.safetensors"
+    model.save(path)
+    loaded = Predictor.load(path)
+    assert type(loaded) is type(model)
+    assert loaded.params == model.params
+    np.testing.assert_array_equal(loaded.predict(test), before)
+
+
+def test_pooled_predictor_predictions_lie_within_training_range(train_set):
+    # expected value over bin centres (means of training lengths) stays within [min y, max y]
+    signals, y = train_set
+    pred = make_predictor("egtp", head={"epochs": 3}).fit(signals, y).predict(signals)
+    assert np.all(pred >= y.min()) and np.all(pred <= y.max())
+
+
+def test_pooled_predictor_layer_selection(train_set):
+    signals, y = train_set
+    # layer=-1 means the last held index (2), layer=0 the embeddings; features differ accordingly
+    last = make_predictor("mean", layer=-1)
+    first = make_predictor("mean", layer=0)
+    torch.testing.assert_close(torch.from_numpy(last.features(signals[:1]))[0], signals[0].hidden_states[1].mean(0))
+    torch.testing.assert_close(torch.from_numpy(first.features(signals[:1]))[0], signals[0].hidden_states[0].mean(0))
+    with pytest.raises(LenpredError, match="layer 1"):
+        make_predictor("mean", layer=1).features(signals[:1])
+
+
+def test_make_predictor_unknown_name_lists_valid_ones():
+    with pytest.raises(LenpredError) as err:
+        make_predictor("oracle")
+    assert "oracle" in str(err.value)
+    assert "global_median" in str(err.value) and "egtp" in str(err.value)
+
+
+def test_load_garbage_file_raises(tmp_path):
+    path = tmp_path / "garbage.safetensors"
+    path.write_bytes(b"this is not a safetensors file at all")
+    with pytest.raises(LenpredError, match="garbage.safetensors"):
+        Predictor.load(path)
+
+
+def test_load_missing_file_raises(tmp_path):
+    with pytest.raises(LenpredError):
+        Predictor.load(tmp_path / "absent.safetensors")
+
+
+def test_load_foreign_safetensors_raises(tmp_path):
+    # a valid safetensors file without lenpred's header
+    path = tmp_path / "foreign.safetensors"
+    save_file({"w": torch.zeros(2)}, str(path))
+    with pytest.raises(LenpredError):
+        Predictor.load(path)
