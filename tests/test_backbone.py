@@ -73,3 +73,10 @@ def test_default_model_from_packaged_gguf():
     ids = chat_token_ids(bb.tokenizer, [{"role": "user", "content": "Hi"}])
     text = bb.tokenizer.decode(ids)
     assert text.startswith("<|im_start|>system") and text.endswith("<|im_start|>assistant\n")
+
+
+def test_shared_prefix_length(tiny_backbone):
+    from lenpred.backbone import shared_prefix_length
+
+    # template "<s> user {content} </s> <s> assistant": every prompt starts with "<s> user"
+    assert shared_prefix_length(tiny_backbone.tokenizer) == 2

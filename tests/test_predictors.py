@@ -131,3 +131,15 @@ def test_load_foreign_safetensors_raises(tmp_path):
     save_file({"w": torch.zeros(2)}, str(path))
     with pytest.raises(LenpredError):
         Predictor.load(path)
+
+
+def test_skip_prefix_tokens_pools_only_the_request_span():
+    from lenpred.predictors import make_predictor
+    from lenpred.signals import PromptSignals
+
+    h = torch.tensor([[[100.0, 100.0], [1.0, 2.0], [3.0, 6.0]]])  # (1 layer, n=3, d=2)
+    s = PromptSignals(h, torch.zeros(3), torch.zeros(3), (1,))
+    p = make_predictor("mean", layer=1, skip_prefix_tokens=1)
+    # mean over tokens 1..2 only: [(1+3)/2, (2+6)/2]
+    assert p.features([s]).tolist() == [[2.0, 4.0]]
+    assert make_predictor("mean", layer=1).features([s])[0].tolist() == pytest.approx([104 / 3, 108 / 3])

@@ -104,3 +104,13 @@ def test_real_model_batch_independence_and_overhead():
     assert all(0 <= float(s.token_entropy.min()) and float(s.token_entropy.max()) <= math.log(49152) for s in batch)
     o = measure_overhead(bb, prompts, (15, -1), repeats=1)
     assert o["num_prompt_tokens"] == sum(map(len, prompts)) and o["ratio"] > 0
+
+
+def test_drop_prefix_keeps_the_request_span():
+    from lenpred.signals import PromptSignals
+
+    s = PromptSignals(torch.arange(12.0).reshape(1, 6, 2), torch.arange(6.0), torch.arange(6.0) * 10, (3,))
+    d = s.drop_prefix(4)
+    assert d.token_entropy.tolist() == [4.0, 5.0] and d.semantic_score.tolist() == [40.0, 50.0]
+    assert d.layer(3).tolist() == [[8.0, 9.0], [10.0, 11.0]]
+    assert s.drop_prefix(10).token_entropy.tolist() == [5.0]  # never empty: the last token stays

@@ -211,3 +211,16 @@ def chat_token_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
     text = "\n\n".join(m["content"] for m in messages) + "\n\n"
     ids = tokenizer(text, add_special_tokens=True)["input_ids"]
     return [int(i) for i in ids]
+
+
+def shared_prefix_length(tokenizer: Any) -> int:
+    """Number of leading tokens every chat-formatted prompt shares (system prompt, role header, BOS).
+
+    Found as the shortest common prefix among one-word conversations. Under causal attention these tokens'
+    hidden states, entropies and attention are identical for every request, so they carry no
+    information about it; poolers skip them (in SmolLM2 the default system prompt is 24 tokens, and
+    its first token is the attention sink that otherwise takes ~90 % of ESTP's weight).
+    """
+    probes = [chat_token_ids(tokenizer, [{"role": "user", "content": w}]) for w in ("Hello", "Goodbye", "world", "7")]
+    a = probes[0]
+    return min(next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b))) for b in probes[1:])

@@ -51,6 +51,7 @@ def demo(
     methods: str = typer.Option("global_median,prompt_length,mean,last,egtp,estp", help="Predictors to run."),
     epochs: int = typer.Option(150, help="Head training epochs."),
     seed: int = typer.Option(0, help="Head seed."),
+    skip_shared_prefix: bool = typer.Option(True, help="Pool only over tokens after the prefix all prompts share."),
     threads: Optional[int] = typer.Option(None, help="torch threads."),
 ):
     """Train EGTP, ESTP and baselines on a stored benchmark and print the test MAE/RMSE table."""
@@ -58,7 +59,7 @@ def demo(
 
     run_demo(DemoConfig(model=model, bench=bench, data_dir=data_dir, out=out, cache=cache, layers=_layers(layers),
                         methods=tuple(m.strip() for m in methods.split(",")), epochs=epochs, seed=seed,
-                        threads=threads))
+                        skip_shared_prefix=skip_shared_prefix, threads=threads))
 
 
 @bench_app.command("build")

@@ -48,6 +48,12 @@ class PromptSignals:
     semantic_score: torch.Tensor | None
     layers: tuple[int, ...]
 
+    def drop_prefix(self, num_tokens: int) -> "PromptSignals":
+        """The signals of tokens ``num_tokens..n-1`` (views, no copy); at least the last token is kept."""
+        k = min(num_tokens, len(self.token_entropy) - 1)
+        return PromptSignals(self.hidden_states[:, k:], self.token_entropy[k:],
+                             None if self.semantic_score is None else self.semantic_score[k:], self.layers)
+
     def layer(self, index: int) -> torch.Tensor:
         """Hidden states ``(n, d)`` of hidden-state index ``index``.
 

@@ -26,21 +26,25 @@ class PooledHeadPredictor(Predictor):
         layer: hidden-state index (0 = embeddings, L = final-norm output of the last layer).
         lambda1, lambda2, alpha: ESTP weights and temperature (ignored by poolers that do not use them).
         seed: head initialisation / batch order.
+        skip_prefix_tokens: pool only over tokens from this index on (the prefix every chat prompt shares;
+            see :func:`lenpred.backbone.shared_prefix_length`); 0 pools the whole prompt.
         head: :class:`HeadConfig` fields as a dict (JSON-able so ``save``/``load`` round-trip).
     """
 
     pooler_name = "mean"
 
     def __init__(self, layer: int = -1, lambda1: float = 1.0, lambda2: float = 1.0, alpha: float = 1.0,
-                 seed: int = 0, head: dict | None = None):
-        super().__init__(layer=layer, lambda1=lambda1, lambda2=lambda2, alpha=alpha, seed=seed, head=head or {})
+                 seed: int = 0, skip_prefix_tokens: int = 0, head: dict | None = None):
+        super().__init__(layer=layer, lambda1=lambda1, lambda2=lambda2, alpha=alpha, seed=seed,
+                         skip_prefix_tokens=skip_prefix_tokens, head=head or {})
         self.pooler = Pooler(self.pooler_name, lambda1, lambda2, alpha)
         self.layer = layer
 
     def features(self, signals: list) -> np.ndarray:
         """Pooled features ``(n, d)`` of the signals (what the head sees)."""
         layer = self.layer if self.layer >= 0 else signals[0].layers[-1] + 1 + self.layer
-        return pool_features(signals, self.pooler, layer)
+        skip = self.params["skip_prefix_tokens"]
+        return pool_features([s.drop_prefix(skip) for s in signals] if skip else signals, self.pooler, layer)
 
     def fit(self, signals, y):
         self.head_ = SoftLabelRegressor(HeadConfig(**self.params["head"]), self.params["seed"])
