@@ -97,18 +97,23 @@ def _select(cols: dict, split: str) -> np.ndarray:
 
 
 def _candidates(method: str, cfg: DemoConfig, num_layers: int) -> list[dict]:
-    layers = [l if l >= 0 else num_layers + 1 + l for l in cfg.layers]
-    if method in ("global_median", "prompt_length"):
+    """Validation grid of a method: layers for every pooled head, plus (lambda1, alpha) for ESTP and
+    alpha for its one-term ablations; nothing for the trivial floors."""
+    from lenpred.predictors import PREDICTORS
+    from lenpred.predictors.pooled import PooledHeadPredictor
+
+    cls = PREDICTORS[method]
+    if not issubclass(cls, PooledHeadPredictor):
         return [{}]
-    if method in ("estp", "semantic_only", "entropy_only"):
-        return [{"layer": l, "lambda1": a, "alpha": b}
-                for l, a, b in itertools.product(layers, cfg.lambda1_grid, cfg.alpha_grid)]
-    return [{"layer": l} for l in layers]
+    layers = sorted({l if l >= 0 else num_layers + 1 + l for l in cfg.layers})
+    lambdas = cfg.lambda1_grid if cls.pooler_name == "estp" else (1.0,)
+    alphas = cfg.alpha_grid if cls.pooler_name in ("estp", "entropy_only", "semantic_only") else (1.0,)
+    return [{"layer": l, "lambda1": a, "alpha": b} for l, a, b in itertools.product(layers, lambdas, alphas)]
 
 
 def fit_with_validation(method: str, cfg: DemoConfig, signals: list, y: np.ndarray, train: np.ndarray,
                         val: np.ndarray, num_layers: int, skip: int = 0) -> tuple[object, dict, list[dict]]:
-    """Fit every candidate on train, keep the one with the lowest validation MAE, refit it on train.
+    """Fit every candidate of the grid on train and keep the one with the lowest validation MAE.
 
     Returns ``(fitted predictor, chosen params, sweep)`` where ``sweep`` lists each candidate's validation MAE.
     """
@@ -117,8 +122,8 @@ def fit_with_validation(method: str, cfg: DemoConfig, signals: list, y: np.ndarr
     common = {"seed": cfg.seed, "head": {"epochs": cfg.epochs}, "skip_prefix_tokens": skip}
     sweep = []
     for params in _candidates(method, cfg, num_layers):
-        kwargs = params if method in ("global_median", "prompt_length") else {**params, **common}
-        pred = make_predictor(method, **kwargs).fit([signals[i] for i in train], y[train])
+        pred = make_predictor(method, **params, **(common if params else {}))
+        pred.fit([signals[i] for i in train], y[train])
         mae = float(np.mean(np.abs(pred.predict([signals[i] for i in val]) - y[val])))
         sweep.append({**params, "val_mae": mae, "_predictor": pred})
     best = min(sweep, key=lambda r: r["val_mae"])

@@ -64,14 +64,14 @@ def plot_mae(results: dict[str, dict[str, dict]], path: str | Path, title: str =
     methods = list(results)
     groups = list(results[methods[0]])
     width = 0.8 / len(methods)
-    fig, ax = plt.subplots(figsize=(1.6 + 1.8 * len(groups), 4))
+    fig, ax = plt.subplots(figsize=(1.6 + 1.8 * len(groups), 4.4))
     x = np.arange(len(groups))
     for k, m in enumerate(methods):
         ax.bar(x + (k - (len(methods) - 1) / 2) * width, [results[m][g]["mae"] for g in groups], width, label=m)
     ax.set_xticks(x, groups)
     ax.set_ylabel("MAE (tokens)")
     ax.set_title(title)
-    ax.legend(fontsize=8, ncols=2)
+    ax.legend(fontsize=8, ncols=min(len(methods), 6), loc="upper center", bbox_to_anchor=(0.5, -0.1), frameon=False)
     fig.tight_layout()
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=120)
