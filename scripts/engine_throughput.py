@@ -20,8 +20,7 @@ from pathlib import Path
 
 import torch
 
-from lenpred.backbone import DEFAULT_MODEL, resolve_model
-from lenpred.bench.build import _generation_eos
+from lenpred.backbone import DEFAULT_MODEL, eos_token_ids, resolve_model
 from lenpred.bench.plan import make_plan, preset
 from lenpred.engines import SampleRequest, make_engine
 from lenpred.io import write_json
@@ -50,7 +49,7 @@ def main() -> None:
     plan, _ = make_plan(preset("first", DEFAULT_MODEL), tokenizer)
     requests = [SampleRequest(p.prompt_token_ids, s, p.temperature, args.max_new_tokens)
                 for p in plan for s in p.seeds][:args.num_requests]
-    eos = tuple(sorted({tokenizer.eos_token_id} | set(_generation_eos(model_dir))))
+    eos = eos_token_ids(model_dir, tokenizer)
     report = json.loads(Path(args.out).read_text()) if Path(args.out).is_file() else {}
     report = report if report.get("num_requests") == len(requests) else {"engines": {}}
     report.update({"model": DEFAULT_MODEL, "revision": revision, "num_requests": len(requests),

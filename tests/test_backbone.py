@@ -80,3 +80,15 @@ def test_shared_prefix_length(tiny_backbone):
 
     # template "<s> user {content} </s> <s> assistant": every prompt starts with "<s> user"
     assert shared_prefix_length(tiny_backbone.tokenizer) == 2
+
+
+def test_eos_token_ids_merges_generation_config(tiny_backbone, tmp_path):
+    import shutil
+
+    from lenpred.backbone import eos_token_ids
+
+    assert eos_token_ids(tiny_backbone.model_dir, tiny_backbone.tokenizer) == (3,)
+    d = tmp_path / "m"
+    shutil.copytree(tiny_backbone.model_dir, d)
+    (d / "generation_config.json").write_text(json.dumps({"eos_token_id": [3, 7]}))
+    assert eos_token_ids(d, tiny_backbone.tokenizer) == (3, 7)

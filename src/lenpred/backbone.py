@@ -213,6 +213,16 @@ def chat_token_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
     return [int(i) for i in ids]
 
 
+def eos_token_ids(model_dir: str | os.PathLike, tokenizer: Any) -> tuple[int, ...]:
+    """Ids that end a response: the tokenizer's EOS plus ``eos_token_id`` of ``generation_config.json``."""
+    ids = {tokenizer.eos_token_id} - {None}
+    path = Path(model_dir) / "generation_config.json"
+    if path.is_file():
+        eos = json.loads(path.read_text()).get("eos_token_id")
+        ids |= {eos} if isinstance(eos, int) else set(eos or [])
+    return tuple(sorted(ids))
+
+
 def shared_prefix_length(tokenizer: Any) -> int:
     """Number of leading tokens every chat-formatted prompt shares (system prompt, role header, BOS).
 

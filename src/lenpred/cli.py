@@ -6,7 +6,6 @@ A :class:`lenpred.LenpredError` (bad input the user can fix) is printed as one l
 from __future__ import annotations
 
 import functools
-import sys
 from typing import Optional
 
 import typer
@@ -92,10 +91,6 @@ def bench_card(bench: str = typer.Argument(..., help="Benchmark directory.")):
     paths = write_card(bench)
     typer.echo(paths["md"].read_text())
     typer.echo(f"wrote {', '.join(str(p) for p in paths.values())}")
-
-
-def main() -> None:  # pragma: no cover - console entry point alias
-    app(sys.argv[1:])
 
 
 if __name__ == "__main__":  # vLLM spawns an engine process: the guard is required

@@ -111,7 +111,7 @@ def build_benchmark(config: BenchConfig, out_dir: str | Path, engine: str = "aut
     """
     from tqdm.auto import tqdm
 
-    from lenpred.backbone import resolve_model
+    from lenpred.backbone import eos_token_ids, resolve_model
 
     out = Path(out_dir)
     model_dir, revision = resolve_model(config.model)
@@ -141,7 +141,7 @@ def build_benchmark(config: BenchConfig, out_dir: str | Path, engine: str = "aut
     if not todo:
         return out
 
-    eos = tuple(sorted({tokenizer.eos_token_id} | set(_generation_eos(model_dir))))
+    eos = eos_token_ids(model_dir, tokenizer)
     sampler = make_engine(engine, str(model_dir), eos, **(engine_kwargs or {}))
     done_prompts = sum(len(s) for i, s in enumerate(shards) if i not in set(todo))
     bar = tqdm(total=len(plan), initial=done_prompts, unit="prompt", desc=f"bench build ({sampler.name})")
@@ -161,14 +161,6 @@ def build_benchmark(config: BenchConfig, out_dir: str | Path, engine: str = "aut
         bar.update(len(prompts))
     bar.close()
     return out
-
-
-def _generation_eos(model_dir: Path) -> list[int]:
-    path = Path(model_dir) / "generation_config.json"
-    if not path.is_file():
-        return []
-    eos = json.loads(path.read_text()).get("eos_token_id")
-    return [eos] if isinstance(eos, int) else list(eos or [])
 
 
 def load_records(bench_dir: str | Path) -> pa.Table:

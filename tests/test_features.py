@@ -1,0 +1,60 @@
+import pytest
+import torch
+
+import lenpred.features as features
+from lenpred.errors import LenpredError
+from lenpred.features import _batches, extract_cached, measure_overhead
+from lenpred.signals import extract_signals
+
+PROMPTS = {"a:0": [2, 10, 11, 3], "a:1": [2, 12, 13, 14, 15, 3], "b:0": [2, 16, 3], "b:1": [2, 17, 18, 19, 3],
+           "c:0": [2, 20, 21, 22, 23, 24, 25, 3]}
+
+
+def test_batches_sorted_by_length_under_token_budget():
+    # lengths 5, 1, 3, 2 with budget 6 padded tokens: sorted order 1(1), 3(2), 2(3), 0(5)
+    # [1, 3] -> 2 * 2 = 4 tokens; adding 2 (len 3) -> 3 * 3 = 9 > 6 -> new batch; [2] then [0]
+    assert _batches([5, 1, 3, 2], 6) == [[1, 3], [2], [0]]
+
+
+def test_cache_round_trip_and_resume(tiny_backbone, tmp_path, monkeypatch):
+    first = extract_cached(tiny_backbone, PROMPTS, (1, 2), tmp_path / "c", part_size=2, progress=False)
+    assert len(list((tmp_path / "c").glob("part-*.safetensors"))) == 3  # 5 prompts / 2 per part
+    for pid, ids in PROMPTS.items():
+        ref = extract_signals(tiny_backbone, [ids], (1, 2))[0]
+        torch.testing.assert_close(first[pid].hidden_states, ref.hidden_states, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(first[pid].semantic_score, ref.semantic_score, atol=1e-5, rtol=1e-4)
+
+    def fail(*args, **kwargs):
+        raise AssertionError("cached prompts must not be extracted again")
+
+    monkeypatch.setattr(features, "extract_signals", fail)
+    again = extract_cached(tiny_backbone, PROMPTS, (1, 2), tmp_path / "c", part_size=2, progress=False)
+    for pid in PROMPTS:
+        assert torch.equal(again[pid].token_entropy, first[pid].token_entropy)
+
+
+def test_grown_prompt_set_reuses_unchanged_parts(tiny_backbone, tmp_path, monkeypatch):
+    few = dict(list(PROMPTS.items())[:4])
+    extract_cached(tiny_backbone, few, (2,), tmp_path / "c", part_size=2, progress=False)
+    calls = []
+    real = features.extract_signals
+    monkeypatch.setattr(features, "extract_signals", lambda bb, batch, *a, **k: calls.append(batch) or real(bb, batch, *a, **k))
+    extract_cached(tiny_backbone, PROMPTS, (2,), tmp_path / "c", part_size=2, progress=False)
+    assert calls == [[PROMPTS["c:0"]]]  # only the new prompt's part is extracted
+
+
+def test_corrupt_part_and_other_layers_are_refused(tiny_backbone, tmp_path):
+    extract_cached(tiny_backbone, PROMPTS, (1,), tmp_path / "c", part_size=2, progress=False)
+    with pytest.raises(LenpredError, match="another model / layers"):
+        extract_cached(tiny_backbone, PROMPTS, (2,), tmp_path / "c", part_size=2, progress=False)
+    part = sorted((tmp_path / "c").glob("part-*.safetensors"))[0]
+    part.write_bytes(part.read_bytes()[:50])
+    with pytest.raises(LenpredError, match="unreadable"):
+        extract_cached(tiny_backbone, PROMPTS, (1,), tmp_path / "c", part_size=2, progress=False)
+
+
+def test_measure_overhead_reports_consistent_numbers(tiny_backbone):
+    o = measure_overhead(tiny_backbone, list(PROMPTS.values()), (2,), repeats=1)
+    n = sum(map(len, PROMPTS.values()))
+    assert o["num_prompt_tokens"] == n and o["batch_size"] == 5
+    assert o["ratio"] == pytest.approx(o["signals_tok_s"] / o["plain_tok_s"])
