@@ -15,13 +15,7 @@ from lenpred.heads import (DistributionHead, HeadConfig, SoftLabelRegressor, ass
 NINE = np.arange(9, dtype=float)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny matrices: one intra-op thread is ~50x faster than two on a busy 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # ---------------------------------------------------------------- bins

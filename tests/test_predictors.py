@@ -14,13 +14,7 @@ LAYERS = (0, 2)
 D = 6
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny matrices: one intra-op thread is much faster than two on a busy 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def fake_signals(n: int, seed: int, layers=LAYERS) -> PromptSignals:
