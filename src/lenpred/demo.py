@@ -96,7 +96,7 @@ def _select(cols: dict, split: str) -> np.ndarray:
     return np.flatnonzero(cols["split"] == split)
 
 
-def _candidates(method: str, cfg: DemoConfig, num_layers: int) -> list[dict]:
+def _candidates(method: str, cfg: DemoConfig, layers: tuple[int, ...]) -> list[dict]:
     """Validation grid of a method: layers for every pooled head, plus (lambda1, alpha) for ESTP and
     alpha for its one-term ablations; nothing for the trivial floors."""
     from lenpred.predictors import PREDICTORS
@@ -105,14 +105,13 @@ def _candidates(method: str, cfg: DemoConfig, num_layers: int) -> list[dict]:
     cls = PREDICTORS[method]
     if not issubclass(cls, PooledHeadPredictor):
         return [{}]
-    layers = sorted({l if l >= 0 else num_layers + 1 + l for l in cfg.layers})
     lambdas = cfg.lambda1_grid if cls.pooler_name == "estp" else (1.0,)
     alphas = cfg.alpha_grid if cls.pooler_name in ("estp", "entropy_only", "semantic_only") else (1.0,)
     return [{"layer": l, "lambda1": a, "alpha": b} for l, a, b in itertools.product(layers, lambdas, alphas)]
 
 
 def fit_with_validation(method: str, cfg: DemoConfig, signals: list, y: np.ndarray, train: np.ndarray,
-                        val: np.ndarray, num_layers: int, skip: int = 0) -> tuple[object, dict, list[dict]]:
+                        val: np.ndarray, layers: tuple[int, ...], skip: int = 0) -> tuple[object, dict, list[dict]]:
     """Fit every candidate of the grid on train and keep the one with the lowest validation MAE.
 
     Returns ``(fitted predictor, chosen params, sweep)`` where ``sweep`` lists each candidate's validation MAE.
@@ -121,7 +120,7 @@ def fit_with_validation(method: str, cfg: DemoConfig, signals: list, y: np.ndarr
 
     common = {"seed": cfg.seed, "head": {"epochs": cfg.epochs}, "skip_prefix_tokens": skip}
     sweep = []
-    for params in _candidates(method, cfg, num_layers):
+    for params in _candidates(method, cfg, layers):
         pred = make_predictor(method, **params, **(common if params else {}))
         pred.fit([signals[i] for i in train], y[train])
         mae = float(np.mean(np.abs(pred.predict([signals[i] for i in val]) - y[val])))
@@ -142,13 +141,14 @@ def run_demo(cfg: DemoConfig, console=None) -> dict:
     from lenpred.evaluate import metrics_by_scenario, render_table, save_report
     from lenpred.features import extract_cached, measure_overhead
     from lenpred.io import stable_hash
+    from lenpred.signals import resolve_layers
 
     console = console or Console(width=max(Console().width, 150))  # the table has 9 columns
     t_start = time.perf_counter()
     table = load_records(cfg.bench)
     backbone = load_backbone(cfg.model, num_threads=cfg.threads)
     cols, prompts = load_samples(table, backbone.tokenizer, cfg.data_dir)
-    layers = tuple(sorted({l if l >= 0 else backbone.num_layers + 1 + l for l in cfg.layers}))
+    layers = resolve_layers(cfg.layers, backbone.num_layers)
     cache = Path(cfg.cache) if cfg.cache else cache_dir() / "signals" / (
         f"{Path(cfg.bench).name}-{backbone.revision}-{stable_hash(layers, 8)}")
     t_extract = time.perf_counter()
@@ -164,8 +164,7 @@ def run_demo(cfg: DemoConfig, console=None) -> dict:
                            f"{len(test)}): build more shards with `lenpred bench build`")
     results, tuning = {}, {}
     for method in tqdm(cfg.methods, desc="train + tune on validation", unit="method"):
-        predictor, chosen, sweep = fit_with_validation(method, cfg, signals, y, train, val, backbone.num_layers,
-                                                         skip)
+        predictor, chosen, sweep = fit_with_validation(method, cfg, signals, y, train, val, layers, skip)
         pred = predictor.predict([signals[i] for i in test])
         results[method] = metrics_by_scenario(y[test], pred, cols["scenario"][test])
         tuning[method] = {"chosen": chosen, "sweep": sweep}

@@ -128,6 +128,11 @@ def _output_logits(model, hidden: torch.Tensor) -> torch.Tensor:
     return logits
 
 
+def resolve_layers(layers, num_layers: int) -> tuple[int, ...]:
+    """Hidden-state indices with negatives counted from the end (-1 -> ``num_layers``), sorted, unique."""
+    return tuple(sorted({l + num_layers + 1 if l < 0 else l for l in layers}))
+
+
 def left_pad(batch_token_ids: list[list[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Left-pad id lists to ``(input_ids, attention_mask)``, both ``(B, n_max)`` int64."""
     n = max(len(ids) for ids in batch_token_ids)
@@ -158,7 +163,7 @@ def extract_signals(backbone, batch_token_ids: list[list[int]], layers: list[int
         LenpredError: an empty prompt, a prompt longer than the context window, or a bad layer index.
     """
     model, num_layers = backbone.model, backbone.num_layers
-    layers = tuple(l + num_layers + 1 if l < 0 else l for l in layers)
+    layers = tuple(l + num_layers + 1 if l < 0 else l for l in layers)  # keeps the caller's order
     if any(not 0 <= l <= num_layers for l in layers):
         raise LenpredError(f"layers must be in 0..{num_layers} (or negative from the end), got {list(layers)}")
     for ids in batch_token_ids:
