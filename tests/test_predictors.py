@@ -7,7 +7,7 @@ from safetensors.torch import save_file
 
 from lenpred.errors import LenpredError
 from lenpred.pooling import POOLERS
-from lenpred.predictors import PREDICTORS, Predictor, make_predictor, num_prompt_tokens
+from lenpred.predictors import PREDICTORS, Predictor, Request, make_predictor, num_prompt_tokens
 from lenpred.signals import PromptSignals
 
 LAYERS = (0, 2)
@@ -17,12 +17,14 @@ D = 6
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def fake_signals(n: int, seed: int, layers=LAYERS) -> PromptSignals:
+def fake_signals(n: int, seed: int, layers=LAYERS) -> Request:
+    """A request of ``n`` tokens carrying random prefill signals."""
     g = torch.Generator().manual_seed(seed)
-    return PromptSignals(hidden_states=torch.randn(len(layers), n, D, generator=g),
-                         token_entropy=torch.rand(n, generator=g) * 3,
-                         semantic_score=torch.rand(n, generator=g) / n,
-                         layers=layers)
+    signals = PromptSignals(hidden_states=torch.randn(len(layers), n, D, generator=g),
+                            token_entropy=torch.rand(n, generator=g) * 3,
+                            semantic_score=torch.rand(n, generator=g) / n,
+                            layers=layers)
+    return Request(f"fake/{seed}", list(range(n)), signals=signals)
 
 
 @pytest.fixture(scope="module")
@@ -94,8 +96,9 @@ def test_pooled_predictor_layer_selection(train_set):
     # layer=-1 means the last held index (2), layer=0 the embeddings; features differ accordingly
     last = make_predictor("mean", layer=-1)
     first = make_predictor("mean", layer=0)
-    torch.testing.assert_close(torch.from_numpy(last.features(signals[:1]))[0], signals[0].hidden_states[1].mean(0))
-    torch.testing.assert_close(torch.from_numpy(first.features(signals[:1]))[0], signals[0].hidden_states[0].mean(0))
+    torch.testing.assert_close(torch.from_numpy(last.features(signals[:1]))[0], signals[0].signals.hidden_states[1].mean(0))
+    torch.testing.assert_close(torch.from_numpy(first.features(signals[:1]))[0],
+                               signals[0].signals.hidden_states[0].mean(0))
     with pytest.raises(LenpredError, match="layer 1"):
         make_predictor("mean", layer=1).features(signals[:1])
 
@@ -132,8 +135,22 @@ def test_skip_prefix_tokens_pools_only_the_request_span():
     from lenpred.signals import PromptSignals
 
     h = torch.tensor([[[100.0, 100.0], [1.0, 2.0], [3.0, 6.0]]])  # (1 layer, n=3, d=2)
-    s = PromptSignals(h, torch.zeros(3), torch.zeros(3), (1,))
+    s = Request("p/0", [0, 1, 2], signals=PromptSignals(h, torch.zeros(3), torch.zeros(3), (1,)))
     p = make_predictor("mean", layer=1, skip_prefix_tokens=1)
     # mean over tokens 1..2 only: [(1+3)/2, (2+6)/2]
     assert p.features([s]).tolist() == [[2.0, 4.0]]
     assert make_predictor("mean", layer=1).features([s])[0].tolist() == pytest.approx([104 / 3, 108 / 3])
+
+
+def test_features_pool_each_shared_request_once():
+    # two samples of one prompt share a Request: pooled once, the row repeated
+    r0, r1 = fake_signals(4, 0), fake_signals(5, 1)
+    p = make_predictor("mean", layer=0)
+    feats = p.features([r0, r1, r0])
+    np.testing.assert_array_equal(feats[0], feats[2])
+    torch.testing.assert_close(torch.from_numpy(feats[1]), r1.signals.hidden_states[0].mean(0))
+
+
+def test_pooled_predictor_without_signals_names_the_fix():
+    with pytest.raises(LenpredError, match="prefill signals"):
+        make_predictor("egtp").fit([Request("p/0", [1, 2, 3])] * 2, np.array([1.0, 2.0]))

@@ -156,7 +156,10 @@ def run_demo(cfg: DemoConfig, console=None) -> dict:
     t_extract = time.perf_counter() - t_extract
 
     skip = shared_prefix_length(backbone.tokenizer) if cfg.skip_shared_prefix else 0
-    signals = [by_prompt[p] for p in cols["prompt_id"]]
+    from lenpred.predictors import Request
+
+    requests = {p: Request(p, prompts[p], signals=by_prompt[p]) for p in prompts}
+    signals = [requests[p] for p in cols["prompt_id"]]
     y = cols["num_output_tokens"].astype(np.float64)
     train, val, test = (_select(cols, s) for s in ("train", "validation", "test"))
     if min(len(train), len(val), len(test)) == 0:

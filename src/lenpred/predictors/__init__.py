@@ -1,14 +1,16 @@
-"""Length predictors: estimators over per-prompt prefill signals, registered by name.
+"""Length predictors, registered by name.
 
-Every predictor follows the scikit-learn contract on a list of :class:`lenpred.signals.PromptSignals`
-(one per sample; samples of the same prompt repeat its signals) and true lengths ``y`` in tokens:
-``fit(signals, y) -> self``, ``predict(signals) -> (n,) float64 tokens``, ``save(path)`` and
-``load(path)`` round-trip exactly. Adding one is one registered class.
+Every predictor follows the scikit-learn contract on a list of :class:`Request` (one per sample;
+samples of the same prompt repeat the same object) and true lengths ``y`` in tokens:
+``fit(requests, y) -> self``, ``predict(requests) -> (n,) float64 tokens``, ``save(path)`` and
+``load(path)`` round-trip exactly. A predictor names what it reads in ``inputs`` (``"signals"``,
+``"text"``, ``"self_report"``) so a pipeline computes only that. Adding one is one registered class.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -20,6 +22,31 @@ from lenpred.errors import LenpredError
 from lenpred.io import atomic_path
 
 PREDICTORS: dict[str, Callable[..., "Predictor"]] = {}
+
+
+@dataclass(eq=False)
+class Request:
+    """What a length predictor may look at for one request, before any output token exists.
+
+    Attributes:
+        prompt_id: stable id (``<source>/<index>`` for benchmark prompts).
+        token_ids: the chat-formatted prompt as the serving model's token ids (``num_prompt_tokens`` long).
+        text: the user-visible prompt text (the messages' contents joined by blank lines), for text-only
+            proxies (SSJF, S3).
+        signals: the serving model's prefill signals (:class:`lenpred.signals.PromptSignals`), or ``None``
+            when no predictor in use needs them.
+        self_report: the serving model's own answer to "how long will your answer be?" (PiA), or ``None``.
+    """
+
+    prompt_id: str
+    token_ids: list[int]
+    text: str = ""
+    signals: Any = None
+    self_report: str | None = None
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.token_ids)
 
 
 def register(name: str):
@@ -50,14 +77,15 @@ class Predictor:
     """
 
     registry_name = "base"
+    inputs: tuple[str, ...] = ()  # Request fields beyond token_ids that fit/predict read
 
     def __init__(self, **params: Any):
         self.params = params
 
-    def fit(self, signals: list, y: np.ndarray) -> "Predictor":
+    def fit(self, requests: list[Request], y: np.ndarray) -> "Predictor":
         raise NotImplementedError
 
-    def predict(self, signals: list) -> np.ndarray:
+    def predict(self, requests: list[Request]) -> np.ndarray:
         raise NotImplementedError
 
     def _get_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -94,9 +122,15 @@ class Predictor:
         return predictor
 
 
-def num_prompt_tokens(signals: list) -> np.ndarray:
-    """``(n,)`` float64 prompt lengths in tokens, read off the signals."""
-    return np.array([len(s.token_entropy) for s in signals], dtype=np.float64)
+def num_prompt_tokens(requests: list[Request]) -> np.ndarray:
+    """``(n,)`` float64 prompt lengths in tokens."""
+    return np.array([r.num_prompt_tokens for r in requests], dtype=np.float64)
+
+
+def unique_map(requests: list[Request], fn: Callable[[Request], Any]) -> list:
+    """``[fn(r) for r in requests]``, calling ``fn`` once per distinct object (samples of a prompt share one)."""
+    done: dict[int, Any] = {}
+    return [done[id(r)] if id(r) in done else done.setdefault(id(r), fn(r)) for r in requests]
 
 
 from lenpred.predictors import pooled, trivial  # noqa: E402,F401  (registration side effect)

@@ -9,14 +9,28 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from lenpred.errors import LenpredError
 from lenpred.heads import HeadConfig, SoftLabelRegressor
 from lenpred.pooling import POOLERS, Pooler
-from lenpred.predictors import Predictor, register
+from lenpred.predictors import Predictor, register, unique_map
+from lenpred.signals import PromptSignals
 
 
-def pool_features(signals: list, pooler: Pooler, layer: int) -> np.ndarray:
+def pool_features(signals: list[PromptSignals], pooler: Pooler, layer: int) -> np.ndarray:
     """Pooled features ``(n, d)`` float32: ``pooler`` applied to each prompt's ``layer`` hidden states."""
     return torch.stack([pooler(s.layer(layer), s.token_entropy, s.semantic_score) for s in signals]).numpy()
+
+
+def request_signals(requests: list, skip_prefix_tokens: int = 0) -> list[PromptSignals]:
+    """Each request's signals, without the first ``skip_prefix_tokens`` tokens.
+
+    Raises:
+        LenpredError: a request carries no signals.
+    """
+    if any(r.signals is None for r in requests):
+        raise LenpredError("this predictor needs prefill signals: extract them (lenpred.features.extract_cached) "
+                           "and set Request.signals")
+    return [r.signals.drop_prefix(skip_prefix_tokens) if skip_prefix_tokens else r.signals for r in requests]
 
 
 class PooledHeadPredictor(Predictor):
@@ -32,6 +46,7 @@ class PooledHeadPredictor(Predictor):
     """
 
     pooler_name = "mean"
+    inputs = ("signals",)
 
     def __init__(self, layer: int = -1, lambda1: float = 1.0, lambda2: float = 1.0, alpha: float = 1.0,
                  seed: int = 0, skip_prefix_tokens: int = 0, head: dict | None = None):
@@ -40,19 +55,22 @@ class PooledHeadPredictor(Predictor):
         self.pooler = Pooler(self.pooler_name, lambda1, lambda2, alpha)
         self.layer = layer
 
-    def features(self, signals: list) -> np.ndarray:
-        """Pooled features ``(n, d)`` of the signals (what the head sees)."""
-        layer = self.layer if self.layer >= 0 else signals[0].layers[-1] + 1 + self.layer
+    def features(self, requests: list) -> np.ndarray:
+        """Pooled features ``(n, d)`` float32 of the requests' signals (what the head sees), pooled once per
+        distinct request object."""
         skip = self.params["skip_prefix_tokens"]
-        return pool_features([s.drop_prefix(skip) for s in signals] if skip else signals, self.pooler, layer)
+        request_signals(requests)  # raises if any lacks signals
+        layer = self.layer if self.layer >= 0 else requests[0].signals.layers[-1] + 1 + self.layer
+        pool = lambda r: pool_features(request_signals([r], skip), self.pooler, layer)[0]  # noqa: E731
+        return np.stack(unique_map(requests, pool))
 
-    def fit(self, signals, y):
+    def fit(self, requests, y):
         self.head_ = SoftLabelRegressor(HeadConfig(**self.params["head"]), self.params["seed"])
-        self.head_.fit(self.features(signals), y)
+        self.head_.fit(self.features(requests), y)
         return self
 
-    def predict(self, signals):
-        return self.head_.predict(self.features(signals))
+    def predict(self, requests):
+        return self.head_.predict(self.features(requests))
 
     def _get_state(self):
         state = self.head_.state()
