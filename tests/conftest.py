@@ -39,6 +39,24 @@ def make_tiny_model_dir(path: Path, seed: int = 0) -> Path:
     return path
 
 
+def make_tiny_encoder_dir(path: Path, seed: int = 0) -> Path:
+    """Save a random BERT (hidden 32, 2 layers, 2 heads, 64 positions) and a WordPiece tokenizer to ``path``
+    (a stand-in for the packaged MiniLM proxy encoder)."""
+    import torch
+    from transformers import BertConfig, BertModel
+
+    path.mkdir(parents=True, exist_ok=True)
+    # a vocab.txt + tokenizer_config.json is what AutoTokenizer needs for WordPiece (any transformers version)
+    (path / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]) + "\n")
+    (path / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "BertTokenizer",
+                                                            "do_lower_case": True, "model_max_length": 64}))
+    torch.manual_seed(seed)
+    config = BertConfig(vocab_size=5 + len(WORDS), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=64, pad_token_id=0)
+    BertModel(config).save_pretrained(path)
+    return path
+
+
 @pytest.fixture(scope="module")
 def one_torch_thread():
     """Tiny matrices: one intra-op thread is far faster than two on a busy 2-core machine."""
@@ -53,6 +71,11 @@ def one_torch_thread():
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     return make_tiny_model_dir(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def tiny_encoder_dir(tmp_path_factory) -> Path:
+    return make_tiny_encoder_dir(tmp_path_factory.mktemp("tiny-bert"))
 
 
 @pytest.fixture(scope="session")

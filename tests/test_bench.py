@@ -151,3 +151,171 @@ def test_card_counts_and_spread(tiny_model_dir, tiny_data_dir, tmp_path):
     lengths = [r["num_output_tokens"] for r in records if r["scenario"] == "rl"]
     assert rl_all["max"] == max(lengths) and rl_all["mean"] == pytest.approx(sum(lengths) / 6)
     assert paths["png"].read_bytes()[:4] == b"\x89PNG" and "| rl | all | 3 | 6 |" in paths["md"].read_text()
+
+
+# --- bad input: one-line LenpredError naming the file and the fix; nothing lost or half-written ---------------
+
+RESAMPLE_FIX = "delete it and rerun `lenpred bench build` with the same arguments to re-sample it"
+
+
+def _corrupt_in_page(path, column="response_token_ids", garbage=False):
+    """Flip one bit of a column chunk's page data (or write 16 garbage bytes into it); the footer stays valid."""
+    md = pq.ParquetFile(path).metadata.row_group(0)
+    chunk = next(md.column(j) for j in range(md.num_columns) if md.column(j).path_in_schema.startswith(column))
+    start = min(o for o in (chunk.dictionary_page_offset, chunk.data_page_offset) if o is not None)
+    data = bytearray(path.read_bytes())
+    if garbage:
+        mid = start + chunk.total_compressed_size // 2
+        data[mid:mid + 16] = b"\xff" * 16
+    else:  # the chunk's last bytes are page data (headers come first), which the page checksum covers
+        data[start + chunk.total_compressed_size - 2] ^= 0x10
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage_in_page", "bit_flip_in_page"])
+def test_corrupt_shard_names_file_and_fix_everywhere(tiny_model_dir, tiny_data_dir, tmp_path, damage):
+    from lenpred.bench.card import write_card
+
+    cfg = tiny_config(str(tiny_model_dir))
+    reference = build_benchmark(cfg, tmp_path / "ref", engine="transformers", data_dir=tiny_data_dir)
+    out = build_benchmark(cfg, tmp_path / "b", engine="transformers", data_dir=tiny_data_dir, max_shards=2)
+    card = write_card(out)["md"].read_text()
+    shard = shard_path(out, 1)
+    if damage == "truncated":
+        shard.write_bytes(shard.read_bytes()[:-20])
+    else:
+        _corrupt_in_page(shard, garbage=damage == "garbage_in_page")
+    before = {p.name: p.read_bytes() for p in (out / "shards").iterdir()}
+    message = f"{shard} is not a readable lenpred shard"
+    for call in (lambda: load_records(out), lambda: write_card(out),
+                 lambda: build_benchmark(cfg, out, engine="transformers", data_dir=tiny_data_dir)):
+        with pytest.raises(LenpredError, match="not a readable lenpred shard") as err:
+            call()
+        assert str(err.value).startswith(message) and RESAMPLE_FIX in str(err.value) and "\n" not in str(err.value)
+    # nothing lost or half-written: the shards and the old card are untouched, the resume sampled nothing
+    assert {p.name: p.read_bytes() for p in (out / "shards").iterdir()} == before
+    assert (out / "CARD.md").read_text() == card
+    shard.unlink()  # the fix the message names
+    build_benchmark(cfg, out, engine="transformers", data_dir=tiny_data_dir)
+    assert _rows(out) == _rows(reference)
+
+
+@pytest.mark.parametrize("text", ['{"config": {"model": "x"', "", "[1, 2]", '{"model_id": "m"}', "\udcff"])
+def test_corrupt_manifest_names_file_and_fix(tiny_model_dir, tiny_data_dir, tmp_path, text):
+    from lenpred.bench.card import write_card
+
+    cfg = tiny_config(str(tiny_model_dir))
+    reference = build_benchmark(cfg, tmp_path / "ref", engine="transformers", data_dir=tiny_data_dir)
+    out = build_benchmark(cfg, tmp_path / "b", engine="transformers", data_dir=tiny_data_dir, max_shards=2)
+    manifest = out / "bench.json"
+    manifest.write_bytes(text.encode("utf-8", "surrogateescape"))
+    shards = {p.name: p.read_bytes() for p in (out / "shards").iterdir()}
+    for call in (lambda: load_records(out), lambda: write_card(out),
+                 lambda: build_benchmark(cfg, out, engine="transformers", data_dir=tiny_data_dir)):
+        with pytest.raises(LenpredError, match="benchmark manifest") as err:
+            call()
+        msg = str(err.value)
+        assert msg.startswith(f"{manifest} is not a") and "rerun `lenpred bench build` with the same arguments" in msg
+    assert {p.name: p.read_bytes() for p in (out / "shards").iterdir()} == shards  # nothing sampled or lost
+    assert not (out / "CARD.md").exists()
+    manifest.unlink()  # the fix the message names: the finished shards are checked against the plan and kept
+    with pytest.raises(LenpredError, match="bench.json missing, shards present"):
+        load_records(out)
+    build_benchmark(cfg, out, engine="transformers", data_dir=tiny_data_dir)
+    assert _rows(out) == _rows(reference)
+    assert all((out / "shards" / name).read_bytes() == data for name, data in shards.items())
+
+
+def test_out_is_a_regular_file(tiny_model_dir, tiny_data_dir, tmp_path):
+    out = tmp_path / "b"
+    out.write_text("my notes\n")
+    with pytest.raises(LenpredError, match=f"{out} exists and is not a directory"):
+        build_benchmark(tiny_config(str(tiny_model_dir)), out, engine="transformers", data_dir=tiny_data_dir)
+    assert out.read_text() == "my notes\n"
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "shards").write_text("x")
+    with pytest.raises(LenpredError, match="shards exists and is not a directory"):
+        build_benchmark(tiny_config(str(tiny_model_dir)), tmp_path / "c", engine="transformers",
+                        data_dir=tiny_data_dir)
+    assert os.listdir(tmp_path / "c") == ["shards"]
+
+
+@pytest.mark.parametrize("precreate", [False, True])
+def test_failed_engine_start_leaves_nothing_behind(tiny_model_dir, tiny_data_dir, tmp_path, precreate):
+    import shutil
+
+    out = tmp_path / "b"
+    if precreate:
+        out.mkdir()
+    with pytest.raises(LenpredError, match="unknown engine 'tgi'"):
+        build_benchmark(tiny_config(str(tiny_model_dir)), out, engine="tgi", data_dir=tiny_data_dir)
+    assert os.listdir(out) == [] if precreate else not out.exists()
+    # a model directory without weights: the tokenizer and plan work, the engine cannot start
+    no_weights = tmp_path / "no-weights"
+    shutil.copytree(tiny_model_dir, no_weights)
+    for p in no_weights.glob("*.safetensors"):
+        p.unlink()
+    with pytest.raises(LenpredError, match="engine 'transformers' cannot load model") as err:
+        build_benchmark(tiny_config(str(no_weights)), out, engine="transformers", data_dir=tiny_data_dir)
+    assert "\n" not in str(err.value)
+    assert os.listdir(out) == [] if precreate else not out.exists()
+
+
+def test_model_without_tokenizer(tiny_model_dir, tiny_data_dir, tmp_path):
+    only_config = tmp_path / "only-config"
+    only_config.mkdir()
+    (only_config / "config.json").write_text((tiny_model_dir / "config.json").read_text())
+    with pytest.raises(LenpredError, match="cannot load the tokenizer of model") as err:
+        build_benchmark(tiny_config(str(only_config)), tmp_path / "b", engine="transformers", data_dir=tiny_data_dir)
+    assert "\n" not in str(err.value) and not (tmp_path / "b").exists()
+
+
+def test_negative_max_shards(tiny_model_dir, tiny_data_dir, tmp_path):
+    with pytest.raises(LenpredError, match="--max-shards must be >= 0"):
+        build_benchmark(tiny_config(str(tiny_model_dir)), tmp_path / "b", engine="transformers",
+                        data_dir=tiny_data_dir, max_shards=-1)
+    assert not (tmp_path / "b").exists()
+
+
+def test_benchmark_directory_problems(tiny_model_dir, tiny_data_dir, tmp_path):
+    from lenpred.bench.card import write_card
+
+    cfg = tiny_config(str(tiny_model_dir))
+    for missing in (tmp_path / "none", tmp_path / "a-file"):
+        if missing.name == "a-file":
+            missing.write_text("x")
+        for call in (load_records, write_card):
+            with pytest.raises(LenpredError, match="holds no benchmark"):
+                call(missing)
+    out = build_benchmark(cfg, tmp_path / "b", engine="transformers", data_dir=tiny_data_dir, max_shards=0)
+    assert (out / "bench.json").is_file() and not (out / "shards").exists()  # max_shards=0: only the manifest
+    for call in (load_records, write_card):
+        with pytest.raises(LenpredError, match="has no finished shards yet"):
+            call(out)
+    assert not (out / "CARD.md").exists()
+    build_benchmark(cfg, out, engine="transformers", data_dir=tiny_data_dir, max_shards=2)
+    # a stray copy of a shard would double its records
+    stray = out / "shards" / "shard-00000 (1).parquet"
+    stray.write_bytes(shard_path(out, 0).read_bytes())
+    with pytest.raises(LenpredError, match=r"is not a shard name this benchmark writes"):
+        load_records(out)
+    with pytest.raises(LenpredError, match=r"is not a shard name this benchmark writes"):
+        build_benchmark(cfg, out, engine="transformers", data_dir=tiny_data_dir)
+    stray.unlink()
+    # shard 1's file under shard 0's name: same plan, wrong place
+    saved = shard_path(out, 0).read_bytes()
+    shard_path(out, 0).write_bytes(shard_path(out, 1).read_bytes())
+    for call in (lambda: load_records(out), lambda: build_benchmark(cfg, out, engine="transformers",
+                                                                    data_dir=tiny_data_dir)):
+        with pytest.raises(LenpredError, match="belongs to another plan"):
+            call()
+    shard_path(out, 0).write_bytes(saved)
+    # a parquet file with lenpred metadata but other columns
+    import pyarrow as pa
+
+    meta = pq.read_schema(shard_path(out, 1)).metadata
+    pq.write_table(pa.table({"x": [1, 2]}).replace_schema_metadata(meta), shard_path(out, 1))
+    for call in (lambda: load_records(out), lambda: build_benchmark(cfg, out, engine="transformers",
+                                                                    data_dir=tiny_data_dir)):
+        with pytest.raises(LenpredError, match="its columns differ from the record schema"):
+            call()

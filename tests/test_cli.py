@@ -79,3 +79,124 @@ def test_changed_data_directory_is_detected(tiny_model_dir, tiny_data_dir, tmp_p
     r = runner.invoke(app, ["demo", "--model", str(tiny_model_dir), "--bench", str(bench), "--data-dir",
                             str(tiny_data_dir), "--out", str(tmp_path / "o"), "--cache", str(tmp_path / "c"), "--layers", "1"])
     _one_line_error(r, "differs from the one the benchmark was built with")
+
+
+def test_evaluate_every_method_on_tiny_model(tiny_model_dir, tiny_encoder_dir, tiny_data_dir, tmp_path, monkeypatch):
+    """The full comparison on a tiny model: every registered method, 2 seeds, oracle floor, reports."""
+    from lenpred.evaluate import ALL_METHODS
+
+    monkeypatch.setenv("LENPRED_CACHE", str(tmp_path / "lenpred-cache"))
+    bench = tmp_path / "bench"
+    assert runner.invoke(app, ["bench", "build", "--out", str(bench), "--preset", "tiny", "--model",
+                               str(tiny_model_dir), "--engine", "transformers", "--data-dir",
+                               str(tiny_data_dir), "--seed", "5"]).exit_code == 0  # seed 5: two RL prompts in test
+    out = tmp_path / "out"
+    r = runner.invoke(app, ["evaluate", "--model", str(tiny_model_dir), "--bench", str(bench), "--data-dir",
+                            str(tiny_data_dir), "--out", str(out), "--cache", str(tmp_path / "cache"),
+                            "--layers", "1,-1", "--epochs", "2", "--proxy-epochs", "1", "--seeds", "0,1",
+                            "--proxy-encoder", str(tiny_encoder_dir),
+                            "--trail-layers", "1,2"])
+    assert r.exit_code == 0, r.output
+    report = json.loads((out / "results.json").read_text())
+    assert list(report["results"]) == list(ALL_METHODS)
+    res = report["results"]
+    assert res["estp"]["overall"]["seeds"] == 2 and res["global_median"]["overall"]["seeds"] == 1
+    assert res["global_median"]["overall"]["mae_std"] == 0.0
+    # the trivial median has no ranking (constant prediction) and closes none of the oracle gap
+    assert res["global_median"]["overall"]["kendall_tau"] is None
+    floor = report["oracle_floor"]
+    assert floor["rl"]["num_prompts"] == 2 and floor["rl"]["n"] == 4
+    assert res["global_median"]["rl"]["gap_closed"] == pytest.approx(0.0, abs=1e-9)
+    assert res["global_median"]["rl"]["mae"] == pytest.approx(floor["rl"]["global_median_mae"])
+    assert [c["layer"] for c in report["tuning"]["trail"]["sweep"]] == [1, 2]
+    estp = report["tuning"]["estp"]["chosen"]
+    assert {k: report["tuning"]["ltr"]["chosen"][k] for k in ("layer", "lambda1", "alpha")} == {
+        k: estp[k] for k in ("layer", "lambda1", "alpha")}
+    pia = report["tuning"]["pia"]["unparsed"]
+    assert 0 <= pia["count"] <= pia["of"] == res["pia"]["overall"]["n"]
+    assert report["tokens_per_word"] > 0
+    assert set(report["mae_ratio_to_best_external"]) == {"egtp", "estp"}
+    md = (out / "results.md").read_text()
+    assert "| estp |" in md and "overall tau" in md
+    assert (out / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_evaluate_rejects_bad_options(tmp_path):
+    for args, msg in ((["--seeds", "x"], "--seeds takes"), (["--epochs", "0"], "--epochs and --proxy-epochs"),
+                      (["--threads", "0"], "--threads must be >= 1"), (["--methods", " , "], "no methods")):
+        _one_line_error(runner.invoke(app, ["evaluate", *args]), msg)
+
+
+def _tiny_bench(tiny_model_dir, tiny_data_dir, out, *extra):
+    r = runner.invoke(app, ["bench", "build", "--out", str(out), "--preset", "tiny", "--model", str(tiny_model_dir),
+                            "--engine", "transformers", "--data-dir", str(tiny_data_dir), *extra])
+    assert r.exit_code == 0, r.output
+    return out
+
+
+def test_bench_card_and_resume_on_bad_benchmarks(tiny_model_dir, tiny_data_dir, tmp_path):
+    """`bench card` / a resumed `bench build` on missing, empty and corrupt benchmarks: one line each, no traceback."""
+    build = ["bench", "build", "--preset", "tiny", "--model", str(tiny_model_dir), "--engine", "transformers",
+             "--data-dir", str(tiny_data_dir), "--out"]
+    _one_line_error(runner.invoke(app, ["bench", "card", str(tmp_path / "none")]), "holds no benchmark")
+    bench = _tiny_bench(tiny_model_dir, tiny_data_dir, tmp_path / "bench", "--max-shards", "0")
+    _one_line_error(runner.invoke(app, ["bench", "card", str(bench)]), "has no finished shards yet")
+    _tiny_bench(tiny_model_dir, tiny_data_dir, bench, "--max-shards", "2")
+    shard = bench / "shards" / "shard-00001.parquet"
+    good = shard.read_bytes()
+    import pyarrow.parquet as pq
+
+    chunk = pq.ParquetFile(shard).metadata.row_group(0).column(7)  # response_token_ids: footer stays readable
+    mid = chunk.data_page_offset + chunk.total_compressed_size // 2
+    shard.write_bytes(good[:mid] + b"\0" * 16 + good[mid + 16:])  # garbage in a page
+    for args in (["bench", "card", str(bench)], [*build, str(bench)]):
+        _one_line_error(runner.invoke(app, args), f"{shard} is not a readable lenpred shard")
+    shard.write_bytes(good)
+    manifest = bench / "bench.json"
+    manifest.write_text(manifest.read_text()[:40])
+    for args in (["bench", "card", str(bench)], [*build, str(bench)]):
+        _one_line_error(runner.invoke(app, args), f"{manifest} is not a readable benchmark manifest")
+    a_file = tmp_path / "a-file"
+    a_file.write_text("keep me\n")
+    _one_line_error(runner.invoke(app, [*build, str(a_file)]), f"{a_file} exists and is not a directory")
+    assert a_file.read_text() == "keep me\n"
+
+
+def test_bench_build_failed_engine_start_leaves_no_directory(tiny_model_dir, tiny_data_dir, tmp_path, monkeypatch):
+    import lenpred.bench.build as build
+    from lenpred.errors import LenpredError
+
+    def no_vllm(name, *args, **kwargs):
+        raise LenpredError("engine 'vllm' needs vLLM: `pip install 'lenpred[vllm]'`")
+
+    monkeypatch.setattr(build, "make_engine", no_vllm)
+    r = runner.invoke(app, ["bench", "build", "--out", str(tmp_path / "b"), "--preset", "tiny", "--model",
+                            str(tiny_model_dir), "--engine", "vllm", "--data-dir", str(tiny_data_dir)])
+    _one_line_error(r, "engine 'vllm' needs vLLM")
+    assert not (tmp_path / "b").exists()
+
+
+def test_bench_build_error_mid_sampling_is_not_glued_to_the_progress_bar(tiny_model_dir, tiny_data_dir, tmp_path,
+                                                                        monkeypatch):
+    """The progress bar is closed before the error propagates, so `error: ...` starts its own line."""
+    import lenpred.bench.build as build
+    from lenpred.engines import SampleResult
+    from lenpred.errors import LenpredError
+
+    class DiesAfterOneShard:
+        name = "flaky"
+        calls = 0
+
+        def generate(self, requests):
+            self.calls += 1
+            if self.calls > 1:
+                raise LenpredError("the engine died: rerun the same command to resume")
+            return [SampleResult((7, 8), "stop") for _ in requests]
+
+    monkeypatch.setattr(build, "make_engine", lambda *a, **k: DiesAfterOneShard())
+    r = runner.invoke(app, ["bench", "build", "--out", str(tmp_path / "b"), "--preset", "tiny", "--model",
+                            str(tiny_model_dir), "--engine", "transformers", "--data-dir", str(tiny_data_dir)])
+    assert r.exit_code == 2, r.output
+    assert "bench build (flaky)" in r.stderr  # the bar was drawn
+    assert "\nerror: the engine died: rerun the same command to resume\n" in r.stderr, repr(r.stderr)
+    assert (tmp_path / "b" / "shards" / "shard-00000.parquet").is_file()  # the finished shard is kept

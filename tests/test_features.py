@@ -58,3 +58,32 @@ def test_measure_overhead_reports_consistent_numbers(tiny_backbone):
     n = sum(map(len, PROMPTS.values()))
     assert o["num_prompt_tokens"] == n and o["batch_size"] == 5
     assert o["ratio"] == pytest.approx(o["signals_tok_s"] / o["plain_tok_s"])
+
+
+def test_cached_last_token_states_match_every_layer(tiny_backbone, tmp_path):
+    # the last token's state at every hidden-state index 0..L, whatever subset of layers is kept in full
+    got = extract_cached(tiny_backbone, PROMPTS, (2,), tmp_path / "c", part_size=2, progress=False)
+    ids = PROMPTS["c:0"]
+    ref = extract_signals(tiny_backbone, [ids], (0, 1, 2))[0]
+    assert got["c:0"].last_token_states.shape == (3, 32)
+    torch.testing.assert_close(got["c:0"].last_token_states, ref.hidden_states[:, -1], atol=1e-4, rtol=1e-4)
+
+
+def test_non_finite_part_and_truncated_key_are_refused(tiny_backbone, tmp_path):
+    from safetensors.torch import load_file, save_file
+    from safetensors import safe_open
+
+    extract_cached(tiny_backbone, PROMPTS, (1,), tmp_path / "c", part_size=2, progress=False)
+    part = sorted((tmp_path / "c").glob("part-*.safetensors"))[0]
+    with safe_open(str(part), framework="pt") as f:
+        meta = f.metadata()
+    tensors = load_file(str(part))
+    tensors["0.token_entropy"][0] = float("nan")
+    save_file(tensors, str(part), metadata=meta)
+    with pytest.raises(LenpredError, match="non-finite values in 0.token_entropy"):
+        extract_cached(tiny_backbone, PROMPTS, (1,), tmp_path / "c", part_size=2, progress=False)
+    (tmp_path / "c" / "cache.json").write_text('{"format": 2, "model_')
+    with pytest.raises(LenpredError, match="cache.json is unreadable"):
+        extract_cached(tiny_backbone, PROMPTS, (1,), tmp_path / "c", part_size=2, progress=False)
+    with pytest.raises(LenpredError, match="is a file"):
+        extract_cached(tiny_backbone, PROMPTS, (1,), part, part_size=2, progress=False)

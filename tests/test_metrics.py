@@ -1,4 +1,4 @@
-"""Unit tests of lenpred.evaluate: hand-computed metrics, grouping, the Markdown table and the report files."""
+"""Unit tests of lenpred.metrics: hand-computed metrics, grouping, the Markdown table and the report files."""
 
 import json
 import math
@@ -6,7 +6,8 @@ import math
 import numpy as np
 import pytest
 
-from lenpred.evaluate import length_metrics, markdown_table, metrics_by_scenario, plot_mae, render_table, save_report
+from lenpred.metrics import (aggregate_seeds, gap_closed, leave_one_out_median, length_metrics, markdown_table,
+                             metrics_by_scenario, oracle_floor, plot_mae, prompt_mean_mae, render_table, save_report)
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -18,11 +19,13 @@ def test_length_metrics_hand_values():
     assert m["rmse"] == pytest.approx(math.sqrt(12.5))
     assert m["n"] == 2
     assert isinstance(m["mae"], float) and isinstance(m["n"], int)
+    # two samples in the same order -> tau 1; within 25 %: |3 - 0| > 0, |6 - 10| = 4 > 2.5 -> 0
+    assert m["kendall_tau"] == pytest.approx(1.0) and m["within_25"] == 0.0
 
 
 def test_length_metrics_perfect_and_constant_offset():
     y = np.array([1.0, 5.0, 9.0])
-    assert length_metrics(y, y) == {"mae": 0.0, "rmse": 0.0, "n": 3}
+    assert length_metrics(y, y) == {"mae": 0.0, "rmse": 0.0, "kendall_tau": 1.0, "within_25": 1.0, "n": 3}
     # every prediction off by 2 -> MAE = RMSE = 2
     m = length_metrics(y, y - 2)
     assert m["mae"] == pytest.approx(2.0) and m["rmse"] == pytest.approx(2.0)
@@ -67,11 +70,56 @@ def test_markdown_table_contents():
     assert len(md) == 4
 
 
+def test_markdown_detail_table_and_seed_std():
+    runs = [_results()["median"], metrics_by_scenario(Y, PRED + 2, SCEN)]
+    agg = {"m": aggregate_seeds(runs)}
+    # group a: MAE 2.0 (seed 1) and errors |5-7|, |5-11| -> 4.0 (seed 2): mean 3.0 ± 1.0
+    assert markdown_table(agg).splitlines()[2].startswith("| m | 3.0 ± 1.0 |")
+    detail = markdown_table(agg, detail=True).splitlines()
+    assert detail[0] == "| method | a tau | a ±25% | b tau | b ±25% | overall tau | overall ±25% |"
+    # a: y constant -> tau undefined "–"; within 25 %: seed 1 errors 0, 4 (limit 1.25) -> 0.5; seed 2: 0 -> mean 0.25
+    assert detail[2].startswith("| m | – | 0.250 ± 0.250 |")
+
+
 def test_render_table_shape():
     table = render_table(_results())
     assert len(table.columns) == 1 + 2 * 3
     assert table.row_count == 2
     assert "(n=2)" in str(table.columns[1].header) and "(n=4)" in str(table.columns[5].header)
+
+
+def test_prompt_mean_mae_hand_worked():
+    # prompt p: samples 10, 30 (mean 20), predictions 25, 25 -> 5; prompt q: sample 7, prediction 4 -> 3; mean 4
+    assert prompt_mean_mae(np.array([10.0, 30.0, 7.0]), np.array([25.0, 25.0, 4.0]),
+                           np.array(["p", "p", "q"])) == pytest.approx(4.0)
+
+
+def test_leave_one_out_median_and_oracle_floor():
+    y = np.array([10.0, 20.0, 60.0, 5.0, 100.0, 300.0])
+    pid = np.array(["p", "p", "p", "q", "r", "r"])
+    scen = np.array(["rl", "rl", "rl", "rl", "longseq", "longseq"])
+    # p: others of 10 -> [20, 60] median 40; of 20 -> [10, 60] -> 35; of 60 -> [10, 20] -> 15; q alone -> NaN
+    # r: 100 <-> 300
+    loo = leave_one_out_median(y, pid)
+    np.testing.assert_allclose(loo, [40.0, 35.0, 15.0, np.nan, 300.0, 100.0])
+    floor = oracle_floor(y, pid, scen)
+    # rl errors 30, 15, 45 -> 30 on 3 samples of 1 prompt; longseq errors 200, 200 -> 200
+    assert floor["rl"] == {"mae": pytest.approx(30.0), "n": 3, "num_prompts": 1}
+    assert floor["longseq"]["mae"] == pytest.approx(200.0)
+    assert floor["overall"] == {"mae": pytest.approx((30 * 3 + 400) / 5), "n": 5, "num_prompts": 2}
+
+
+def test_gap_closed():
+    # reference 100, floor 60: a method at 80 closes half the gap, at 110 it is negative
+    assert gap_closed(80.0, 100.0, 60.0) == pytest.approx(0.5)
+    assert gap_closed(110.0, 100.0, 60.0) == pytest.approx(-0.25)
+    assert gap_closed(80.0, 60.0, 60.0) is None
+
+
+def test_metrics_by_scenario_with_prompt_ids_adds_prompt_mean_mae():
+    out = metrics_by_scenario(Y, PRED, SCEN, prompt_ids=np.array(["x", "x", "y", "z"]))
+    # b: one prompt x, mean y 5, mean prediction 4.5 -> 0.5
+    assert out["b"]["mae_prompt_mean"] == pytest.approx(0.5)
 
 
 def test_plot_mae_writes_png(tmp_path):
@@ -85,10 +133,11 @@ def test_plot_mae_writes_png(tmp_path):
 def test_save_report_writes_json_and_png(tmp_path):
     results = _results()
     paths = save_report(results, {"config": {"seed": 3}, "timing_s": 1.5}, tmp_path, stem="run1")
-    assert paths == {"json": tmp_path / "run1.json", "png": tmp_path / "run1.png"}
+    assert paths == {"json": tmp_path / "run1.json", "png": tmp_path / "run1.png", "md": tmp_path / "run1.md"}
     data = json.loads(paths["json"].read_text())
     assert data["config"] == {"seed": 3} and data["timing_s"] == 1.5
     assert data["results"]["median"]["overall"]["mae"] == pytest.approx(2.75)
     assert data["results"]["oracle"]["a"]["rmse"] == 0.0
     assert paths["png"].read_bytes()[:8] == PNG_MAGIC
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["run1.json", "run1.png"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run1.json", "run1.md", "run1.png"]
+    assert paths["md"].read_text().splitlines()[2] == "| median | 2.0 | 2.8 | 3.5 | 3.5 | 2.8 | 3.2 |"

@@ -11,6 +11,7 @@ from typing import Optional
 import typer
 
 from lenpred.errors import LenpredError
+from lenpred.evaluate import ALL_METHODS, DEMO_METHODS
 
 app = typer.Typer(help="Predict LLM output length from the serving model's own prefill signals.",
                   no_args_is_help=True, pretty_exceptions_enable=False)
@@ -30,35 +31,77 @@ def one_line_errors(fn):
     return wrapper
 
 
-def _layers(text: str) -> tuple[int, ...]:
+def _ints(option: str, text: str) -> tuple[int, ...]:
     try:
         return tuple(int(x) for x in text.split(","))
     except ValueError:
-        raise LenpredError(f"--layers takes comma-separated integers like 15,22,-1, got '{text}'") from None
+        raise LenpredError(f"{option} takes comma-separated integers like 15,22,-1, got '{text}'") from None
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(m.strip() for m in text.split(",") if m.strip())
+
+
+MODEL = typer.Option("smollm2-135m-instruct", help="Backbone: default alias, hub id or local directory.")
+DATA_DIR = typer.Option(None, help="Prompt data sets \\[default: $LENPRED_DATA_DIR or ../shared/datasets].")
+CACHE = typer.Option(None, help="Signal cache directory \\[default: under $LENPRED_CACHE].")
+LAYERS = typer.Option("15,22,-1", help="Hidden-state layers to extract in full and search (-1 = last).")
+EPOCHS = typer.Option(150, help="Head training epochs.")
+SKIP = typer.Option(True, help="Pool only over tokens after the prefix all prompts share.")
+THREADS = typer.Option(None, help="torch threads for the backbone and text encoders.")
+
+
+def _evaluate(title: str, **kwargs) -> None:
+    from lenpred.evaluate import EvalConfig, run_evaluate
+
+    run_evaluate(EvalConfig(**kwargs), title=title)
 
 
 @app.command()
 @one_line_errors
 def demo(
-    model: str = typer.Option("smollm2-135m-instruct", help="Backbone: default alias, hub id or local directory."),
+    model: str = MODEL,
     bench: str = typer.Option("benchmarks/smollm2-first", help="Benchmark directory (lenpred bench build)."),
-    data_dir: Optional[str] = typer.Option(None, help="Prompt data sets [default: $LENPRED_DATA_DIR or "
-                                                      "../shared/datasets]."),
-    out: str = typer.Option("results/demo", help="Output directory for results.json / results.png."),
-    cache: Optional[str] = typer.Option(None, help="Signal cache directory [default: under $LENPRED_CACHE]."),
-    layers: str = typer.Option("15,22,-1", help="Hidden-state layers to extract and search (-1 = last)."),
-    methods: str = typer.Option("global_median,prompt_length,mean,last,egtp,estp", help="Predictors to run."),
-    epochs: int = typer.Option(150, help="Head training epochs."),
+    data_dir: Optional[str] = DATA_DIR,
+    out: str = typer.Option("results/demo", help="Output directory for results.json / .md / .png."),
+    cache: Optional[str] = CACHE,
+    layers: str = LAYERS,
+    methods: str = typer.Option(",".join(DEMO_METHODS), help="Predictors to run."),
+    epochs: int = EPOCHS,
     seed: int = typer.Option(0, help="Head seed."),
-    skip_shared_prefix: bool = typer.Option(True, help="Pool only over tokens after the prefix all prompts share."),
-    threads: Optional[int] = typer.Option(None, help="torch threads."),
+    skip_shared_prefix: bool = SKIP,
+    threads: Optional[int] = THREADS,
 ):
     """Train EGTP, ESTP and baselines on a stored benchmark and print the test MAE/RMSE table."""
-    from lenpred.demo import DemoConfig, run_demo
+    _evaluate("demo", model=model, bench=bench, data_dir=data_dir, out=out, cache=cache,
+              layers=_ints("--layers", layers), methods=_names(methods), epochs=epochs, seeds=(seed,),
+              skip_shared_prefix=skip_shared_prefix, threads=threads)
 
-    run_demo(DemoConfig(model=model, bench=bench, data_dir=data_dir, out=out, cache=cache, layers=_layers(layers),
-                        methods=tuple(m.strip() for m in methods.split(",")), epochs=epochs, seed=seed,
-                        skip_shared_prefix=skip_shared_prefix, threads=threads))
+
+@app.command()
+@one_line_errors
+def evaluate(
+    model: str = MODEL,
+    bench: str = typer.Option("benchmarks/smollm2-forelen", help="Benchmark directory (lenpred bench build)."),
+    data_dir: Optional[str] = DATA_DIR,
+    out: str = typer.Option("results/evaluate", help="Output directory for results.json / .md / .png."),
+    cache: Optional[str] = CACHE,
+    layers: str = LAYERS,
+    methods: str = typer.Option(",".join(ALL_METHODS), help="Predictors to run, in table order."),
+    seeds: str = typer.Option("0,1,2", help="Seeds of the learned predictors (tuned with the first)."),
+    epochs: int = EPOCHS,
+    proxy_encoder: str = typer.Option("minilm", help="SSJF / S3 text encoder: minilm (packaged) or a local directory."),
+    proxy_epochs: int = typer.Option(2, help="Fine-tuning epochs of the SSJF / S3 text encoders."),
+    trail_layers: Optional[str] = typer.Option(None, help="TRAIL layer sweep \\[default: every layer]."),
+    skip_shared_prefix: bool = SKIP,
+    threads: Optional[int] = THREADS,
+):
+    """Every predictor (baselines, poolers, EGTP, ESTP) on the same splits: the comparison table."""
+    _evaluate("evaluate", model=model, bench=bench, data_dir=data_dir, out=out, cache=cache,
+              layers=_ints("--layers", layers), methods=_names(methods), seeds=_ints("--seeds", seeds),
+              epochs=epochs, proxy_encoder=proxy_encoder, proxy_epochs=proxy_epochs,
+              trail_layers=_ints("--trail-layers", trail_layers) if trail_layers else None,
+              skip_shared_prefix=skip_shared_prefix, threads=threads)
 
 
 @bench_app.command("build")

@@ -3,8 +3,9 @@
 A cache directory holds ``part-<hash>.safetensors`` files of up to ``part_size`` prompts each, named
 by a hash of their prompt ids and token ids (written atomically, so a killed run resumes at the
 first missing part, and a grown benchmark reuses every part whose prompts did not change), and
-``cache.json`` with the key: model revision, layers, whether attention was taken. A directory whose
-key differs is refused rather than mixed.
+``cache.json`` with the key: format version, model revision, layers, whether attention was taken. A
+directory whose key differs is refused rather than mixed; a part that is unreadable or holds non-finite
+values is reported, never used.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from safetensors.torch import load_file, save_file
 from lenpred.errors import LenpredError
 from lenpred.io import atomic_path, stable_hash, write_json
 from lenpred.signals import PromptSignals, extract_signals
+
+CACHE_FORMAT = 2  # 2: parts also hold every layer's last-token hidden state
 
 
 def _batches(lengths: list[int], max_batch_tokens: int) -> list[list[int]]:
@@ -59,31 +62,37 @@ def extract_cached(backbone, prompts: dict[str, list[int]], layers: tuple[int, .
 
     cache = Path(cache)
     ids = list(prompts)
-    key = {"model_revision": backbone.revision, "layers": list(layers), "semantic": semantic}
+    if cache.exists() and not cache.is_dir():
+        raise LenpredError(f"signal cache {cache} is a file, not a directory: pass another --cache directory")
+    key = {"format": CACHE_FORMAT, "model_revision": backbone.revision, "layers": list(layers), "semantic": semantic}
     meta_path = cache / "cache.json"
-    if meta_path.exists() and json.loads(meta_path.read_text()) != key:
-        raise LenpredError(f"{cache} caches signals for another model / layers: delete it or use another "
-                           "--cache directory")
+    if meta_path.exists():
+        try:
+            stored = json.loads(meta_path.read_text())
+        except (OSError, ValueError):
+            raise LenpredError(f"{meta_path} is unreadable (truncated?): delete {cache} and rerun to re-extract") from None
+        if stored != key:
+            raise LenpredError(f"{cache} caches signals for another model / layers / cache format: delete it or use "
+                               "another --cache directory")
     write_json(meta_path, key)
     parts = [ids[i:i + part_size] for i in range(0, len(ids), part_size)]
     out: dict[str, PromptSignals] = {}
     total_tokens = sum(len(prompts[p]) for p in ids)
-    bar = tqdm(total=total_tokens, unit="tok", desc="prefill signals", disable=not progress)
     t0, extracted = time.perf_counter(), 0
-    for part in parts:
-        path = cache / f"part-{stable_hash([[pid, prompts[pid]] for pid in part])}.safetensors"
-        if not path.exists():
-            signals = {}
-            token_lists = [prompts[p] for p in part]
-            for batch in _batches([len(t) for t in token_lists], max_batch_tokens):
-                for i, s in zip(batch, extract_signals(backbone, [token_lists[i] for i in batch], layers, semantic)):
-                    signals[part[i]] = s
-            _write_part(path, part, signals)
-            extracted += sum(len(t) for t in token_lists)
-            bar.set_postfix(tok_s=f"{extracted / (time.perf_counter() - t0):.0f}")
-        out.update(_read_part(path, part, tuple(layers)))
-        bar.update(sum(len(prompts[p]) for p in part))
-    bar.close()
+    with tqdm(total=total_tokens, unit="tok", desc="prefill signals", disable=not progress) as bar:
+        for part in parts:
+            path = cache / f"part-{stable_hash([[pid, prompts[pid]] for pid in part])}.safetensors"
+            if not path.exists():
+                signals = {}
+                token_lists = [prompts[p] for p in part]
+                for batch in _batches([len(t) for t in token_lists], max_batch_tokens):
+                    for i, s in zip(batch, extract_signals(backbone, [token_lists[i] for i in batch], layers, semantic)):
+                        signals[part[i]] = s
+                _write_part(path, part, signals)
+                extracted += sum(len(t) for t in token_lists)
+                bar.set_postfix(tok_s=f"{extracted / (time.perf_counter() - t0):.0f}")
+            out.update(_read_part(path, part, tuple(layers)))
+            bar.update(sum(len(prompts[p]) for p in part))
     return out
 
 
@@ -93,6 +102,7 @@ def _write_part(path: Path, part: list[str], signals: dict[str, PromptSignals]) 
         s = signals[pid]
         tensors[f"{i}.hidden_states"] = s.hidden_states.contiguous()
         tensors[f"{i}.token_entropy"] = s.token_entropy.contiguous()
+        tensors[f"{i}.last_token_states"] = s.last_token_states.contiguous()
         if s.semantic_score is not None:
             tensors[f"{i}.semantic_score"] = s.semantic_score.contiguous()
     with atomic_path(path) as tmp:
@@ -110,8 +120,15 @@ def _read_part(path: Path, part: list[str], layers: tuple[int, ...]) -> dict[str
         raise LenpredError(f"{path} is unreadable ({type(exc).__name__}): delete it and rerun to re-extract") from None
     if stored != part:
         raise LenpredError(f"{path} holds other prompts than expected: delete the cache directory and rerun")
-    return {pid: PromptSignals(tensors[f"{i}.hidden_states"], tensors[f"{i}.token_entropy"],
-                               tensors.get(f"{i}.semantic_score"), layers) for i, pid in enumerate(part)}
+    bad = [k for k, v in tensors.items() if not torch.isfinite(v).all()]
+    if bad:
+        raise LenpredError(f"{path} holds non-finite values in {bad[0]}: delete it and rerun to re-extract")
+    try:
+        return {pid: PromptSignals(tensors[f"{i}.hidden_states"], tensors[f"{i}.token_entropy"],
+                                   tensors.get(f"{i}.semantic_score"), layers, tensors[f"{i}.last_token_states"])
+                for i, pid in enumerate(part)}
+    except KeyError as exc:
+        raise LenpredError(f"{path} lacks {exc}: delete it and rerun to re-extract") from None
 
 
 def measure_overhead(backbone, token_lists: list[list[int]], layers: tuple[int, ...], repeats: int = 2) -> dict:

@@ -5,6 +5,8 @@ One forward pass per batch gives, for every prompt token ``i``:
 * ``hidden_states[l, i]`` at the requested layers (``l = 0`` is the embedding output, ``l = L`` the
   final-norm output, as in transformers' ``output_hidden_states``);
 * ``token_entropy[i] = -sum_v p_i(v) log p_i(v)`` in nats, ``p_i = softmax(logits_i)``;
+* ``last_token_states[l]``: the hidden state of the last prompt token at **every** index ``l = 0..L``
+  (what TRAIL's layer sweep needs; ``(L + 1) x d`` per prompt, so cheap to keep);
 * ``semantic_score[j]`` (ESTP): attention that token ``j`` receives in the **last** layer, averaged
   over heads and over the ``n - j`` query tokens that can attend to it under the causal mask
   (``i >= j``). We divide by ``n - j`` rather than ``n`` so early tokens are not favoured merely for
@@ -41,18 +43,21 @@ class PromptSignals:
         token_entropy: ``(n,)`` float32, nats.
         semantic_score: ``(n,)`` float32, or ``None`` when attention was not requested.
         layers: the hidden-state indices held (0 = embeddings, L = last layer).
+        last_token_states: ``(L + 1, d)`` float32, the last token's hidden state at every index, or ``None``.
     """
 
     hidden_states: torch.Tensor
     token_entropy: torch.Tensor
     semantic_score: torch.Tensor | None
     layers: tuple[int, ...]
+    last_token_states: torch.Tensor | None = None
 
     def drop_prefix(self, num_tokens: int) -> "PromptSignals":
         """The signals of tokens ``num_tokens..n-1`` (views, no copy); at least the last token is kept."""
         k = min(num_tokens, len(self.token_entropy) - 1)
         return PromptSignals(self.hidden_states[:, k:], self.token_entropy[k:],
-                             None if self.semantic_score is None else self.semantic_score[k:], self.layers)
+                             None if self.semantic_score is None else self.semantic_score[k:], self.layers,
+                             self.last_token_states)
 
     def layer(self, index: int) -> torch.Tensor:
         """Hidden states ``(n, d)`` of hidden-state index ``index``.
@@ -203,13 +208,15 @@ def extract_signals(backbone, batch_token_ids: list[list[int]], layers: list[int
             _output_logits(model, flat[s:s + entropy_chunk_tokens]))
     semantic_scores = semantic_score_from_attention(weights.float(), mask) if semantic else None
     stacked = torch.stack([out.hidden_states[l] for l in layers], dim=1).float()  # (B, layers, n, d)
+    last_states = torch.stack([h[:, -1] for h in out.hidden_states], dim=1).float()  # (B, L + 1, d)
 
     results = []
     for b, ids in enumerate(batch_token_ids):
         k = n - len(ids)
         results.append(PromptSignals(
             hidden_states=stacked[b, :, k:].clone(), token_entropy=entropy[b, k:].clone(),
-            semantic_score=semantic_scores[b, k:].clone() if semantic else None, layers=layers))
+            semantic_score=semantic_scores[b, k:].clone() if semantic else None, layers=layers,
+            last_token_states=last_states[b].clone()))
     return results
 
 

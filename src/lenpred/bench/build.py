@@ -7,16 +7,21 @@ Layout of a benchmark directory::
 
 A shard is written atomically (temp file + rename) with the plan fingerprint and its index in the
 parquet metadata, so a rerun skips exactly the finished shards and a shard from another plan is
-detected instead of mixed in.
+detected instead of mixed in. Shards carry parquet page checksums; every existing shard is read in
+full and checked (checksums, schema, row count, the plan's prompt ids and seeds) before a rerun
+trusts it, so a corrupt file stops the build with the file's name instead of a pyarrow traceback.
+``bench.json`` is written only once the engine has started: a failed start leaves nothing behind.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from lenpred.bench.plan import BenchConfig, PlannedPrompt, make_plan, plan_fingerprint
@@ -43,24 +48,90 @@ RECORD_SCHEMA = pa.schema([
     ("engine", pa.string()),
 ])
 _META_KEY = b"lenpred"
+_SHARD_NAME = re.compile(r"shard-(\d{5,})\.parquet")
+_MANIFEST_KEYS = ("plan_fingerprint", "model_id", "model_revision", "shard_size")
+_RESAMPLE = "delete it and rerun `lenpred bench build` with the same arguments to re-sample it"
 
 
 def shard_path(bench_dir: Path, index: int) -> Path:
     return bench_dir / "shards" / f"shard-{index:05d}.parquet"
 
 
+def _shard_files(bench_dir: Path) -> dict[int, Path]:
+    """The shard files of a benchmark directory by index.
+
+    Raises:
+        LenpredError: a file that looks like a shard but is not named ``shard-NNNNN.parquet``.
+    """
+    files = {}
+    for path in sorted((bench_dir / "shards").glob("shard-*.parquet")):
+        m = _SHARD_NAME.fullmatch(path.name)
+        if m is None:
+            raise LenpredError(f"{path} is not a shard name this benchmark writes (shard-NNNNN.parquet): "
+                               "move it out of the shards directory")
+        files[int(m.group(1))] = path
+    return dict(sorted(files.items()))
+
+
+def read_manifest(bench_dir: str | Path) -> dict:
+    """The parsed ``bench.json`` of a benchmark directory.
+
+    Raises:
+        LenpredError: the file is unreadable, not JSON, or lacks the keys the builder writes.
+    """
+    path = Path(bench_dir) / "bench.json"
+    fix = ("delete it and rerun `lenpred bench build` with the same arguments to rewrite it (finished shards "
+           "are checked against the plan and kept)")
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise LenpredError(f"{path} is not a readable benchmark manifest ({type(exc).__name__}); {fix}") from None
+    missing = [k for k in _MANIFEST_KEYS if k not in manifest] if isinstance(manifest, dict) else list(_MANIFEST_KEYS)
+    if missing:
+        raise LenpredError(f"{path} is not a benchmark manifest (missing {', '.join(missing)}); {fix}")
+    return manifest
+
+
 def read_shard_meta(path: Path) -> dict:
-    """The lenpred metadata of a shard file.
+    """The lenpred metadata of a shard file (read from the footer only).
 
     Raises:
         LenpredError: the file is not a readable lenpred shard.
     """
     try:
-        meta = pq.read_schema(path).metadata or {}
-        return json.loads(meta[_META_KEY])
-    except (OSError, KeyError, ValueError, pa.ArrowInvalid) as exc:
-        raise LenpredError(f"{path} is not a readable lenpred shard ({type(exc).__name__}); delete it and rerun "
-                           "`lenpred bench build` to re-sample it") from None
+        meta = json.loads((pq.read_schema(path).metadata or {})[_META_KEY])
+    except (OSError, KeyError, ValueError, pa.ArrowException) as exc:
+        raise LenpredError(f"{path} is not a readable lenpred shard ({type(exc).__name__}); {_RESAMPLE}") from None
+    if not isinstance(meta, dict):
+        raise LenpredError(f"{path} is not a readable lenpred shard (bad metadata); {_RESAMPLE}")
+    return meta
+
+
+def read_shard(path: Path) -> tuple[pa.Table, dict]:
+    """Read one shard in full and check it: page checksums, schema, no nulls, row count, lengths.
+
+    Returns:
+        ``(table without schema metadata, lenpred metadata)``.
+
+    Raises:
+        LenpredError: the file is corrupt or not a lenpred shard; the message names it and the fix.
+    """
+    meta = read_shard_meta(path)
+    bad = f"{path} is not a readable lenpred shard"
+    try:
+        table = pq.read_table(path, page_checksum_verification=True)
+    except (OSError, pa.ArrowException) as exc:
+        raise LenpredError(f"{bad} (corrupt data: {type(exc).__name__}); {_RESAMPLE}") from None
+    table = table.replace_schema_metadata(None)
+    if not table.schema.equals(RECORD_SCHEMA):
+        raise LenpredError(f"{bad} (its columns differ from the record schema); {_RESAMPLE}")
+    if table.num_rows != meta.get("num_rows"):
+        raise LenpredError(f"{path} has {table.num_rows} rows, its metadata says {meta.get('num_rows')}: {_RESAMPLE}")
+    lengths_agree = pc.all(pc.equal(pc.list_value_length(table.column("response_token_ids")),
+                                    table.column("num_output_tokens")), min_count=0).as_py()
+    if any(col.null_count for col in table.columns) or not lengths_agree:
+        raise LenpredError(f"{bad} (null values or lengths that disagree with the token ids); {_RESAMPLE}")
+    return table, meta
 
 
 def _shard_table(prompts: list[PlannedPrompt], results, model_id: str, revision: str, engine: str) -> pa.Table:
@@ -84,7 +155,7 @@ def _check_manifest(bench_dir: Path, manifest: dict) -> None:
     path = bench_dir / "bench.json"
     if not path.exists():
         return
-    old = json.loads(path.read_text())
+    old = read_manifest(bench_dir)
     for key in ("plan_fingerprint", "model_revision", "shard_size"):
         if old.get(key) != manifest.get(key):
             raise LenpredError(
@@ -92,74 +163,117 @@ def _check_manifest(bench_dir: Path, manifest: dict) -> None:
                 "use another --out directory, or delete it to rebuild")
 
 
+def _check_out_dir(out: Path) -> None:
+    for path in (out, out / "shards"):
+        if path.exists() and not path.is_dir():
+            raise LenpredError(f"{path} exists and is not a directory: pass a new or benchmark directory as --out "
+                               "(or move the file away)")
+
+
+def _first_line(exc: BaseException, limit: int = 200) -> str:
+    text = (str(exc).strip().splitlines() or [""])[0]
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _check_shard(path: Path, index: int, prompts: list[PlannedPrompt], fingerprint: str) -> None:
+    """Raise if an existing shard file is corrupt or is not shard ``index`` of this plan."""
+    table, meta = read_shard(path)
+    if meta.get("plan_fingerprint") != fingerprint or meta.get("shard_index") != index:
+        raise LenpredError(f"{path} belongs to another plan; delete it (or the directory) and rerun")
+    expected = [(p.prompt_id, k, seed) for p in prompts for k, seed in enumerate(p.seeds)]
+    got = list(zip(*(table.column(c).to_pylist() for c in ("prompt_id", "sample_index", "seed"))))
+    if got != expected:
+        raise LenpredError(f"{path} does not hold the prompts and seeds the plan assigns to shard {index}; {_RESAMPLE}")
+
+
 def build_benchmark(config: BenchConfig, out_dir: str | Path, engine: str = "auto", data_dir=None,
                     max_shards: int | None = None, engine_kwargs: dict | None = None) -> Path:
     """Sample every shard of the plan that is not on disk yet.
+
+    Existing shards are checked first (a corrupt one stops the build, naming the file); ``bench.json``
+    is written only after the engine started, so a failed start leaves no half-made directory.
 
     Args:
         config: what to sample.
         out_dir: benchmark directory (created; reused to resume).
         engine: ``"auto"`` (vLLM if installed), ``"vllm"`` or ``"transformers"``.
         data_dir: prompt data directory (default ``$LENPRED_DATA_DIR`` or ``../shared/datasets``).
-        max_shards: stop after sampling this many new shards (for time-boxed sessions).
+        max_shards: stop after sampling this many new shards (for time-boxed sessions); ``0`` only
+            checks the directory and writes ``bench.json``.
 
     Returns:
         ``out_dir``.
 
     Raises:
-        LenpredError: the directory holds another plan or model, a shard is corrupt, or input is bad.
+        LenpredError: the directory holds another plan or model, a shard or ``bench.json`` is corrupt,
+            the engine cannot load the model, or input is bad.
     """
     from tqdm.auto import tqdm
 
     from lenpred.backbone import eos_token_ids, resolve_model
 
     out = Path(out_dir)
+    if max_shards is not None and max_shards < 0:
+        raise LenpredError(f"--max-shards must be >= 0, got {max_shards}")
+    _check_out_dir(out)
     model_dir, revision = resolve_model(config.model)
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    except (OSError, ValueError) as exc:
+        raise LenpredError(f"cannot load the tokenizer of model '{config.model}' from {model_dir} "
+                           f"({type(exc).__name__}: {_first_line(exc)}): point --model at a directory with "
+                           "tokenizer files (save_pretrained), or a cached hub id") from None
     plan, skipped = make_plan(config, tokenizer, data_dir)
     fingerprint = plan_fingerprint(plan)
     manifest = {"config": config.to_dict(), "plan_fingerprint": fingerprint, "model_id": config.model,
                 "model_revision": revision, "shard_size": config.shard_size, "num_prompts": len(plan),
                 "num_requests": sum(len(p.seeds) for p in plan), "skipped_long_prompts": skipped}
     _check_manifest(out, manifest)
-    write_json(out / "bench.json", manifest)
 
     shards = [plan[i:i + config.shard_size] for i in range(0, len(plan), config.shard_size)]
-    todo = []
-    for i in range(len(shards)):
-        path = shard_path(out, i)
-        if path.exists():
-            meta = read_shard_meta(path)
-            if meta.get("plan_fingerprint") != fingerprint or meta.get("shard_index") != i:
-                raise LenpredError(f"{path} belongs to another plan; delete it (or the directory) and rerun")
-        else:
-            todo.append(i)
+    existing = _shard_files(out)
+    for i, path in existing.items():
+        if i >= len(shards):
+            raise LenpredError(f"{path} belongs to another plan (this plan has {len(shards)} shards); "
+                               "delete it (or the directory) and rerun")
+        _check_shard(path, i, shards[i], fingerprint)
+    todo = [i for i in range(len(shards)) if i not in existing]
     if max_shards is not None:
         todo = todo[:max_shards]
-    if not todo:
+
+    sampler = None
+    if todo:
+        try:
+            eos = eos_token_ids(model_dir, tokenizer)
+            sampler = make_engine(engine, str(model_dir), eos, **(engine_kwargs or {}))
+        except LenpredError:
+            raise
+        except (OSError, ValueError) as exc:
+            raise LenpredError(f"engine '{engine}' cannot load model '{config.model}' from {model_dir} "
+                               f"({type(exc).__name__}: {_first_line(exc)}): point --model at a complete model "
+                               "directory (config, weights, tokenizer) or a cached hub id") from None
+    write_json(out / "bench.json", manifest)  # only now: a failed engine start leaves no half-made directory
+    if sampler is None:
         return out
 
-    eos = eos_token_ids(model_dir, tokenizer)
-    sampler = make_engine(engine, str(model_dir), eos, **(engine_kwargs or {}))
     done_prompts = sum(len(s) for i, s in enumerate(shards) if i not in set(todo))
-    bar = tqdm(total=len(plan), initial=done_prompts, unit="prompt", desc=f"bench build ({sampler.name})")
     tokens, t0 = 0, time.perf_counter()
-    for i in todo:
-        prompts = shards[i]
-        requests = [SampleRequest(p.prompt_token_ids, s, p.temperature, p.max_new_tokens) for p in prompts
-                    for s in p.seeds]
-        results = sampler.generate(requests)
-        table = _shard_table(prompts, results, config.model, revision, sampler.name)
-        meta = {"plan_fingerprint": fingerprint, "shard_index": i, "num_rows": table.num_rows}
-        table = table.replace_schema_metadata({_META_KEY: json.dumps(meta).encode()})
-        with atomic_path(shard_path(out, i)) as tmp:
-            pq.write_table(table, tmp)
-        tokens += sum(r.num_output_tokens for r in results)
-        bar.set_postfix(out_tok_s=f"{tokens / (time.perf_counter() - t0):.1f}", shard=i)
-        bar.update(len(prompts))
-    bar.close()
+    with tqdm(total=len(plan), initial=done_prompts, unit="prompt", desc=f"bench build ({sampler.name})") as bar:
+        for i in todo:
+            prompts = shards[i]
+            requests = [SampleRequest(p.prompt_token_ids, s, p.temperature, p.max_new_tokens) for p in prompts
+                        for s in p.seeds]
+            results = sampler.generate(requests)
+            table = _shard_table(prompts, results, config.model, revision, sampler.name)
+            meta = {"plan_fingerprint": fingerprint, "shard_index": i, "num_rows": table.num_rows}
+            table = table.replace_schema_metadata({_META_KEY: json.dumps(meta).encode()})
+            with atomic_path(shard_path(out, i)) as tmp:
+                pq.write_table(table, tmp, write_page_checksum=True)
+            tokens += sum(r.num_output_tokens for r in results)
+            bar.set_postfix(out_tok_s=f"{tokens / (time.perf_counter() - t0):.1f}", shard=i)
+            bar.update(len(prompts))
     return out
 
 
@@ -167,24 +281,29 @@ def load_records(bench_dir: str | Path) -> pa.Table:
     """All records of a benchmark directory as one table (shards in order), checked against ``bench.json``.
 
     Raises:
-        LenpredError: no benchmark there, or a shard from another plan / unreadable.
+        LenpredError: no benchmark there, ``bench.json`` unreadable, or a shard from another plan / corrupt.
     """
     bench_dir = Path(bench_dir)
     manifest_path = bench_dir / "bench.json"
-    if not manifest_path.is_file():
+    if not bench_dir.is_dir():
+        what = "not a directory" if bench_dir.exists() else "no such directory"
+        raise LenpredError(f"{bench_dir} holds no benchmark ({what}): build one with "
+                           "`lenpred bench build --out DIR`, or pass the directory you built")
+    if not manifest_path.exists():
+        if _shard_files(bench_dir):
+            raise LenpredError(f"{bench_dir} holds no benchmark manifest (bench.json missing, shards present): rerun "
+                               f"`lenpred bench build --out {bench_dir}` with the arguments it was built with to "
+                               "rewrite it (finished shards are checked against the plan and kept)")
         raise LenpredError(f"{bench_dir} holds no benchmark (bench.json missing): build one with "
                            "`lenpred bench build --out DIR`")
-    fingerprint = json.loads(manifest_path.read_text())["plan_fingerprint"]
+    fingerprint = read_manifest(bench_dir)["plan_fingerprint"]
     tables = []
-    for path in sorted((bench_dir / "shards").glob("shard-*.parquet")):
-        meta = read_shard_meta(path)
-        if meta.get("plan_fingerprint") != fingerprint:
+    for i, path in _shard_files(bench_dir).items():
+        table, meta = read_shard(path)
+        if meta.get("plan_fingerprint") != fingerprint or meta.get("shard_index") != i:
             raise LenpredError(f"{path} belongs to another plan than {manifest_path}; delete it and rebuild")
-        table = pq.read_table(path)
-        if table.num_rows != meta.get("num_rows"):
-            raise LenpredError(f"{path} has {table.num_rows} rows, its metadata says {meta.get('num_rows')}: "
-                               "delete it and rerun `lenpred bench build`")
-        tables.append(table.replace_schema_metadata(None))
+        tables.append(table)
     if not tables:
-        raise LenpredError(f"{bench_dir} has no finished shards yet: run `lenpred bench build --out {bench_dir}`")
+        raise LenpredError(f"{bench_dir} has no finished shards yet: run `lenpred bench build --out {bench_dir}` "
+                           "with the arguments it was started with")
     return pa.concat_tables(tables)

@@ -7,12 +7,14 @@ one prompt's own samples scatter, which bounds what any prompt-only predictor ca
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 
-from lenpred.bench.build import load_records
+from lenpred.bench.build import load_records, read_manifest
 from lenpred.bench.plan import SPLITS
 from lenpred.io import atomic_path
 
@@ -28,9 +30,15 @@ def _spread(prompt_ids: np.ndarray, lengths: np.ndarray) -> tuple[float, float, 
             len(multi))
 
 
-def card_stats(bench_dir: str | Path) -> list[dict]:
-    """One row per (scenario, split) plus an ``all`` split per scenario: counts and length statistics in tokens."""
-    t = load_records(bench_dir)
+def card_stats(bench_dir: str | Path, records: pa.Table | None = None) -> list[dict]:
+    """One row per (scenario, split) plus an ``all`` split per scenario: counts and length statistics in tokens.
+
+    ``records`` (from :func:`load_records`) saves reading the shards again.
+
+    Raises:
+        LenpredError: no readable benchmark in ``bench_dir``.
+    """
+    t = load_records(bench_dir) if records is None else records
     cols = {c: np.asarray(t.column(c).to_pylist()) for c in
             ("scenario", "split", "prompt_id", "num_output_tokens", "finish_reason", "num_prompt_tokens")}
     rows = []
@@ -68,33 +76,45 @@ def card_markdown(rows: list[dict], title: str) -> str:
 
 
 def write_card(bench_dir: str | Path) -> dict[str, Path]:
-    """Write ``CARD.md``, ``card.json`` and ``card.png`` (length histograms per scenario) into the benchmark dir."""
+    """Write ``CARD.md``, ``card.json`` and ``card.png`` (length histograms per scenario) into the benchmark dir.
+
+    Everything is computed before the first file is written, so bad input leaves the old card intact.
+
+    Raises:
+        LenpredError: no readable benchmark in ``bench_dir`` (missing, corrupt ``bench.json`` or shard).
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     bench_dir = Path(bench_dir)
-    rows = card_stats(bench_dir)
-    manifest = json.loads((bench_dir / "bench.json").read_text())
-    paths = {"md": bench_dir / "CARD.md", "json": bench_dir / "card.json", "png": bench_dir / "card.png"}
-    with atomic_path(paths["md"]) as tmp:
-        tmp.write_text(card_markdown(rows, f"{bench_dir.name}: responses of {manifest['model_id']} "
-                                           f"(revision {manifest['model_revision']})"))
-    with atomic_path(paths["json"]) as tmp:
-        tmp.write_text(json.dumps(rows, indent=2) + "\n")
     t = load_records(bench_dir)
+    manifest = read_manifest(bench_dir)
+    rows = card_stats(bench_dir, t)
     scen = np.asarray(t.column("scenario").to_pylist())
     y = np.asarray(t.column("num_output_tokens").to_pylist())
     scenarios = sorted(set(scen))
     fig, axes = plt.subplots(1, len(scenarios), figsize=(4 * len(scenarios), 3.2), squeeze=False)
-    for ax, s in zip(axes[0], scenarios):
-        ax.hist(y[scen == s], bins=40, color="tab:blue")
-        ax.set_title(f"{s} (n={int((scen == s).sum())})")
-        ax.set_xlabel("num_output_tokens")
-    axes[0][0].set_ylabel("responses")
-    fig.tight_layout()
-    with atomic_path(paths["png"]) as tmp:
-        fig.savefig(tmp, format="png", dpi=110)
-    plt.close(fig)
+    try:
+        for ax, s in zip(axes[0], scenarios):
+            ax.hist(y[scen == s], bins=40, color="tab:blue")
+            ax.set_title(f"{s} (n={int((scen == s).sum())})")
+            ax.set_xlabel("num_output_tokens")
+        axes[0][0].set_ylabel("responses")
+        fig.tight_layout()
+        png = io.BytesIO()
+        fig.savefig(png, format="png", dpi=110)
+    finally:
+        plt.close(fig)
+    contents = {"md": card_markdown(rows, f"{bench_dir.name}: responses of {manifest['model_id']} "
+                                          f"(revision {manifest['model_revision']})"),
+                "json": json.dumps(rows, indent=2) + "\n", "png": png.getvalue()}
+    paths = {"md": bench_dir / "CARD.md", "json": bench_dir / "card.json", "png": bench_dir / "card.png"}
+    for key, path in paths.items():
+        with atomic_path(path) as tmp:
+            if isinstance(contents[key], bytes):
+                tmp.write_bytes(contents[key])
+            else:
+                tmp.write_text(contents[key])
     return paths

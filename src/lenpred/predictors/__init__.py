@@ -133,4 +133,4 @@ def unique_map(requests: list[Request], fn: Callable[[Request], Any]) -> list:
     return [done[id(r)] if id(r) in done else done.setdefault(id(r), fn(r)) for r in requests]
 
 
-from lenpred.predictors import pooled, trivial  # noqa: E402,F401  (registration side effect)
+from lenpred.predictors import ltr, pia, pooled, proxy, trail, trivial  # noqa: E402,F401  (registration side effect)
