@@ -183,6 +183,36 @@ def test_regressor_learns_separable_toy(fitted):
     assert err.mean() < np.abs(median - y).mean() / 3
 
 
+def test_soft_label_loss_weights_rows():
+    # rows from the mixture test: row losses (lam = 0.5) 0.5 ln2 + 2 and 0.25 (2 ln4 - ln3); weights 3 and 1
+    logits = torch.tensor([[0.0, 0.0], [0.0, math.log(3)]])
+    q, y, centres = torch.tensor([[1.0, 0.0], [0.5, 0.5]]), torch.tensor([1.0, 7.5]), torch.tensor([0.0, 10.0])
+    r0, r1 = 0.5 * math.log(2) + 2.0, 0.25 * (2 * math.log(4) - math.log(3))
+    got = soft_label_loss(logits, q, y, centres, 2.0, lam=0.5, weights=torch.tensor([3.0, 1.0])).item()
+    assert got == pytest.approx((3 * r0 + r1) / 4, abs=1e-5)
+
+
+def test_groups_of_one_sample_change_nothing():
+    X, y = _clusters(6, seed=4)
+    cfg = HeadConfig(epochs=5, batch_size=4)
+    plain = SoftLabelRegressor(cfg, seed=1).fit(X, y).predict(X)
+    grouped = SoftLabelRegressor(cfg, seed=1).fit(X, y, groups=np.arange(len(y))).predict(X)
+    np.testing.assert_array_equal(plain, grouped)
+
+
+def test_grouped_samples_train_on_their_mean_label():
+    # one prompt, samples in the lowest and highest bins, tau -> 0 and lam = 1: the best fit puts half the
+    # probability on each, so the prediction is the mean of the two bin centres
+    X = np.ones((4, 3), dtype=np.float32)
+    y = np.array([10.0, 10.0, 30.0, 30.0])
+    cfg = HeadConfig(num_bins=2, tau=1e-3, lam=1.0, epochs=300, batch_size=4, lr=1e-2, weight_decay=0.0, dropout=0.0)
+    head = SoftLabelRegressor(cfg, seed=0).fit(X, y, groups=np.zeros(4, dtype=int))
+    np.testing.assert_allclose(head.predict_proba(X[:1])[0], [0.5, 0.5], atol=0.02)
+    assert head.predict(X[:1])[0] == pytest.approx(20.0, abs=0.5)
+    with pytest.raises(LenpredError, match="groups"):
+        SoftLabelRegressor(cfg).fit(X, y, groups=np.zeros(3))
+
+
 def test_regressor_predictions_are_expectations_over_centres(fitted):
     head, _ = fitted
     X, _ = _clusters(3, seed=2)

@@ -66,7 +66,8 @@ class PooledHeadPredictor(Predictor):
 
     def fit(self, requests, y):
         self.head_ = SoftLabelRegressor(HeadConfig(**self.params["head"]), self.params["seed"])
-        self.head_.fit(self.features(requests), y)
+        groups = np.array([id(r) for r in requests])  # samples of one prompt share a Request: one weighted row
+        self.head_.fit(self.features(requests), y, groups)
         return self
 
     def predict(self, requests):
