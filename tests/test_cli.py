@@ -100,6 +100,7 @@ def test_evaluate_every_method_on_tiny_model(tiny_model_dir, tiny_encoder_dir, t
     report = json.loads((out / "results.json").read_text())
     assert list(report["results"]) == list(ALL_METHODS)
     res = report["results"]
+    assert report["benchmark_complete"] is True and "incomplete" not in r.output
     assert res["estp"]["overall"]["seeds"] == 2 and res["global_median"]["overall"]["seeds"] == 1
     assert res["global_median"]["overall"]["mae_std"] == 0.0
     # the trivial median has no ranking (constant prediction) and closes none of the oracle gap

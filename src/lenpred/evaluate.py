@@ -214,7 +214,7 @@ def run_evaluate(cfg: EvalConfig, console=None, title: str = "output-length pred
     from tqdm.auto import tqdm
 
     from lenpred.backbone import cache_dir, load_backbone, shared_prefix_length
-    from lenpred.bench.build import load_records
+    from lenpred.bench.build import load_records, read_manifest
     from lenpred.features import CACHE_FORMAT, extract_cached, measure_overhead
     from lenpred.io import stable_hash
     from lenpred.metrics import aggregate_seeds, gap_closed, metrics_by_scenario, oracle_floor, render_table, save_report
@@ -227,6 +227,10 @@ def run_evaluate(cfg: EvalConfig, console=None, title: str = "output-length pred
         raise LenpredError(f"--out {out_dir} is a file: pass a directory")
     t_start = time.perf_counter()
     table = load_records(cfg.bench)
+    planned = read_manifest(Path(cfg.bench))["num_requests"]
+    if table.num_rows < planned:
+        console.print(f"[yellow]warning: {cfg.bench} is incomplete ({table.num_rows} of {planned} planned responses); "
+                      "finish it with `lenpred bench build` before quoting these numbers[/yellow]")
     backbone = load_backbone(cfg.model, num_threads=cfg.threads)
     if any(not -backbone.num_layers - 1 <= l <= backbone.num_layers for l in cfg.layers):
         raise LenpredError(f"--layers must lie in -{backbone.num_layers + 1}..{backbone.num_layers} for this model "
@@ -331,6 +335,7 @@ def run_evaluate(cfg: EvalConfig, console=None, title: str = "output-length pred
              "timing_s": {"wall": wall_s, **timing, "fit": fit_s}, "torch_threads": torch.get_num_threads(),
              "tokens_per_word": tokens_per_word,
              "num_samples": {"train": len(train), "validation": len(val), "test": len(test)},
+             "benchmark_complete": table.num_rows >= planned,
              "censored_test_share": float(np.mean(cols["finish_reason"][test] == "length"))}
     paths = save_report(results, extra, out_dir)
     console.print(f"wall time {wall_s:.0f} s; wrote {paths['json']}, {paths['md']} and {paths['png']}")
