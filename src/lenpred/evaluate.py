@@ -286,7 +286,8 @@ def run_evaluate(cfg: EvalConfig, console=None, title: str = "output-length pred
                            for s in cfg.seeds[1:]]
             preds = [p.predict(test_req) for p in fitted]
         predictions[method] = preds
-        runs[method] = [metrics_by_scenario(y[test], p, cols["scenario"][test], cols["prompt_id"][test]) for p in preds]
+        runs[method] = [metrics_by_scenario(y[test], p, cols["scenario"][test], cols["prompt_id"][test])
+                        for p in preds]
         tuning[method] = {"chosen": chosen[method], "sweep": sweep}
         if method == "pia":  # no length stated (or prompt too long to ask: empty answer) -> median
             tuning[method]["unparsed"] = {"count": best.num_unparsed_, "of": best.num_predicted_,
@@ -295,20 +296,20 @@ def run_evaluate(cfg: EvalConfig, console=None, title: str = "output-length pred
         best.save(out_dir / "predictors" / f"{method}.safetensors")
 
     # oracle floor over test prompts with several samples; gap closed relative to the global median there
-    floor = oracle_floor(y[test], cols["prompt_id"][test], cols["scenario"][test])
-    multi = np.isin(cols["prompt_id"][test], [p for p, c in zip(*np.unique(cols["prompt_id"][test], return_counts=True))
-                                              if c > 1])
-    median = float(np.median(y[train]))
+    y_test, scen_test, pid_test = y[test], cols["scenario"][test], cols["prompt_id"][test]
+    floor = oracle_floor(y_test, pid_test, scen_test)
+    ids, counts = np.unique(pid_test, return_counts=True)
+    multi = np.isin(pid_test, ids[counts > 1])
+    in_floor = {g: multi & ((scen_test == g) if g != "overall" else True) for g in floor}
+    for g, f in floor.items():
+        f["global_median_mae"] = _mae(np.full(in_floor[g].sum(), np.median(y[train])), y_test[in_floor[g]])
     results = {}
     for method in cfg.methods:
         results[method] = aggregate_seeds(runs[method])
         for g, f in floor.items():
-            scen = cols["scenario"][test][multi]
-            sel = (scen == g) if g != "overall" else np.ones(len(scen), dtype=bool)
-            ref = _mae(np.full(sel.sum(), median), y[test][multi][sel])
-            gaps = [gap_closed(_mae(p[multi][sel], y[test][multi][sel]), ref, f["mae"]) for p in predictions[method]]
+            gaps = [gap_closed(_mae(p[in_floor[g]], y_test[in_floor[g]]), f["global_median_mae"], f["mae"])
+                    for p in predictions[method]]
             results[method][g]["gap_closed"] = None if None in gaps else float(np.mean(gaps))
-            f["global_median_mae"] = ref
 
     overhead = None
     if "signals" in needs:
