@@ -126,6 +126,23 @@ def test_evaluate_rejects_bad_options(tmp_path):
     for args, msg in ((["--seeds", "x"], "--seeds takes"), (["--epochs", "0"], "--epochs and --proxy-epochs"),
                       (["--threads", "0"], "--threads must be >= 1"), (["--methods", " , "], "no methods")):
         _one_line_error(runner.invoke(app, ["evaluate", *args]), msg)
+    (tmp_path / "afile").write_text("x")
+    for option in ("--out", "--cache"):
+        r = runner.invoke(app, ["evaluate", option, str(tmp_path / "afile" / "sub")])
+        _one_line_error(r, f"{option} {tmp_path / 'afile' / 'sub'} is (or lies under) a file")
+
+
+def test_evaluate_trail_layers_out_of_range_leaves_nothing(tiny_model_dir, tiny_data_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("LENPRED_CACHE", str(tmp_path / "lenpred-cache"))
+    bench = tmp_path / "bench"
+    assert runner.invoke(app, ["bench", "build", "--out", str(bench), "--preset", "tiny", "--model",
+                               str(tiny_model_dir), "--engine", "transformers", "--data-dir",
+                               str(tiny_data_dir), "--seed", "5"]).exit_code == 0
+    r = runner.invoke(app, ["evaluate", "--model", str(tiny_model_dir), "--bench", str(bench), "--data-dir",
+                            str(tiny_data_dir), "--out", str(tmp_path / "out"), "--methods", "global_median,trail", "--layers", "1",
+                            "--trail-layers", "0,99"])
+    _one_line_error(r, "--trail-layers must lie in 1..2")
+    assert not (tmp_path / "out").exists()
 
 
 def _tiny_bench(tiny_model_dir, tiny_data_dir, out, *extra):

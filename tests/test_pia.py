@@ -233,6 +233,7 @@ def test_cache_for_another_setting_is_refused(tiny_backbone, tmp_path):
     lambda text: "",                                           # empty file
     lambda text: json.dumps({"answers": {}}),                  # valid JSON, not a PiA cache
     lambda text: text.replace('"text"', '"txt"'),              # malformed answers
+    lambda text: json.dumps({**json.loads(text), "key": "x"}),  # key not a mapping
 ])
 def test_corrupt_cache_is_reported(tiny_backbone, tmp_path, damage):
     cache = tmp_path / "pia.json"

@@ -35,7 +35,7 @@ def _ints(option: str, text: str) -> tuple[int, ...]:
     try:
         return tuple(int(x) for x in text.split(","))
     except ValueError:
-        raise LenpredError(f"{option} takes comma-separated integers like 15,22,-1, got '{text}'") from None
+        raise LenpredError(f"{option} takes comma-separated integers (e.g. 0,1,2), got '{text}'") from None
 
 
 def _names(text: str) -> tuple[str, ...]:

@@ -223,8 +223,9 @@ def run_evaluate(cfg: EvalConfig, console=None, title: str = "output-length pred
 
     console = console or Console(width=max(Console().width, 160))
     out_dir = Path(cfg.out)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise LenpredError(f"--out {out_dir} is a file: pass a directory")
+    for option, path in (("--out", out_dir), ("--cache", Path(cfg.cache) if cfg.cache else None)):
+        if path is not None and any(p.exists() and not p.is_dir() for p in (path, *path.parents)):
+            raise LenpredError(f"{option} {path} is (or lies under) a file: pass a directory")
     t_start = time.perf_counter()
     table = load_records(cfg.bench)
     planned = read_manifest(Path(cfg.bench))["num_requests"]
@@ -235,6 +236,9 @@ def run_evaluate(cfg: EvalConfig, console=None, title: str = "output-length pred
     if any(not -backbone.num_layers - 1 <= l <= backbone.num_layers for l in cfg.layers):
         raise LenpredError(f"--layers must lie in -{backbone.num_layers + 1}..{backbone.num_layers} for this model "
                            f"({backbone.num_layers} layers), got {list(cfg.layers)}")
+    if cfg.trail_layers is not None and any(not 1 <= l <= backbone.num_layers for l in cfg.trail_layers):
+        raise LenpredError(f"--trail-layers must lie in 1..{backbone.num_layers} for this model, got "
+                           f"{list(cfg.trail_layers)}")
     cols, by_prompt, messages = load_samples(table, backbone.tokenizer, cfg.data_dir)
     y = cols["num_output_tokens"].astype(np.float64)
     train, val, test = (np.flatnonzero(cols["split"] == s) for s in ("train", "validation", "test"))
@@ -271,7 +275,7 @@ def run_evaluate(cfg: EvalConfig, console=None, title: str = "output-length pred
     skip = shared_prefix_length(backbone.tokenizer) if cfg.skip_shared_prefix else 0
     requests = [by_prompt[p] for p in cols["prompt_id"]]
     test_req = [requests[i] for i in test]
-    runs, tuning, chosen, fit_s, predictions = {}, {}, {}, {}, {}
+    runs, tuning, chosen, fit_s, predictions, saved = {}, {}, {}, {}, {}, {}
     for method in tqdm(_fit_order(cfg.methods), desc="train + tune on validation", unit="method"):
         t = time.perf_counter()
         extra = {"tokens_per_word": tokens_per_word} if method == "pia" else {}
@@ -293,7 +297,7 @@ def run_evaluate(cfg: EvalConfig, console=None, title: str = "output-length pred
             tuning[method]["unparsed"] = {"count": best.num_unparsed_, "of": best.num_predicted_,
                                           "empty_answers": sum(not r.self_report for r in test_req)}
         fit_s[method] = time.perf_counter() - t
-        best.save(out_dir / "predictors" / f"{method}.safetensors")
+        saved[method] = best
 
     # oracle floor over test prompts with several samples; gap closed relative to the global median there
     y_test, scen_test, pid_test = y[test], cols["scenario"][test], cols["prompt_id"][test]
@@ -338,6 +342,8 @@ def run_evaluate(cfg: EvalConfig, console=None, title: str = "output-length pred
              "num_samples": {"train": len(train), "validation": len(val), "test": len(test)},
              "benchmark_complete": table.num_rows >= planned,
              "censored_test_share": float(np.mean(cols["finish_reason"][test] == "length"))}
+    for method, predictor in saved.items():  # only once every method has run: a failure leaves no partial folder
+        predictor.save(out_dir / "predictors" / f"{method}.safetensors")
     paths = save_report(results, extra, out_dir)
     console.print(f"wall time {wall_s:.0f} s; wrote {paths['json']}, {paths['md']} and {paths['png']}")
     return {"results": results, **extra}

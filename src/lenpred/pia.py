@@ -90,6 +90,8 @@ def _read_cache(path: Path, key: dict[str, Any]) -> dict[str, dict[str, str]]:
                 for a in answers.values()):
             raise ValueError("malformed answers")
         stored_key = obj["key"]
+        if not isinstance(stored_key, dict):
+            raise ValueError("malformed key")
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
         raise LenpredError(f"PiA cache {path} is corrupt or truncated ({type(exc).__name__}: {exc}): delete it and "
                            "rerun to regenerate the self-reports") from None

@@ -66,7 +66,8 @@ class PooledHeadPredictor(Predictor):
 
     def fit(self, requests, y):
         self.head_ = SoftLabelRegressor(HeadConfig(**self.params["head"]), self.params["seed"])
-        groups = np.array([id(r) for r in requests])  # samples of one prompt share a Request: one weighted row
+        first_seen: dict[int, int] = {}  # samples of one prompt share a Request: one weighted row, numbered in
+        groups = np.array([first_seen.setdefault(id(r), len(first_seen)) for r in requests])  # order (not address)
         self.head_.fit(self.features(requests), y, groups)
         return self
 
