@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from lenpred.errors import LenpredError
-from lenpred.predictors import PREDICTORS, Predictor, Request, make_predictor
-from lenpred.predictors.proxy import distinct_requests, equal_width_centres, equal_width_edges, length_batches
+from lenpred.predictors import PREDICTORS, Predictor, Request, distinct_requests, make_predictor
+from lenpred.predictors.proxy import equal_width_centres, equal_width_edges, length_batches
 from lenpred.proxy import load_proxy_encoder, mean_pool, pad_batch, proxy_encoder_dir
 
 from conftest import WORDS, make_tiny_encoder_dir

@@ -274,7 +274,7 @@ def run_evaluate(cfg: EvalConfig, console=None, title: str = "output-length pred
 
     skip = shared_prefix_length(backbone.tokenizer) if cfg.skip_shared_prefix else 0
     requests = [by_prompt[p] for p in cols["prompt_id"]]
-    test_req = [requests[i] for i in test]
+    train_req, test_req = [requests[i] for i in train], [requests[i] for i in test]
     runs, tuning, chosen, fit_s, predictions, saved = {}, {}, {}, {}, {}, {}
     for method in tqdm(_fit_order(cfg.methods), desc="train + tune on validation", unit="method"):
         t = time.perf_counter()
@@ -286,8 +286,7 @@ def run_evaluate(cfg: EvalConfig, console=None, title: str = "output-length pred
             fitted = [best]
             if takes_seed(method):
                 params = {k: v for k, v in chosen[method].items() if k != "val_mae"}
-                fitted += [PREDICTORS[method](**params, **extra, seed=s).fit([requests[i] for i in train], y[train])
-                           for s in cfg.seeds[1:]]
+                fitted += [PREDICTORS[method](**params, **extra, seed=s).fit(train_req, y[train]) for s in cfg.seeds[1:]]
             preds = [p.predict(test_req) for p in fitted]
         predictions[method] = preds
         runs[method] = [metrics_by_scenario(y[test], p, cols["scenario"][test], cols["prompt_id"][test])

@@ -127,10 +127,26 @@ def num_prompt_tokens(requests: list[Request]) -> np.ndarray:
     return np.array([r.num_prompt_tokens for r in requests], dtype=np.float64)
 
 
+def distinct_requests(requests: list[Request]) -> tuple[list[Request], np.ndarray]:
+    """Distinct request objects in first-seen order (samples of a prompt share one) and, for every input row,
+    the index of its object: ``(unique, owner)`` with ``owner`` ``(n,)`` int64 and ``requests[i] is
+    unique[owner[i]]``. First-seen order (never memory addresses) keeps seeded training reproducible."""
+    index: dict[int, int] = {}
+    unique: list[Request] = []
+    owner = np.empty(len(requests), dtype=np.int64)
+    for i, r in enumerate(requests):
+        if id(r) not in index:
+            index[id(r)] = len(unique)
+            unique.append(r)
+        owner[i] = index[id(r)]
+    return unique, owner
+
+
 def unique_map(requests: list[Request], fn: Callable[[Request], Any]) -> list:
     """``[fn(r) for r in requests]``, calling ``fn`` once per distinct object (samples of a prompt share one)."""
-    done: dict[int, Any] = {}
-    return [done[id(r)] if id(r) in done else done.setdefault(id(r), fn(r)) for r in requests]
+    unique, owner = distinct_requests(requests)
+    values = [fn(r) for r in unique]
+    return [values[o] for o in owner]
 
 
 from lenpred.predictors import ltr, pia, pooled, proxy, trail, trivial  # noqa: E402,F401  (registration side effect)

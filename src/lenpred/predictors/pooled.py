@@ -12,7 +12,7 @@ import torch
 from lenpred.errors import LenpredError
 from lenpred.heads import HeadConfig, SoftLabelRegressor
 from lenpred.pooling import POOLERS, Pooler
-from lenpred.predictors import Predictor, register, unique_map
+from lenpred.predictors import Predictor, distinct_requests, register
 from lenpred.signals import PromptSignals
 
 
@@ -58,16 +58,14 @@ class PooledHeadPredictor(Predictor):
     def features(self, requests: list) -> np.ndarray:
         """Pooled features ``(n, d)`` float32 of the requests' signals (what the head sees), pooled once per
         distinct request object."""
-        skip = self.params["skip_prefix_tokens"]
-        request_signals(requests)  # raises if any lacks signals
-        layer = self.layer if self.layer >= 0 else requests[0].signals.layers[-1] + 1 + self.layer
-        pool = lambda r: pool_features(request_signals([r], skip), self.pooler, layer)[0]  # noqa: E731
-        return np.stack(unique_map(requests, pool))
+        unique, owner = distinct_requests(requests)
+        signals = request_signals(unique, self.params["skip_prefix_tokens"])
+        layer = self.layer if self.layer >= 0 else signals[0].layers[-1] + 1 + self.layer
+        return pool_features(signals, self.pooler, layer)[owner]
 
     def fit(self, requests, y):
         self.head_ = SoftLabelRegressor(HeadConfig(**self.params["head"]), self.params["seed"])
-        first_seen: dict[int, int] = {}  # samples of one prompt share a Request: one weighted row, numbered in
-        groups = np.array([first_seen.setdefault(id(r), len(first_seen)) for r in requests])  # order (not address)
+        _, groups = distinct_requests(requests)  # samples of one prompt share a Request: one weighted row
         self.head_.fit(self.features(requests), y, groups)
         return self
 

@@ -46,7 +46,7 @@ from torch import nn
 
 from lenpred.errors import LenpredError
 from lenpred.heads import assign_bins, bin_centres, length_bin_edges
-from lenpred.predictors import Predictor, Request, register
+from lenpred.predictors import Predictor, Request, distinct_requests, register
 from lenpred.proxy import DEFAULT_PROXY, ProxyEncoder, load_proxy_encoder, mean_pool, pad_batch
 
 _POOL_BATCHES = 50  # length-sorting pool, in batches
@@ -92,20 +92,6 @@ def request_texts(requests: list[Request], name: str) -> list[str]:
             raise LenpredError(f"predictor '{name}' reads the prompt text, but request '{r.prompt_id}' has none: "
                                "set Request.text (the messages' contents joined by blank lines)")
     return [r.text for r in requests]
-
-
-def distinct_requests(requests: list[Request]) -> tuple[list[Request], np.ndarray]:
-    """Distinct request objects in first-seen order and, for every input row, the index of its object:
-    ``(unique, owner)`` with ``owner`` ``(n,)`` int64 and ``requests[i] is unique[owner[i]]``."""
-    index: dict[int, int] = {}
-    unique: list[Request] = []
-    owner = np.empty(len(requests), dtype=np.int64)
-    for i, r in enumerate(requests):
-        if id(r) not in index:
-            index[id(r)] = len(unique)
-            unique.append(r)
-        owner[i] = index[id(r)]
-    return unique, owner
 
 
 def length_batches(token_counts: list[int], batch_size: int, gen: torch.Generator) -> list[list[int]]:
