@@ -141,6 +141,7 @@ def test_card_counts_and_spread(tiny_model_dir, tiny_data_dir, tmp_path):
     # hand-worked spread: prompt a has lengths 2 and 6 (std 2, max/min 3), b has 4 and 4 (std 0, ratio 1),
     # c has one sample (ignored) -> mean std 1.0, median ratio 2.0, 2 multi-sample prompts
     assert _spread(["a", "a", "b", "b", "c"], [2, 6, 4, 4, 9]) == (1.0, 2.0, 2)
+    assert _spread(["a", "b"], [2, 6]) == (None, None, 0)
     out = build_benchmark(tiny_config(str(tiny_model_dir)), tmp_path / "b", engine="transformers",
                           data_dir=tiny_data_dir)
     paths = write_card(out)

@@ -124,7 +124,8 @@ def test_evaluate_every_method_on_tiny_model(tiny_model_dir, tiny_encoder_dir, t
 
 def test_evaluate_rejects_bad_options(tmp_path):
     for args, msg in ((["--seeds", "x"], "--seeds takes"), (["--epochs", "0"], "--epochs and --proxy-epochs"),
-                      (["--threads", "0"], "--threads must be >= 1"), (["--methods", " , "], "no methods")):
+                      (["--threads", "0"], "--threads must be >= 1"), (["--methods", " , "], "no methods"),
+                      (["--trail-layers", ""], "--trail-layers takes comma-separated integers")):
         _one_line_error(runner.invoke(app, ["evaluate", *args]), msg)
     (tmp_path / "afile").write_text("x")
     for option in ("--out", "--cache"):

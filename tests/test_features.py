@@ -3,7 +3,7 @@ import torch
 
 import lenpred.features as features
 from lenpred.errors import LenpredError
-from lenpred.features import _batches, extract_cached, measure_overhead
+from lenpred.features import _batches, extract_cached, measure_overhead, tensors_sha256
 from lenpred.signals import extract_signals
 
 PROMPTS = {"a:0": [2, 10, 11, 3], "a:1": [2, 12, 13, 14, 15, 3], "b:0": [2, 16, 3], "b:1": [2, 17, 18, 19, 3],
@@ -80,10 +80,28 @@ def test_non_finite_part_and_truncated_key_are_refused(tiny_backbone, tmp_path):
     tensors = load_file(str(part))
     tensors["0.token_entropy"][0] = float("nan")
     save_file(tensors, str(part), metadata=meta)
+    with pytest.raises(LenpredError, match="fails its SHA-256 checksum"):  # edited without updating the checksum
+        extract_cached(tiny_backbone, PROMPTS, (1,), tmp_path / "c", part_size=2, progress=False)
+    save_file(tensors, str(part), metadata=meta | {"sha256": tensors_sha256(tensors)})
     with pytest.raises(LenpredError, match="non-finite values in 0.token_entropy"):
         extract_cached(tiny_backbone, PROMPTS, (1,), tmp_path / "c", part_size=2, progress=False)
-    (tmp_path / "c" / "cache.json").write_text('{"format": 2, "model_')
+    (tmp_path / "c" / "cache.json").write_text('{"format": 3, "model_')
     with pytest.raises(LenpredError, match="cache.json is unreadable"):
         extract_cached(tiny_backbone, PROMPTS, (1,), tmp_path / "c", part_size=2, progress=False)
     with pytest.raises(LenpredError, match="is a file"):
         extract_cached(tiny_backbone, PROMPTS, (1,), part, part_size=2, progress=False)
+
+
+def test_part_with_overwritten_bytes_fails_its_checksum(tiny_backbone, tmp_path):
+    # a page of the data area overwritten with 'A' bytes (finite float32s) used to be read back silently
+    got = extract_cached(tiny_backbone, PROMPTS, (1,), tmp_path / "c", part_size=2, progress=False)
+    part = sorted((tmp_path / "c").glob("part-*.safetensors"))[0]
+    raw = bytearray(part.read_bytes())
+    raw[-64:] = b"A" * 64
+    part.write_bytes(bytes(raw))
+    with pytest.raises(LenpredError, match=f"{part.name} fails its SHA-256 checksum"):
+        extract_cached(tiny_backbone, PROMPTS, (1,), tmp_path / "c", part_size=2, progress=False)
+    part.unlink()  # the fix the message names: delete it and rerun -> re-extracted, same values
+    again = extract_cached(tiny_backbone, PROMPTS, (1,), tmp_path / "c", part_size=2, progress=False)
+    for pid in PROMPTS:
+        torch.testing.assert_close(again[pid].hidden_states, got[pid].hidden_states)

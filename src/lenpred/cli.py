@@ -61,7 +61,7 @@ def _evaluate(title: str, **kwargs) -> None:
 @one_line_errors
 def demo(
     model: str = MODEL,
-    bench: str = typer.Option("benchmarks/smollm2-first", help="Benchmark directory (lenpred bench build)."),
+    bench: str = typer.Option("benchmarks/smollm2-forelen", help="Benchmark directory (lenpred bench build)."),
     data_dir: Optional[str] = DATA_DIR,
     out: str = typer.Option("results/demo", help="Output directory for results.json / .md / .png."),
     cache: Optional[str] = CACHE,
@@ -100,7 +100,7 @@ def evaluate(
     _evaluate("evaluate", model=model, bench=bench, data_dir=data_dir, out=out, cache=cache,
               layers=_ints("--layers", layers), methods=_names(methods), seeds=_ints("--seeds", seeds),
               epochs=epochs, proxy_encoder=proxy_encoder, proxy_epochs=proxy_epochs,
-              trail_layers=_ints("--trail-layers", trail_layers) if trail_layers else None,
+              trail_layers=None if trail_layers is None else _ints("--trail-layers", trail_layers),
               skip_shared_prefix=skip_shared_prefix, threads=threads)
 
 

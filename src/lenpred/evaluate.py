@@ -319,7 +319,8 @@ def run_evaluate(cfg: EvalConfig, console=None, title: str = "output-length pred
         test_prompts = list(dict.fromkeys(cols["prompt_id"][test]))[:8]
         overhead = measure_overhead(backbone, [by_prompt[p].token_ids for p in test_prompts], layers)
     wall_s = time.perf_counter() - t_start
-    console.print(render_table(results, title=f"{title}: MAE / RMSE (tokens; ± std over {len(cfg.seeds)} seeds)"))
+    seeds = f"± std over {len(cfg.seeds)} seeds" if len(cfg.seeds) > 1 else f"seed {cfg.seeds[0]}"
+    console.print(render_table(results, title=f"{title}: MAE / RMSE (tokens; {seeds})"))
     console.print(render_table(results, title=f"{title}: ranking, accuracy, oracle gap", detail=True))
     console.print("oracle floor (leave-one-out per-prompt median, prompts with several samples): " + ", ".join(
         f"{g} {f['mae']:.1f} vs global median {f['global_median_mae']:.1f} ({f['num_prompts']} prompts)"

@@ -4,8 +4,9 @@ A cache directory holds ``part-<hash>.safetensors`` files of up to ``part_size``
 by a hash of their prompt ids and token ids (written atomically, so a killed run resumes at the
 first missing part, and a grown benchmark reuses every part whose prompts did not change), and
 ``cache.json`` with the key: format version, model revision, layers, whether attention was taken. A
-directory whose key differs is refused rather than mixed; a part that is unreadable or holds non-finite
-values is reported, never used.
+directory whose key differs is refused rather than mixed; a part that is unreadable, fails its SHA-256
+checksum (stored in the part's metadata, over every tensor's bytes) or holds non-finite values is
+reported, never used.
 """
 
 from __future__ import annotations
@@ -21,7 +22,18 @@ from lenpred.errors import LenpredError
 from lenpred.io import atomic_path, stable_hash, write_json
 from lenpred.signals import PromptSignals, extract_signals
 
-CACHE_FORMAT = 2  # 2: parts also hold every layer's last-token hidden state
+CACHE_FORMAT = 3  # 2: parts also hold every layer's last-token hidden state; 3: parts carry a SHA-256 checksum
+
+
+def tensors_sha256(tensors: dict[str, torch.Tensor]) -> str:
+    """Hex SHA-256 over ``name`` and raw bytes of every tensor, in sorted name order (a cache part's checksum)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        h.update(name.encode() + b"\0")
+        h.update(tensors[name].contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
 
 
 def _batches(lengths: list[int], max_batch_tokens: int) -> list[list[int]]:
@@ -106,7 +118,7 @@ def _write_part(path: Path, part: list[str], signals: dict[str, PromptSignals]) 
         if s.semantic_score is not None:
             tensors[f"{i}.semantic_score"] = s.semantic_score.contiguous()
     with atomic_path(path) as tmp:
-        save_file(tensors, str(tmp), metadata={"prompt_ids": json.dumps(part)})
+        save_file(tensors, str(tmp), metadata={"prompt_ids": json.dumps(part), "sha256": tensors_sha256(tensors)})
 
 
 def _read_part(path: Path, part: list[str], layers: tuple[int, ...]) -> dict[str, PromptSignals]:
@@ -114,12 +126,15 @@ def _read_part(path: Path, part: list[str], layers: tuple[int, ...]) -> dict[str
 
     try:
         with safe_open(str(path), framework="pt") as f:
-            stored = json.loads((f.metadata() or {})["prompt_ids"])
+            meta = f.metadata() or {}
+            stored, checksum = json.loads(meta["prompt_ids"]), meta["sha256"]
         tensors = load_file(str(path))
     except (OSError, KeyError, ValueError, RuntimeError, SafetensorError) as exc:
         raise LenpredError(f"{path} is unreadable ({type(exc).__name__}): delete it and rerun to re-extract") from None
     if stored != part:
         raise LenpredError(f"{path} holds other prompts than expected: delete the cache directory and rerun")
+    if tensors_sha256(tensors) != checksum:
+        raise LenpredError(f"{path} fails its SHA-256 checksum (corrupted on disk): delete it and rerun to re-extract")
     bad = [k for k, v in tensors.items() if not torch.isfinite(v).all()]
     if bad:
         raise LenpredError(f"{path} holds non-finite values in {bad[0]}: delete it and rerun to re-extract")

@@ -19,13 +19,14 @@ from lenpred.bench.plan import SPLITS
 from lenpred.io import atomic_path
 
 
-def _spread(prompt_ids: np.ndarray, lengths: np.ndarray) -> tuple[float, float, int]:
+def _spread(prompt_ids: np.ndarray, lengths: np.ndarray) -> tuple[float | None, float | None, int]:
+    """Mean within-prompt std, median max/min ratio and count of prompts with >= 2 samples (None, None, 0 if none)."""
     groups: dict[str, list[float]] = {}
     for pid, n in zip(prompt_ids, lengths):
         groups.setdefault(pid, []).append(float(n))
     multi = [np.asarray(v) for v in groups.values() if len(v) >= 2]
     if not multi:
-        return float("nan"), float("nan"), 0
+        return None, None, 0  # JSON null, not NaN (strict JSON readers reject NaN)
     return (float(np.mean([v.std() for v in multi])), float(np.median([v.max() / max(v.min(), 1.0) for v in multi])),
             len(multi))
 
@@ -109,7 +110,7 @@ def write_card(bench_dir: str | Path) -> dict[str, Path]:
         plt.close(fig)
     contents = {"md": card_markdown(rows, f"{bench_dir.name}: responses of {manifest['model_id']} "
                                           f"(revision {manifest['model_revision']})"),
-                "json": json.dumps(rows, indent=2) + "\n", "png": png.getvalue()}
+                "json": json.dumps(rows, indent=2, allow_nan=False) + "\n", "png": png.getvalue()}
     paths = {"md": bench_dir / "CARD.md", "json": bench_dir / "card.json", "png": bench_dir / "card.png"}
     for key, path in paths.items():
         with atomic_path(path) as tmp:
