@@ -152,6 +152,12 @@ def test_card_counts_and_spread(tiny_model_dir, tiny_data_dir, tmp_path):
     lengths = [r["num_output_tokens"] for r in records if r["scenario"] == "rl"]
     assert rl_all["max"] == max(lengths) and rl_all["mean"] == pytest.approx(sum(lengths) / 6)
     assert paths["png"].read_bytes()[:4] == b"\x89PNG" and "| rl | all | 3 | 6 |" in paths["md"].read_text()
+    assert "Incomplete" not in paths["md"].read_text()
+    part = build_benchmark(tiny_config(str(tiny_model_dir)), tmp_path / "part", engine="transformers",
+                           data_dir=tiny_data_dir, max_shards=1)
+    planned = json.loads((part / "bench.json").read_text())["num_requests"]
+    got = load_records(part).num_rows
+    assert got < planned and f"Incomplete: {got} of {planned} planned responses" in write_card(part)["md"].read_text()
 
 
 # --- bad input: one-line LenpredError naming the file and the fix; nothing lost or half-written ---------------

@@ -123,7 +123,10 @@ def test_evaluate_every_method_on_tiny_model(tiny_model_dir, tiny_encoder_dir, t
 
 
 def test_evaluate_rejects_bad_options(tmp_path):
-    for args, msg in ((["--seeds", "x"], "--seeds takes"), (["--epochs", "0"], "--epochs and --proxy-epochs"),
+    for args, msg in ((["--seeds", "x"], "--seeds takes"), (["--epochs", "0"], "--epochs must be >= 1, got 0"),
+                      (["--proxy-epochs", "0"], "--proxy-epochs must be >= 1"),
+                      (["--seeds", "0,99999999999999999999"], "seeds must lie in 0..4294967295"),
+                      (["--seeds", "-1"], "got [-1]"),
                       (["--threads", "0"], "--threads must be >= 1"), (["--methods", " , "], "no methods"),
                       (["--trail-layers", ""], "--trail-layers takes comma-separated integers")):
         _one_line_error(runner.invoke(app, ["evaluate", *args]), msg)
@@ -144,6 +147,27 @@ def test_evaluate_trail_layers_out_of_range_leaves_nothing(tiny_model_dir, tiny_
                             "--trail-layers", "0,99"])
     _one_line_error(r, "--trail-layers must lie in 1..2")
     assert not (tmp_path / "out").exists()
+
+
+def test_evaluate_output_folder_is_replaced_whole(tiny_model_dir, tiny_data_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("LENPRED_CACHE", str(tmp_path / "lenpred-cache"))
+    bench = _tiny_bench(tiny_model_dir, tiny_data_dir, tmp_path / "bench", "--seed", "5")
+    out = tmp_path / "out"
+    (out / "results.json").mkdir(parents=True)  # a directory where the results file goes: refused before any work
+    args = ["evaluate", "--model", str(tiny_model_dir), "--bench", str(bench), "--data-dir", str(tiny_data_dir),
+            "--out", str(out), "--layers", "1", "--methods"]
+    _one_line_error(runner.invoke(app, [*args, "global_median,prompt_length"]), "results.json is a directory")
+    assert [p.name for p in out.iterdir()] == ["results.json"]
+    (out / "results.json").rmdir()
+    (out / "predictors").write_text("x")
+    _one_line_error(runner.invoke(app, [*args, "global_median"]), "predictors is a file")
+    (out / "predictors").unlink()
+    r = runner.invoke(app, [*args, "global_median,prompt_length"])
+    assert r.exit_code == 0, r.output
+    assert sorted(p.name for p in (out / "predictors").iterdir()) == ["global_median.safetensors",
+                                                                       "prompt_length.safetensors"]
+    assert runner.invoke(app, [*args, "global_median"]).exit_code == 0  # no stale prompt_length head left behind
+    assert [p.name for p in (out / "predictors").iterdir()] == ["global_median.safetensors"]
 
 
 def _tiny_bench(tiny_model_dir, tiny_data_dir, out, *extra):

@@ -392,6 +392,19 @@ def test_atomic_path_replaces_file_and_directory(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data.txt", "shard"]
 
 
+def test_atomic_path_refuses_file_onto_directory_and_back(tmp_path):
+    (tmp_path / "results.json").mkdir()
+    with pytest.raises(LenpredError, match="results.json exists as a directory, where lenpred writes a file"):
+        with atomic_path(tmp_path / "results.json") as tmp:
+            tmp.write_text("{}")
+    (tmp_path / "predictors").write_text("x")
+    with pytest.raises(LenpredError, match="predictors exists as a file, where lenpred writes a directory"):
+        with atomic_path(tmp_path / "predictors") as tmp:
+            tmp.mkdir()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["predictors", "results.json"]  # no temporaries left
+    assert (tmp_path / "predictors").read_text() == "x"
+
+
 def test_write_json_round_trip(tmp_path):
     path = tmp_path / "a" / "b.json"
     write_json(path, {"b": [1, 2.5], "a": "x"})

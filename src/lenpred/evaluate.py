@@ -90,8 +90,13 @@ class EvalConfig:
             raise LenpredError("no methods given: pass --methods with at least one predictor")
         if not self.seeds:
             raise LenpredError("no seeds given: pass --seeds like 0,1,2")
-        if self.epochs < 1 or self.proxy_epochs < 1:
-            raise LenpredError(f"--epochs and --proxy-epochs must be >= 1, got {self.epochs} and {self.proxy_epochs}")
+        bad_seeds = [s for s in self.seeds if not 0 <= s < 2**32]
+        if bad_seeds:
+            raise LenpredError(f"seeds must lie in 0..{2**32 - 1} (the range numpy and torch accept), got {bad_seeds}")
+        if self.epochs < 1:
+            raise LenpredError(f"--epochs must be >= 1, got {self.epochs}")
+        if self.proxy_epochs < 1:
+            raise LenpredError(f"--proxy-epochs must be >= 1, got {self.proxy_epochs}")
         if self.threads is not None and self.threads < 1:
             raise LenpredError(f"--threads must be >= 1, got {self.threads}")
 
@@ -216,7 +221,7 @@ def run_evaluate(cfg: EvalConfig, console=None, title: str = "output-length pred
     from lenpred.backbone import cache_dir, load_backbone, shared_prefix_length
     from lenpred.bench.build import load_records, read_manifest
     from lenpred.features import CACHE_FORMAT, extract_cached, measure_overhead
-    from lenpred.io import stable_hash
+    from lenpred.io import atomic_path, stable_hash
     from lenpred.metrics import aggregate_seeds, gap_closed, metrics_by_scenario, oracle_floor, render_table, save_report
     from lenpred.predictors import PREDICTORS
     from lenpred.signals import resolve_layers
@@ -226,6 +231,12 @@ def run_evaluate(cfg: EvalConfig, console=None, title: str = "output-length pred
     for option, path in (("--out", out_dir), ("--cache", Path(cfg.cache) if cfg.cache else None)):
         if path is not None and any(p.exists() and not p.is_dir() for p in (path, *path.parents)):
             raise LenpredError(f"{option} {path} is (or lies under) a file: pass a directory")
+    for path in (out_dir / "results.json", out_dir / "results.md", out_dir / "results.png"):
+        if path.is_dir():
+            raise LenpredError(f"{path} is a directory, where the results file goes: remove it or pass another --out")
+    if (out_dir / "predictors").is_file():
+        raise LenpredError(f"{out_dir / 'predictors'} is a file, where the fitted predictors go: remove it or pass "
+                           "another --out")
     t_start = time.perf_counter()
     table = load_records(cfg.bench)
     planned = read_manifest(Path(cfg.bench))["num_requests"]
@@ -342,8 +353,9 @@ def run_evaluate(cfg: EvalConfig, console=None, title: str = "output-length pred
              "num_samples": {"train": len(train), "validation": len(val), "test": len(test)},
              "benchmark_complete": table.num_rows >= planned,
              "censored_test_share": float(np.mean(cols["finish_reason"][test] == "length"))}
-    for method, predictor in saved.items():  # only once every method has run: a failure leaves no partial folder
-        predictor.save(out_dir / "predictors" / f"{method}.safetensors")
+    with atomic_path(out_dir / "predictors") as tmp:  # once every method has run; replaces the old folder whole
+        for method, predictor in saved.items():
+            predictor.save(tmp / f"{method}.safetensors")
     paths = save_report(results, extra, out_dir)
     console.print(f"wall time {wall_s:.0f} s; wrote {paths['json']}, {paths['md']} and {paths['png']}")
     return {"results": results, **extra}

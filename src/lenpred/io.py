@@ -11,6 +11,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
+from lenpred.errors import LenpredError
+
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
@@ -18,6 +20,9 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
 
     Works for files and directories. On an exception the temporary is removed, so a killed or
     failed write never leaves a half-written ``path`` behind (rename is atomic on POSIX).
+
+    Raises:
+        LenpredError: ``path`` exists as a directory where a file was written, or the other way round.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -25,6 +30,10 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     target = tmp / path.name
     try:
         yield target
+        if path.exists() and path.is_dir() != target.is_dir():
+            kind = "a directory" if path.is_dir() else "a file"
+            raise LenpredError(f"{path} exists as {kind}, where lenpred writes a "
+                               f"{'directory' if target.is_dir() else 'file'}: remove it or choose another path")
         if path.is_dir() and target.is_dir():
             shutil.rmtree(path)
         os.replace(target, path)

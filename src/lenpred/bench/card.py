@@ -61,11 +61,12 @@ def card_stats(bench_dir: str | Path, records: pa.Table | None = None) -> list[d
     return rows
 
 
-def card_markdown(rows: list[dict], title: str) -> str:
-    """The card's Markdown table."""
+def card_markdown(rows: list[dict], title: str, note: str = "") -> str:
+    """The card's Markdown table, with ``note`` (e.g. a warning) under the title."""
     head = ("| scenario | split | prompts | responses | prompt tok (mean) | length mean | median | p90 | max | "
             "truncated | within-prompt std | within-prompt max/min |")
-    lines = [f"# {title}", "", "Lengths in tokens (EOS excluded); *truncated* = share that hit max_new_tokens; "
+    lines = [f"# {title}", "", *([note, ""] if note else []),
+             "Lengths in tokens (EOS excluded); *truncated* = share that hit max_new_tokens; "
              "within-prompt columns use prompts with >= 2 samples.", "", head, "|---" * 12 + "|"]
     for r in rows:
         spread = (f"{r['within_prompt_std']:.1f} | {r['within_prompt_max_min_ratio']:.2f}" if r["multi_sample_prompts"]
@@ -108,8 +109,11 @@ def write_card(bench_dir: str | Path) -> dict[str, Path]:
         fig.savefig(png, format="png", dpi=110)
     finally:
         plt.close(fig)
+    planned = manifest["num_requests"]
+    note = (f"**Incomplete: {t.num_rows} of {planned} planned responses** (finish it with `lenpred bench build`)."
+            if t.num_rows < planned else "")
     contents = {"md": card_markdown(rows, f"{bench_dir.name}: responses of {manifest['model_id']} "
-                                          f"(revision {manifest['model_revision']})"),
+                                          f"(revision {manifest['model_revision']})", note),
                 "json": json.dumps(rows, indent=2, allow_nan=False) + "\n", "png": png.getvalue()}
     paths = {"md": bench_dir / "CARD.md", "json": bench_dir / "card.json", "png": bench_dir / "card.png"}
     for key, path in paths.items():
