@@ -222,7 +222,8 @@ def run_evaluate(cfg: EvalConfig, console=None, title: str = "output-length pred
     from lenpred.bench.build import load_records, read_manifest
     from lenpred.features import CACHE_FORMAT, extract_cached, measure_overhead
     from lenpred.io import atomic_path, stable_hash
-    from lenpred.metrics import aggregate_seeds, gap_closed, metrics_by_scenario, oracle_floor, render_table, save_report
+    from lenpred.metrics import (aggregate_seeds, gap_closed, metrics_by_scenario, oracle_floor, render_table,
+                                 report_paths, save_report)
     from lenpred.predictors import PREDICTORS
     from lenpred.signals import resolve_layers
 
@@ -231,7 +232,7 @@ def run_evaluate(cfg: EvalConfig, console=None, title: str = "output-length pred
     for option, path in (("--out", out_dir), ("--cache", Path(cfg.cache) if cfg.cache else None)):
         if path is not None and any(p.exists() and not p.is_dir() for p in (path, *path.parents)):
             raise LenpredError(f"{option} {path} is (or lies under) a file: pass a directory")
-    for path in (out_dir / "results.json", out_dir / "results.md", out_dir / "results.png"):
+    for path in report_paths(out_dir).values():
         if path.is_dir():
             raise LenpredError(f"{path} is a directory, where the results file goes: remove it or pass another --out")
     if (out_dir / "predictors").is_file():
@@ -330,8 +331,8 @@ def run_evaluate(cfg: EvalConfig, console=None, title: str = "output-length pred
         test_prompts = list(dict.fromkeys(cols["prompt_id"][test]))[:8]
         overhead = measure_overhead(backbone, [by_prompt[p].token_ids for p in test_prompts], layers)
     wall_s = time.perf_counter() - t_start
-    seeds = f"± std over {len(cfg.seeds)} seeds" if len(cfg.seeds) > 1 else f"seed {cfg.seeds[0]}"
-    console.print(render_table(results, title=f"{title}: MAE / RMSE (tokens; {seeds})"))
+    seed_note = f"± std over {len(cfg.seeds)} seeds" if len(cfg.seeds) > 1 else f"seed {cfg.seeds[0]}"
+    console.print(render_table(results, title=f"{title}: MAE / RMSE (tokens; {seed_note})"))
     console.print(render_table(results, title=f"{title}: ranking, accuracy, oracle gap", detail=True))
     console.print("oracle floor (leave-one-out per-prompt median, prompts with several samples): " + ", ".join(
         f"{g} {f['mae']:.1f} vs global median {f['global_median_mae']:.1f} ({f['num_prompts']} prompts)"

@@ -11,6 +11,7 @@ reported, never used.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from pathlib import Path
@@ -27,8 +28,6 @@ CACHE_FORMAT = 3  # 2: parts also hold every layer's last-token hidden state; 3:
 
 def tensors_sha256(tensors: dict[str, torch.Tensor]) -> str:
     """Hex SHA-256 over ``name`` and raw bytes of every tensor, in sorted name order (a cache part's checksum)."""
-    import hashlib
-
     h = hashlib.sha256()
     for name in sorted(tensors):
         h.update(name.encode() + b"\0")

@@ -217,11 +217,15 @@ def plot_mae(results: dict[str, dict[str, dict]], path: str | Path, title: str =
     plt.close(fig)
 
 
+def report_paths(out_dir: str | Path, stem: str = "results") -> dict[str, Path]:
+    """The files :func:`save_report` writes: ``{"json", "png", "md"}`` → ``out_dir/<stem>.<key>``."""
+    return {key: Path(out_dir) / f"{stem}.{key}" for key in ("json", "png", "md")}
+
+
 def save_report(results: dict, extra: dict, out_dir: str | Path, stem: str = "results") -> dict[str, Path]:
     """Write ``<stem>.json`` (results + ``extra``: config, timings, tuning), ``<stem>.png`` and ``<stem>.md``
     (both tables; the oracle floor from ``extra["oracle_floor"]`` when present)."""
-    out_dir = Path(out_dir)
-    paths = {"json": out_dir / f"{stem}.json", "png": out_dir / f"{stem}.png", "md": out_dir / f"{stem}.md"}
+    paths = report_paths(out_dir, stem)
     write_json(paths["json"], {"results": results, **extra})
     plot_mae(results, paths["png"], floor=extra.get("oracle_floor"))
     with atomic_path(paths["md"]) as tmp:
