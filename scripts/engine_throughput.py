@@ -22,10 +22,10 @@ import torch
 
 from lenpred.backbone import DEFAULT_MODEL, eos_token_ids, resolve_model
 from lenpred.bench.plan import make_plan, preset
-from lenpred.engines import SampleRequest, make_engine
+from lenpred.engines import SampleRequest, VLLMOptions, make_engine
 from lenpred.io import write_json
 
-CONFIGS = {  # name -> (engine, engine kwargs, environment)
+CONFIGS = {  # name -> (engine, VLLMOptions fields, environment)
     "vllm-eager": ("vllm", {"enforce_eager": True}, {}),
     # vLLM reserves one core for its scheduler process by default: on 2 cores the model gets one
     "vllm-eager-allcores": ("vllm", {"enforce_eager": True}, {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}),
@@ -58,7 +58,7 @@ def main() -> None:
     engine_name, kwargs, env = CONFIGS[args.config]
     os.environ.update(env)
     t = time.perf_counter()
-    engine = make_engine(engine_name, str(model_dir), eos, **kwargs)
+    engine = make_engine(engine_name, str(model_dir), eos, VLLMOptions(**kwargs))
     startup = time.perf_counter() - t
     t = time.perf_counter()
     results = engine.generate(requests)

@@ -85,19 +85,23 @@ def tiny_backbone(tiny_model_dir):
     return load_backbone(str(tiny_model_dir))
 
 
-@pytest.fixture()
-def tiny_data_dir(tmp_path) -> Path:
-    """A data directory with three small sources in the real files' formats."""
+def make_tiny_data_dir(path: Path) -> Path:
+    """A data directory with four small sources in the real files' formats."""
     rows = {
         "vicuna_bench/question.jsonl": [{"question_id": i, "category": "c", "turns": [f"write a poem about sea {i}"]}
                                         for i in range(4)],
         "gsm8k/test.jsonl": [{"question": f"what is the sum of two and three {i}", "answer": "5"} for i in range(4)],
-        "mbpp/mbpp.jsonl": [{"text": "write a python function", "test_list": ["assert f() == 1"], "task_id": i}
+        "mbpp/mbpp.jsonl": [{"text": f"write a python function {i}", "test_list": ["assert f() == 1"], "task_id": i}
                             for i in range(4)],
         "oasst/en_100_text.jsonl": [f"tell me a short story {i}" for i in range(4)],
     }
     for rel, records in rows.items():
-        p = tmp_path / rel
+        p = path / rel
         p.parent.mkdir(parents=True)
         p.write_text("".join(json.dumps(r) + "\n" for r in records))
-    return tmp_path
+    return path
+
+
+@pytest.fixture()
+def tiny_data_dir(tmp_path) -> Path:
+    return make_tiny_data_dir(tmp_path)

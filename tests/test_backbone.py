@@ -2,31 +2,8 @@ import json
 
 import pytest
 
-from lenpred.backbone import (DEFAULT_MODEL, _conversion_is_complete, cache_dir, chat_token_ids, load_backbone,
-                              resolve_model)
+from lenpred.backbone import DEFAULT_MODEL, _conversion_is_complete, cache_dir, load_backbone, resolve_model
 from lenpred.errors import LenpredError
-
-
-def test_chat_template_applied(tiny_backbone):
-    tok = tiny_backbone.tokenizer
-    ids = chat_token_ids(tok, [{"role": "user", "content": "hello world"}])
-    # template: "<s> user hello world </s> <s> assistant "
-    assert tok.convert_ids_to_tokens(ids) == ["<s>", "user", "hello", "world", "</s>", "<s>", "assistant"]
-
-
-def test_base_model_without_template_joins_turns(tiny_backbone):
-    class NoTemplate:
-        chat_template = None
-
-        def __call__(self, text, add_special_tokens=True):
-            return {"input_ids": [len(w) for w in text.split()]}
-
-    assert chat_token_ids(NoTemplate(), [{"role": "user", "content": "ab cde"}]) == [2, 3]
-
-
-def test_empty_prompt_is_refused(tiny_backbone):
-    with pytest.raises(LenpredError, match="empty prompt"):
-        chat_token_ids(tiny_backbone.tokenizer, [{"role": "user", "content": "   "}])
 
 
 def test_unknown_model_one_line_error():
@@ -70,16 +47,6 @@ def test_default_model_from_packaged_gguf():
     assert bb.num_layers == 30 and bb.model.config.hidden_size == 576
     assert (bb.model_dir / "lenpred-conversion.json").is_file()
     assert resolve_model(DEFAULT_MODEL) == (bb.model_dir, bb.revision)  # cached: same directory, same revision
-    ids = chat_token_ids(bb.tokenizer, [{"role": "user", "content": "Hi"}])
-    text = bb.tokenizer.decode(ids)
-    assert text.startswith("<|im_start|>system") and text.endswith("<|im_start|>assistant\n")
-
-
-def test_shared_prefix_length(tiny_backbone):
-    from lenpred.backbone import shared_prefix_length
-
-    # template "<s> user {content} </s> <s> assistant": every prompt starts with "<s> user"
-    assert shared_prefix_length(tiny_backbone.tokenizer) == 2
 
 
 def test_eos_token_ids_merges_generation_config(tiny_backbone, tmp_path):
@@ -87,8 +54,8 @@ def test_eos_token_ids_merges_generation_config(tiny_backbone, tmp_path):
 
     from lenpred.backbone import eos_token_ids
 
-    assert eos_token_ids(tiny_backbone.model_dir, tiny_backbone.tokenizer) == (3,)
+    assert eos_token_ids(tiny_backbone.model_dir, tiny_backbone.tokenizer) == (0, 1, 2, 3)
     d = tmp_path / "m"
     shutil.copytree(tiny_backbone.model_dir, d)
     (d / "generation_config.json").write_text(json.dumps({"eos_token_id": [3, 7]}))
-    assert eos_token_ids(d, tiny_backbone.tokenizer) == (3, 7)
+    assert eos_token_ids(d, tiny_backbone.tokenizer) == (0, 1, 2, 3, 7)

@@ -17,7 +17,8 @@ def tiny_config(model: str, max_new_tokens: int = 6) -> BenchConfig:
     return BenchConfig(model, {
         "longseq": ScenarioConfig(["vicuna_bench", "oasst"], 4, 1, 2, 0.7, max_new_tokens),
         "reasoning": ScenarioConfig(["gsm8k"], 3, 1, 1, 0.7, max_new_tokens),
-        "rl": ScenarioConfig(["mbpp"], 3, 2, 2, 1.0, max_new_tokens)}, shard_size=2, seed=3)
+        "rl": ScenarioConfig(["mbpp"], 3, 2, 2, 1.0, max_new_tokens)}, shard_size=2, seed=3,
+        max_prompt_tokens=None)  # the tiny model's window is 64 tokens
 
 
 def _rows(bench_dir):
@@ -326,3 +327,188 @@ def test_benchmark_directory_problems(tiny_model_dir, tiny_data_dir, tmp_path):
                                                                     data_dir=tiny_data_dir)):
         with pytest.raises(LenpredError, match="its columns differ from the record schema"):
             call()
+
+
+# --- issue 11: stop tokens and sampling parameters in the records, legacy shards, limits, bad text, progress ------
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class CannedEngine:
+    """Answers every request with the same tokens: fast, and any stop token can be made to appear."""
+
+    name = "canned"
+    context_window = 64
+
+    def __init__(self, result):
+        self.result = result
+        self.requests = []
+
+    def generate(self, requests):
+        self.requests += requests
+        return [self.result for _ in requests]
+
+
+def test_records_hold_stop_token_and_every_sampling_param(tiny_model_dir, tiny_data_dir, tmp_path):
+    out = build_benchmark(tiny_config(str(tiny_model_dir)), tmp_path / "b", engine="transformers",
+                          data_dir=tiny_data_dir)
+    rows = load_records(out).to_pylist()
+    assert {(r["top_k"], r["min_p"], r["repetition_penalty"], r["top_p"]) for r in rows} == {(0, 0.0, 1.0, 1.0)}
+    for r in rows:
+        assert (r["stop_token_id"] in (0, 1, 2, 3)) if r["finish_reason"] == "stop" else r["stop_token_id"] is None
+    assert json.loads((out / "bench.json").read_text())["stop_token_ids"] == [0, 1, 2, 3]
+
+
+def test_stop_token_of_the_engine_lands_in_the_record(tiny_model_dir, tiny_data_dir, tmp_path, monkeypatch):
+    import lenpred.bench.build as build
+    from lenpred.engines import SampleResult
+
+    monkeypatch.setattr(build, "make_engine", lambda *a, **k: CannedEngine(SampleResult((7, 8), "stop", 2)))
+    out = build_benchmark(tiny_config(str(tiny_model_dir)), tmp_path / "b", engine="transformers",
+                          data_dir=tiny_data_dir)
+    assert set(load_records(out).column("stop_token_id").to_pylist()) == {2}
+
+
+def _downgrade_to_legacy(path):
+    """Rewrite a shard the way the builder wrote it before issue 11 (no stop token, top-k, min-p, penalty)."""
+    from lenpred.bench.build import LEGACY_SCHEMA
+
+    t = pq.read_table(path)
+    meta = t.schema.metadata
+    t = t.select(LEGACY_SCHEMA.names).replace_schema_metadata(meta)
+    pq.write_table(t, path, write_page_checksum=True)
+
+
+def test_legacy_shards_load_with_nulls_and_resume(tiny_model_dir, tiny_data_dir, tmp_path):
+    cfg = tiny_config(str(tiny_model_dir))
+    full = build_benchmark(cfg, tmp_path / "full", engine="transformers", data_dir=tiny_data_dir)
+    out = build_benchmark(cfg, tmp_path / "old", engine="transformers", data_dir=tiny_data_dir, max_shards=2)
+    manifest = json.loads((out / "bench.json").read_text())
+    del manifest["stop_token_ids"]
+    (out / "bench.json").write_text(json.dumps(manifest))
+    for i in (0, 1):
+        _downgrade_to_legacy(shard_path(out, i))
+    legacy = [shard_path(out, i).read_bytes() for i in (0, 1)]
+    build_benchmark(cfg, out, engine="transformers", data_dir=tiny_data_dir)  # resume accepts the old shards
+    assert [shard_path(out, i).read_bytes() for i in (0, 1)] == legacy  # ... and leaves them as they are
+    assert json.loads((out / "bench.json").read_text()) == manifest  # the old manifest is not rewritten
+    rows = load_records(out).to_pylist()
+    n_old = sum(pq.read_metadata(shard_path(out, i)).num_rows for i in (0, 1))
+    assert all(r["stop_token_id"] is None and r["top_k"] is None for r in rows[:n_old])
+    assert all(r["top_k"] == 0 for r in rows[n_old:])
+    assert _rows(out) == _rows(full)
+
+
+@pytest.mark.parametrize("name", ["smollm2-first", "smollm2-forelen"])
+def test_committed_benchmarks_still_load(name):
+    t = load_records(os.path.join(REPO, "benchmarks", name))
+    manifest = json.loads(open(os.path.join(REPO, "benchmarks", name, "bench.json")).read())
+    assert t.num_rows == manifest["num_requests"] and t.column("stop_token_id").null_count == t.num_rows
+
+
+def test_max_prompt_tokens_is_checked_against_the_window(tiny_model_dir, tiny_data_dir, tmp_path):
+    from lenpred.bench.plan import prompt_limits
+
+    big = tiny_config(str(tiny_model_dir))
+    big.max_prompt_tokens = 100000
+    with pytest.raises(LenpredError) as e:
+        build_benchmark(big, tmp_path / "b", engine="transformers", data_dir=tiny_data_dir)
+    assert str(e.value).startswith("bench max_prompt_tokens (scenario 'longseq') of 100000 tokens + max_new_tokens "
+                                   "6 exceeds the model's context window of 64")
+    assert not (tmp_path / "b").exists()
+    forelen = BenchConfig("m", {"longseq": ScenarioConfig(["oasst"], 1, max_new_tokens=1024),
+                                "rl": ScenarioConfig(["mbpp"], 1, max_new_tokens=512)})
+    assert prompt_limits(forelen, 8192) == {"longseq": 2048, "rl": 2048}
+    forelen.max_prompt_tokens = None
+    assert prompt_limits(forelen, 8192) == {"longseq": 7168, "rl": 7680}
+    forelen.max_prompt_tokens = 7680
+    with pytest.raises(LenpredError, match="7680 tokens \\+ max_new_tokens 1024 exceeds the model's context window"):
+        prompt_limits(forelen, 8192)
+    with pytest.raises(LenpredError, match="max_prompt_tokens must be >= 1"):
+        BenchConfig("m", {"rl": ScenarioConfig(["mbpp"], 1)}, max_prompt_tokens=0)
+
+
+def test_lone_surrogate_names_the_file_and_record(tiny_model_dir, tiny_data_dir, tmp_path):
+    from typer.testing import CliRunner
+
+    from lenpred.cli import app
+
+    path = tiny_data_dir / "vicuna_bench" / "question.jsonl"
+    lines = path.read_text().splitlines()
+    lines[2] = json.dumps({"question_id": 2, "category": "c", "turns": ["write a poem \ud83d about sea"]})
+    assert "\\ud83d" in lines[2]  # the JSON escape the issue found in a data file
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(LenpredError) as e:
+        build_benchmark(tiny_config(str(tiny_model_dir)), tmp_path / "b", engine="transformers",
+                        data_dir=tiny_data_dir)
+    assert str(e.value).startswith(f"record 2 of {path} (prompt id vicuna_bench:2) has text that is not valid "
+                                   "Unicode (surrogates not allowed at character 13")
+    r = CliRunner().invoke(app, ["bench", "build", "--out", str(tmp_path / "b"), "--preset", "tiny", "--model",
+                                 str(tiny_model_dir), "--engine", "transformers", "--data-dir", str(tiny_data_dir)])
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1 and f"error: record 2 of {path}" in r.stderr, r.stderr
+    assert not (tmp_path / "b").exists()
+
+
+def test_progress_bar_counts_this_runs_work(tiny_model_dir, tiny_data_dir, tmp_path, monkeypatch):
+    import tqdm.auto
+
+    import lenpred.bench.build as build
+    from lenpred.bench.build import progress_counts
+    from lenpred.engines import SampleResult
+
+    bars = []
+
+    class Bar:
+        def __init__(self, **kw):
+            self.kw, self.n = kw, kw.get("initial", 0)
+            bars.append(self)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def update(self, n):
+            self.n += n
+
+        def set_postfix(self, **kw):
+            pass
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", Bar)
+    monkeypatch.setattr(build, "make_engine", lambda *a, **k: CannedEngine(SampleResult((7,), "stop", 3)))
+    cfg = tiny_config(str(tiny_model_dir))  # 10 prompts in 5 shards of 2
+    for _ in range(3):
+        build_benchmark(cfg, tmp_path / "b", engine="transformers", data_dir=tiny_data_dir, max_shards=2)
+    assert [(b.kw["total"], b.kw["initial"], b.n) for b in bars] == [(4, 0, 4), (4, 0, 4), (2, 0, 2)]
+    assert [b.kw["desc"] for b in bars] == ["bench build (canned)", "bench build (canned), 4/10 prompts done before",
+                                            "bench build (canned), 8/10 prompts done before"]
+    shards = [[None] * 2] * 4 + [[None]]
+    assert progress_counts(shards, [2, 3], {0, 1}) == (4, 4, 9)  # the issue's resume: 4 this run, 4 before, 9
+
+
+def test_cli_passes_vllm_memory_and_thread_options(tiny_model_dir, tiny_data_dir, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    import lenpred.bench.build as build
+    from lenpred.cli import app
+    from lenpred.engines import SampleResult, VLLMOptions
+
+    seen = []
+
+    def fake_make_engine(name, model_dir, stop_ids, options):
+        seen.append((name, stop_ids, options))
+        return CannedEngine(SampleResult((7,), "length"))
+
+    monkeypatch.setattr(build, "make_engine", fake_make_engine)
+    args = ["bench", "build", "--out", str(tmp_path / "b"), "--preset", "tiny", "--model", str(tiny_model_dir),
+            "--engine", "vllm", "--data-dir", str(tiny_data_dir), "--max-shards", "1"]
+    r = CliRunner().invoke(app, [*args, "--kv-cache-space-gib", "0.5", "--gpu-memory-utilization", "0.3",
+                                 "--cpu-threads-bind", "nobind", "--cpu-reserved-cores", "1"])
+    assert r.exit_code == 0, r.output
+    assert seen[0] == ("vllm", (0, 1, 2, 3), VLLMOptions(kv_cache_space_gib=0.5, gpu_memory_utilization=0.3,
+                                                         cpu_threads_bind="nobind", cpu_reserved_cores=1))
+    r = CliRunner().invoke(app, [*args, "--kv-cache-space-gib", "0"])
+    assert seen[1][2] == VLLMOptions(kv_cache_space_gib=None)  # 0: let vLLM size the cache
+    r = CliRunner().invoke(app, [*args, "--gpu-memory-utilization", "2"])
+    assert r.exit_code == 2 and "error: gpu_memory_utilization (--gpu-memory-utilization) must be in (0, 1]" in r.stderr

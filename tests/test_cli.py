@@ -50,14 +50,19 @@ def test_bench_build_and_demo_end_to_end_on_tiny_model(tiny_model_dir, tiny_data
     r = runner.invoke(app, ["demo", "--model", str(tiny_model_dir), "--bench", str(bench), "--data-dir",
                             str(tiny_data_dir), "--out", str(out), "--cache", str(tmp_path / "cache"),
                             "--layers", "1,-1", "--epochs", "2",
-                            "--methods", "global_median,prompt_length,mean,last,egtp,estp"])
+                            "--methods", "scenario_median,global_median,prompt_length,mean,last,egtp,estp"])
     assert r.exit_code == 0, r.output
     report = json.loads((out / "results.json").read_text())
-    assert list(report["results"]) == ["global_median", "prompt_length", "mean", "last", "egtp", "estp"]
+    assert list(report["results"]) == ["scenario_median", "global_median", "prompt_length", "mean", "last", "egtp",
+                                       "estp"]
     for per_group in report["results"].values():
         assert "overall" in per_group and per_group["overall"]["mae"] >= 0
-    # ESTP searched layers x lambda1 x alpha on validation; EGTP only layers
-    assert len(report["tuning"]["estp"]["sweep"]) == 2 * 4 * 4 and len(report["tuning"]["egtp"]["sweep"]) == 2
+    # ESTP searched layers x lambda1 x alpha on validation; every other pooled head the same layers only
+    assert report["tuning"]["estp"]["num_candidates"] == 2 * 4 * 4
+    assert report["tuning"]["egtp"]["num_candidates"] == report["tuning"]["mean"]["num_candidates"] == 2
+    # the weight diagnostic of the weighted poolers
+    assert 0 < report["tuning"]["estp"]["diagnostics"]["top_token_weight"] <= 1
+    assert report["tuning"]["last"]["diagnostics"]["top_token_weight"] == 1.0
     assert (out / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (out / "predictors" / "estp.safetensors").is_file()
     assert "estp" in r.output and "MAE" in r.output
@@ -83,7 +88,7 @@ def test_changed_data_directory_is_detected(tiny_model_dir, tiny_data_dir, tmp_p
 
 def test_evaluate_every_method_on_tiny_model(tiny_model_dir, tiny_encoder_dir, tiny_data_dir, tmp_path, monkeypatch):
     """The full comparison on a tiny model: every registered method, 2 seeds, oracle floor, reports."""
-    from lenpred.evaluate import ALL_METHODS
+    from lenpred.evaluation.run import ALL_METHODS
 
     monkeypatch.setenv("LENPRED_CACHE", str(tmp_path / "lenpred-cache"))
     bench = tmp_path / "bench"
@@ -107,18 +112,23 @@ def test_evaluate_every_method_on_tiny_model(tiny_model_dir, tiny_encoder_dir, t
     assert res["global_median"]["overall"]["kendall_tau"] is None
     floor = report["oracle_floor"]
     assert floor["rl"]["num_prompts"] == 2 and floor["rl"]["n"] == 4
-    assert res["global_median"]["rl"]["gap_closed"] == pytest.approx(0.0, abs=1e-9)
-    assert res["global_median"]["rl"]["mae"] == pytest.approx(floor["rl"]["global_median_mae"])
+    assert res["scenario_median"]["rl"]["gap_closed"] == pytest.approx(0.0, abs=1e-9)
+    assert res["scenario_median"]["rl"]["mae"] == pytest.approx(floor["rl"]["floor_method_mae"])
     assert [c["layer"] for c in report["tuning"]["trail"]["sweep"]] == [1, 2]
     estp = report["tuning"]["estp"]["chosen"]
     assert {k: report["tuning"]["ltr"]["chosen"][k] for k in ("layer", "lambda1", "alpha")} == {
         k: estp[k] for k in ("layer", "lambda1", "alpha")}
-    pia = report["tuning"]["pia"]["unparsed"]
-    assert 0 <= pia["count"] <= pia["of"] == res["pia"]["overall"]["n"]
-    assert report["tokens_per_word"] > 0
-    assert set(report["mae_ratio_to_best_external"]) == {"egtp", "estp"}
+    pia = report["tuning"]["pia"]["diagnostics"]
+    assert 0 <= pia["unparsed"] <= pia["of"] == res["pia"]["overall"]["n"]
+    assert report["values"]["tokens_per_word"] > 0
+    assert set(report["best_external"]) == set(res["estp"]) and all(
+        m in ("ssjf_reg", "ssjf_mc", "s3", "pia", "trail", "ltr") for m in report["best_external"].values())
+    # intervals and paired differences to the per-scenario floor
+    estp = res["estp"]["overall"]
+    assert estp["mae_ci"][0] <= estp["mae"] <= estp["mae_ci"][1] and len(estp["diff_floor"]) == 3
+    assert res["scenario_median"]["overall"]["diff_floor"] is None
     md = (out / "results.md").read_text()
-    assert "| estp |" in md and "overall tau" in md
+    assert "| estp |" in md and "overall tau" in md and "overall Δ floor" in md
     assert (out / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

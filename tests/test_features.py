@@ -22,7 +22,7 @@ def test_cache_round_trip_and_resume(tiny_backbone, tmp_path, monkeypatch):
     for pid, ids in PROMPTS.items():
         ref = extract_signals(tiny_backbone, [ids], (1, 2))[0]
         torch.testing.assert_close(first[pid].hidden_states, ref.hidden_states, atol=1e-4, rtol=1e-4)
-        torch.testing.assert_close(first[pid].semantic_score, ref.semantic_score, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(first[pid].attention_received, ref.attention_received, atol=1e-5, rtol=1e-4)
 
     def fail(*args, **kwargs):
         raise AssertionError("cached prompts must not be extracted again")
@@ -85,7 +85,7 @@ def test_non_finite_part_and_truncated_key_are_refused(tiny_backbone, tmp_path):
     save_file(tensors, str(part), metadata=meta | {"sha256": tensors_sha256(tensors)})
     with pytest.raises(LenpredError, match="non-finite values in 0.token_entropy"):
         extract_cached(tiny_backbone, PROMPTS, (1,), tmp_path / "c", part_size=2, progress=False)
-    (tmp_path / "c" / "cache.json").write_text('{"format": 3, "model_')
+    (tmp_path / "c" / "cache.json").write_text('{"format": 4, "model_')
     with pytest.raises(LenpredError, match="cache.json is unreadable"):
         extract_cached(tiny_backbone, PROMPTS, (1,), tmp_path / "c", part_size=2, progress=False)
     with pytest.raises(LenpredError, match="is a file"):
@@ -105,3 +105,15 @@ def test_part_with_overwritten_bytes_fails_its_checksum(tiny_backbone, tmp_path)
     again = extract_cached(tiny_backbone, PROMPTS, (1,), tmp_path / "c", part_size=2, progress=False)
     for pid in PROMPTS:
         torch.testing.assert_close(again[pid].hidden_states, got[pid].hidden_states)
+
+
+def test_part_from_a_cache_of_other_layers_is_refused(tiny_backbone, tmp_path):
+    # a part extracted for layers (1,) copied into the cache of layers (2,) has the same name (prompt hash):
+    # it used to be read, and layer(2) returned layer-1 data
+    extract_cached(tiny_backbone, PROMPTS, (1,), tmp_path / "l1", part_size=2, progress=False)
+    extract_cached(tiny_backbone, PROMPTS, (2,), tmp_path / "l2", part_size=2, progress=False)
+    src = sorted((tmp_path / "l1").glob("part-*.safetensors"))[0]
+    (tmp_path / "l2" / src.name).write_bytes(src.read_bytes())
+    with pytest.raises(LenpredError, match=f"{src.name} was extracted with other layers \\(layers=\\[1\\] instead of "
+                                           "layers=\\[2\\]\\)"):
+        extract_cached(tiny_backbone, PROMPTS, (2,), tmp_path / "l2", part_size=2, progress=False)

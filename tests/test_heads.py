@@ -21,24 +21,32 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 # ---------------------------------------------------------------- bins
 
 
-def test_length_bin_edges_equal_mass():
-    edges = length_bin_edges(NINE, num_bins=4)
-    np.testing.assert_array_equal(edges, [-np.inf, 2.0, 4.0, 6.0, np.inf])
+def test_quantile_edges_are_equal_mass_and_reach_the_longest_length():
+    edges = length_bin_edges(NINE, num_bins=4, binning="quantile")
+    # quartiles 2, 4, 6, then the longest length 8 as its own edge: the top bin [8, inf) holds only 8
+    np.testing.assert_array_equal(edges, [-np.inf, 2.0, 4.0, 6.0, 8.0, np.inf])
 
 
-def test_length_bin_edges_interpolated_quantiles():
-    # lengths 1..8 (n=8), K=4: positions 7/4, 7/2, 21/4 -> 2.75, 4.5, 6.25
-    edges = length_bin_edges(np.arange(1, 9), num_bins=4)
-    np.testing.assert_allclose(edges[1:-1], [2.75, 4.5, 6.25])
-    assert edges[0] == -np.inf and edges[-1] == np.inf
+def test_quantile_edges_use_uncapped_lengths_and_put_the_cap_on_an_edge():
+    # 2 uncapped lengths and 7 capped at 256 (the old equal-mass bins had one edge, 256: K = 2)
+    lengths, censored = np.array([10, 20] + [256] * 7), np.array([False] * 2 + [True] * 7)
+    edges = length_bin_edges(lengths, 4, "quantile", caps=[256] * 7, censored=censored)
+    # quartiles of [10, 20]: 12.5, 15, 17.5 -> whole tokens 13, 15, 18; the cap 256 (= the longest)
+    np.testing.assert_array_equal(edges, [-np.inf, 13.0, 15.0, 18.0, 256.0, np.inf])
+    # centres: 10 | empty -> mid 14 | empty -> mid 16.5 | 20 | 256
+    np.testing.assert_allclose(bin_centres(lengths, edges), [10.0, 14.0, 16.5, 20.0, 256.0])
 
 
-def test_length_bin_edges_merges_duplicates():
-    # 9 lengths, 7 of them capped at 256: the quartiles (positions 2, 4, 6) are all 256 -> one inner edge
-    lengths = np.array([10, 20] + [256] * 7)
-    edges = length_bin_edges(lengths, num_bins=4)
-    np.testing.assert_array_equal(edges, [-np.inf, 256.0, np.inf])
-    assert np.all(np.diff(edges) > 0)
+def test_log_edges_snap_caps_and_end_at_the_longest_length():
+    lengths = np.array([1, 3, 40, 300, 512, 700, 1024])
+    edges = length_bin_edges(lengths, 20, "log", caps=[512, 1024])
+    assert 512.0 in edges and edges[-2] == 1024.0 and np.all(np.diff(edges) > 0)
+    # log-spaced from the shortest length 1: each bin spans about the ratio 1024^(1/19) = 1.44 (more at the
+    # bottom, where whole-token edges merge: 1.44, 2.07 -> 2, 3; length 1 sits in the first bin (-inf, 2))
+    ratios = edges[2:-1] / edges[1:-2]
+    assert np.all(ratios[5:] < 1.8) and edges[1] == 2.0
+    with pytest.raises(LenpredError, match="unknown binning 'equal'; valid: log, quantile"):
+        length_bin_edges(lengths, 20, "equal")
 
 
 @pytest.mark.parametrize("lengths, k", [([5.0], 4), ([], 4), ([1.0, 2.0, 3.0], 1)])
@@ -55,14 +63,9 @@ def test_assign_bins_boundaries_are_left_closed():
 
 
 def test_bin_centres_are_bin_means():
-    edges = length_bin_edges(NINE, num_bins=4)
-    # bins: {0,1} -> 0.5, {2,3} -> 2.5, {4,5} -> 4.5, {6,7,8} -> 7
-    np.testing.assert_allclose(bin_centres(NINE, edges), [0.5, 2.5, 4.5, 7.0])
-
-
-def test_bin_centres_with_duplicates():
-    lengths = np.array([10, 20] + [256] * 7)
-    np.testing.assert_allclose(bin_centres(lengths, length_bin_edges(lengths, 4)), [15.0, 256.0])
+    edges = length_bin_edges(NINE, num_bins=4, binning="quantile")
+    # bins: {0,1} -> 0.5, {2,3} -> 2.5, {4,5} -> 4.5, {6,7} -> 6.5, {8} -> 8
+    np.testing.assert_allclose(bin_centres(NINE, edges), [0.5, 2.5, 4.5, 6.5, 8.0])
 
 
 def test_bin_centres_empty_bin_takes_mid_of_finite_edges():
@@ -131,6 +134,32 @@ def test_soft_label_loss_mixture_and_batch_mean():
     mse = (4.0 + 0.0) / 2
     got2 = soft_label_loss(logits2, q2, y2, centres, 2.0, lam=0.5).item()
     assert got2 == pytest.approx(0.5 * ce + 0.5 * mse, abs=1e-5)
+
+
+def test_censored_row_loss_hand_value():
+    # p = [1/2, 1/2]; a capped sample (cap 5) whose cap falls in bin 1: CE term -log p_1 = ln 2
+    # capped centres min([0, 10], 5) = [0, 5] -> y_hat = 2.5; y = cap = 5, scale 2.5 -> ((2.5 - 5) / 2.5)^2 = 1
+    got = soft_label_loss(torch.zeros(1, 2), torch.zeros(1, 2), torch.tensor([5.0]), torch.tensor([0.0, 10.0]), 2.5,
+                          lam=0.5, caps=torch.tensor([5.0]), censored_share=torch.tensor([1.0]),
+                          above_cap=torch.tensor([[0.0, 1.0]]))
+    assert got.item() == pytest.approx(0.5 * math.log(2) + 0.5 * 1.0, abs=1e-6)
+
+
+def test_head_reaches_the_longest_training_length_and_respects_caps():
+    # 150 short-form samples (capped at 512, 40 % of them hit it) and 50 long-form ones capped at 1024 (on ForeLen
+    # the old pooled equal-mass bins had their top centre at 579: no prediction could reach a long answer)
+    rng = np.random.default_rng(0)
+    short, long_ = 150, 50
+    X = np.concatenate([rng.normal(-1, 0.3, (short, 16)), rng.normal(3, 0.3, (long_, 16))]).astype(np.float32)
+    y_short = np.where(rng.random(short) < 0.4, 512.0, rng.integers(20, 500, short))
+    y = np.concatenate([y_short, np.full(long_, 1024.0)])
+    caps = np.concatenate([np.full(short, 512.0), np.full(long_, 1024.0)])
+    head = SoftLabelRegressor(HeadConfig(epochs=200, num_bins=20), seed=0).fit(X, y, censored=y == caps, caps=caps)
+    assert head.centres_.max() == 1024.0
+    x_long = rng.normal(3, 0.3, (5, 16)).astype(np.float32)
+    assert head.predict(x_long, np.full(5, 1024.0)).min() > 950
+    # the same features under a 300-token cap: never above the cap
+    assert head.predict(x_long, np.full(5, 300.0)).max() <= 300.0
 
 
 def test_distribution_head_shapes():

@@ -1,4 +1,4 @@
-"""Unit tests of lenpred.metrics: hand-computed metrics, grouping, the Markdown table and the report files."""
+"""Unit tests of lenpred.evaluation.metrics and .report: hand-computed metrics, censoring, bootstrap, tables, files."""
 
 import json
 import math
@@ -6,8 +6,10 @@ import math
 import numpy as np
 import pytest
 
-from lenpred.metrics import (aggregate_seeds, gap_closed, leave_one_out_median, length_metrics, markdown_table,
-                             metrics_by_scenario, oracle_floor, plot_mae, prompt_mean_mae, render_table, save_report)
+from lenpred.evaluation.metrics import (aggregate_seeds, censored_metrics, clustered_bootstrap, gap_closed,
+                                        leave_one_out_median, length_metrics, metrics_by_scenario, oracle_floor,
+                                        prompt_mean_mae, score_methods)
+from lenpred.evaluation.report import markdown_table, plot_mae, render_table, save_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -62,12 +64,15 @@ def _results():
 
 def test_markdown_table_contents():
     md = markdown_table(_results()).splitlines()
-    assert md[0] == "| method | a MAE | a RMSE | b MAE | b RMSE | overall MAE | overall RMSE |"
-    assert md[1] == "|---|" + "---:|" * 6
-    # 2.0, sqrt(8) = 2.83, 3.5, sqrt(12.5) = 3.54, 2.75, sqrt(10.25) = 3.20, one decimal
-    assert md[2] == "| median | 2.0 | 2.8 | 3.5 | 3.5 | 2.8 | 3.2 |"
-    assert md[3] == "| oracle | 0.0 | 0.0 | 0.0 | 0.0 | 0.0 | 0.0 |"
+    assert md[0] == "| method | a MAE | b MAE | overall MAE |"  # no interval computed: its columns are left out
+    assert md[1] == "|---|" + "---:|" * 3
+    # 2.0, 3.5, 2.75, one decimal
+    assert md[2] == "| median | 2.0 | 3.5 | 2.8 |"
+    assert md[3] == "| oracle | 0.0 | 0.0 | 0.0 |"
     assert len(md) == 4
+    detail = markdown_table(_results(), "detail").splitlines()
+    # sqrt(8) = 2.83, sqrt(12.5) = 3.54, sqrt(10.25) = 3.20
+    assert detail[0].startswith("| method | a RMSE | a tau | a ±25% |") and detail[2].startswith("| median | 2.8 |")
 
 
 def test_markdown_detail_table_and_seed_std():
@@ -75,17 +80,18 @@ def test_markdown_detail_table_and_seed_std():
     agg = {"m": aggregate_seeds(runs)}
     # group a: MAE 2.0 (seed 1) and errors |5-7|, |5-11| -> 4.0 (seed 2): mean 3.0 ± 1.0
     assert markdown_table(agg).splitlines()[2].startswith("| m | 3.0 ± 1.0 |")
-    detail = markdown_table(agg, detail=True).splitlines()
-    assert detail[0] == "| method | a tau | a ±25% | b tau | b ±25% | overall tau | overall ±25% |"
+    detail = markdown_table(agg, "detail").splitlines()
+    assert detail[0] == ("| method | a RMSE | a tau | a ±25% | b RMSE | b tau | b ±25% | overall RMSE | overall tau | "
+                         "overall ±25% |")
     # a: y constant -> tau undefined "–"; within 25 %: seed 1 errors 0, 4 (limit 1.25) -> 0.5; seed 2: 0 -> mean 0.25
-    assert detail[2].startswith("| m | – | 0.250 ± 0.250 |")
+    assert detail[2].split(" | ")[2:4] == ["–", "0.250 ± 0.250"]
 
 
 def test_render_table_shape():
-    table = render_table(_results())
-    assert len(table.columns) == 1 + 2 * 3
+    table = render_table(_results(), kind="detail")
+    assert len(table.columns) == 1 + 3 * 3
     assert table.row_count == 2
-    assert "(n=2)" in str(table.columns[1].header) and "(n=4)" in str(table.columns[5].header)
+    assert "(n=2)" in str(table.columns[1].header) and "(n=4)" in str(table.columns[7].header)
 
 
 def test_prompt_mean_mae_hand_worked():
@@ -140,4 +146,42 @@ def test_save_report_writes_json_and_png(tmp_path):
     assert data["results"]["oracle"]["a"]["rmse"] == 0.0
     assert paths["png"].read_bytes()[:8] == PNG_MAGIC
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run1.json", "run1.md", "run1.png"]
-    assert paths["md"].read_text().splitlines()[2] == "| median | 2.0 | 2.8 | 3.5 | 3.5 | 2.8 | 3.2 |"
+    assert paths["md"].read_text().splitlines()[2] == "| median | 2.0 | 3.5 | 2.8 |"
+
+
+def test_censored_metrics_hand_values():
+    # capped: y = cap = 512 (pred 500 -> below; 512 -> not below); uncapped errors |100-90| = 10, |20-30| = 10
+    m = censored_metrics(np.array([512.0, 512.0, 100.0, 20.0]), np.array([500.0, 512.0, 90.0, 30.0]),
+                         np.array([True, True, False, False]))
+    assert m == {"mae_uncapped": pytest.approx(10.0), "capped_below_cap": 0.5}
+    assert censored_metrics(np.array([5.0]), np.array([4.0]), np.array([False]))["capped_below_cap"] is None
+
+
+def test_clustered_bootstrap_resamples_prompts_not_samples():
+    # prompt p: samples with errors 10, 10, 10, 10; prompt q: one sample with error 0
+    errors, pid = np.array([10.0, 10.0, 10.0, 10.0, 0.0]), np.array(["p"] * 4 + ["q"])
+    est, lo, hi = clustered_bootstrap(errors, pid, n_resamples=500, seed=0)
+    assert est == pytest.approx(8.0)  # 40 / 5
+    # resamples are {p, p} -> 10, {q, q} -> 0 and {p, q} -> 8 (each sample of p comes along with p)
+    assert lo == pytest.approx(0.0) and hi == pytest.approx(10.0)
+    # all errors equal: a zero-width interval
+    assert clustered_bootstrap(np.full(6, 3.0), np.arange(6), 200)[1:] == pytest.approx((3.0, 3.0))
+
+
+def test_score_methods_pairs_differences_and_marks_the_reference():
+    rng = np.random.default_rng(0)
+    y = rng.integers(10, 200, 40).astype(float)
+    scen, pid = np.array(["a"] * 20 + ["b"] * 20), np.repeat(np.arange(20), 2).astype(str)
+    preds = {"scenario_median": [np.full(40, 100.0)], "ext1": [y + 30], "ext2": [y - 5], "mine": [y + 1, y - 1]}
+    s = score_methods(preds, y, scen, pid, np.zeros(40, bool), externals=("ext1", "ext2"), n_resamples=300)
+    assert s["best_external"] == {"a": "ext2", "b": "ext2", "overall": "ext2"}
+    r = s["results"]["mine"]["overall"]
+    assert r["mae"] == pytest.approx(1.0)
+    # mine errors are 1 everywhere, ext2's 5: the paired difference is exactly -4 in every resample
+    assert r["diff_best_external"] == pytest.approx([-4.0, -4.0, -4.0])
+    assert s["results"]["ext2"]["overall"]["diff_best_external"] is None  # the reference itself
+    assert s["results"]["scenario_median"]["overall"]["diff_floor"] is None
+    lo, hi = s["results"]["scenario_median"]["overall"]["mae_ci"]
+    assert lo <= s["results"]["scenario_median"]["overall"]["mae"] <= hi
+    md = markdown_table(s["results"], "diff").splitlines()
+    assert "-4.0 [-4.0, -4.0]*" in md[[l.split(" | ")[0] for l in md].index("| mine")]

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import lenpred.pia as pia
-from lenpred.backbone import chat_token_ids
+from lenpred.prompts import chat_token_ids
 from lenpred.errors import LenpredError
 from lenpred.pia import (PIA_INSTRUCTION, ask_self_reports, parse_word_count, self_report_messages,
                          tokens_per_word)
@@ -27,13 +27,16 @@ PROMPTS = {f"p:{i}": [{"role": "user", "content": t}] for i, t in enumerate(
 def varied_backbone(tiny_backbone):
     """The tiny backbone with N(0, 1) weights: its default 0.02-std init greedily repeats one token for every
     prompt, which would make batch-vs-single comparisons vacuous; these weights give varied answers that
-    sometimes stop at EOS."""
+    sometimes stop at EOS. The output rows of the other control tokens (<unk>, <pad>, <s>: they end a turn too,
+    ``eos_token_ids``) are zeroed, so greedy answers do not all stop at their first token."""
     model = copy.deepcopy(tiny_backbone.model)
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() > 1:
                 p.copy_(torch.randn(p.shape, generator=g))
+        model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())  # untie from the embedding
+        model.lm_head.weight[:3] = 0.0
     return dataclasses.replace(tiny_backbone, model=model, revision="varied-0")
 
 
@@ -163,7 +166,8 @@ def test_generate_gets_mask_eos_and_answers_are_cut_at_eos(tiny_backbone, tmp_pa
     out = ask_self_reports(tiny_backbone, {"a": PROMPTS["p:0"], "b": PROMPTS["p:1"]}, tmp_path / "c.json",
                            progress=False)
     assert out == {"a": "sea", "b": "sea"}  # text after the first EOS is dropped
-    assert seen["do_sample"] is False and seen["eos_token_id"] == [3] and seen["pad_token_id"] == tok.pad_token_id
+    config = seen["generation_config"]  # complete: the model's generation_config.json adds nothing
+    assert config.do_sample is False and config.eos_token_id == [0, 1, 2, 3] and config.pad_token_id == tok.pad_token_id
     # left padding: the shorter prompt (p:0, 43 tokens) has 5 masked pad tokens on the left of the 48-token p:1
     mask = seen["attention_mask"]
     assert mask.shape[1] == 48 and sorted(mask.sum(1).tolist()) == [43, 48]

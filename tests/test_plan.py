@@ -63,9 +63,11 @@ class WordTokenizer:
 
     chat_template = None
     eos_token_id = 2
+    bos_token = "<s>"
 
-    def __call__(self, text, add_special_tokens=True):
-        return {"input_ids": ([1] if add_special_tokens else []) + [10 + len(w) for w in text.split()]}
+    def __call__(self, text, add_special_tokens=True, split_special_tokens=False):
+        words = [1 if w == self.bos_token and not split_special_tokens else 10 + len(w) for w in text.split()]
+        return {"input_ids": ([1] if add_special_tokens else []) + words}
 
 
 def config(longseq: int, reasoning: int, **kw) -> BenchConfig:

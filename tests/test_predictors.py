@@ -22,9 +22,10 @@ def fake_signals(n: int, seed: int, layers=LAYERS) -> Request:
     g = torch.Generator().manual_seed(seed)
     signals = PromptSignals(hidden_states=torch.randn(len(layers), n, D, generator=g),
                             token_entropy=torch.rand(n, generator=g) * 3,
-                            semantic_score=torch.rand(n, generator=g) / n,
+                            attention_received=torch.rand(n, generator=g),
                             layers=layers, last_token_states=torch.randn(3, D, generator=g))
-    return Request(f"fake/{seed}", list(range(n)), signals=signals, self_report=f"{10 * n} words")  # pia reads it
+    return Request(f"fake/{seed}", list(range(n)), signals=signals, self_report=f"{10 * n} words",  # pia reads it
+                   scenario="ab"[seed % 2])
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +73,7 @@ def test_save_load_round_trip(name, train_set, tmp_path):
     if "text" in PREDICTORS[name].inputs:
         pytest.skip("text-proxy predictors need a text encoder: round trip in tests/test_proxy.py")
     signals, y = train_set
-    params = {} if name in ("global_median", "prompt_length", "pia") else {"head": {"epochs": 3, "num_bins": 4}}
+    params = {"head": {"epochs": 3, "num_bins": 4}} if "signals" in PREDICTORS[name].inputs else {}
     model = make_predictor(name, **params).fit(signals, y)
     test = [fake_signals(3 + i, seed=100 + i) for i in range(4)]
     before = model.predict(test)
@@ -119,6 +120,21 @@ def test_load_garbage_file_raises(tmp_path):
         Predictor.load(path)
 
 
+def test_scenario_floors_hand_values():
+    sig = [fake_signals(n, seed) for seed, n in enumerate((2, 3, 4, 5, 6, 7))]  # scenarios a b a b a b by seed
+    y = np.array([10.0, 100.0, 20.0, 300.0, 60.0, 200.0])
+    # medians: b (seeds 0, 2, 4): 10, 20, 60 -> 20; a (seeds 1, 3, 5): 100, 300, 200 -> 200
+    median = make_predictor("scenario_median").fit(sig, y)
+    np.testing.assert_array_equal(median.predict(sig[:2]), [20.0, 200.0])
+    unseen = Request("u/0", [1, 2], scenario="c")
+    np.testing.assert_array_equal(median.predict([unseen]), [np.median(y)])  # unknown scenario: pooled median
+    # per-scenario lines: b has n = 2, 4, 6 -> y = 10, 20, 60 (slope 12.5, intercept -20 by least squares)
+    line = make_predictor("scenario_prompt_length").fit(sig, y)
+    np.testing.assert_allclose(line.predict([fake_signals(8, 10)]), [12.5 * 8 - 20 + 0.0], atol=1e-9)
+    with pytest.raises(LenpredError, match="needs Request.scenario"):
+        median.predict([Request("x", [1])])
+
+
 def test_load_missing_file_raises(tmp_path):
     with pytest.raises(LenpredError):
         Predictor.load(tmp_path / "absent.safetensors")
@@ -132,16 +148,17 @@ def test_load_foreign_safetensors_raises(tmp_path):
         Predictor.load(path)
 
 
-def test_skip_prefix_tokens_pools_only_the_request_span():
+def test_content_span_pools_only_the_users_content():
     from lenpred.predictors import make_predictor
     from lenpred.signals import PromptSignals
 
-    h = torch.tensor([[[100.0, 100.0], [1.0, 2.0], [3.0, 6.0]]])  # (1 layer, n=3, d=2)
-    s = Request("p/0", [0, 1, 2], signals=PromptSignals(h, torch.zeros(3), torch.zeros(3), (1,)))
-    p = make_predictor("mean", layer=1, skip_prefix_tokens=1)
-    # mean over tokens 1..2 only: [(1+3)/2, (2+6)/2]
-    assert p.features([s]).tolist() == [[2.0, 4.0]]
-    assert make_predictor("mean", layer=1).features([s])[0].tolist() == pytest.approx([104 / 3, 108 / 3])
+    h = torch.tensor([[[100.0, 100.0], [1.0, 2.0], [3.0, 6.0], [50.0, 50.0]]])  # (1 layer, n=4, d=2)
+    s = Request("p/0", [0, 1, 2, 3], signals=PromptSignals(h, torch.zeros(4), torch.ones(4), (1,)), content_span=(1, 3))
+    # mean over the content tokens 1..2 only (template text before and after skipped): [(1+3)/2, (2+6)/2]
+    assert make_predictor("mean", layer=1).features([s]).tolist() == [[2.0, 4.0]]
+    assert make_predictor("mean", layer=1, pool_span="all").features([s])[0].tolist() == pytest.approx([154 / 4, 158 / 4])
+    with pytest.raises(LenpredError, match="unknown pool_span 'middle'; valid: content, all"):
+        make_predictor("mean", layer=1, pool_span="middle").features([s])
 
 
 def test_features_pool_each_shared_request_once():

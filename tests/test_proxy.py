@@ -118,11 +118,12 @@ def test_ssjf_mc_equal_width_buckets():
 def test_s3_equal_mass_buckets():
     y = np.arange(1.0, 9.0)  # 1..8
     p = make_predictor("s3", num_buckets=4)
-    assert p._setup_targets(y) == 4
-    # quartiles with linear interpolation at positions 1.75, 3.5, 5.25 -> 2.75, 4.5, 6.25
-    np.testing.assert_allclose(p.edges_, [-np.inf, 2.75, 4.5, 6.25, np.inf])
-    # two lengths per bucket: {1,2} {3,4} {5,6} {7,8}
-    np.testing.assert_allclose(p.centres_, [1.5, 3.5, 5.5, 7.5])
+    assert p._setup_targets(y) == 5
+    # quartiles with linear interpolation at positions 1.75, 3.5, 5.25 -> 2.75, 4.5, 6.25 -> whole tokens 3, 5, 7;
+    # the longest length 8 gets its own bucket (no ceiling below it)
+    np.testing.assert_allclose(p.edges_, [-np.inf, 3.0, 5.0, 7.0, 8.0, np.inf])
+    # buckets {1,2} {3,4} {5,6} {7} {8}
+    np.testing.assert_allclose(p.centres_, [1.5, 3.5, 5.5, 7.0, 8.0])
 
 
 def test_ssjf_reg_scale_is_training_std():
@@ -159,13 +160,13 @@ def test_proxies_are_registered_as_text_predictors():
 def test_learns_two_prompts(name, encoder_dir, two_prompt_set):
     requests, y = two_prompt_set  # long prompt: 500, 480, 520; short prompt: 5, 5, 5
     if name == "s3":
-        # quantile edges of [5, 5, 5, 500, 500, 520] at 0.1..0.9 = 5, 5, 5, 5, 252.5, 500, 500, 500, 510
-        # -> buckets [5, 252.5) holds the 5s, [500, 510) the two 500s, [510, inf) the 520: the long
-        # prompt's argmax bucket is [500, 510) with centre 500
+        # quantile edges of [5, 5, 5, 500, 500, 520] at 0.1..0.9 = 5, 5, 5, 5, 252.5, 500, 500, 500, 510 -> whole
+        # tokens, plus the longest length 520 -> buckets [5, 253) holds the 5s, [500, 510) the two 500s, [520, inf)
+        # the 520: the long prompt's argmax bucket is [500, 510) with centre 500
         y = np.array([500.0, 5.0, 500.0, 5.0, 520.0, 5.0])
     model = fast(name, encoder_dir).fit(requests, y)
     if name == "s3":
-        np.testing.assert_allclose(model.edges_, [-np.inf, 5.0, 252.5, 500.0, 510.0, np.inf])
+        np.testing.assert_allclose(model.edges_, [-np.inf, 5.0, 253.0, 500.0, 510.0, 520.0, np.inf])
     pred = model.predict([LONG, SHORT, LONG])
     if name == "ssjf_reg":
         # L1 optimum per prompt is its median: 500 and 5
@@ -195,6 +196,38 @@ def test_seeded_determinism(encoder_dir, two_prompt_set):
     c = fast("ssjf_reg", encoder_dir, epochs=3, seed=8).fit(requests, y).predict(test)
     np.testing.assert_array_equal(a, b)
     assert not np.array_equal(a, c)
+
+
+def test_same_predictions_in_any_caller_thread_count(encoder_dir, two_prompt_set):
+    """The README's claim: results are identical in any thread count. Fit and predict run with the predictor's
+    own ``num_threads`` (matrix products split their sums by thread count), whatever the caller set."""
+    import torch
+
+    from lenpred.predictors import proxy as proxy_module
+
+    requests, y = two_prompt_set
+    test = [LONG, SHORT, req("tell me a short story", 2)]
+    seen = []
+    forward = proxy_module.ProxyPredictor._forward
+
+    def spy(self, ids):
+        seen.append(torch.get_num_threads())
+        return forward(self, ids)
+
+    before = torch.get_num_threads()
+    preds = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(proxy_module.ProxyPredictor, "_forward", spy)
+        for caller_threads in (1, 2, 3):
+            torch.set_num_threads(caller_threads)
+            preds.append(fast("ssjf_reg", encoder_dir, epochs=2, seed=3).fit(requests, y).predict(test))
+            assert torch.get_num_threads() == caller_threads  # the caller's setting is restored
+    torch.set_num_threads(before)
+    assert set(seen) == {2}  # every training and prediction step ran with num_threads=2
+    np.testing.assert_array_equal(preds[0], preds[1])
+    np.testing.assert_array_equal(preds[0], preds[2])
+    with pytest.raises(LenpredError, match="num_threads must be >= 1"):
+        fast("ssjf_reg", encoder_dir, num_threads=0)
 
 
 def test_fit_leaves_global_rng_alone(encoder_dir, two_prompt_set):

@@ -128,6 +128,24 @@ def convert_gguf(alias: str = DEFAULT_MODEL) -> tuple[Path, str]:
     return out_dir, revision
 
 
+def directory_fingerprint(path: Path, probe_bytes: int = 1 << 20) -> str:
+    """Revision of a local model directory: a hash over every file's name, size and the SHA-256 of its first and last
+    ``probe_bytes`` (weights that differ differ there; hashing whole multi-GB files on every load would not pay)."""
+    import hashlib
+
+    parts = []
+    for f in sorted(p for p in path.iterdir() if p.is_file()):
+        size = f.stat().st_size
+        h = hashlib.sha256()
+        with open(f, "rb") as fh:
+            h.update(fh.read(probe_bytes))
+            if size > probe_bytes:
+                fh.seek(max(size - probe_bytes, probe_bytes))
+                h.update(fh.read(probe_bytes))
+        parts.append((f.name, size, h.hexdigest()))
+    return stable_hash(parts)
+
+
 def resolve_model(model_id: str = DEFAULT_MODEL) -> tuple[Path, str]:
     """Map a model name to a local directory and a revision fingerprint.
 
@@ -144,7 +162,7 @@ def resolve_model(model_id: str = DEFAULT_MODEL) -> tuple[Path, str]:
         if not (path / "config.json").is_file():
             raise LenpredError(f"model directory {path} has no config.json: point --model at a directory "
                                "written by save_pretrained, or use a hub id")
-        return path.resolve(), stable_hash(sorted((p.name, p.stat().st_size) for p in path.iterdir()))
+        return path.resolve(), directory_fingerprint(path)
     try:
         from huggingface_hub import snapshot_download
 
@@ -192,45 +210,33 @@ def load_backbone(model_id: str = DEFAULT_MODEL, attn_implementation: str = "sdp
     return Backbone(model=model, tokenizer=tokenizer, model_id=model_id, model_dir=model_dir, revision=revision)
 
 
-def chat_token_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
-    """Token ids of ``messages`` formatted the way the model expects, ending with the assistant cue.
-
-    Uses the tokenizer's chat template with ``add_generation_prompt=True``; a base model without a
-    template (e.g. gemma-3-270m) gets the turns joined by blank lines, prefixed with BOS.
-
-    Raises:
-        LenpredError: a message is empty.
-    """
-    for m in messages:
-        if not str(m.get("content", "")).strip():
-            raise LenpredError("empty prompt: every message needs non-blank 'content'; drop or fill the record")
-    if getattr(tokenizer, "chat_template", None):
-        out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        ids = out["input_ids"] if hasattr(out, "keys") else out
-        return [int(i) for i in ids]
-    text = "\n\n".join(m["content"] for m in messages) + "\n\n"
-    ids = tokenizer(text, add_special_tokens=True)["input_ids"]
-    return [int(i) for i in ids]
-
-
 def eos_token_ids(model_dir: str | os.PathLike, tokenizer: Any) -> tuple[int, ...]:
-    """Ids that end a response: the tokenizer's EOS plus ``eos_token_id`` of ``generation_config.json``."""
+    """Every token id that ends the assistant's turn: the one stop rule of both sampling engines and PiA.
+
+    A reply never contains a control token, so generation stops at the first of:
+
+    * the tokenizer's named special tokens (``all_special_ids``: BOS, EOS, UNK, PAD and its additional special
+      tokens; for SmolLM2 ``<|endoftext|>`` 0, ``<|im_start|>`` 1, ``<|im_end|>`` 2);
+    * ``eos_token_id`` of the model's ``generation_config.json``;
+    * every special token the chat template itself writes around turns (its role markers and turn ends, found
+      by rendering a two-turn chat), so a new turn start (``<|im_start|>``) ends the reply too.
+
+    Returns:
+        Sorted, distinct ids.
+    """
     ids = {tokenizer.eos_token_id} - {None}
+    ids |= {int(i) for i in getattr(tokenizer, "all_special_ids", []) or []}
     path = Path(model_dir) / "generation_config.json"
     if path.is_file():
         eos = json.loads(path.read_text()).get("eos_token_id")
         ids |= {eos} if isinstance(eos, int) else set(eos or [])
-    return tuple(sorted(ids))
-
-
-def shared_prefix_length(tokenizer: Any) -> int:
-    """Number of leading tokens every chat-formatted prompt shares (system prompt, role header, BOS).
-
-    Found as the shortest common prefix among one-word conversations. Under causal attention these tokens'
-    hidden states, entropies and attention are identical for every request, so they carry no
-    information about it; poolers skip them (in SmolLM2 the default system prompt is 24 tokens, and
-    its first token is the attention sink that otherwise takes ~90 % of ESTP's weight).
-    """
-    probes = [chat_token_ids(tokenizer, [{"role": "user", "content": w}]) for w in ("Hello", "Goodbye", "world", "7")]
-    a = probes[0]
-    return min(next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b))) for b in probes[1:])
+    if getattr(tokenizer, "chat_template", None):
+        chat = [{"role": "user", "content": "\x00u"}, {"role": "assistant", "content": "\x00a"}]
+        try:
+            rendered = tokenizer.apply_chat_template(chat, tokenize=False)
+        except Exception:  # noqa: BLE001 - a template that refuses this chat (jinja raise) only adds no ids here
+            rendered = ""
+        fixed = rendered.replace("\x00u", " ").replace("\x00a", " ")
+        special = {i for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items() if t.special}
+        ids |= set(tokenizer(fixed, add_special_tokens=False)["input_ids"]) & special
+    return tuple(sorted(int(i) for i in ids))

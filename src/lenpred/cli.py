@@ -11,7 +11,7 @@ from typing import Optional
 import typer
 
 from lenpred.errors import LenpredError
-from lenpred.evaluate import ALL_METHODS, DEMO_METHODS
+from lenpred.evaluation.run import ALL_METHODS, DEMO_METHODS
 
 app = typer.Typer(help="Predict LLM output length from the serving model's own prefill signals.",
                   no_args_is_help=True, pretty_exceptions_enable=False)
@@ -47,12 +47,14 @@ DATA_DIR = typer.Option(None, help="Prompt data sets \\[default: $LENPRED_DATA_D
 CACHE = typer.Option(None, help="Signal cache directory \\[default: under $LENPRED_CACHE].")
 LAYERS = typer.Option("15,22,-1", help="Hidden-state layers to extract in full and search (-1 = last).")
 EPOCHS = typer.Option(150, help="Head training epochs.")
-SKIP = typer.Option(True, help="Pool only over tokens after the prefix all prompts share.")
+POOL_SPAN = typer.Option("content", help="Pool over the users' content (skip the template's fixed text) or all.")
+DIVISOR = typer.Option("n", help="ESTP semantic score: attention received / n (paper) or / (n - j) ('causal').")
+BINNING = typer.Option("log", help="Soft-label bins: log (log-spaced up to the longest length) or quantile.")
 THREADS = typer.Option(None, help="torch threads for the backbone and text encoders.")
 
 
 def _evaluate(title: str, **kwargs) -> None:
-    from lenpred.evaluate import EvalConfig, run_evaluate
+    from lenpred.evaluation.run import EvalConfig, run_evaluate
 
     run_evaluate(EvalConfig(**kwargs), title=title)
 
@@ -69,13 +71,15 @@ def demo(
     methods: str = typer.Option(",".join(DEMO_METHODS), help="Predictors to run."),
     epochs: int = EPOCHS,
     seed: int = typer.Option(0, help="Head seed."),
-    skip_shared_prefix: bool = SKIP,
+    pool_span: str = POOL_SPAN,
+    semantic_divisor: str = DIVISOR,
+    binning: str = BINNING,
     threads: Optional[int] = THREADS,
 ):
-    """Train EGTP, ESTP and baselines on a stored benchmark and print the test MAE/RMSE table."""
+    """Train EGTP, ESTP and baselines on a stored benchmark and print the test MAE tables with intervals."""
     _evaluate("demo", model=model, bench=bench, data_dir=data_dir, out=out, cache=cache,
               layers=_ints("--layers", layers), methods=_names(methods), epochs=epochs, seeds=(seed,),
-              skip_shared_prefix=skip_shared_prefix, threads=threads)
+              pool_span=pool_span, semantic_divisor=semantic_divisor, binning=binning, threads=threads)
 
 
 @app.command()
@@ -93,15 +97,108 @@ def evaluate(
     proxy_encoder: str = typer.Option("minilm", help="SSJF / S3 text encoder: minilm (packaged) or a local directory."),
     proxy_epochs: int = typer.Option(2, help="Fine-tuning epochs of the SSJF / S3 text encoders."),
     trail_layers: Optional[str] = typer.Option(None, help="TRAIL layer sweep \\[default: every layer]."),
-    skip_shared_prefix: bool = SKIP,
+    pool_span: str = POOL_SPAN,
+    semantic_divisor: str = DIVISOR,
+    binning: str = BINNING,
+    bootstrap_resamples: int = typer.Option(2000, help="Prompt-clustered bootstrap resamples (95 % intervals)."),
     threads: Optional[int] = THREADS,
 ):
-    """Every predictor (baselines, poolers, EGTP, ESTP) on the same splits: the comparison table."""
+    """Every predictor (floors, baselines, poolers, EGTP, ESTP) on the same splits: the comparison tables."""
     _evaluate("evaluate", model=model, bench=bench, data_dir=data_dir, out=out, cache=cache,
               layers=_ints("--layers", layers), methods=_names(methods), seeds=_ints("--seeds", seeds),
               epochs=epochs, proxy_encoder=proxy_encoder, proxy_epochs=proxy_epochs,
               trail_layers=None if trail_layers is None else _ints("--trail-layers", trail_layers),
-              skip_shared_prefix=skip_shared_prefix, threads=threads)
+              pool_span=pool_span, semantic_divisor=semantic_divisor, binning=binning,
+              bootstrap_resamples=bootstrap_resamples, threads=threads)
+
+
+@app.command()
+@one_line_errors
+def train(
+    bench: str = typer.Option("benchmarks/smollm2-forelen", help="Benchmark directory to train on."),
+    method: str = typer.Option("estp", help="Predictor to train (see `lenpred evaluate --help` for the list)."),
+    out: str = typer.Option(..., help="Directory to save the predictor in (config.json, predictor.safetensors, CARD.md)."),
+    model: str = MODEL,
+    data_dir: Optional[str] = DATA_DIR,
+    cache: Optional[str] = CACHE,
+    layers: str = LAYERS,
+    coverage: float = typer.Option(0.8, help="Nominal coverage of the [low, high] interval (calibrated on validation)."),
+    seed: int = typer.Option(0, help="Head seed."),
+    epochs: int = EPOCHS,
+    threads: Optional[int] = THREADS,
+):
+    """Tune a predictor on a benchmark's validation split, calibrate its interval, score test, and save it."""
+    from lenpred.pipeline import LengthPredictor, render_card
+
+    if not 0 < coverage < 1:
+        raise LenpredError(f"--coverage must lie in (0, 1), got {coverage}")
+    predictor = LengthPredictor(method, model, _ints("--layers", layers), coverage, seed, epochs)
+    predictor.fit(bench, data_dir=data_dir, cache=cache, threads=threads)
+    path = predictor.save_pretrained(out)
+    typer.echo(render_card(predictor.config_, predictor.card_))
+    typer.echo(f"saved to {path}")
+
+
+def _read_prompts(prompts: list[str], file: Optional[str]) -> list:
+    """Prompts from arguments, a file, or stdin: plain text (one prompt per line) or JSONL with ``prompt`` (a
+    string) or ``messages`` (OpenAI-style chat)."""
+    import json
+    import sys
+    from pathlib import Path
+
+    if prompts and file:
+        raise LenpredError("give prompts as arguments or with --file, not both")
+    if prompts:
+        return list(prompts)
+    if file:
+        try:
+            text = sys.stdin.read() if file == "-" else Path(file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise LenpredError(f"cannot read --file {file} ({type(exc).__name__}): pass a UTF-8 text or JSONL file")
+    elif not sys.stdin.isatty():
+        text = sys.stdin.read()
+    else:
+        raise LenpredError('no prompts: pass them as arguments (lenpred predict "Write a haiku"), with --file, or on '
+                           "stdin")
+    out = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        if line.lstrip().startswith("{"):
+            try:
+                record = json.loads(line)
+                out.append(record["messages"] if "messages" in record else record["prompt"])
+            except (ValueError, KeyError, TypeError):
+                raise LenpredError(f"line {n} of {file or 'stdin'} is not a JSON object with 'prompt' or 'messages'")
+        else:
+            out.append(line)
+    if not out:
+        raise LenpredError(f"{file or 'stdin'} holds no prompts")
+    return out
+
+
+@app.command()
+@one_line_errors
+def predict(
+    prompts: Optional[list[str]] = typer.Argument(None, help="Prompts (each one user turn)."),
+    predictor: Optional[str] = typer.Option(None, help="Saved predictor directory \\[default: the one shipped]."),
+    file: Optional[str] = typer.Option(None, help="Prompts file: text lines or JSONL with prompt / messages; - = stdin."),
+    max_new_tokens: Optional[int] = typer.Option(None, help="The requests' generation cap (clips predictions)."),
+    scenario: Optional[str] = typer.Option(None, help="Workload name, for predictors that read it."),
+    distribution: bool = typer.Option(False, help="Also print each request's bin distribution."),
+    threads: Optional[int] = THREADS,
+):
+    """Predict the output length of prompts: JSONL lines with id, num_prompt_tokens, expected, median, low, high."""
+    import json
+
+    from lenpred.pipeline import LengthPredictor
+
+    items = _read_prompts(prompts or [], file)
+    if max_new_tokens is not None and max_new_tokens < 1:
+        raise LenpredError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
+    model = LengthPredictor.from_pretrained(predictor, threads=threads)
+    for i, p in enumerate(model.predict(items, max_new_tokens, scenario, progress=len(items) > 8)):
+        typer.echo(json.dumps({"id": i, **p.to_dict(distribution)}))
 
 
 @bench_app.command("build")
@@ -114,14 +211,27 @@ def bench_build(
     data_dir: Optional[str] = typer.Option(None, help="Prompt data sets directory."),
     max_shards: Optional[int] = typer.Option(None, help="Stop after this many new shards."),
     seed: int = typer.Option(0, help="Seed of prompt order, splits and per-request seeds."),
+    kv_cache_space_gib: float = typer.Option(2.0, help="vLLM only: KV-cache size to reserve, GiB (skips vLLM's check "
+                                             "that 92 % of all memory is free; 0 = let vLLM size it from "
+                                             "--gpu-memory-utilization)."),
+    gpu_memory_utilization: Optional[float] = typer.Option(
+        None, help="vLLM only: share of device memory (on CPU: of host memory) vLLM may take \\[default: vLLM's]."),
+    cpu_threads_bind: Optional[str] = typer.Option(
+        None, help="vLLM CPU only: VLLM_CPU_OMP_THREADS_BIND: auto, nobind (other work shares the cores) or a "
+                   "core list like 0-1 \\[default: the environment's, else auto]."),
+    cpu_reserved_cores: Optional[int] = typer.Option(
+        None, help="vLLM CPU only: cores kept for vLLM's scheduler (VLLM_CPU_NUM_OF_RESERVED_CPU) \\[default: 0]."),
 ):
     """Sample a benchmark (resumable: rerun the same command to continue where it stopped)."""
     from lenpred.bench.build import build_benchmark
     from lenpred.bench.plan import preset as make_preset
+    from lenpred.engines import VLLMOptions
 
     config = make_preset(preset, model)
     config.seed = seed
-    path = build_benchmark(config, out, engine=engine, data_dir=data_dir, max_shards=max_shards)
+    options = VLLMOptions(kv_cache_space_gib=kv_cache_space_gib or None, gpu_memory_utilization=gpu_memory_utilization,
+                          cpu_threads_bind=cpu_threads_bind, cpu_reserved_cores=cpu_reserved_cores)
+    path = build_benchmark(config, out, engine=engine, data_dir=data_dir, max_shards=max_shards, vllm_options=options)
     typer.echo(f"benchmark in {path}")
 
 

@@ -3,10 +3,11 @@
 A cache directory holds ``part-<hash>.safetensors`` files of up to ``part_size`` prompts each, named
 by a hash of their prompt ids and token ids (written atomically, so a killed run resumes at the
 first missing part, and a grown benchmark reuses every part whose prompts did not change), and
-``cache.json`` with the key: format version, model revision, layers, whether attention was taken. A
-directory whose key differs is refused rather than mixed; a part that is unreadable, fails its SHA-256
-checksum (stored in the part's metadata, over every tensor's bytes) or holds non-finite values is
-reported, never used.
+``cache.json`` with the key: format version, model revision, layers, whether attention was taken and the
+prompt-preparation rule (:data:`lenpred.prompts.TEMPLATE_RULE`). Every part carries the same key in its own
+metadata, so a part copied from another cache (other model or layers) is refused on read, as is a directory
+whose key differs; a part that is unreadable, fails its SHA-256 checksum (stored in the part's metadata, over
+every tensor's bytes) or holds non-finite values is reported, never used.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from lenpred.errors import LenpredError
 from lenpred.io import atomic_path, stable_hash, write_json
 from lenpred.signals import PromptSignals, extract_signals
 
-CACHE_FORMAT = 3  # 2: parts also hold every layer's last-token hidden state; 3: parts carry a SHA-256 checksum
+CACHE_FORMAT = 4  # 2: every layer's last-token state; 3: SHA-256 per part; 4: attention_received + key per part
 
 
 def tensors_sha256(tensors: dict[str, torch.Tensor]) -> str:
@@ -75,7 +76,7 @@ def extract_cached(backbone, prompts: dict[str, list[int]], layers: tuple[int, .
     ids = list(prompts)
     if cache.exists() and not cache.is_dir():
         raise LenpredError(f"signal cache {cache} is a file, not a directory: pass another --cache directory")
-    key = {"format": CACHE_FORMAT, "model_revision": backbone.revision, "layers": list(layers), "semantic": semantic}
+    key = cache_key(backbone, layers, semantic)
     meta_path = cache / "cache.json"
     if meta_path.exists():
         try:
@@ -99,37 +100,50 @@ def extract_cached(backbone, prompts: dict[str, list[int]], layers: tuple[int, .
                 for batch in _batches([len(t) for t in token_lists], max_batch_tokens):
                     for i, s in zip(batch, extract_signals(backbone, [token_lists[i] for i in batch], layers, semantic)):
                         signals[part[i]] = s
-                _write_part(path, part, signals)
+                _write_part(path, part, signals, key)
                 extracted += sum(len(t) for t in token_lists)
                 bar.set_postfix(tok_s=f"{extracted / (time.perf_counter() - t0):.0f}")
-            out.update(_read_part(path, part, tuple(layers)))
+            out.update(_read_part(path, part, key))
             bar.update(sum(len(prompts[p]) for p in part))
     return out
 
 
-def _write_part(path: Path, part: list[str], signals: dict[str, PromptSignals]) -> None:
+def cache_key(backbone, layers: tuple[int, ...], semantic: bool = True) -> dict:
+    """What a signal cache (and each of its parts) holds: format, model revision, layers, attention, prompt rule."""
+    from lenpred.prompts import TEMPLATE_RULE
+
+    return {"format": CACHE_FORMAT, "model_revision": backbone.revision, "layers": list(layers), "semantic": semantic,
+            "template_rule": TEMPLATE_RULE}
+
+
+def _write_part(path: Path, part: list[str], signals: dict[str, PromptSignals], key: dict) -> None:
     tensors = {}
     for i, pid in enumerate(part):
         s = signals[pid]
         tensors[f"{i}.hidden_states"] = s.hidden_states.contiguous()
         tensors[f"{i}.token_entropy"] = s.token_entropy.contiguous()
         tensors[f"{i}.last_token_states"] = s.last_token_states.contiguous()
-        if s.semantic_score is not None:
-            tensors[f"{i}.semantic_score"] = s.semantic_score.contiguous()
+        if s.attention_received is not None:
+            tensors[f"{i}.attention_received"] = s.attention_received.contiguous()
     with atomic_path(path) as tmp:
-        save_file(tensors, str(tmp), metadata={"prompt_ids": json.dumps(part), "sha256": tensors_sha256(tensors)})
+        save_file(tensors, str(tmp), metadata={"prompt_ids": json.dumps(part), "sha256": tensors_sha256(tensors),
+                                               "key": json.dumps(key, sort_keys=True)})
 
 
-def _read_part(path: Path, part: list[str], layers: tuple[int, ...]) -> dict[str, PromptSignals]:
+def _read_part(path: Path, part: list[str], key: dict) -> dict[str, PromptSignals]:
     from safetensors import SafetensorError, safe_open
 
     try:
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}
-            stored, checksum = json.loads(meta["prompt_ids"]), meta["sha256"]
+            stored, checksum, part_key = json.loads(meta["prompt_ids"]), meta["sha256"], json.loads(meta["key"])
         tensors = load_file(str(path))
     except (OSError, KeyError, ValueError, RuntimeError, SafetensorError) as exc:
         raise LenpredError(f"{path} is unreadable ({type(exc).__name__}): delete it and rerun to re-extract") from None
+    if part_key != key:
+        diff = sorted(k for k in key.keys() | part_key.keys() if key.get(k) != part_key.get(k))
+        raise LenpredError(f"{path} was extracted with other {', '.join(diff)} ({', '.join(f'{k}={part_key.get(k)}' for k in diff)}"
+                           f" instead of {', '.join(f'{k}={key.get(k)}' for k in diff)}): delete it and rerun to re-extract")
     if stored != part:
         raise LenpredError(f"{path} holds other prompts than expected: delete the cache directory and rerun")
     if tensors_sha256(tensors) != checksum:
@@ -139,7 +153,8 @@ def _read_part(path: Path, part: list[str], layers: tuple[int, ...]) -> dict[str
         raise LenpredError(f"{path} holds non-finite values in {bad[0]}: delete it and rerun to re-extract")
     try:
         return {pid: PromptSignals(tensors[f"{i}.hidden_states"], tensors[f"{i}.token_entropy"],
-                                   tensors.get(f"{i}.semantic_score"), layers, tensors[f"{i}.last_token_states"])
+                                   tensors.get(f"{i}.attention_received"), tuple(key["layers"]),
+                                   tensors[f"{i}.last_token_states"])
                 for i, pid in enumerate(part)}
     except KeyError as exc:
         raise LenpredError(f"{path} lacks {exc}: delete it and rerun to re-extract") from None

@@ -7,9 +7,17 @@ Sec. "soft-label distribution": K bins, soft label ``q_j ∝ exp(-|j - b| / tau)
 
 Choices the paper leaves open (documented here):
 
-* Bin edges are **equal-mass** quantiles of the training lengths (duplicate edges — e.g. many
-  responses capped at the same ``max_new_tokens`` — are merged, so K can come out smaller), and the
-  bin centre ``c_j`` is the mean training length inside bin ``j``.
+* Bin edges (:func:`length_bin_edges`) reach the **largest** training length, so no head has a ceiling below
+  the largest ``max_new_tokens``: ``log`` (default; K log-spaced edges from 1 to the largest length, each
+  generation cap snapped onto an edge) or ``quantile`` (equal-mass over uncapped lengths, plus every cap and
+  the largest length as edges). The bin centre ``c_j`` is the mean training length inside bin ``j``. (Equal-mass
+  bins over all scenarios pooled had their top bin at ``[512, inf)``, centre 579: no long answer was reachable.)
+* **Censoring**: a response that hit ``max_new_tokens`` (``finish_reason == "length"``) is only known to be
+  ``>= cap``. Its label is the bins at or above the cap's bin, scored as a censored likelihood
+  ``-log sum_{j >= b(cap)} p_j`` (no penalty for how the mass spreads above the cap). Since a request's cap
+  is known when it arrives, every prediction is the expected *observed* length
+  ``y_hat = sum_j p_j min(c_j, cap)``, so it never exceeds the cap and the MSE term of a capped sample is
+  ``(y_hat - cap)^2``.
 * The MSE term is on lengths divided by the training-length standard deviation, so with
   ``lambda = 0.95`` neither term swamps the other.
 * Inputs are standardised with the training mean / std of every feature (hidden states carry a
@@ -27,19 +35,42 @@ from torch import nn
 from lenpred.errors import LenpredError
 
 
-def length_bin_edges(lengths: np.ndarray, num_bins: int = 20) -> np.ndarray:
-    """Equal-mass bin edges from training lengths: ``(K + 1,)`` float64, strictly increasing.
+BINNINGS = ("log", "quantile")
 
-    The first edge is ``-inf`` and the last ``+inf`` so every length falls in a bin; interior edges are
-    the ``j / K`` quantiles, de-duplicated (so ``K`` may shrink when lengths tie).
+
+def length_bin_edges(lengths: np.ndarray, num_bins: int = 20, binning: str = "log", caps: np.ndarray = (),
+                     censored: np.ndarray | None = None) -> np.ndarray:
+    """Bin edges from training lengths: ``(K + 1,)`` float64, strictly increasing, ``edges[0] = -inf``,
+    ``edges[-1] = +inf``; the largest training length and every cap are interior edges, so the top bin holds only
+    the largest length (no ceiling below it) and a capped length sits at the bottom of its own bin.
+
+    Args:
+        lengths: ``(n,)`` training lengths in tokens (capped ones at their cap).
+        num_bins: K before merging duplicate edges (K can shrink).
+        binning: ``"log"`` — log-spaced from the shortest (at least 1) to the largest length; ``"quantile"`` —
+            equal-mass quantiles of the uncapped lengths.
+        caps: generation caps (``max_new_tokens``) of the capped training samples.
+        censored: ``(n,)`` bool, which lengths are capped (only ``quantile`` reads it).
 
     Raises:
-        LenpredError: fewer than 2 lengths, or ``num_bins < 2``.
+        LenpredError: fewer than 2 lengths, ``num_bins < 2`` or an unknown binning.
     """
     lengths = np.asarray(lengths, dtype=np.float64)
     if lengths.size < 2 or num_bins < 2:
         raise LenpredError(f"need >= 2 training lengths and >= 2 bins, got {lengths.size} and {num_bins}")
-    inner = np.unique(np.quantile(lengths, np.arange(1, num_bins) / num_bins))
+    if binning not in BINNINGS:
+        raise LenpredError(f"unknown binning '{binning}'; valid: {', '.join(BINNINGS)}")
+    top = max(float(lengths.max()), 2.0)
+    caps = np.unique(np.asarray(caps, dtype=np.float64))
+    if binning == "log":
+        inner = np.geomspace(max(float(lengths.min()), 1.0), top, num_bins)[1:]  # K - 1 edges, the last the largest
+        for c in caps:  # snap the nearest edge onto each cap (in log distance)
+            inner[np.argmin(np.abs(np.log(inner) - np.log(max(c, 1.0))))] = c
+    else:
+        free = lengths if censored is None else lengths[~np.asarray(censored, dtype=bool)]
+        inner = np.quantile(free if free.size else lengths, np.arange(1, num_bins) / num_bins)
+    # lengths are whole tokens: an edge e and ceil(e) put every length in the same bin, and whole edges merge
+    inner = np.unique(np.concatenate([np.ceil(inner), caps, [top]]))
     return np.concatenate([[-np.inf], inner, [np.inf]])
 
 
@@ -80,16 +111,35 @@ class DistributionHead(nn.Module):
         return self.net(x)
 
 
-def soft_label_loss(logits: torch.Tensor, q: torch.Tensor, y: torch.Tensor, centres: torch.Tensor,
-                    length_scale: float, lam: float = 0.95, weights: torch.Tensor | None = None) -> torch.Tensor:
-    """``lam * CE(q, softmax(logits)) + (1 - lam) * ((y_hat - y) / length_scale)^2``, averaged over rows, a scalar.
+def capped_centres(centres: torch.Tensor, caps: torch.Tensor) -> torch.Tensor:
+    """``min(c_j, cap_i)``: ``(K,)`` and ``(B,)`` -> ``(B, K)``; what bin ``j`` means for a request capped at ``cap_i``."""
+    return torch.minimum(centres[None, :], caps[:, None])
 
-    ``y_hat = softmax(logits) @ centres`` in tokens; ``y`` ``(B,)`` true lengths in tokens; ``weights`` ``(B,)``
-    (optional) makes it a weighted mean over rows.
+
+def soft_label_loss(logits: torch.Tensor, q: torch.Tensor, y: torch.Tensor, centres: torch.Tensor,
+                    length_scale: float, lam: float = 0.95, weights: torch.Tensor | None = None,
+                    caps: torch.Tensor | None = None, censored_share: torch.Tensor | None = None,
+                    above_cap: torch.Tensor | None = None) -> torch.Tensor:
+    """Soft-label loss, averaged over rows (weighted by ``weights`` ``(B,)`` when given), a scalar:
+
+    ``lam * (CE(q, p) - s * log sum_j above_cap_j p_j) + (1 - lam) * ((y_hat - y) / length_scale)^2``
+
+    with ``p = softmax(logits)``, ``y_hat = sum_j p_j min(c_j, cap)`` in tokens. Without censoring
+    (``censored_share`` ``None``) it is EGTP's ``lam * CE + (1 - lam) * MSE``.
+
+    Args:
+        logits: ``(B, K)``; q: ``(B, K)`` soft labels of the uncapped samples, scaled to sum to ``1 - s``;
+        y: ``(B,)`` mean observed length (tokens; capped samples count at their cap).
+        caps: ``(B,)`` generation caps (``inf``: none). censored_share: ``(B,)`` ``s``, share of a row's samples
+            that hit the cap. above_cap: ``(B, K)`` 1 for bins at or above the cap's bin.
     """
     log_p = torch.log_softmax(logits, dim=1)
     ce = -(q * log_p).sum(dim=1)
-    y_hat = log_p.exp() @ centres
+    if censored_share is not None:
+        log_above = torch.logsumexp(log_p.masked_fill(above_cap == 0, float("-inf")), dim=1)
+        ce = ce - censored_share * torch.where(censored_share > 0, log_above, torch.zeros_like(log_above))
+    values = centres[None, :] if caps is None else capped_centres(centres, caps)
+    y_hat = (log_p.exp() * values).sum(dim=1)
     mse = ((y_hat - y) / length_scale) ** 2
     per_row = lam * ce + (1 - lam) * mse
     return per_row.mean() if weights is None else (per_row * weights).sum() / weights.sum()
@@ -105,6 +155,8 @@ class HeadConfig:
         lam: CE weight in the loss (0.95 in EGTP); the rest goes to the scaled MSE.
         lr, weight_decay, epochs, batch_size: AdamW training schedule; small data, so many epochs.
         dropout: dropout between the layers (0.1 in EGTP).
+        binning: how bin edges are placed (:func:`length_bin_edges`): ``log`` (default, chosen on ForeLen's
+            validation split, see README) or ``quantile``.
     """
 
     num_bins: int = 20
@@ -115,10 +167,13 @@ class HeadConfig:
     epochs: int = 150
     batch_size: int = 64
     dropout: float = 0.1
+    binning: str = "log"
 
     def __post_init__(self):
         if not 0 <= self.lam <= 1 or self.tau <= 0 or self.num_bins < 2 or self.epochs < 1:
             raise LenpredError("HeadConfig needs 0 <= lam <= 1, tau > 0, num_bins >= 2, epochs >= 1")
+        if self.binning not in BINNINGS:
+            raise LenpredError(f"unknown binning '{self.binning}'; valid: {', '.join(BINNINGS)}")
 
 
 class SoftLabelRegressor:
@@ -133,37 +188,51 @@ class SoftLabelRegressor:
         self.config = config or HeadConfig()
         self.seed = seed
 
-    def fit(self, X: np.ndarray, y: np.ndarray, groups: np.ndarray | None = None) -> "SoftLabelRegressor":
-        """Train on features ``X`` ``(n, d)`` and lengths ``y`` ``(n,)`` (tokens).
+    def fit(self, X: np.ndarray, y: np.ndarray, groups: np.ndarray | None = None, censored: np.ndarray | None = None,
+            caps: np.ndarray | None = None) -> "SoftLabelRegressor":
+        """Train on features ``X`` ``(n, d)`` and observed lengths ``y`` ``(n,)`` (tokens).
 
         ``groups`` ``(n,)`` (optional): rows with the same group id are samples of one prompt and share their
-        features. They are trained as one row with the mean soft label, the mean length and a weight equal to
-        the number of samples — the same objective up to a constant (CE is linear in ``q``, and
-        ``mean_s (y_hat - y_s)^2 = (y_hat - mean_s y_s)^2 + var_s y``) in fewer steps.
+        features (and cap). They are trained as one row weighted by the number of samples, with the mean soft label
+        of the uncapped samples, the share of capped ones and the mean length — the same objective up to a
+        constant (CE is linear in ``q``, and ``mean_s (y_hat - y_s)^2 = (y_hat - mean_s y_s)^2 + var_s y``).
+        ``censored`` ``(n,)`` bool marks samples that hit their cap, ``caps`` ``(n,)`` each sample's
+        ``max_new_tokens`` (``inf``: none); see the module docstring for how they enter the loss.
 
         Raises:
-            LenpredError: shapes disagree or there are fewer than 2 samples.
+            LenpredError: shapes disagree, fewer than 2 samples, or a capped sample without a finite cap.
         """
         X, y = np.asarray(X, dtype=np.float32), np.asarray(y, dtype=np.float64)
-        if X.ndim != 2 or y.shape != (X.shape[0],) or (groups is not None and len(groups) != len(y)):
-            raise LenpredError(f"fit needs X (n, d), y (n,) and groups (n,), got {X.shape}, {y.shape} and "
-                               f"{None if groups is None else np.shape(groups)}")
+        n = len(y)
+        censored = np.zeros(n, bool) if censored is None else np.asarray(censored, dtype=bool)
+        caps = np.full(n, np.inf) if caps is None else np.asarray(caps, dtype=np.float64)
+        if X.ndim != 2 or y.shape != (X.shape[0],) or any(a is not None and len(a) != n for a in (groups, censored, caps)):
+            raise LenpredError(f"fit needs X (n, d) and y, groups, censored, caps (n,), got {X.shape}, {y.shape}, "
+                               f"{None if groups is None else np.shape(groups)}, {censored.shape}, {caps.shape}")
+        if not np.isfinite(caps[censored]).all():
+            raise LenpredError("a capped sample (censored) needs its finite max_new_tokens")
         cfg = self.config
         gen = torch.Generator().manual_seed(self.seed)
         torch.manual_seed(self.seed)  # nn.Linear init draws from the global generator
-        self.edges_ = length_bin_edges(y, cfg.num_bins)
+        self.edges_ = length_bin_edges(y, cfg.num_bins, cfg.binning, caps[censored], censored)
         self.centres_ = bin_centres(y, self.edges_)
         self.mean_, self.std_ = X.mean(0), X.std(0) + 1e-6
         self.length_scale_ = float(y.std() + 1e-6)
         K = len(self.centres_)
         self.module_ = DistributionHead(X.shape[1], K, cfg.dropout)
         q = soft_labels(torch.from_numpy(assign_bins(y, self.edges_)), K, cfg.tau)
-        _, first, inverse = np.unique(np.arange(len(y)) if groups is None else np.asarray(groups),
+        q[torch.from_numpy(censored)] = 0.0  # a capped sample's label is the censored term, not a bin
+        _, first, inverse = np.unique(np.arange(n) if groups is None else np.asarray(groups),
                                       return_index=True, return_inverse=True)
         counts = np.bincount(inverse)
+        inv = torch.from_numpy(inverse)
         Xt = torch.from_numpy((X[first] - self.mean_) / self.std_)
         yt = torch.from_numpy(np.bincount(inverse, weights=y) / counts).float()
-        q = torch.zeros(len(first), K).index_add_(0, torch.from_numpy(inverse), q) / torch.from_numpy(counts)[:, None]
+        q = torch.zeros(len(first), K).index_add_(0, inv, q) / torch.from_numpy(counts)[:, None]
+        share = torch.from_numpy(np.bincount(inverse, weights=censored.astype(float)) / counts).float()
+        row_caps = torch.from_numpy(caps[first]).float()
+        cap_bins = torch.from_numpy(assign_bins(np.minimum(caps[first], 1e12), self.edges_))
+        above = (torch.arange(K)[None, :] >= cap_bins[:, None]).float()
         weights = torch.from_numpy(counts).float()
         centres = torch.from_numpy(self.centres_).float()
         opt = torch.optim.AdamW(self.module_.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -173,7 +242,7 @@ class SoftLabelRegressor:
             for s in range(0, len(Xt), cfg.batch_size):
                 idx = order[s:s + cfg.batch_size]
                 loss = soft_label_loss(self.module_(Xt[idx]), q[idx], yt[idx], centres, self.length_scale_, cfg.lam,
-                                       weights[idx])
+                                       weights[idx], row_caps[idx], share[idx], above[idx])
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
@@ -188,9 +257,13 @@ class SoftLabelRegressor:
         with torch.no_grad():
             return torch.softmax(self.module_(Xt), dim=1).double().numpy()
 
-    def predict(self, X: np.ndarray) -> np.ndarray:
-        """Expected length ``sum_j p_j c_j`` in tokens, ``(n,)`` float64."""
-        return self.predict_proba(X) @ self.centres_
+    def predict(self, X: np.ndarray, caps: np.ndarray | None = None) -> np.ndarray:
+        """Expected observed length ``sum_j p_j min(c_j, cap)`` in tokens, ``(n,)`` float64 (``caps`` ``(n,)``,
+        each request's ``max_new_tokens``; ``None``: uncapped)."""
+        p = self.predict_proba(X)
+        values = self.centres_[None, :] if caps is None else np.minimum(self.centres_[None, :],
+                                                                       np.asarray(caps, np.float64)[:, None])
+        return (p * values).sum(axis=1)
 
     def state(self) -> dict:
         """Everything needed to rebuild the fitted head (tensors + JSON-able config)."""

@@ -109,13 +109,18 @@ def _generate_batch(backbone, batch_token_ids: list[list[int]], max_new_tokens: 
 
     from lenpred.signals import left_pad
 
+    from transformers import GenerationConfig
+
+    from lenpred.engines.hf import without_model_defaults
+
     input_ids, mask = left_pad(batch_token_ids, pad_token_id)
-    with torch.inference_mode():
+    config = GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=max_new_tokens,
+                              eos_token_id=list(eos) if eos else None, pad_token_id=pad_token_id)
+    with torch.inference_mode(), without_model_defaults(backbone.model):
         # generate() derives position ids from the attention mask (cumsum - 1), so left padding does not
-        # shift positions; padded keys are masked in every step.
-        out = backbone.model.generate(
-            input_ids, attention_mask=mask, do_sample=False, num_beams=1, max_new_tokens=max_new_tokens,
-            eos_token_id=list(eos) if eos else None, pad_token_id=pad_token_id)
+        # shift positions; padded keys are masked in every step. Plain greedy: the model's
+        # generation_config.json (e.g. a repetition penalty) is not applied.
+        out = backbone.model.generate(input_ids, attention_mask=mask, generation_config=config)
     texts = []
     for row in out[:, input_ids.shape[1]:].tolist():
         cut = next((i for i, t in enumerate(row) if t in eos), len(row))
@@ -129,7 +134,7 @@ def ask_self_reports(backbone, prompts: dict[str, list[dict[str, str]]], cache: 
     """Ask the serving model, for every prompt, how many words its answer will have (PiA).
 
     Each prompt gets :func:`self_report_messages`, is chat-formatted with
-    :func:`lenpred.backbone.chat_token_ids`, and is continued by greedy decoding (``do_sample=False``:
+    :func:`lenpred.prompts.chat_token_ids`, and is continued by greedy decoding (``do_sample=False``:
     deterministic) with ``model.generate`` on left-padded batches of prompts of similar length, stopping
     at the model's EOS ids (:func:`lenpred.backbone.eos_token_ids`). Greedy answers do not depend on the
     batch-mates (left padding is masked and position ids come from the attention mask), up to float
@@ -162,7 +167,8 @@ def ask_self_reports(backbone, prompts: dict[str, list[dict[str, str]]], cache: 
     """
     from tqdm.auto import tqdm
 
-    from lenpred.backbone import chat_token_ids, eos_token_ids
+    from lenpred.backbone import eos_token_ids
+    from lenpred.prompts import chat_token_ids, check_fits
 
     if max_new_tokens < 1 or batch_size < 1:
         raise LenpredError(f"max_new_tokens and batch_size must be >= 1 (got {max_new_tokens}, {batch_size})")
@@ -173,14 +179,13 @@ def ask_self_reports(backbone, prompts: dict[str, list[dict[str, str]]], cache: 
 
     token_ids = {pid: chat_token_ids(backbone.tokenizer, self_report_messages(msgs, instruction))
                  for pid, msgs in prompts.items()}
-    limit = backbone.context_window - max_new_tokens
-    too_long = [pid for pid, ids in token_ids.items() if len(ids) > limit]
-    for pid in too_long if skip_too_long else ():
-        del token_ids[pid]
-    for pid, ids in token_ids.items():
-        if len(ids) > limit:
-            raise LenpredError(f"prompt {pid} with the PiA question is {len(ids)} tokens; with {max_new_tokens} new "
-                               f"tokens it exceeds the context window of {backbone.context_window}: leave it out")
+    for pid, ids in list(token_ids.items()):
+        try:
+            check_fits(len(ids), max_new_tokens, backbone.context_window, what=f"prompt {pid} with the PiA question")
+        except LenpredError:
+            if not skip_too_long:
+                raise
+            del token_ids[pid]
     hashes = {pid: stable_hash(ids) for pid, ids in token_ids.items()}
     todo = [pid for pid in token_ids if answers.get(pid, {}).get("prompt_hash") != hashes[pid]]
     todo.sort(key=lambda pid: len(token_ids[pid]))  # similar lengths per batch: little padding

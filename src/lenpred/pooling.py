@@ -61,6 +61,20 @@ def weighted_pool(hidden_states: torch.Tensor, pooling_weights: torch.Tensor) ->
     return pooling_weights.to(hidden_states.dtype) @ hidden_states
 
 
+POOLING_WEIGHTS: dict[str, Callable[..., torch.Tensor]] = {
+    "egtp": lambda p, H, S: egtp_weights(H),
+    "estp": lambda p, H, S: estp_weights(H, S, p.lambda1, p.lambda2, p.alpha),
+    "entropy_only": lambda p, H, S: estp_weights(H, H if S is None else S, 0.0, 1.0, p.alpha),
+    "semantic_only": lambda p, H, S: estp_weights(H, S, 1.0, 0.0, p.alpha),
+    "mean": lambda p, H, S: torch.full_like(H, 1.0 / H.numel()),
+    "last": lambda p, H, S: torch.nn.functional.one_hot(torch.tensor(H.numel() - 1), H.numel()).to(H.dtype),
+}
+"""Weighted poolers: name -> ``fn(pooler, token_entropy, semantic_score) -> pooling_weights (n,)`` summing to 1.
+
+``entropy_only`` / ``semantic_only`` are the ESTP ablations (one term, z-scored, temperature alpha); ``egtp`` uses
+raw entropies with temperature 1 as in the EGTP paper."""
+
+
 @dataclass(frozen=True)
 class Pooler:
     """A named pooler with its hyper-parameters (``lambda1``, ``lambda2``, ``alpha`` for ESTP).
@@ -82,24 +96,28 @@ class Pooler:
         """Whether the pooler reads attention (which costs an eager last layer)."""
         return self.name in ("estp", "semantic_only")
 
-    def __call__(self, hidden_states: torch.Tensor, token_entropy: torch.Tensor,
-                 semantic_score: torch.Tensor | None = None) -> torch.Tensor:
+    def _check(self, semantic_score):
         if self.needs_semantic_score and semantic_score is None:
             raise LenpredError(f"pooler '{self.name}' needs semantic_score: extract signals with attention")
+
+    def weights(self, token_entropy: torch.Tensor, semantic_score: torch.Tensor | None = None) -> torch.Tensor | None:
+        """``pooling_weights`` ``(n,)`` summing to 1, or ``None`` for a pooler that is not a weighted sum (max)."""
+        self._check(semantic_score)
+        fn = POOLING_WEIGHTS.get(self.name)
+        return None if fn is None else fn(self, token_entropy, semantic_score)
+
+    def __call__(self, hidden_states: torch.Tensor, token_entropy: torch.Tensor,
+                 semantic_score: torch.Tensor | None = None) -> torch.Tensor:
+        self._check(semantic_score)
         return POOLERS[self.name](self, hidden_states, token_entropy, semantic_score)
 
 
 POOLERS: dict[str, Callable[..., torch.Tensor]] = {
-    "egtp": lambda p, h, H, S: weighted_pool(h, egtp_weights(H)),
-    "estp": lambda p, h, H, S: weighted_pool(h, estp_weights(H, S, p.lambda1, p.lambda2, p.alpha)),
-    "entropy_only": lambda p, h, H, S: weighted_pool(h, estp_weights(H, S if S is not None else H, 0.0, 1.0,
-                                                                     p.alpha)),
-    "semantic_only": lambda p, h, H, S: weighted_pool(h, estp_weights(H, S, 1.0, 0.0, p.alpha)),
+    **{name: (lambda name: lambda p, h, H, S: weighted_pool(h, POOLING_WEIGHTS[name](p, H, S)))(name)
+       for name in POOLING_WEIGHTS if name not in ("mean", "last")},
     "mean": lambda p, h, H, S: h.mean(dim=0),
     "last": lambda p, h, H, S: h[-1],
     "max": lambda p, h, H, S: h.max(dim=0).values,
 }
-"""Registry of poolers: name -> ``fn(pooler, hidden_states, token_entropy, semantic_score)``.
-
-``entropy_only`` / ``semantic_only`` are the ESTP ablations (one term, z-scored, temperature alpha);
-``egtp`` uses raw entropies with temperature 1 as in the EGTP paper."""
+"""Registry of poolers: name -> ``fn(pooler, hidden_states, token_entropy, semantic_score) -> (d,)``; the weighted
+ones are ``weighted_pool`` of :data:`POOLING_WEIGHTS` (mean and last are computed directly: exact, and cheaper)."""

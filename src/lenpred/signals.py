@@ -7,10 +7,11 @@ One forward pass per batch gives, for every prompt token ``i``:
 * ``token_entropy[i] = -sum_v p_i(v) log p_i(v)`` in nats, ``p_i = softmax(logits_i)``;
 * ``last_token_states[l]``: the hidden state of the last prompt token at **every** index ``l = 0..L``
   (what TRAIL's layer sweep needs; ``(L + 1) x d`` per prompt, so cheap to keep);
-* ``semantic_score[j]`` (ESTP): attention that token ``j`` receives in the **last** layer, averaged
-  over heads and over the ``n - j`` query tokens that can attend to it under the causal mask
-  (``i >= j``). We divide by ``n - j`` rather than ``n`` so early tokens are not favoured merely for
-  having more possible attenders.
+* ``attention_received[j] = sum_i mean_heads A_ij``: the attention token ``j`` receives in the **last**
+  layer, summed over the prompt's query tokens; ESTP's ``semantic_score`` divides it by ``n`` (the paper's
+  ``S_j = (1/N) sum_i A_ij`` with ``N = n``; default) or, as a named option, by ``n - j`` (the queries that can
+  see ``j`` under the causal mask). The ``n - j`` variant hands the last prompt token a single
+  self-attention value: on ForeLen it took a median 95 % of ESTP's weight, so it is not the default.
 
 Cost control: attention weights exist only in eager attention; we register an attention function
 (transformers' ``AttentionInterface``) that runs SDPA in every layer but the last and eager in the
@@ -30,8 +31,57 @@ from dataclasses import dataclass
 import torch
 
 from lenpred.errors import LenpredError
+from lenpred.prompts import check_fits
 
 _ATTN_NAME = "lenpred_last_layer_eager"
+
+
+SEMANTIC_DIVISORS = ("n", "causal")
+"""How ``semantic_score`` averages the attention a token receives: over all ``n`` queries (ESTP paper) or over the
+``n - j`` queries that can attend to token ``j`` (``"causal"``)."""
+
+
+def semantic_score(attention_received: torch.Tensor, divisor: str = "n") -> torch.Tensor:
+    """ESTP semantic score of one prompt, ``(n,)`` -> ``(n,)``: ``S_j = attention_received_j / N``.
+
+    ``divisor="n"``: ``N = n`` as Ren et al. (2026) state it; ``"causal"``: ``N = n - j`` (``j = 0..n-1``).
+
+    Raises:
+        LenpredError: unknown divisor.
+    """
+    if divisor not in SEMANTIC_DIVISORS:
+        raise LenpredError(f"unknown semantic-score divisor '{divisor}'; valid: {', '.join(SEMANTIC_DIVISORS)}")
+    n = attention_received.shape[0]
+    if divisor == "n":
+        return attention_received / n
+    return attention_received / torch.arange(n, 0, -1, dtype=attention_received.dtype)
+
+
+@dataclass
+class TokenSpan:
+    """What a pooler reads for the ``m`` tokens of a prompt it pools over (see :meth:`PromptSignals.span`).
+
+    Attributes:
+        hidden_states: ``(num_layers_requested, m, d)`` float32, in the order of ``layers``.
+        token_entropy: ``(m,)`` float32, nats.
+        semantic_score: ``(m,)`` float32 (computed over the *whole* prompt's queries, then cut), or ``None``.
+        layers: the hidden-state indices held.
+    """
+
+    hidden_states: torch.Tensor
+    token_entropy: torch.Tensor
+    semantic_score: torch.Tensor | None
+    layers: tuple[int, ...]
+
+    def layer(self, index: int) -> torch.Tensor:
+        """Hidden states ``(m, d)`` of hidden-state index ``index``.
+
+        Raises:
+            LenpredError: the layer was not extracted.
+        """
+        if index not in self.layers:
+            raise LenpredError(f"layer {index} was not extracted (have {list(self.layers)}); re-extract with it")
+        return self.hidden_states[self.layers.index(index)]
 
 
 @dataclass
@@ -41,33 +91,39 @@ class PromptSignals:
     Attributes:
         hidden_states: ``(num_layers_requested, n, d)`` float32, in the order of ``layers``.
         token_entropy: ``(n,)`` float32, nats.
-        semantic_score: ``(n,)`` float32, or ``None`` when attention was not requested.
+        attention_received: ``(n,)`` float32, ``sum_i mean_heads A_ij`` of the last layer (each entry in
+            ``[0, n - j]``; the entries sum to ``n``), or ``None`` when attention was not requested.
         layers: the hidden-state indices held (0 = embeddings, L = last layer).
         last_token_states: ``(L + 1, d)`` float32, the last token's hidden state at every index, or ``None``.
     """
 
     hidden_states: torch.Tensor
     token_entropy: torch.Tensor
-    semantic_score: torch.Tensor | None
+    attention_received: torch.Tensor | None
     layers: tuple[int, ...]
     last_token_states: torch.Tensor | None = None
 
-    def drop_prefix(self, num_tokens: int) -> "PromptSignals":
-        """The signals of tokens ``num_tokens..n-1`` (views, no copy); at least the last token is kept."""
-        k = min(num_tokens, len(self.token_entropy) - 1)
-        return PromptSignals(self.hidden_states[:, k:], self.token_entropy[k:],
-                             None if self.semantic_score is None else self.semantic_score[k:], self.layers,
-                             self.last_token_states)
+    def semantic_score(self, divisor: str = "n") -> torch.Tensor | None:
+        """``(n,)`` ESTP semantic score (:func:`semantic_score`), or ``None`` without attention."""
+        return None if self.attention_received is None else semantic_score(self.attention_received, divisor)
+
+    def span(self, start: int = 0, end: int | None = None, semantic_divisor: str = "n") -> TokenSpan:
+        """The signals of tokens ``start..end-1`` (the user's content, see :mod:`lenpred.prompts`).
+
+        The semantic score is computed over the whole prompt first (every query counts), then cut. An empty or
+        out-of-range span falls back to the last token, so a pooler always sees at least one token.
+        """
+        n = len(self.token_entropy)
+        start, end = max(start, 0), n if end is None else min(end, n)
+        if start >= end:
+            start, end = n - 1, n
+        S = self.semantic_score(semantic_divisor)
+        return TokenSpan(self.hidden_states[:, start:end], self.token_entropy[start:end],
+                         None if S is None else S[start:end], self.layers)
 
     def layer(self, index: int) -> torch.Tensor:
-        """Hidden states ``(n, d)`` of hidden-state index ``index``.
-
-        Raises:
-            LenpredError: the layer was not extracted.
-        """
-        if index not in self.layers:
-            raise LenpredError(f"layer {index} was not extracted (have {list(self.layers)}); re-extract with it")
-        return self.hidden_states[self.layers.index(index)]
+        """Hidden states ``(n, d)`` of hidden-state index ``index`` (see :meth:`TokenSpan.layer`)."""
+        return self.span().layer(index)
 
 
 def token_entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
@@ -80,23 +136,20 @@ def token_entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     return log_z - (torch.softmax(logits, dim=-1) * logits).sum(dim=-1)
 
 
-def semantic_score_from_attention(attentions: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """ESTP semantic score from one layer's attention of a left-padded batch.
+def attention_received_from_attention(attentions: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Attention each token receives, from one layer's attention of a left-padded batch.
 
     Args:
         attentions: ``(B, heads, n, n)`` attention probabilities (rows = queries).
         attention_mask: ``(B, n)`` 1 for real tokens, 0 for left padding.
 
     Returns:
-        ``(B, n)``: ``S_j = (1 / (n - j)) * sum_{i >= j, i valid} mean_heads A_ij`` for real ``j``,
-        0 at padded positions. Under left padding the valid queries that can attend to ``j`` are
-        exactly ``i = j .. n-1``, so ``n - j`` counts them.
+        ``(B, n)``: ``sum_{i valid} mean_heads A_ij`` for real ``j``, 0 at padded positions (ESTP's semantic
+        score before dividing by ``N``; see :func:`semantic_score`).
     """
-    _, _, n, _ = attentions.shape
-    q_valid = attention_mask.to(attentions.dtype)[:, :, None]  # (B, n, 1)
-    received = (attentions.mean(dim=1) * q_valid).sum(dim=1)  # (B, n): column sums over valid queries
-    num_attenders = torch.arange(n, 0, -1, dtype=attentions.dtype, device=attentions.device)  # n - j
-    return received / num_attenders * attention_mask.to(attentions.dtype)
+    mask = attention_mask.to(attentions.dtype)
+    received = (attentions.mean(dim=1) * mask[:, :, None]).sum(dim=1)  # (B, n): column sums over valid queries
+    return received * mask
 
 
 def _register_attention() -> None:
@@ -158,7 +211,7 @@ def extract_signals(backbone, batch_token_ids: list[list[int]], layers: list[int
         backbone: a :class:`lenpred.backbone.Backbone`.
         batch_token_ids: chat-formatted prompts (lists of token ids), any lengths.
         layers: hidden-state indices to keep (0..L; negative counts from the end).
-        semantic: also compute ``semantic_score`` (eager attention in the last layer only).
+        semantic: also compute ``attention_received`` (eager attention in the last layer only).
         entropy_chunk_tokens: positions per ``lm_head`` chunk when computing entropy.
 
     Returns:
@@ -172,11 +225,7 @@ def extract_signals(backbone, batch_token_ids: list[list[int]], layers: list[int
     if any(not 0 <= l <= num_layers for l in layers):
         raise LenpredError(f"layers must be in 0..{num_layers} (or negative from the end), got {list(layers)}")
     for ids in batch_token_ids:
-        if len(ids) == 0:
-            raise LenpredError("empty prompt: it has no tokens; drop the record or give it text")
-        if len(ids) > backbone.context_window:
-            raise LenpredError(f"prompt of {len(ids)} tokens exceeds the context window of {backbone.context_window}"
-                               f"; truncate it or leave it out (bench: max_prompt_tokens)")
+        check_fits(len(ids), 0, backbone.context_window)
     input_ids, mask = left_pad(batch_token_ids, backbone.tokenizer.pad_token_id)
     position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
 
@@ -206,7 +255,7 @@ def extract_signals(backbone, batch_token_ids: list[list[int]], layers: list[int
     for s in range(0, B * n, entropy_chunk_tokens):
         entropy.view(-1)[s:s + entropy_chunk_tokens] = token_entropy_from_logits(
             _output_logits(model, flat[s:s + entropy_chunk_tokens]))
-    semantic_scores = semantic_score_from_attention(weights.float(), mask) if semantic else None
+    received = attention_received_from_attention(weights.float(), mask) if semantic else None
     stacked = torch.stack([out.hidden_states[l] for l in layers], dim=1).float()  # (B, layers, n, d)
     last_states = torch.stack([h[:, -1] for h in out.hidden_states], dim=1).float()  # (B, L + 1, d)
 
@@ -215,7 +264,7 @@ def extract_signals(backbone, batch_token_ids: list[list[int]], layers: list[int
         k = n - len(ids)
         results.append(PromptSignals(
             hidden_states=stacked[b, :, k:].clone(), token_entropy=entropy[b, k:].clone(),
-            semantic_score=semantic_scores[b, k:].clone() if semantic else None, layers=layers,
+            attention_received=received[b, k:].clone() if semantic else None, layers=layers,
             last_token_states=last_states[b].clone()))
     return results
 

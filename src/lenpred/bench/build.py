@@ -25,11 +25,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from lenpred.bench.plan import BenchConfig, PlannedPrompt, make_plan, plan_fingerprint
-from lenpred.engines import SampleRequest, make_engine
+from lenpred.engines import SampleRequest, VLLMOptions, make_engine
 from lenpred.errors import LenpredError
 from lenpred.io import atomic_path, write_json
 
-RECORD_SCHEMA = pa.schema([
+_LEGACY_FIELDS = [
     ("scenario", pa.string()),
     ("source", pa.string()),
     ("prompt_id", pa.string()),
@@ -38,7 +38,7 @@ RECORD_SCHEMA = pa.schema([
     ("seed", pa.int64()),
     ("num_prompt_tokens", pa.int32()),
     ("response_token_ids", pa.list_(pa.int32())),
-    ("num_output_tokens", pa.int32()),   # EOS excluded
+    ("num_output_tokens", pa.int32()),   # stop token excluded
     ("finish_reason", pa.string()),      # "stop" | "length" (censored at max_new_tokens)
     ("temperature", pa.float32()),
     ("top_p", pa.float32()),
@@ -46,7 +46,18 @@ RECORD_SCHEMA = pa.schema([
     ("model_id", pa.string()),
     ("model_revision", pa.string()),
     ("engine", pa.string()),
-])
+]
+NULLABLE_FIELDS = [
+    ("stop_token_id", pa.int32()),       # the token that ended the turn; null: "length", or not recorded
+    ("top_k", pa.int32()),               # 0 = off; null: not recorded (shards written before these columns)
+    ("min_p", pa.float32()),             # 0.0 = off; null: not recorded
+    ("repetition_penalty", pa.float32()),  # 1.0 = off; null: not recorded
+]
+RECORD_SCHEMA = pa.schema(_LEGACY_FIELDS + NULLABLE_FIELDS)
+"""One row per sampled response. The last four columns came later: shards written before them (e.g.
+``benchmarks/smollm2-first`` and ``smollm2-forelen``, sampled by vLLM with top-k, min-p and repetition penalty off
+and stopping at ``<|im_end|>`` only) are read with those columns null."""
+LEGACY_SCHEMA = pa.schema(_LEGACY_FIELDS)
 _META_KEY = b"lenpred"
 _SHARD_NAME = re.compile(r"shard-(\d{5,})\.parquet")
 _MANIFEST_KEYS = ("plan_fingerprint", "model_id", "model_revision", "shard_size")
@@ -108,7 +119,8 @@ def read_shard_meta(path: Path) -> dict:
 
 
 def read_shard(path: Path) -> tuple[pa.Table, dict]:
-    """Read one shard in full and check it: page checksums, schema, no nulls, row count, lengths.
+    """Read one shard in full and check it: page checksums, schema, no nulls outside :data:`NULLABLE_FIELDS`,
+    row count, lengths. A shard without the nullable columns (written before them) gets them as nulls.
 
     Returns:
         ``(table without schema metadata, lenpred metadata)``.
@@ -123,32 +135,43 @@ def read_shard(path: Path) -> tuple[pa.Table, dict]:
     except (OSError, pa.ArrowException) as exc:
         raise LenpredError(f"{bad} (corrupt data: {type(exc).__name__}); {_RESAMPLE}") from None
     table = table.replace_schema_metadata(None)
+    if table.schema.equals(LEGACY_SCHEMA):
+        for name, dtype in NULLABLE_FIELDS:
+            table = table.append_column(pa.field(name, dtype), pa.nulls(table.num_rows, dtype))
     if not table.schema.equals(RECORD_SCHEMA):
         raise LenpredError(f"{bad} (its columns differ from the record schema); {_RESAMPLE}")
     if table.num_rows != meta.get("num_rows"):
         raise LenpredError(f"{path} has {table.num_rows} rows, its metadata says {meta.get('num_rows')}: {_RESAMPLE}")
     lengths_agree = pc.all(pc.equal(pc.list_value_length(table.column("response_token_ids")),
                                     table.column("num_output_tokens")), min_count=0).as_py()
-    if any(col.null_count for col in table.columns) or not lengths_agree:
+    required = [table.column(name) for name, _ in _LEGACY_FIELDS]
+    if any(col.null_count for col in required) or not lengths_agree:
         raise LenpredError(f"{bad} (null values or lengths that disagree with the token ids); {_RESAMPLE}")
     return table, meta
 
 
-def _shard_table(prompts: list[PlannedPrompt], results, model_id: str, revision: str, engine: str) -> pa.Table:
+def _shard_table(prompts: list[PlannedPrompt], requests: list[SampleRequest], results, model_id: str, revision: str,
+                 engine: str) -> pa.Table:
     rows = {name: [] for name in RECORD_SCHEMA.names}
-    it = iter(results)
+    it = zip(requests, results)
     for p in prompts:
         for k, seed in enumerate(p.seeds):
-            r = next(it)
+            req, r = next(it)
             for key, val in (("scenario", p.scenario), ("source", p.source), ("prompt_id", p.prompt_id),
                              ("split", p.split), ("sample_index", k), ("seed", seed),
                              ("num_prompt_tokens", p.num_prompt_tokens),
                              ("response_token_ids", list(r.response_token_ids)),
                              ("num_output_tokens", r.num_output_tokens), ("finish_reason", r.finish_reason),
-                             ("temperature", p.temperature), ("top_p", 1.0), ("max_new_tokens", p.max_new_tokens),
+                             ("stop_token_id", r.stop_token_id), *req.sampling_params().items(),
                              ("model_id", model_id), ("model_revision", revision), ("engine", engine)):
                 rows[key].append(val)
     return pa.Table.from_pydict(rows, schema=RECORD_SCHEMA)
+
+
+def _requests(prompts: list[PlannedPrompt]) -> list[SampleRequest]:
+    """The sampling requests of a shard, in record order: pure ancestral sampling (top-p, top-k, min-p and
+    repetition penalty off), the same in both engines."""
+    return [SampleRequest(p.prompt_token_ids, s, p.temperature, p.max_new_tokens) for p in prompts for s in p.seeds]
 
 
 def _check_manifest(bench_dir: Path, manifest: dict) -> None:
@@ -156,7 +179,9 @@ def _check_manifest(bench_dir: Path, manifest: dict) -> None:
     if not path.exists():
         return
     old = read_manifest(bench_dir)
-    for key in ("plan_fingerprint", "model_revision", "shard_size"):
+    for key in ("plan_fingerprint", "model_revision", "shard_size", "stop_token_ids"):
+        if key == "stop_token_ids" and key not in old:
+            continue  # written before stop tokens were recorded: its shards say so (stop_token_id null)
         if old.get(key) != manifest.get(key):
             raise LenpredError(
                 f"{bench_dir} holds a benchmark with another {key} ({old.get(key)} vs {manifest.get(key)}): "
@@ -187,30 +212,33 @@ def _check_shard(path: Path, index: int, prompts: list[PlannedPrompt], fingerpri
 
 
 def build_benchmark(config: BenchConfig, out_dir: str | Path, engine: str = "auto", data_dir=None,
-                    max_shards: int | None = None, engine_kwargs: dict | None = None) -> Path:
+                    max_shards: int | None = None, vllm_options: VLLMOptions | None = None) -> Path:
     """Sample every shard of the plan that is not on disk yet.
 
     Existing shards are checked first (a corrupt one stops the build, naming the file); ``bench.json``
-    is written only after the engine started, so a failed start leaves no half-made directory.
+    is written only after the engine started, so a failed start leaves no half-made directory, and an
+    existing one is left as it is.
 
     Args:
-        config: what to sample.
+        config: what to sample; its prompt limits are checked against the model's context window up front
+            (:func:`lenpred.bench.plan.prompt_limits`).
         out_dir: benchmark directory (created; reused to resume).
         engine: ``"auto"`` (vLLM if installed), ``"vllm"`` or ``"transformers"``.
         data_dir: prompt data directory (default ``$LENPRED_DATA_DIR`` or ``../shared/datasets``).
         max_shards: stop after sampling this many new shards (for time-boxed sessions); ``0`` only
             checks the directory and writes ``bench.json``.
+        vllm_options: memory and thread settings of the vLLM engine.
 
     Returns:
         ``out_dir``.
 
     Raises:
         LenpredError: the directory holds another plan or model, a shard or ``bench.json`` is corrupt,
-            the engine cannot load the model, or input is bad.
+            the engine cannot load the model or refuses to start, a data file holds bad text (the message
+            names the file and record), or the limits do not fit the model's context window.
     """
-    from tqdm.auto import tqdm
-
     from lenpred.backbone import eos_token_ids, resolve_model
+    from lenpred.engines import model_context_window
 
     out = Path(out_dir)
     if max_shards is not None and max_shards < 0:
@@ -225,11 +253,13 @@ def build_benchmark(config: BenchConfig, out_dir: str | Path, engine: str = "aut
         raise LenpredError(f"cannot load the tokenizer of model '{config.model}' from {model_dir} "
                            f"({type(exc).__name__}: {_first_line(exc)}): point --model at a directory with "
                            "tokenizer files (save_pretrained), or a cached hub id") from None
-    plan, skipped = make_plan(config, tokenizer, data_dir)
+    plan, skipped = make_plan(config, tokenizer, data_dir, context_window=model_context_window(str(model_dir)))
     fingerprint = plan_fingerprint(plan)
+    stop_ids = eos_token_ids(model_dir, tokenizer)
     manifest = {"config": config.to_dict(), "plan_fingerprint": fingerprint, "model_id": config.model,
                 "model_revision": revision, "shard_size": config.shard_size, "num_prompts": len(plan),
-                "num_requests": sum(len(p.seeds) for p in plan), "skipped_long_prompts": skipped}
+                "num_requests": sum(len(p.seeds) for p in plan), "skipped_long_prompts": skipped,
+                "stop_token_ids": list(stop_ids)}
     _check_manifest(out, manifest)
 
     shards = [plan[i:i + config.shard_size] for i in range(0, len(plan), config.shard_size)]
@@ -246,27 +276,41 @@ def build_benchmark(config: BenchConfig, out_dir: str | Path, engine: str = "aut
     sampler = None
     if todo:
         try:
-            eos = eos_token_ids(model_dir, tokenizer)
-            sampler = make_engine(engine, str(model_dir), eos, **(engine_kwargs or {}))
+            sampler = make_engine(engine, str(model_dir), stop_ids, vllm_options)
         except LenpredError:
             raise
         except (OSError, ValueError) as exc:
             raise LenpredError(f"engine '{engine}' cannot load model '{config.model}' from {model_dir} "
                                f"({type(exc).__name__}: {_first_line(exc)}): point --model at a complete model "
                                "directory (config, weights, tokenizer) or a cached hub id") from None
-    write_json(out / "bench.json", manifest)  # only now: a failed engine start leaves no half-made directory
-    if sampler is None:
-        return out
+    if not (out / "bench.json").exists():  # only now: a failed engine start leaves no half-made directory
+        write_json(out / "bench.json", manifest)
+    if sampler is not None:
+        _sample_shards(sampler, shards, todo, out, fingerprint, config.model, revision)
+    return out
 
-    done_prompts = sum(len(s) for i, s in enumerate(shards) if i not in set(todo))
+
+def progress_counts(shards: list[list[PlannedPrompt]], todo: list[int], on_disk: set[int]) -> tuple[int, int, int]:
+    """``(prompts this run samples, prompts already on disk, prompts in the plan)``: the progress bar counts this
+    run's work (the shards in ``todo``) against this run's plan and says how much was done before."""
+    return (sum(len(shards[i]) for i in todo), sum(len(s) for i, s in enumerate(shards) if i in on_disk),
+            sum(len(s) for s in shards))
+
+
+def _sample_shards(sampler, shards: list[list[PlannedPrompt]], todo: list[int], out: Path, fingerprint: str,
+                   model_id: str, revision: str) -> None:
+    """Sample and write the shards in ``todo``, one atomic file each, with a progress bar of this run's prompts."""
+    from tqdm.auto import tqdm
+
+    this_run, done, total = progress_counts(shards, todo, set(_shard_files(out)))
     tokens, t0 = 0, time.perf_counter()
-    with tqdm(total=len(plan), initial=done_prompts, unit="prompt", desc=f"bench build ({sampler.name})") as bar:
+    desc = f"bench build ({sampler.name})" + (f", {done}/{total} prompts done before" if done else "")
+    with tqdm(total=this_run, initial=0, unit="prompt", desc=desc) as bar:
         for i in todo:
             prompts = shards[i]
-            requests = [SampleRequest(p.prompt_token_ids, s, p.temperature, p.max_new_tokens) for p in prompts
-                        for s in p.seeds]
+            requests = _requests(prompts)
             results = sampler.generate(requests)
-            table = _shard_table(prompts, results, config.model, revision, sampler.name)
+            table = _shard_table(prompts, requests, results, model_id, revision, sampler.name)
             meta = {"plan_fingerprint": fingerprint, "shard_index": i, "num_rows": table.num_rows}
             table = table.replace_schema_metadata({_META_KEY: json.dumps(meta).encode()})
             with atomic_path(shard_path(out, i)) as tmp:
@@ -274,7 +318,6 @@ def build_benchmark(config: BenchConfig, out_dir: str | Path, engine: str = "aut
             tokens += sum(r.num_output_tokens for r in results)
             bar.set_postfix(out_tok_s=f"{tokens / (time.perf_counter() - t0):.1f}", shard=i)
             bar.update(len(prompts))
-    return out
 
 
 def load_records(bench_dir: str | Path) -> pa.Table:

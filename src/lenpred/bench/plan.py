@@ -61,7 +61,10 @@ class BenchConfig:
         scenarios: per-scenario settings, keyed by ``longseq`` / ``reasoning`` / ``rl``.
         split_fractions: train / validation / test shares of the prompts (by prompt, never by sample).
         seed: fixes prompt order, splits and every per-request seed.
-        max_prompt_tokens: longer chat-formatted prompts are left out of the plan (and counted).
+        max_prompt_tokens: longer chat-formatted prompts are left out of the plan (and counted). Once the model
+            is known it must leave room for every scenario's ``max_new_tokens`` in the model's context window
+            (:func:`prompt_limits`); ``None``: as long as that window allows (context window minus the scenario's
+            ``max_new_tokens``).
         shard_size: prompts per shard (the unit of atomic writes and of resuming).
     """
 
@@ -69,7 +72,7 @@ class BenchConfig:
     scenarios: dict[str, ScenarioConfig]
     split_fractions: tuple[float, float, float] = (0.7, 0.1, 0.2)
     seed: int = 0
-    max_prompt_tokens: int = 2048
+    max_prompt_tokens: int | None = 2048
     shard_size: int = 16
 
     def __post_init__(self):
@@ -83,6 +86,11 @@ class BenchConfig:
         self.split_fractions = tuple(float(x) for x in self.split_fractions)
         if len(self.split_fractions) != 3 or abs(sum(self.split_fractions) - 1) > 1e-6:
             raise LenpredError("split_fractions must be three shares (train, validation, test) summing to 1")
+        if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
+            raise LenpredError(f"max_prompt_tokens must be >= 1 (or None: as long as the context window allows), "
+                               f"got {self.max_prompt_tokens}")
+        if self.shard_size < 1:
+            raise LenpredError(f"shard_size must be >= 1, got {self.shard_size}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -94,7 +102,10 @@ def preset(name: str, model: str) -> BenchConfig:
     * ``first``: ~300 prompts / ~600 responses (100 long-form, 100 CoT, 100 RL x 4), 512 tokens.
     * ``forelen``: the full ForeLen-style build (>=1,500 prompts, >=4,500 responses; RL x 8;
       4 samples on validation/test prompts of long-form and CoT; 1024 tokens for long-form).
-    * ``tiny``: 3 prompts per scenario, 16 tokens (tests and smoke runs).
+    * ``tiny``: 3 prompts per scenario, 16 tokens, prompts as long as the model's window allows (tests and
+      smoke runs, also with small-window test models).
+
+    ``first`` and ``forelen`` keep ``max_prompt_tokens=2048``: the committed benchmarks were planned with it.
     """
     longseq = ["longbench_write", "ifeval", "mt_bench", "vicuna_bench", "self_instruct", "alpaca_eval",
                "alpaca_demo", "sharegpt", "oasst"]
@@ -114,7 +125,7 @@ def preset(name: str, model: str) -> BenchConfig:
         return BenchConfig(model, {
             "longseq": ScenarioConfig(["vicuna_bench", "oasst"], 3, 1, 2, 0.7, 16),
             "reasoning": ScenarioConfig(["gsm8k"], 3, 1, 1, 0.7, 16),
-            "rl": ScenarioConfig(["mbpp"], 3, 2, 2, 1.0, 16)}, shard_size=2)
+            "rl": ScenarioConfig(["mbpp"], 3, 2, 2, 1.0, 16)}, max_prompt_tokens=None, shard_size=2)
     raise LenpredError(f"unknown preset '{name}'; valid presets: first, forelen, tiny")
 
 
@@ -162,15 +173,60 @@ def _interleaved_prompt_ids(cfg: ScenarioConfig, seed: int, data_dir) -> list[tu
     return out
 
 
-def make_plan(config: BenchConfig, tokenizer, data_dir=None) -> tuple[list[PlannedPrompt], dict[str, int]]:
+def prompt_limits(config: BenchConfig, context_window: int | None) -> dict[str, int]:
+    """Longest chat-formatted prompt each scenario takes, from the one length rule
+    (:func:`lenpred.prompts.check_fits`: prompt + ``max_new_tokens`` within the model's context window).
+
+    Args:
+        context_window: the model's context window in tokens; ``None`` (model unknown) trusts
+            ``config.max_prompt_tokens``.
+
+    Returns:
+        ``{scenario: max prompt tokens}``: ``max_prompt_tokens``, or ``context_window - max_new_tokens`` when it is
+        ``None``.
+
+    Raises:
+        LenpredError: ``max_prompt_tokens`` plus a scenario's ``max_new_tokens`` exceeds the context window, a
+            scenario's ``max_new_tokens`` leaves no room for a prompt, or both the limit and the window are unknown.
+    """
+    from lenpred.prompts import check_fits
+
+    limits = {}
+    for scenario, cfg in config.scenarios.items():
+        if context_window is None:
+            if config.max_prompt_tokens is None:
+                raise LenpredError("max_prompt_tokens=None needs the model's context window: pass context_window")
+            limits[scenario] = config.max_prompt_tokens
+            continue
+        prompt = config.max_prompt_tokens if config.max_prompt_tokens is not None else 1
+        check_fits(prompt, cfg.max_new_tokens, context_window,
+                   what=f"bench max_prompt_tokens (scenario '{scenario}')" if config.max_prompt_tokens is not None
+                   else f"a 1-token prompt (scenario '{scenario}')")
+        limits[scenario] = config.max_prompt_tokens or context_window - cfg.max_new_tokens
+    return limits
+
+
+def make_plan(config: BenchConfig, tokenizer, data_dir=None,
+              context_window: int | None = None) -> tuple[list[PlannedPrompt], dict[str, int]]:
     """The full, ordered plan: scenarios interleaved prompt by prompt so any prefix covers all of them.
+
+    Prompts are prepared by :func:`lenpred.prompts.chat_token_ids` (the one template and special-token rule).
+
+    Args:
+        context_window: the model's context window in tokens (checked against the limits up front,
+            :func:`prompt_limits`); ``None`` only when ``config.max_prompt_tokens`` is set.
 
     Returns:
         ``(plan, skipped)`` where ``skipped`` counts prompts left out per scenario for exceeding
-        ``max_prompt_tokens``.
-    """
-    from lenpred.backbone import chat_token_ids
+        the scenario's prompt limit.
 
+    Raises:
+        LenpredError: limits that do not fit the context window, a data file that is missing or holds bad text,
+            a prompt that cannot be prepared (named by its id), or too few usable prompts.
+    """
+    from lenpred.prompts import chat_token_ids
+
+    limits = prompt_limits(config, context_window)
     per_scenario: dict[str, list[PlannedPrompt]] = {}
     skipped: dict[str, int] = {}
     for scenario, cfg in config.scenarios.items():
@@ -178,8 +234,11 @@ def make_plan(config: BenchConfig, tokenizer, data_dir=None) -> tuple[list[Plann
         for prompt_id, messages in _interleaved_prompt_ids(cfg, config.seed, data_dir):
             if len(chosen) == cfg.num_prompts:
                 break
-            ids = chat_token_ids(tokenizer, messages)
-            if len(ids) > config.max_prompt_tokens:
+            try:
+                ids = chat_token_ids(tokenizer, messages)
+            except LenpredError as exc:
+                raise LenpredError(f"prompt {prompt_id}: {exc}") from None
+            if len(ids) > limits[scenario]:
                 skipped[scenario] += 1
                 continue
             split = assign_split(prompt_id, config.seed, config.split_fractions)

@@ -174,16 +174,33 @@ def _load_cached(name: str, data_dir: str, stamps: tuple) -> tuple[tuple[str, tu
         if not path.is_file():
             raise LenpredError(f"source '{name}' needs {path}, which is missing: point --data-dir (or "
                                f"$LENPRED_DATA_DIR) at a copy of the prompt data sets")
-        for record in _read_records(path):
+        for n, record in enumerate(_read_records(path)):
             try:
                 messages = src.to_messages(record)
             except (KeyError, TypeError, IndexError) as exc:
-                raise LenpredError(f"record {index} of {path} lacks field {exc}; the file does not match source "
+                raise LenpredError(f"record {n} of {path} lacks field {exc}; the file does not match source "
                                    f"'{name}' — restore it from its source (PROVENANCE.md)") from None
             if messages is not None:
+                _check_text(messages, path, n, f"{name}:{index}")
                 out.append((f"{name}:{index}", tuple((m["role"], m["content"]) for m in messages)))
             index += 1
     return tuple(out)
+
+
+def _check_text(messages: Messages, path: Path, record: int, prompt_id: str) -> None:
+    """Raise if a record's text cannot be encoded (a lone surrogate escape such as ``\\ud83d`` in the JSON).
+
+    Raises:
+        LenpredError: naming the file, the record (0-based, in file order), its prompt id and the character.
+    """
+    for m in messages:
+        try:
+            m["content"].encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise LenpredError(f"record {record} of {path} (prompt id {prompt_id}) has text that is not valid Unicode "
+                               f"({exc.reason} at character {exc.start}, "
+                               "e.g. a lone surrogate escape like \\ud83d): fix or delete that "
+                               "record, or restore the file from its source (PROVENANCE.md)") from None
 
 
 def load_prompts(name: str, data_dir: str | os.PathLike | None = None) -> dict[str, Messages]:
@@ -193,7 +210,8 @@ def load_prompts(name: str, data_dir: str | os.PathLike | None = None) -> dict[s
     indices still count them, so ids are stable.
 
     Raises:
-        LenpredError: a file is missing or malformed.
+        LenpredError: a file is missing or malformed, or a record's text is not valid Unicode (the message
+            names the file and the record: the whole build stops rather than silently changing the plan).
     """
     root = str(Path(data_dir or default_data_dir()).resolve())
     return {pid: [{"role": r, "content": c} for r, c in msgs]

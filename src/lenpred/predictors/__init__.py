@@ -4,7 +4,8 @@ Every predictor follows the scikit-learn contract on a list of :class:`Request` 
 samples of the same prompt repeat the same object) and true lengths ``y`` in tokens:
 ``fit(requests, y) -> self``, ``predict(requests) -> (n,) float64 tokens``, ``save(path)`` and
 ``load(path)`` round-trip exactly. A predictor names what it reads in ``inputs`` (``"signals"``,
-``"text"``, ``"self_report"``) so a pipeline computes only that. Adding one is one registered class.
+``"text"``, ``"self_report"``, ``"scenario"``) so a pipeline computes only that, and the candidates it is tuned over
+in :meth:`Predictor.param_grid`. Adding one is one registered class.
 """
 
 from __future__ import annotations
@@ -36,6 +37,12 @@ class Request:
         signals: the serving model's prefill signals (:class:`lenpred.signals.PromptSignals`), or ``None``
             when no predictor in use needs them.
         self_report: the serving model's own answer to "how long will your answer be?" (PiA), or ``None``.
+        content_span: token positions ``[start, end)`` of the users' content (:mod:`lenpred.prompts`); ``None``
+            means the whole prompt.
+        max_new_tokens: the request's generation cap in tokens (known when it arrives): no response is longer,
+            so predictions are clipped to it; ``None``: no cap.
+        scenario: the workload the request comes from (``longseq``, ``reasoning``, ``rl``, or a user's name), for
+            predictors that condition on it (the per-scenario floors); ``None``: unknown.
     """
 
     prompt_id: str
@@ -43,6 +50,9 @@ class Request:
     text: str = ""
     signals: Any = None
     self_report: str | None = None
+    content_span: tuple[int, int] | None = None
+    max_new_tokens: int | None = None
+    scenario: str | None = None
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -78,9 +88,24 @@ class Predictor:
 
     registry_name = "base"
     inputs: tuple[str, ...] = ()  # Request fields beyond token_ids that fit/predict read
+    supports_censoring = False  # fit(requests, y, censored=...) treats capped samples as lower bounds
+    tune_after: tuple[str, ...] = ()  # predictors whose chosen hyper-parameters param_grid reads (fitted first)
 
     def __init__(self, **params: Any):
         self.params = params
+
+    @classmethod
+    def param_grid(cls, ctx: Any) -> list[dict[str, Any]]:
+        """Constructor arguments to try on validation (the seed is added by the tuner): a list of dicts.
+
+        ``ctx`` is a :class:`lenpred.evaluation.tune.TuningContext` (layers, grids, settings, and the ``chosen``
+        hyper-parameters of the predictors in ``tune_after``). Default: the constructor's defaults only.
+        """
+        return [{}]
+
+    def diagnostics(self, requests: list[Request]) -> dict[str, Any]:
+        """JSON-able facts about how the fitted predictor treats ``requests`` (e.g. pooling weights); default none."""
+        return {}
 
     def fit(self, requests: list[Request], y: np.ndarray) -> "Predictor":
         raise NotImplementedError
@@ -125,6 +150,11 @@ class Predictor:
 def num_prompt_tokens(requests: list[Request]) -> np.ndarray:
     """``(n,)`` float64 prompt lengths in tokens."""
     return np.array([r.num_prompt_tokens for r in requests], dtype=np.float64)
+
+
+def max_new_tokens(requests: list[Request]) -> np.ndarray:
+    """``(n,)`` float64 generation caps in tokens (``inf`` where a request has none)."""
+    return np.array([np.inf if r.max_new_tokens is None else r.max_new_tokens for r in requests], dtype=np.float64)
 
 
 def distinct_requests(requests: list[Request]) -> tuple[list[Request], np.ndarray]:

@@ -68,6 +68,19 @@ class ListwiseRankingPredictor(PooledHeadPredictor):
     """
 
     pooler_name = "estp"
+    supports_censoring = False  # ListMLE ranks observed lengths; capped ones rank at their cap
+    tune_after = ("estp",)
+    predict_distribution = None  # a ranking score, not a length distribution
+
+    @classmethod
+    def param_grid(cls, ctx) -> list[dict]:
+        """ESTP's pooled features as chosen for ESTP on validation (layer, lambda1, alpha); without an ESTP choice,
+        the layer grid at lambda1 = alpha = 1."""
+        settings = {k: v for k, v in ctx.pooled_settings.items() if k != "head"}
+        estp = ctx.chosen.get("estp")
+        if estp:
+            return [{k: estp[k] for k in ("layer", "lambda1", "alpha")} | settings]
+        return [{"layer": l} | settings for l in ctx.layers]
 
     def _head(self) -> dict:
         return {"epochs": 60, "lr": 1e-3, "weight_decay": 1e-2, "list_size": 32, **self.params["head"]}

@@ -39,6 +39,18 @@ class PerceptionInAdvance(Predictor):
 
     inputs = ("self_report",)
 
+    @classmethod
+    def param_grid(cls, ctx) -> list[dict]:
+        """The tokens-per-word ratio measured on the training responses (``ctx.values``), else the default."""
+        tpw = ctx.values.get("tokens_per_word")
+        return [{"tokens_per_word": tpw}] if tpw else [{}]
+
+    def diagnostics(self, requests) -> dict:
+        """How many of ``requests`` state no parseable length (they get the training median)."""
+        words = self.words(requests)
+        return {"unparsed": sum(w is None for w in words), "of": len(words),
+                "empty_answers": sum(not r.self_report for r in requests)}
+
     def __init__(self, tokens_per_word: float = 1.3):
         if not (isinstance(tokens_per_word, (int, float)) and math.isfinite(tokens_per_word) and tokens_per_word > 0):
             raise LenpredError(f"tokens_per_word must be a positive number, got {tokens_per_word!r}; measure it with "

@@ -12,66 +12,111 @@ import torch
 from lenpred.errors import LenpredError
 from lenpred.heads import HeadConfig, SoftLabelRegressor
 from lenpred.pooling import POOLERS, Pooler
-from lenpred.predictors import Predictor, distinct_requests, register
-from lenpred.signals import PromptSignals
+from lenpred.predictors import Predictor, distinct_requests, max_new_tokens, register
+from lenpred.signals import TokenSpan
 
 
-def pool_features(signals: list[PromptSignals], pooler: Pooler, layer: int) -> np.ndarray:
-    """Pooled features ``(n, d)`` float32: ``pooler`` applied to each prompt's ``layer`` hidden states."""
-    return torch.stack([pooler(s.layer(layer), s.token_entropy, s.semantic_score) for s in signals]).numpy()
+def pool_features(spans: list[TokenSpan], pooler: Pooler, layer: int) -> np.ndarray:
+    """Pooled features ``(n, d)`` float32: ``pooler`` applied to each span's ``layer`` hidden states."""
+    return torch.stack([pooler(s.layer(layer), s.token_entropy, s.semantic_score) for s in spans]).numpy()
 
 
-def request_signals(requests: list, skip_prefix_tokens: int = 0) -> list[PromptSignals]:
-    """Each request's signals, without the first ``skip_prefix_tokens`` tokens.
+POOL_SPANS = ("content", "all")
+
+
+def request_spans(requests: list, pool_span: str = "content", semantic_divisor: str = "n") -> list[TokenSpan]:
+    """What a pooler reads for each request: its signals over the users' content (``pool_span="content"``,
+    ``Request.content_span``; the template's fixed text before and after is the same for every request) or over
+    the whole prompt (``"all"``), with the semantic score averaged over ``semantic_divisor`` queries.
 
     Raises:
-        LenpredError: a request carries no signals.
+        LenpredError: a request carries no signals, or an unknown ``pool_span``.
     """
+    if pool_span not in POOL_SPANS:
+        raise LenpredError(f"unknown pool_span '{pool_span}'; valid: {', '.join(POOL_SPANS)}")
     if any(r.signals is None for r in requests):
         raise LenpredError("this predictor needs prefill signals: extract them (lenpred.features.extract_cached) "
                            "and set Request.signals")
-    return [r.signals.drop_prefix(skip_prefix_tokens) if skip_prefix_tokens else r.signals for r in requests]
+    return [r.signals.span(*(r.content_span if pool_span == "content" and r.content_span else (0, None)),
+                           semantic_divisor=semantic_divisor) for r in requests]
 
 
 class PooledHeadPredictor(Predictor):
-    """``pooler`` over hidden-state index ``layer``, then :class:`SoftLabelRegressor`.
+    """``pooler`` over hidden-state index ``layer``, then :class:`SoftLabelRegressor` (censoring-aware).
 
     Args:
-        layer: hidden-state index (0 = embeddings, L = final-norm output of the last layer).
+        layer: hidden-state index (0 = embeddings, L = final-norm output of the last layer; negative from the end).
         lambda1, lambda2, alpha: ESTP weights and temperature (ignored by poolers that do not use them).
         seed: head initialisation / batch order.
-        skip_prefix_tokens: pool only over tokens from this index on (the prefix every chat prompt shares;
-            see :func:`lenpred.backbone.shared_prefix_length`); 0 pools the whole prompt.
+        pool_span: ``"content"`` pools over the users' content only (default), ``"all"`` over the whole prompt.
+        semantic_divisor: ``"n"`` (ESTP paper, default) or ``"causal"`` (``n - j``): see
+            :func:`lenpred.signals.semantic_score`.
         head: :class:`HeadConfig` fields as a dict (JSON-able so ``save``/``load`` round-trip).
     """
 
     pooler_name = "mean"
     inputs = ("signals",)
+    supports_censoring = True
+    searches_weights = False  # ESTP: lambda1 x alpha on top of the layer grid (the only extra search)
+
+    @classmethod
+    def param_grid(cls, ctx) -> list[dict]:
+        """Every pooled head searches the same layer grid (``ctx.layers``); ESTP also ``lambda1`` x ``alpha``."""
+        lambdas, alphas = (ctx.lambda1_grid, ctx.alpha_grid) if cls.searches_weights else ((1.0,), (1.0,))
+        return [{"layer": l, "lambda1": a, "alpha": b, **ctx.pooled_settings}
+                for l in ctx.layers for a in lambdas for b in alphas]
 
     def __init__(self, layer: int = -1, lambda1: float = 1.0, lambda2: float = 1.0, alpha: float = 1.0,
-                 seed: int = 0, skip_prefix_tokens: int = 0, head: dict | None = None):
+                 seed: int = 0, pool_span: str = "content", semantic_divisor: str = "n", head: dict | None = None):
         super().__init__(layer=layer, lambda1=lambda1, lambda2=lambda2, alpha=alpha, seed=seed,
-                         skip_prefix_tokens=skip_prefix_tokens, head=head or {})
+                         pool_span=pool_span, semantic_divisor=semantic_divisor, head=head or {})
         self.pooler = Pooler(self.pooler_name, lambda1, lambda2, alpha)
         self.layer = layer
+
+    def spans(self, requests: list) -> list[TokenSpan]:
+        """The span each request is pooled over (see :func:`request_spans`)."""
+        return request_spans(requests, self.params["pool_span"], self.params["semantic_divisor"])
 
     def features(self, requests: list) -> np.ndarray:
         """Pooled features ``(n, d)`` float32 of the requests' signals (what the head sees), pooled once per
         distinct request object."""
         unique, owner = distinct_requests(requests)
-        signals = request_signals(unique, self.params["skip_prefix_tokens"])
-        layer = self.layer if self.layer >= 0 else signals[0].layers[-1] + 1 + self.layer
-        return pool_features(signals, self.pooler, layer)[owner]
+        spans = self.spans(unique)
+        layer = self.layer if self.layer >= 0 else spans[0].layers[-1] + 1 + self.layer
+        return pool_features(spans, self.pooler, layer)[owner]
 
-    def fit(self, requests, y):
+    def pooling_weights(self, requests: list) -> list[torch.Tensor] | None:
+        """Each request's ``pooling_weights`` ``(m,)`` over its span, or ``None`` for a non-weighted pooler."""
+        spans = self.spans(requests)
+        weights = [self.pooler.weights(s.token_entropy, s.semantic_score) for s in spans]
+        return None if weights and weights[0] is None else weights
+
+    def diagnostics(self, requests: list) -> dict:
+        """``top_token_weight``: median over the distinct requests of the largest pooling weight (1.0 = the pooler
+        looks at one token); ``top_token_is_last``: share of requests whose heaviest token is the span's last."""
+        unique, _ = distinct_requests(requests)
+        weights = self.pooling_weights(unique)
+        if weights is None:
+            return {}
+        top = np.array([float(w.max()) for w in weights])
+        last = np.array([int(torch.argmax(w)) == len(w) - 1 for w in weights])
+        return {"top_token_weight": float(np.median(top)), "top_token_weight_p90": float(np.quantile(top, 0.9)),
+                "top_token_is_last": float(last.mean())}
+
+    def fit(self, requests, y, censored=None):
         self.head_ = SoftLabelRegressor(HeadConfig(**self.params["head"]), self.params["seed"])
         _, groups = distinct_requests(requests)  # samples of one prompt share a Request: one weighted row
-        self.head_.fit(self.features(requests), y, groups)
+        self.head_.fit(self.features(requests), y, groups, censored, max_new_tokens(requests))
         return self
 
     def predict(self, requests):
-        return self.head_.predict(self.features(requests))
+        return self.head_.predict(self.features(requests), max_new_tokens(requests))
 
+    def predict_distribution(self, requests) -> tuple[np.ndarray, np.ndarray]:
+        """``(probs, values)``, both ``(n, K)`` float64: each request's bin probabilities and the length each bin
+        stands for, ``min(c_j, max_new_tokens)`` in tokens (non-decreasing along K)."""
+        probs = self.head_.predict_proba(self.features(requests))
+        return probs, np.minimum(self.head_.centres_[None, :], max_new_tokens(requests)[:, None])
     def _get_state(self):
         state = self.head_.state()
         tensors = {f"module.{k}": v for k, v in state.pop("module").items()}
@@ -89,4 +134,5 @@ class PooledHeadPredictor(Predictor):
 
 for _name in POOLERS:
     register(_name)(type(f"{_name.title().replace('_', '')}Predictor", (PooledHeadPredictor,),
-                         {"pooler_name": _name, "__doc__": f"Soft-label head over '{_name}'-pooled hidden states."}))
+                         {"pooler_name": _name, "searches_weights": _name == "estp",
+                          "__doc__": f"Soft-label head over '{_name}'-pooled hidden states."}))

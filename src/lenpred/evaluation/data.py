@@ -1,0 +1,124 @@
+"""What an evaluation runs on: a stored benchmark's records as requests, labels, caps and clean splits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lenpred.errors import LenpredError
+
+SPLITS = ("train", "validation", "test")
+
+
+def prompt_text(messages: list[dict[str, str]]) -> str:
+    """The user-visible prompt: the messages' contents joined by blank lines (what text-only proxies read)."""
+    return "\n\n".join(m["content"] for m in messages)
+
+
+def normalise_text(text: str) -> str:
+    """Lower-cased, whitespace-collapsed text: two prompts are duplicates when these are equal."""
+    return " ".join(text.lower().split())
+
+
+def cross_split_duplicates(prompt_ids: np.ndarray, splits: np.ndarray, texts: dict[str, str]) -> np.ndarray:
+    """``(n,)`` bool: samples to drop because their prompt's normalised text already occurs in an earlier split
+    (train < validation < test). Train is never dropped; within one split duplicates are kept.
+
+    (Data sets overlap: MATH-500 is a subset of MATH; AlpacaEval contains Vicuna and Self-Instruct prompts. The
+    benchmark splits hash the prompt id, so the same text can land in two splits.)
+    """
+    seen: set[str] = set()
+    drop = np.zeros(len(prompt_ids), dtype=bool)
+    for split in SPLITS:
+        in_split = splits == split
+        norm = np.array([normalise_text(texts[p]) for p in prompt_ids[in_split]], dtype=object)
+        drop[np.flatnonzero(in_split)] = [t in seen for t in norm]
+        seen |= set(norm.tolist())
+    return drop
+
+
+@dataclass
+class EvalData:
+    """A benchmark ready to evaluate.
+
+    Attributes:
+        cols: record columns as arrays (``scenario``, ``prompt_id``, ``split``, ``num_output_tokens``, ...), one row
+            per kept sample.
+        by_prompt: ``{prompt_id: Request}`` (token ids, content span, text, cap, scenario; inputs filled later).
+        messages: ``{prompt_id: chat messages}`` re-read from the data directory.
+        responses: ``(n,)`` response token ids per kept sample (object array).
+        y: ``(n,)`` float64 observed output lengths in tokens (EOS excluded; capped ones at their cap).
+        censored: ``(n,)`` bool, the response hit ``max_new_tokens``.
+        index: ``{split: (m,) int64}`` row indices of train / validation / test.
+        dropped_duplicates: ``{split: samples dropped}`` by :func:`cross_split_duplicates`.
+        complete: whether every planned response of the benchmark is present.
+    """
+
+    cols: dict[str, np.ndarray]
+    by_prompt: dict[str, Any]
+    messages: dict[str, list[dict[str, str]]]
+    responses: np.ndarray
+    y: np.ndarray
+    censored: np.ndarray
+    index: dict[str, np.ndarray]
+    dropped_duplicates: dict[str, int]
+    complete: bool
+
+    @property
+    def requests(self) -> list:
+        """One request per sample (samples of a prompt share the object)."""
+        return [self.by_prompt[p] for p in self.cols["prompt_id"]]
+
+    def rows(self, split: str) -> list:
+        return [self.by_prompt[p] for p in self.cols["prompt_id"][self.index[split]]]
+
+
+def load_eval_data(bench: str | Path, tokenizer: Any, data_dir: str | None = None, table: Any = None) -> EvalData:
+    """Load a benchmark's records, re-read every prompt from its source and prepare it (:mod:`lenpred.prompts`),
+    and drop validation / test samples whose prompt text already occurs in an earlier split. ``table``: the records
+    if already loaded (:func:`lenpred.bench.build.load_records`).
+
+    Raises:
+        LenpredError: a prompt's re-tokenised length differs from the stored ``num_prompt_tokens`` (the data
+            directory or chat template is not the one the benchmark was built with), or a split is empty.
+    """
+    from lenpred.bench.build import load_records, read_manifest
+    from lenpred.bench.sources import prompt_messages
+    from lenpred.predictors import Request
+    from lenpred.prompts import prepare_prompt
+
+    table = load_records(bench) if table is None else table
+    complete = table.num_rows >= read_manifest(Path(bench))["num_requests"]
+    names = ("scenario", "prompt_id", "split", "num_output_tokens", "num_prompt_tokens", "finish_reason",
+             "max_new_tokens")
+    cols = {c: np.asarray(table.column(c).to_pylist()) for c in names}
+    by_prompt, messages = {}, {}
+    first = dict(zip(cols["prompt_id"], zip(cols["num_prompt_tokens"], cols["scenario"], cols["max_new_tokens"])))
+    for pid, (n, scenario, cap) in first.items():
+        messages[pid] = prompt_messages(pid, data_dir)
+        prepared = prepare_prompt(tokenizer, messages[pid])
+        if prepared.num_prompt_tokens != n:
+            raise LenpredError(f"prompt {pid} has {prepared.num_prompt_tokens} tokens now but {n} in the benchmark: the "
+                               "data directory or the model's chat template differs from the one the benchmark was "
+                               "built with")
+        by_prompt[pid] = Request(pid, list(prepared.token_ids), prompt_text(messages[pid]),
+                                 content_span=(prepared.content_start, prepared.content_end), max_new_tokens=int(cap),
+                                 scenario=str(scenario))
+    drop = cross_split_duplicates(cols["prompt_id"], cols["split"], {p: r.text for p, r in by_prompt.items()})
+    dropped = {s: int((drop & (cols["split"] == s)).sum()) for s in SPLITS}
+    keep = ~drop
+    cols = {c: v[keep] for c, v in cols.items()}
+    responses = np.empty(table.num_rows, dtype=object)
+    for i, ids in enumerate(table.column("response_token_ids").to_pylist()):
+        responses[i] = ids
+    responses = responses[keep]
+    index = {s: np.flatnonzero(cols["split"] == s) for s in SPLITS}
+    if min(len(i) for i in index.values()) == 0:
+        raise LenpredError(f"{bench} needs samples in train, validation and test (have "
+                           f"{', '.join(str(len(i)) for i in index.values())}): build more shards with "
+                           "`lenpred bench build`")
+    return EvalData(cols, by_prompt, messages, responses, cols["num_output_tokens"].astype(np.float64),
+                    cols["finish_reason"] == "length", index, dropped, complete)

@@ -1,0 +1,62 @@
+"""Prediction intervals for output lengths: quantiles of a bin distribution, and split-conformal calibration.
+
+* :func:`distribution_quantiles`: quantiles of the soft-label head's distribution over (capped) bin centres, with
+  the CDF interpolated linearly between the bins' mid-CDF points (a smooth version of the discrete quantile).
+* :func:`conformal_margin`: conformalized quantile regression (Romano et al., "Conformalized Quantile Regression",
+  NeurIPS 2019): on a calibration set, ``E_i = max(low_i - y_i, y_i - high_i)``; the margin is the
+  ``ceil((n + 1) * coverage) / n`` empirical quantile of ``E``, and ``[low - margin, high + margin]`` covers a new
+  exchangeable sample with probability ``>= coverage``. A point predictor is the special case ``low = high``.
+  Samples of one prompt are not exchangeable with each other; the coverage on test is reported, not assumed.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from lenpred.errors import LenpredError
+
+
+def distribution_quantiles(probs: np.ndarray, values: np.ndarray, qs: tuple[float, ...]) -> np.ndarray:
+    """Quantiles of per-request distributions over bin values.
+
+    Args:
+        probs: ``(n, K)`` bin probabilities (rows sum to 1).
+        values: ``(n, K)`` the length each bin stands for, tokens, non-decreasing along K (bin centres, capped at
+            the request's ``max_new_tokens``).
+        qs: quantile levels in ``(0, 1)``.
+
+    Returns:
+        ``(n, len(qs))`` float64 tokens: ``interp(q, F_j - p_j / 2, values_j)`` over the bins with mass, ``F`` the
+        CDF, clamped to the first and last of them.
+    """
+    probs, values = np.asarray(probs, np.float64), np.asarray(values, np.float64)
+    out = np.zeros((len(probs), len(qs)))
+    for i, (p, v) in enumerate(zip(probs, values)):
+        keep = p > 1e-12
+        out[i] = np.interp(qs, (np.cumsum(p) - p / 2)[keep], v[keep])
+    return out
+
+
+def conformal_margin(low: np.ndarray, high: np.ndarray, y: np.ndarray, coverage: float) -> float:
+    """CQR margin in tokens (see the module docstring): ``(n,)`` arrays -> float.
+
+    Raises:
+        LenpredError: ``coverage`` outside (0, 1), or too few calibration samples for it (``n < 1/(1-coverage) - 1``).
+    """
+    if not 0 < coverage < 1:
+        raise LenpredError(f"interval coverage must lie in (0, 1), got {coverage}")
+    scores = np.maximum(np.asarray(low, np.float64) - y, np.asarray(y, np.float64) - high)
+    n = len(scores)
+    k = math.ceil((n + 1) * coverage)
+    if k > n:
+        raise LenpredError(f"{n} calibration samples are too few for {coverage:.0%} coverage: need at least "
+                           f"{math.ceil(coverage / (1 - coverage) - 1e-9)}")
+    return float(np.sort(scores)[k - 1])
+
+
+def interval_coverage(low: np.ndarray, high: np.ndarray, y: np.ndarray) -> float:
+    """Share of ``y`` inside ``[low, high]`` (inclusive)."""
+    y = np.asarray(y, np.float64)
+    return float(np.mean((np.asarray(low) <= y) & (y <= np.asarray(high))))

@@ -1,0 +1,332 @@
+"""``LengthPredictor``: the serving model + the inputs its predictor reads + the fitted predictor + a calibrated
+interval — trained once on a benchmark, saved, loaded, and called on new prompts.
+
+A saved predictor is a directory (transformers style)::
+
+    config.json             what it was trained with: model id and revision, layers, prompt rule, method and
+                            hyper-parameters, interval calibration, training benchmark and its fingerprint, lenpred
+                            version, and its test card (MAE per scenario with 95 % intervals, interval coverage)
+    predictor.safetensors   the fitted head (:meth:`lenpred.predictors.Predictor.save`)
+    CARD.md                 the same card for people
+
+Loading it with another model revision or another prompt rule is an error that says so; so is predicting from
+signals of other layers.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+
+from lenpred.errors import LenpredError
+
+CONFIG_FILE, WEIGHTS_FILE, CARD_FILE = "config.json", "predictor.safetensors", "CARD.md"
+DEFAULT_PREDICTOR = Path(__file__).parent / "default_predictor"
+"""The predictor that ships with the package (ESTP on SmolLM2-135M-Instruct, trained on ForeLen)."""
+
+
+@dataclass
+class LengthPrediction:
+    """Predicted output length of one request, in tokens (EOS excluded).
+
+    Attributes:
+        num_prompt_tokens: the chat-formatted prompt's length.
+        expected: expected observed length, ``sum_j p_j min(c_j, cap)`` (what MAE is measured on).
+        median: the distribution's median (interpolated between bins).
+        low, high: the interval, calibrated on the validation split to hold ``coverage`` of responses (split
+            conformal; see :mod:`lenpred.intervals`), clipped to ``[0, max_new_tokens]``.
+        coverage: the nominal share of responses inside ``[low, high]``.
+        max_new_tokens: the request's cap (``None``: uncapped).
+        bin_values: ``(K,)`` the length each bin stands for (capped), or ``None`` for a point predictor.
+        bin_probs: ``(K,)`` bin probabilities summing to 1, or ``None``.
+    """
+
+    num_prompt_tokens: int
+    expected: float
+    median: float
+    low: float
+    high: float
+    coverage: float
+    max_new_tokens: int | None = None
+    bin_values: list[float] | None = None
+    bin_probs: list[float] | None = None
+
+    def to_dict(self, distribution: bool = False) -> dict[str, Any]:
+        """JSON-able fields, rounded to 0.1 token (the bin distribution only with ``distribution``)."""
+        out = {k: (round(v, 1) if isinstance(v, float) else v) for k, v in asdict(self).items()
+               if not k.startswith("bin_")}
+        if distribution and self.bin_probs is not None:
+            out |= {"bin_values": [round(v, 1) for v in self.bin_values], "bin_probs": [round(p, 4) for p in self.bin_probs]}
+        return out
+
+
+def raw_quantiles(predictor, requests: list, coverage: float) -> tuple[np.ndarray, np.ndarray, np.ndarray,
+                                                                          np.ndarray | None, np.ndarray | None]:
+    """``(expected, median, low, high, probs, values)`` before calibration, tokens, ``(n,)`` each (``probs`` and
+    ``values`` ``(n, K)``, ``None`` for a point predictor, whose median, low and high are its prediction)."""
+    from lenpred.evaluation.tune import clipped_predict
+    from lenpred.intervals import distribution_quantiles
+
+    expected = clipped_predict(predictor, requests)
+    distribution = getattr(predictor, "predict_distribution", None)
+    if distribution is None:
+        return expected, expected, expected, expected, None, None
+    probs, values = distribution(requests)
+    tail = (1 - coverage) / 2
+    q = distribution_quantiles(probs, values, (tail, 0.5, 1 - tail))
+    return expected, q[:, 1], q[:, 0], q[:, 2], probs, values
+
+
+class LengthPredictor:
+    """Predict how many tokens the serving model will generate for a prompt, from its own prefill signals.
+
+    scikit-learn style: ``__init__`` stores settings; :meth:`fit` tunes the method on a benchmark's validation split,
+    calibrates the interval there and scores the test split (``card_``); :meth:`predict` takes prompts.
+
+    Args:
+        method: a registered predictor (``estp``, ``egtp``, ``mean``, ``trail``, ``scenario_median``, ...).
+        model: the serving model (default alias, hub id or local directory).
+        layers: hidden-state layers searched on validation (-1 = last).
+        coverage: nominal share of responses inside ``[low, high]``.
+        seed, epochs, binning, pool_span, semantic_divisor: see :class:`lenpred.evaluation.run.EvalConfig`.
+    """
+
+    def __init__(self, method: str = "estp", model: str = "smollm2-135m-instruct",
+                 layers: tuple[int, ...] = (15, 22, -1), coverage: float = 0.8, seed: int = 0, epochs: int = 150,
+                 binning: str = "log", pool_span: str = "content", semantic_divisor: str = "n"):
+        self.method, self.model, self.layers, self.coverage = method, model, tuple(layers), coverage
+        self.seed, self.epochs, self.binning = seed, epochs, binning
+        self.pool_span, self.semantic_divisor = pool_span, semantic_divisor
+
+    # ------------------------------------------------------------------ training
+
+    def fit(self, bench: str | Path, data_dir: str | None = None, cache: str | None = None, backbone=None,
+            threads: int | None = None) -> "LengthPredictor":
+        """Tune on ``bench``'s validation split, refit, calibrate the interval on validation, score test.
+
+        Raises:
+            LenpredError: unknown method, a predictor that reads the model's self-report (PiA cannot predict new
+                prompts without generating), bad settings, or any benchmark / data error.
+        """
+        from lenpred.backbone import load_backbone
+        from lenpred.bench.build import load_records, read_manifest
+        from lenpred.evaluation.data import load_eval_data
+        from lenpred.evaluation.run import EvalConfig, _check_layers, tuning_context
+        from lenpred.evaluation.tune import tune_and_refit
+        from lenpred.inputs import provide_inputs
+        from lenpred.intervals import conformal_margin
+        from lenpred.predictors import PREDICTORS
+
+        cfg = EvalConfig(model=self.model, bench=str(bench), data_dir=data_dir, cache=cache, layers=self.layers,
+                         methods=(self.method,), seeds=(self.seed,), epochs=self.epochs, binning=self.binning,
+                         pool_span=self.pool_span, semantic_divisor=self.semantic_divisor, threads=threads)
+        if "self_report" in PREDICTORS[self.method].inputs:
+            raise LenpredError(f"'{self.method}' reads the model's own self-report, which needs a generation per "
+                               "prompt: it cannot be a LengthPredictor; pick a method that reads signals or text")
+        table = load_records(bench)
+        self.backbone_ = backbone or load_backbone(self.model, num_threads=threads)
+        layers = _check_layers(cfg, self.backbone_.num_layers)
+        data = load_eval_data(bench, self.backbone_.tokenizer, data_dir, table)
+        values, _ = provide_inputs(set(PREDICTORS[self.method].inputs), self.backbone_, data,
+                                   {"layers": layers, "cache": cache, "bench": str(bench)})
+        run = tune_and_refit(self.method, data, tuning_context(cfg, layers, self.backbone_.num_layers, values),
+                             (self.seed,), threads)
+        self.predictor_ = run.fitted
+        _, _, low, high, _, _ = raw_quantiles(self.predictor_, data.rows("validation"), self.coverage)
+        self.margin_ = conformal_margin(low, high, data.y[data.index["validation"]], self.coverage)
+        manifest = read_manifest(bench)
+        self.config_ = {
+            "method": self.method, "params": self.predictor_.params, "chosen_on_validation": run.chosen,
+            "model_id": self.model, "model_revision": self.backbone_.revision, "layers": self._layers_read(),
+            "semantic": self._needs_attention(), "template_rule": _template_rule(), "coverage": self.coverage,
+            "interval_margin": self.margin_, "training_benchmark": {
+                "name": Path(bench).name, "plan_fingerprint": manifest["plan_fingerprint"],
+                "num_records": table.num_rows, "dropped_duplicates": data.dropped_duplicates},
+            "lenpred_version": _version()}
+        self.card_ = self._test_card(data)
+        return self
+
+    def _layers_read(self) -> list[int]:
+        layer = self.predictor_.params.get("layer")
+        return [] if layer is None else [int(layer)]
+
+    def _needs_attention(self) -> bool:
+        pooler = getattr(self.predictor_, "pooler", None)
+        return bool(pooler is not None and pooler.needs_semantic_score)
+
+    def _test_card(self, data) -> dict:
+        """MAE per scenario with 95 % prompt-bootstrap intervals and interval coverage on the test split."""
+        from lenpred.evaluation.metrics import clustered_bootstrap
+        from lenpred.intervals import interval_coverage
+
+        test = data.index["test"]
+        preds = self._predict_requests(data.rows("test"))
+        y, scen, pid = data.y[test], data.cols["scenario"][test], data.cols["prompt_id"][test]
+        card = {}
+        for g in [*sorted(set(scen.tolist())), "overall"]:
+            m = (scen == g) if g != "overall" else np.ones(len(y), bool)
+            err = np.abs(np.array([p.expected for p in preds])[m] - y[m])
+            mae, lo, hi = clustered_bootstrap(err, pid[m])
+            low, high = np.array([p.low for p in preds])[m], np.array([p.high for p in preds])[m]
+            card[g] = {"n": int(m.sum()), "mae": mae, "mae_ci": [lo, hi],
+                       "interval_coverage": interval_coverage(low, high, y[m]),
+                       "mean_interval_width": float(np.mean(high - low))}
+        return card
+
+    # ------------------------------------------------------------------ prediction
+
+    def predict(self, prompts: Iterable[str | list[dict[str, str]]], max_new_tokens: int | None = None,
+                scenario: str | None = None, batch_tokens: int = 4096, progress: bool = False) -> list[LengthPrediction]:
+        """Predict each prompt's output length.
+
+        Args:
+            prompts: plain strings (one user turn) or OpenAI-style message lists.
+            max_new_tokens: the requests' generation cap (clips predictions and intervals); ``None``: uncapped.
+            scenario: the workload name, for predictors that read it (the per-scenario floors).
+            batch_tokens: padded prompt tokens per prefill batch.
+            progress: show a progress bar.
+
+        Raises:
+            LenpredError: not fitted / loaded, a bad prompt, or a prompt that does not fit the context window.
+        """
+        from lenpred.evaluation.data import prompt_text
+        from lenpred.predictors import Request
+        from lenpred.prompts import check_fits, prepare_prompt
+
+        if not hasattr(self, "predictor_"):
+            raise LenpredError("this LengthPredictor is not fitted: call fit(bench) or LengthPredictor.from_pretrained")
+        tok, window = self.backbone_.tokenizer, self.backbone_.context_window
+        requests = []
+        for i, p in enumerate(prompts):
+            prepared = prepare_prompt(tok, p)
+            check_fits(prepared.num_prompt_tokens, max_new_tokens or 0, window, what=f"prompt {i}")
+            messages = [{"role": "user", "content": p}] if isinstance(p, str) else p
+            requests.append(Request(str(i), list(prepared.token_ids), prompt_text(messages),
+                                    content_span=(prepared.content_start, prepared.content_end),
+                                    max_new_tokens=max_new_tokens, scenario=scenario))
+        if "signals" in self.predictor_.inputs:
+            self._attach_signals(requests, batch_tokens, progress)
+        return self._predict_requests(requests)
+
+    def _attach_signals(self, requests: list, batch_tokens: int, progress: bool) -> None:
+        from tqdm.auto import tqdm
+
+        from lenpred.features import _batches
+        from lenpred.signals import extract_signals
+
+        layers = tuple(self.config_["layers"]) or (self.backbone_.num_layers,)
+        batches = _batches([r.num_prompt_tokens for r in requests], batch_tokens)
+        for batch in tqdm(batches, desc="prefill signals", unit="batch", disable=not progress):
+            signals = extract_signals(self.backbone_, [requests[i].token_ids for i in batch], layers,
+                                      self.config_["semantic"])
+            for i, s in zip(batch, signals):
+                requests[i].signals = s
+
+    def _predict_requests(self, requests: list) -> list[LengthPrediction]:
+        for r in requests:  # signals of other layers than the predictor was trained on: refused
+            if r.signals is not None and not set(self.config_["layers"]) <= set(r.signals.layers):
+                raise LenpredError(f"signals hold layers {list(r.signals.layers)} but this predictor reads layers "
+                                   f"{self.config_['layers']}: extract them at its layers")
+        expected, median, low, high, probs, values = raw_quantiles(self.predictor_, requests, self.coverage)
+        out = []
+        for i, r in enumerate(requests):
+            cap = np.inf if r.max_new_tokens is None else r.max_new_tokens
+            out.append(LengthPrediction(
+                r.num_prompt_tokens, float(expected[i]), float(min(median[i], cap)),
+                float(max(low[i] - self.margin_, 0.0)), float(min(high[i] + self.margin_, cap)), self.coverage,
+                r.max_new_tokens, None if probs is None else values[i].tolist(),
+                None if probs is None else probs[i].tolist()))
+        return out
+
+    # ------------------------------------------------------------------ persistence
+
+    def save_pretrained(self, path: str | Path) -> Path:
+        """Write ``config.json``, ``predictor.safetensors`` and ``CARD.md`` into the directory ``path``, atomically
+        (an existing directory is replaced whole). Returns the path."""
+        from lenpred.io import atomic_path
+
+        if not hasattr(self, "predictor_"):
+            raise LenpredError("nothing to save: fit the LengthPredictor first")
+        with atomic_path(path) as tmp:
+            tmp.mkdir()
+            self.predictor_.save(tmp / WEIGHTS_FILE)
+            settings = {k: getattr(self, k) for k in ("method", "model", "layers", "coverage", "seed", "epochs",
+                                                       "binning", "pool_span", "semantic_divisor")}
+            (tmp / CONFIG_FILE).write_text(json.dumps({**self.config_, "settings": settings, "card": self.card_},
+                                                      indent=2) + "\n")
+            (tmp / CARD_FILE).write_text(render_card(self.config_, self.card_))
+        return Path(path)
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path | None = None, backbone=None, threads: int | None = None) -> "LengthPredictor":
+        """Load a directory written by :meth:`save_pretrained` (default: the predictor that ships with lenpred).
+
+        Args:
+            backbone: an already loaded :class:`lenpred.backbone.Backbone` (default: load the model the predictor was
+                trained with).
+
+        Raises:
+            LenpredError: the directory is not a saved predictor, or the model / prompt rule differs from training.
+        """
+        from lenpred.backbone import load_backbone
+        from lenpred.predictors import Predictor
+
+        path = Path(path) if path is not None else DEFAULT_PREDICTOR
+        try:
+            config = json.loads((path / CONFIG_FILE).read_text())
+            settings = config["settings"]
+        except (OSError, ValueError, KeyError) as exc:
+            raise LenpredError(f"{path} is not a saved LengthPredictor ({type(exc).__name__}: no readable "
+                               f"{CONFIG_FILE}); train one with `lenpred train`") from None
+        if config.get("template_rule") != _template_rule():
+            raise LenpredError(f"{path} was trained with prompt rule {config.get('template_rule')!r}, this lenpred uses "
+                               f"{_template_rule()!r}: retrain it with `lenpred train`")
+        self = cls(**{k: tuple(v) if k == "layers" else v for k, v in settings.items()})
+        self.backbone_ = backbone or load_backbone(config["model_id"], num_threads=threads)
+        if self.backbone_.revision != config["model_revision"]:
+            raise LenpredError(f"{path} was trained on {config['model_id']} revision {config['model_revision']}, but "
+                               f"the model given is {self.backbone_.model_id} revision {self.backbone_.revision}: its "
+                               "signals differ; retrain with `lenpred train --model ...`")
+        self.predictor_ = Predictor.load(path / WEIGHTS_FILE)
+        if self.predictor_.registry_name != config["method"]:
+            raise LenpredError(f"{path / WEIGHTS_FILE} holds '{self.predictor_.registry_name}', config.json says "
+                               f"'{config['method']}': the directory is mixed up; retrain it")
+        self.margin_, self.card_ = float(config["interval_margin"]), config.get("card", {})
+        self.config_ = {k: v for k, v in config.items() if k not in ("settings", "card")}
+        return self
+
+
+def render_card(config: dict, card: dict) -> str:
+    """The Markdown card of a saved predictor: what it is, how it was trained, its test scores."""
+    bench = config["training_benchmark"]
+    lines = [f"# lenpred predictor: {config['method']} on {config['model_id']}", "",
+             f"* model revision `{config['model_revision']}`, layers {config['layers']}, prompt rule "
+             f"`{config['template_rule']}`, lenpred {config['lenpred_version']}",
+             f"* trained on `{bench['name']}` (plan `{bench['plan_fingerprint']}`, {bench['num_records']} records; "
+             f"duplicates across splits dropped: {bench['dropped_duplicates']}), hyper-parameters chosen on its "
+             f"validation split: `{json.dumps({k: v for k, v in config['chosen_on_validation'].items()})}`",
+             f"* interval: nominal {config['coverage']:.0%} coverage, split-conformal margin "
+             f"{config['interval_margin']:.1f} tokens (calibrated on validation)", "",
+             "| test group | samples | MAE (tokens) | 95 % CI | interval coverage | mean interval width |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for g, c in card.items():
+        ci = "–" if c["mae_ci"][0] is None else f"[{c['mae_ci'][0]:.1f}, {c['mae_ci'][1]:.1f}]"
+        lines.append(f"| {g} | {c['n']} | {c['mae']:.1f} | {ci} | {c['interval_coverage']:.3f} | "
+                     f"{c['mean_interval_width']:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def _template_rule() -> str:
+    from lenpred.prompts import TEMPLATE_RULE
+
+    return TEMPLATE_RULE
+
+
+def _version() -> str:
+    from lenpred import __version__
+
+    return __version__

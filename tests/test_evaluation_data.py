@@ -1,0 +1,35 @@
+"""Clean splits: no prompt text in two splits (hand-worked, and on the committed ForeLen benchmark)."""
+
+import numpy as np
+import pytest
+
+from lenpred.evaluation.data import cross_split_duplicates, normalise_text, prompt_text
+
+
+def test_cross_split_duplicates_keeps_train_and_drops_later_copies():
+    pid = np.array(["a", "b", "c", "d", "e", "e"])
+    split = np.array(["train", "validation", "validation", "test", "test", "test"])
+    texts = {"a": "Hello  World", "b": "hello world", "c": "other", "d": "OTHER ", "e": "new"}
+    # b repeats a (train) after normalising; d repeats c (validation); e appears twice in test only: kept
+    assert cross_split_duplicates(pid, split, texts).tolist() == [False, True, False, True, False, False]
+    assert normalise_text(" A\n b\tC ") == "a b c"
+
+
+def test_committed_forelen_benchmark_has_five_prompts_in_two_splits():
+    from lenpred.bench.build import load_records
+    from lenpred.bench.sources import default_data_dir, prompt_messages
+
+    if not default_data_dir().is_dir():
+        pytest.skip("no ../shared/datasets here")
+    table = load_records("benchmarks/smollm2-forelen")
+    pid, split = np.array(table.column("prompt_id").to_pylist()), np.array(table.column("split").to_pylist())
+    texts = {p: prompt_text(prompt_messages(p)) for p in set(pid.tolist())}
+    drop = cross_split_duplicates(pid, split, texts)
+    # MATH-500 is a subset of MATH; AlpacaEval holds Vicuna and Self-Instruct prompts
+    assert sorted(set(pid[drop].tolist())) == ["alpaca_eval:515", "math:3565", "math:4920", "self_instruct:230",
+                                               "vicuna_bench:79"]
+    assert {s: int((drop & (split == s)).sum()) for s in ("train", "validation", "test")} == \
+        {"train": 0, "validation": 12, "test": 8}
+    kept = {s: {normalise_text(texts[p]) for p in pid[~drop & (split == s)]} for s in ("train", "validation", "test")}
+    assert not (kept["train"] & kept["validation"]) and not (kept["train"] & kept["test"]) and \
+        not (kept["validation"] & kept["test"])

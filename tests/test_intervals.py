@@ -1,0 +1,33 @@
+import numpy as np
+import pytest
+
+from lenpred.errors import LenpredError
+from lenpred.intervals import conformal_margin, distribution_quantiles, interval_coverage
+
+
+def test_distribution_quantiles_hand_values():
+    # two bins at 10 and 30 with p = [1/2, 1/2]: mid-CDF points 1/4 -> 10, 3/4 -> 30; the median interpolates to 20
+    q = distribution_quantiles(np.array([[0.5, 0.5]]), np.array([[10.0, 30.0]]), (0.1, 0.5, 0.75, 0.9))
+    np.testing.assert_allclose(q, [[10.0, 20.0, 30.0, 30.0]])
+    # all mass on one bin: every quantile is that bin's value
+    q = distribution_quantiles(np.array([[0.0, 1.0, 0.0]]), np.array([[1.0, 5.0, 9.0]]), (0.1, 0.9))
+    np.testing.assert_allclose(q, [[5.0, 5.0]])
+
+
+def test_conformal_margin_hand_value():
+    # y inside, 3 below low by 2, 5 above high by 5 ... scores: -1, 2, 5, -3 ; n = 4, coverage 0.6 -> k = ceil(3) = 3
+    low, high = np.array([0.0, 5.0, 0.0, 0.0]), np.array([10.0, 10.0, 10.0, 10.0])
+    y = np.array([9.0, 3.0, 15.0, 3.0])
+    assert conformal_margin(low, high, y, 0.6) == 2.0  # sorted scores -3, -1, 2, 5 -> the 3rd
+    assert conformal_margin(low, high, y, 0.8) == 5.0  # k = ceil(5 * 0.8) = 4
+    with pytest.raises(LenpredError, match="too few for 90% coverage: need at least 9"):
+        conformal_margin(low, high, y, 0.9)
+    assert interval_coverage(low, high, y) == 0.5
+
+
+def test_conformal_interval_reaches_its_coverage_on_exchangeable_data():
+    rng = np.random.default_rng(0)
+    y = rng.exponential(100, 4000)
+    pred = np.full_like(y, 70.0)
+    m = conformal_margin(pred[:2000], pred[:2000], y[:2000], 0.8)
+    assert interval_coverage(pred[2000:] - m, pred[2000:] + m, y[2000:]) == pytest.approx(0.8, abs=0.02)

@@ -1,0 +1,106 @@
+"""LengthPredictor on the tiny model: train -> save -> load -> predict round trip, intervals, refusals, CLI."""
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from lenpred.cli import app
+from lenpred.errors import LenpredError
+from lenpred.pipeline import LengthPrediction, LengthPredictor
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def tiny_bench(tiny_model_dir, tmp_path_factory):
+    from conftest import make_tiny_data_dir
+
+    root = tmp_path_factory.mktemp("pipeline")
+    data = make_tiny_data_dir(root / "data")
+    r = runner.invoke(app, ["bench", "build", "--out", str(root / "bench"), "--preset", "tiny", "--model",
+                            str(tiny_model_dir), "--engine", "transformers", "--data-dir", str(data), "--seed", "5"])
+    assert r.exit_code == 0, r.output
+    return root / "bench", data, root
+
+
+@pytest.fixture(scope="module")
+def fitted(tiny_bench, tiny_model_dir):
+    bench, data, root = tiny_bench
+    return LengthPredictor("estp", str(tiny_model_dir), layers=(1, -1), coverage=0.5, epochs=3).fit(
+        bench, data_dir=str(data), cache=str(root / "cache"))
+
+
+def test_round_trip_gives_identical_predictions(fitted, tmp_path, tiny_model_dir):
+    prompts = ["write a long poem about sea", [{"role": "system", "content": "please answer"},
+                                               {"role": "user", "content": "what is the sum of two and three"}]]
+    before = fitted.predict(prompts, max_new_tokens=20)
+    path = fitted.save_pretrained(tmp_path / "p")
+    assert sorted(p.name for p in path.iterdir()) == ["CARD.md", "config.json", "predictor.safetensors"]
+    config = json.loads((path / "config.json").read_text())
+    assert config["method"] == "estp" and config["model_revision"] == fitted.backbone_.revision
+    assert config["layers"] == [config["params"]["layer"]] and config["template_rule"].startswith("chat-template")
+    loaded = LengthPredictor.from_pretrained(path)
+    after = loaded.predict(prompts, max_new_tokens=20)
+    assert [a.to_dict(True) for a in after] == [b.to_dict(True) for b in before]
+    for p in after:
+        assert isinstance(p, LengthPrediction) and 0 <= p.low <= p.median <= p.high <= 20 and p.expected <= 20
+        assert sum(p.bin_probs) == pytest.approx(1.0) and max(p.bin_values) <= 20
+
+
+def test_card_reports_test_mae_with_interval_and_coverage(fitted):
+    overall = fitted.card_["overall"]
+    assert overall["mae_ci"][0] <= overall["mae"] <= overall["mae_ci"][1]
+    assert 0 <= overall["interval_coverage"] <= 1 and overall["n"] > 0
+
+
+def test_loading_with_another_model_is_refused(fitted, tmp_path, tmp_path_factory):
+    from lenpred.backbone import load_backbone
+    from conftest import make_tiny_model_dir
+
+    path = fitted.save_pretrained(tmp_path / "p")
+    other = load_backbone(str(make_tiny_model_dir(tmp_path_factory.mktemp("other-llama"), seed=1)))
+    with pytest.raises(LenpredError, match="was trained on .* revision .* but the model given is .* revision"):
+        LengthPredictor.from_pretrained(path, backbone=other)
+
+
+def test_signals_of_other_layers_are_refused(fitted):
+    from lenpred.predictors import Request
+    from lenpred.signals import extract_signals
+
+    ids = [2, 10, 11, 3]
+    other_layer = 0 if fitted.config_["layers"] != [0] else 1
+    r = Request("x", ids, signals=extract_signals(fitted.backbone_, [ids], (other_layer,))[0], content_span=(1, 3))
+    with pytest.raises(LenpredError, match="but this predictor reads layers"):
+        fitted._predict_requests([r])
+
+
+def test_not_a_predictor_directory(tmp_path):
+    with pytest.raises(LenpredError, match="is not a saved LengthPredictor"):
+        LengthPredictor.from_pretrained(tmp_path)
+
+
+def test_cli_train_and_predict_from_args_file_and_stdin(tiny_bench, tiny_model_dir, tmp_path):
+    bench, data, root = tiny_bench
+    out = tmp_path / "pred"
+    r = runner.invoke(app, ["train", "--bench", str(bench), "--method", "mean", "--out", str(out), "--model",
+                            str(tiny_model_dir), "--data-dir", str(data), "--cache", str(root / "cache"),
+                            "--layers", "1,-1", "--epochs", "2", "--coverage", "0.5"])  # 2 validation samples
+    assert r.exit_code == 0, r.output
+    assert "interval coverage" in r.output and (out / "CARD.md").is_file()
+    r = runner.invoke(app, ["predict", "--predictor", str(out), "write a poem", "tell me story"])
+    assert r.exit_code == 0, r.output
+    lines = [json.loads(l) for l in r.stdout.splitlines()]
+    assert [l["id"] for l in lines] == [0, 1]
+    assert set(lines[0]) >= {"num_prompt_tokens", "expected", "median", "low", "high"}
+    f = tmp_path / "prompts.jsonl"
+    f.write_text('{"prompt": "write a poem"}\n{"messages": [{"role": "user", "content": "tell me story"}]}\n')
+    r2 = runner.invoke(app, ["predict", "--predictor", str(out), "--file", str(f)])
+    assert [json.loads(l) for l in r2.stdout.splitlines()] == lines  # the same prompts, the same numbers
+    r3 = runner.invoke(app, ["predict", "--predictor", str(out)], input="write a poem\ntell me story\n")
+    assert [json.loads(l) for l in r3.stdout.splitlines()] == lines
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "x"}\n')
+    r4 = runner.invoke(app, ["predict", "--predictor", str(out), "--file", str(bad)])
+    assert r4.exit_code == 2 and "line 1 of" in r4.stderr and "'prompt' or 'messages'" in r4.stderr
