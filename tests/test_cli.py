@@ -63,6 +63,8 @@ def test_bench_build_and_demo_end_to_end_on_tiny_model(tiny_model_dir, tiny_data
     # the weight diagnostic of the weighted poolers
     assert 0 < report["tuning"]["estp"]["diagnostics"]["top_token_weight"] <= 1
     assert report["tuning"]["last"]["diagnostics"]["top_token_weight"] == 1.0
+    md = (out / "results.md").read_text()
+    assert "top-token weight" in md and "| last | 2 | layer " in md and "| 1.000 |" in md
     assert (out / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (out / "predictors" / "estp.safetensors").is_file()
     assert "estp" in r.output and "MAE" in r.output

@@ -104,3 +104,16 @@ def test_cli_train_and_predict_from_args_file_and_stdin(tiny_bench, tiny_model_d
     bad.write_text('{"text": "x"}\n')
     r4 = runner.invoke(app, ["predict", "--predictor", str(out), "--file", str(bad)])
     assert r4.exit_code == 2 and "line 1 of" in r4.stderr and "'prompt' or 'messages'" in r4.stderr
+
+
+@pytest.mark.slow
+def test_shipped_predictor_predicts_with_the_default_model():
+    model = LengthPredictor.from_pretrained()  # the directory inside the package
+    assert model.config_["model_id"] == "smollm2-135m-instruct" and model.config_["method"] == "last"
+    a, b = model.predict(["Write a haiku about rain", "Write a 1000-word story about a lighthouse keeper"],
+                         max_new_tokens=1024)
+    assert 0 <= a.low <= a.median <= a.high <= 1024 and 0 < a.expected < b.expected <= 1024
+    r = runner.invoke(app, ["predict", "--max-new-tokens", "1024", "Write a haiku about rain"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout.splitlines()[0])["expected"] == round(a.expected, 1)  # CLI and Python agree
+    assert model.card_["overall"]["n"] > 1000 and 0 < model.card_["overall"]["interval_coverage"] <= 1

@@ -155,9 +155,11 @@ def test_content_span_pools_only_the_users_content():
     h = torch.tensor([[[100.0, 100.0], [1.0, 2.0], [3.0, 6.0], [50.0, 50.0]]])  # (1 layer, n=4, d=2)
     s = Request("p/0", [0, 1, 2, 3], signals=PromptSignals(h, torch.zeros(4), torch.ones(4), (1,)), content_span=(1, 3))
     # mean over the content tokens 1..2 only (template text before and after skipped): [(1+3)/2, (2+6)/2]
-    assert make_predictor("mean", layer=1).features([s]).tolist() == [[2.0, 4.0]]
+    assert make_predictor("mean", layer=1, pool_span="content").features([s]).tolist() == [[2.0, 4.0]]
     assert make_predictor("mean", layer=1, pool_span="all").features([s])[0].tolist() == pytest.approx([154 / 4, 158 / 4])
-    with pytest.raises(LenpredError, match="unknown pool_span 'middle'; valid: content, all"):
+    # after the prefix: content + the template's suffix token
+    assert make_predictor("mean", layer=1).features([s])[0].tolist() == pytest.approx([54 / 3, 58 / 3])
+    with pytest.raises(LenpredError, match="unknown pool_span 'middle'; valid: content, after_prefix, all"):
         make_predictor("mean", layer=1, pool_span="middle").features([s])
 
 

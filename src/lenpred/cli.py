@@ -47,7 +47,7 @@ DATA_DIR = typer.Option(None, help="Prompt data sets \\[default: $LENPRED_DATA_D
 CACHE = typer.Option(None, help="Signal cache directory \\[default: under $LENPRED_CACHE].")
 LAYERS = typer.Option("15,22,-1", help="Hidden-state layers to extract in full and search (-1 = last).")
 EPOCHS = typer.Option(150, help="Head training epochs.")
-POOL_SPAN = typer.Option("content", help="Pool over the users' content (skip the template's fixed text) or all.")
+POOL_SPAN = typer.Option("after_prefix", help="Pool over: content (the users' text), after_prefix (+ the template suffix) or all.")
 DIVISOR = typer.Option("n", help="ESTP semantic score: attention received / n (paper) or / (n - j) ('causal').")
 BINNING = typer.Option("log", help="Soft-label bins: log (log-spaced up to the longest length) or quantile.")
 THREADS = typer.Option(None, help="torch threads for the backbone and text encoders.")
@@ -125,6 +125,7 @@ def train(
     coverage: float = typer.Option(0.8, help="Nominal coverage of the [low, high] interval (calibrated on validation)."),
     seed: int = typer.Option(0, help="Head seed."),
     epochs: int = EPOCHS,
+    pool_span: str = POOL_SPAN,
     threads: Optional[int] = THREADS,
 ):
     """Tune a predictor on a benchmark's validation split, calibrate its interval, score test, and save it."""
@@ -132,7 +133,8 @@ def train(
 
     if not 0 < coverage < 1:
         raise LenpredError(f"--coverage must lie in (0, 1), got {coverage}")
-    predictor = LengthPredictor(method, model, _ints("--layers", layers), coverage, seed, epochs)
+    predictor = LengthPredictor(method, model, _ints("--layers", layers), coverage, seed, epochs,
+                                pool_span=pool_span)
     predictor.fit(bench, data_dir=data_dir, cache=cache, threads=threads)
     path = predictor.save_pretrained(out)
     typer.echo(render_card(predictor.config_, predictor.card_))
@@ -141,10 +143,11 @@ def train(
 
 def _read_prompts(prompts: list[str], file: Optional[str]) -> list:
     """Prompts from arguments, a file, or stdin: plain text (one prompt per line) or JSONL with ``prompt`` (a
-    string) or ``messages`` (OpenAI-style chat)."""
-    import json
+    string) or ``messages`` (OpenAI-style chat), read by :func:`lenpred.bench.user_prompts.parse_prompt_lines`."""
     import sys
     from pathlib import Path
+
+    from lenpred.bench.user_prompts import parse_prompt_lines
 
     if prompts and file:
         raise LenpredError("give prompts as arguments or with --file, not both")
@@ -160,18 +163,7 @@ def _read_prompts(prompts: list[str], file: Optional[str]) -> list:
     else:
         raise LenpredError('no prompts: pass them as arguments (lenpred predict "Write a haiku"), with --file, or on '
                            "stdin")
-    out = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        if line.lstrip().startswith("{"):
-            try:
-                record = json.loads(line)
-                out.append(record["messages"] if "messages" in record else record["prompt"])
-            except (ValueError, KeyError, TypeError):
-                raise LenpredError(f"line {n} of {file or 'stdin'} is not a JSON object with 'prompt' or 'messages'")
-        else:
-            out.append(line)
+    out = [prompt for _, prompt in parse_prompt_lines(text.splitlines(), file or "stdin")]
     if not out:
         raise LenpredError(f"{file or 'stdin'} holds no prompts")
     return out
@@ -201,11 +193,33 @@ def predict(
         typer.echo(json.dumps({"id": i, **p.to_dict(distribution)}))
 
 
+FILES_ONLY = "--prompts files only: "
+
+
 @bench_app.command("build")
 @one_line_errors
 def bench_build(
     out: str = typer.Option(..., help="Benchmark directory (created, or resumed if it exists)."),
-    preset: str = typer.Option("first", help="Benchmark preset: first, forelen or tiny."),
+    preset: Optional[str] = typer.Option(None, help="Benchmark preset: first, forelen or tiny \\[default: first, "
+                                         "unless --prompts or --spec]."),
+    prompts: Optional[list[str]] = typer.Option(
+        None, help="Your own prompt file instead of a preset (repeatable): one prompt per line, plain text or JSONL "
+                   "with 'prompt' (a string) or 'messages' (OpenAI-style chat). Records keep a hash, not the text."),
+    spec: Optional[str] = typer.Option(
+        None, help="TOML file with one \\[\\[prompts]] table per prompt file and its own settings (file, name, "
+                   "scenario, samples, eval_samples, temperature, top_p, max_new_tokens, num_prompts)."),
+    scenario: Optional[str] = typer.Option(None, help=FILES_ONLY + "scenario name \\[default: the file's name]."),
+    samples: Optional[int] = typer.Option(None, help=FILES_ONLY + "responses per train prompt \\[default: 1]."),
+    eval_samples: Optional[int] = typer.Option(
+        None, help=FILES_ONLY + "responses per validation / test prompt \\[default: --samples]."),
+    temperature: Optional[float] = typer.Option(None, help=FILES_ONLY + "sampling temperature \\[default: 0.7]."),
+    top_p: Optional[float] = typer.Option(None, help=FILES_ONLY + "nucleus mass kept \\[default: 1.0 = off]."),
+    max_new_tokens: Optional[int] = typer.Option(None, help=FILES_ONLY + "generation cap \\[default: 512]."),
+    num_prompts: Optional[int] = typer.Option(None, help=FILES_ONLY + "a seeded random subset of this many prompts "
+                                              "per file \\[default: all]."),
+    max_prompt_tokens: Optional[int] = typer.Option(
+        None, help="--prompts / --spec only: leave out longer prompts (counted) \\[default: as long as the model's "
+                   "window allows with max_new_tokens]."),
     model: str = typer.Option("smollm2-135m-instruct", help="Model to sample from."),
     engine: str = typer.Option("auto", help="auto (vLLM if installed), vllm or transformers."),
     data_dir: Optional[str] = typer.Option(None, help="Prompt data sets directory."),
@@ -222,17 +236,43 @@ def bench_build(
     cpu_reserved_cores: Optional[int] = typer.Option(
         None, help="vLLM CPU only: cores kept for vLLM's scheduler (VLLM_CPU_NUM_OF_RESERVED_CPU) \\[default: 0]."),
 ):
-    """Sample a benchmark (resumable: rerun the same command to continue where it stopped)."""
+    """Sample a benchmark from a preset or your own prompt files (resumable: rerun the same command to continue
+    where it stopped)."""
     from lenpred.bench.build import build_benchmark
-    from lenpred.bench.plan import preset as make_preset
     from lenpred.engines import VLLMOptions
 
-    config = make_preset(preset, model)
+    settings = {"scenario": scenario, "samples_per_prompt": samples, "eval_samples_per_prompt": eval_samples,
+                "temperature": temperature, "top_p": top_p, "max_new_tokens": max_new_tokens,
+                "num_prompts": num_prompts}
+    config = _bench_config(preset, prompts or [], spec, settings, max_prompt_tokens, model)
     config.seed = seed
     options = VLLMOptions(kv_cache_space_gib=kv_cache_space_gib or None, gpu_memory_utilization=gpu_memory_utilization,
                           cpu_threads_bind=cpu_threads_bind, cpu_reserved_cores=cpu_reserved_cores)
     path = build_benchmark(config, out, engine=engine, data_dir=data_dir, max_shards=max_shards, vllm_options=options)
     typer.echo(f"benchmark in {path}")
+
+
+def _bench_config(preset: Optional[str], prompts: list[str], spec: Optional[str], settings: dict,
+                  max_prompt_tokens: Optional[int], model: str):
+    """The benchmark config of `bench build`: a preset, or the prompt files of --prompts (with the shared settings)
+    and --spec (each with its own)."""
+    from lenpred.bench.plan import BenchConfig
+    from lenpred.bench.plan import preset as make_preset
+    from lenpred.bench.user_prompts import PromptFileConfig, load_prompt_spec
+
+    given = sorted("--" + k.replace("_per_prompt", "").replace("_", "-") for k, v in settings.items() if v is not None)
+    if not prompts and not spec:
+        if given or max_prompt_tokens is not None:
+            raise LenpredError(f"{', '.join(given) or '--max-prompt-tokens'} set the sampling of --prompts files; a "
+                               "preset keeps its own settings")
+        return make_preset(preset or "first", model)
+    if preset is not None:
+        raise LenpredError("give --preset or your own --prompts / --spec, not both")
+    if given and not prompts:
+        raise LenpredError(f"{', '.join(given)} apply to --prompts files; set them per file in the --spec file")
+    chosen = {k: v for k, v in settings.items() if v is not None}
+    files = [PromptFileConfig(path, **chosen) for path in prompts] + (load_prompt_spec(spec) if spec else [])
+    return BenchConfig(model, {}, max_prompt_tokens=max_prompt_tokens, prompt_files=files)
 
 
 @bench_app.command("card")

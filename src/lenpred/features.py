@@ -100,11 +100,14 @@ def extract_cached(backbone, prompts: dict[str, list[int]], layers: tuple[int, .
                 for batch in _batches([len(t) for t in token_lists], max_batch_tokens):
                     for i, s in zip(batch, extract_signals(backbone, [token_lists[i] for i in batch], layers, semantic)):
                         signals[part[i]] = s
+                    done = sum(len(token_lists[i]) for i in batch)  # the bar moves per batch, not per part
+                    extracted += done
+                    bar.update(done)
+                    bar.set_postfix(tok_s=f"{extracted / (time.perf_counter() - t0):.0f}")
                 _write_part(path, part, signals, key)
-                extracted += sum(len(t) for t in token_lists)
-                bar.set_postfix(tok_s=f"{extracted / (time.perf_counter() - t0):.0f}")
+            else:
+                bar.update(sum(len(prompts[p]) for p in part))
             out.update(_read_part(path, part, key))
-            bar.update(sum(len(prompts[p]) for p in part))
     return out
 
 

@@ -26,7 +26,8 @@ from lenpred.errors import LenpredError
 
 CONFIG_FILE, WEIGHTS_FILE, CARD_FILE = "config.json", "predictor.safetensors", "CARD.md"
 DEFAULT_PREDICTOR = Path(__file__).parent / "default_predictor"
-"""The predictor that ships with the package (ESTP on SmolLM2-135M-Instruct, trained on ForeLen)."""
+"""The predictor that ships with the package: a soft-label head on SmolLM2-135M-Instruct's final prompt-token state
+(layer 15, `last` pooling after the template prefix), trained on ForeLen; chosen on validation (see README)."""
 
 
 @dataclass
@@ -97,7 +98,7 @@ class LengthPredictor:
 
     def __init__(self, method: str = "estp", model: str = "smollm2-135m-instruct",
                  layers: tuple[int, ...] = (15, 22, -1), coverage: float = 0.8, seed: int = 0, epochs: int = 150,
-                 binning: str = "log", pool_span: str = "content", semantic_divisor: str = "n"):
+                 binning: str = "log", pool_span: str = "after_prefix", semantic_divisor: str = "n"):
         self.method, self.model, self.layers, self.coverage = method, model, tuple(layers), coverage
         self.seed, self.epochs, self.binning = seed, epochs, binning
         self.pool_span, self.semantic_divisor = pool_span, semantic_divisor
@@ -134,7 +135,7 @@ class LengthPredictor:
         values, _ = provide_inputs(set(PREDICTORS[self.method].inputs), self.backbone_, data,
                                    {"layers": layers, "cache": cache, "bench": str(bench)})
         run = tune_and_refit(self.method, data, tuning_context(cfg, layers, self.backbone_.num_layers, values),
-                             (self.seed,), threads)
+                             (self.seed,))
         self.predictor_ = run.fitted
         _, _, low, high, _, _ = raw_quantiles(self.predictor_, data.rows("validation"), self.coverage)
         self.margin_ = conformal_margin(low, high, data.y[data.index["validation"]], self.coverage)

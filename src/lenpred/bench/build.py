@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from lenpred.bench.plan import BenchConfig, PlannedPrompt, make_plan, plan_fingerprint
+from lenpred.bench.user_prompts import manifest_entry, read_prompt_file
 from lenpred.engines import SampleRequest, VLLMOptions, make_engine
 from lenpred.errors import LenpredError
 from lenpred.io import atomic_path, write_json
@@ -52,12 +53,16 @@ NULLABLE_FIELDS = [
     ("top_k", pa.int32()),               # 0 = off; null: not recorded (shards written before these columns)
     ("min_p", pa.float32()),             # 0.0 = off; null: not recorded
     ("repetition_penalty", pa.float32()),  # 1.0 = off; null: not recorded
+    ("prompt_sha256", pa.string()),      # hex SHA-256 of the prompt's messages (user_prompts.prompt_sha256), never
+                                         # the text; null: not recorded
 ]
 RECORD_SCHEMA = pa.schema(_LEGACY_FIELDS + NULLABLE_FIELDS)
-"""One row per sampled response. The last four columns came later: shards written before them (e.g.
+"""One row per sampled response. The last five columns came later: shards written before them (e.g.
 ``benchmarks/smollm2-first`` and ``smollm2-forelen``, sampled by vLLM with top-k, min-p and repetition penalty off
 and stopping at ``<|im_end|>`` only) are read with those columns null."""
 LEGACY_SCHEMA = pa.schema(_LEGACY_FIELDS)
+_OLDER_SCHEMAS = (LEGACY_SCHEMA, pa.schema(_LEGACY_FIELDS + NULLABLE_FIELDS[:4]))
+"""Schemas shards were written with before :data:`RECORD_SCHEMA`: read with the missing columns null."""
 _META_KEY = b"lenpred"
 _SHARD_NAME = re.compile(r"shard-(\d{5,})\.parquet")
 _MANIFEST_KEYS = ("plan_fingerprint", "model_id", "model_revision", "shard_size")
@@ -135,8 +140,8 @@ def read_shard(path: Path) -> tuple[pa.Table, dict]:
     except (OSError, pa.ArrowException) as exc:
         raise LenpredError(f"{bad} (corrupt data: {type(exc).__name__}); {_RESAMPLE}") from None
     table = table.replace_schema_metadata(None)
-    if table.schema.equals(LEGACY_SCHEMA):
-        for name, dtype in NULLABLE_FIELDS:
+    if any(table.schema.equals(older) for older in _OLDER_SCHEMAS):
+        for name, dtype in NULLABLE_FIELDS[table.num_columns - len(_LEGACY_FIELDS):]:
             table = table.append_column(pa.field(name, dtype), pa.nulls(table.num_rows, dtype))
     if not table.schema.equals(RECORD_SCHEMA):
         raise LenpredError(f"{bad} (its columns differ from the record schema); {_RESAMPLE}")
@@ -162,16 +167,18 @@ def _shard_table(prompts: list[PlannedPrompt], requests: list[SampleRequest], re
                              ("num_prompt_tokens", p.num_prompt_tokens),
                              ("response_token_ids", list(r.response_token_ids)),
                              ("num_output_tokens", r.num_output_tokens), ("finish_reason", r.finish_reason),
-                             ("stop_token_id", r.stop_token_id), *req.sampling_params().items(),
+                             ("stop_token_id", r.stop_token_id), ("prompt_sha256", p.prompt_sha256 or None),
+                             *req.sampling_params().items(),
                              ("model_id", model_id), ("model_revision", revision), ("engine", engine)):
                 rows[key].append(val)
     return pa.Table.from_pydict(rows, schema=RECORD_SCHEMA)
 
 
 def _requests(prompts: list[PlannedPrompt]) -> list[SampleRequest]:
-    """The sampling requests of a shard, in record order: pure ancestral sampling (top-p, top-k, min-p and
-    repetition penalty off), the same in both engines."""
-    return [SampleRequest(p.prompt_token_ids, s, p.temperature, p.max_new_tokens) for p in prompts for s in p.seeds]
+    """The sampling requests of a shard, in record order: pure ancestral sampling (top-k, min-p and repetition
+    penalty off; top-p off unless a prompt file sets it), the same in both engines."""
+    return [SampleRequest(p.prompt_token_ids, s, p.temperature, p.max_new_tokens, top_p=p.top_p)
+            for p in prompts for s in p.seeds]
 
 
 def _check_manifest(bench_dir: Path, manifest: dict) -> None:
@@ -244,6 +251,8 @@ def build_benchmark(config: BenchConfig, out_dir: str | Path, engine: str = "aut
     if max_shards is not None and max_shards < 0:
         raise LenpredError(f"--max-shards must be >= 0, got {max_shards}")
     _check_out_dir(out)
+    for f in config.prompt_files:  # a bad prompt file fails before the model loads
+        read_prompt_file(f.path)
     model_dir, revision = resolve_model(config.model)
     from transformers import AutoTokenizer
 
@@ -260,6 +269,8 @@ def build_benchmark(config: BenchConfig, out_dir: str | Path, engine: str = "aut
                 "model_revision": revision, "shard_size": config.shard_size, "num_prompts": len(plan),
                 "num_requests": sum(len(p.seeds) for p in plan), "skipped_long_prompts": skipped,
                 "stop_token_ids": list(stop_ids)}
+    if config.prompt_files:  # path + SHA-256 of each file: how prompt ids resolve back to text (never the text)
+        manifest["prompt_files"] = [manifest_entry(f) for f in config.prompt_files]
     _check_manifest(out, manifest)
 
     shards = [plan[i:i + config.shard_size] for i in range(0, len(plan), config.shard_size)]
@@ -323,6 +334,9 @@ def _sample_shards(sampler, shards: list[list[PlannedPrompt]], todo: list[int], 
 def load_records(bench_dir: str | Path) -> pa.Table:
     """All records of a benchmark directory as one table (shards in order), checked against ``bench.json``.
 
+    A benchmark built from prompt files lists them in ``bench.json["prompt_files"]``: pass that list to
+    :func:`lenpred.bench.sources.prompt_messages` to re-read their text by prompt id.
+
     Raises:
         LenpredError: no benchmark there, ``bench.json`` unreadable, or a shard from another plan / corrupt.
     """
@@ -339,7 +353,8 @@ def load_records(bench_dir: str | Path) -> pa.Table:
                                "rewrite it (finished shards are checked against the plan and kept)")
         raise LenpredError(f"{bench_dir} holds no benchmark (bench.json missing): build one with "
                            "`lenpred bench build --out DIR`")
-    fingerprint = read_manifest(bench_dir)["plan_fingerprint"]
+    manifest = read_manifest(bench_dir)
+    fingerprint = manifest["plan_fingerprint"]
     tables = []
     for i, path in _shard_files(bench_dir).items():
         table, meta = read_shard(path)

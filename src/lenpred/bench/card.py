@@ -61,8 +61,21 @@ def card_stats(bench_dir: str | Path, records: pa.Table | None = None) -> list[d
     return rows
 
 
-def card_markdown(rows: list[dict], title: str, note: str = "") -> str:
-    """The card's Markdown table, with ``note`` (e.g. a warning) under the title."""
+def prompt_files_markdown(entries: list[dict]) -> str:
+    """A Markdown table of a benchmark's prompt files (``bench.json["prompt_files"]``): scenario and sampling settings
+    per file, and the file's SHA-256 (the card never shows prompt text)."""
+    lines = ["## Prompt files", "", "| name | scenario | file | SHA-256 | samples (train / eval) | temperature | top_p "
+             "| max_new_tokens |", "|---" * 8 + "|"]
+    for e in entries:
+        lines.append(f"| {e['name']} | {e['scenario']} | {Path(e['path']).name} | {e['sha256'][:12]} | "
+                     f"{e['samples_per_prompt']} / {e['eval_samples_per_prompt']} | {e['temperature']} | "
+                     f"{e['top_p']} | {e['max_new_tokens']} |")
+    return "\n".join(lines) + "\n"
+
+
+def card_markdown(rows: list[dict], title: str, note: str = "", prompt_files: list[dict] | None = None) -> str:
+    """The card's Markdown table, with ``note`` (e.g. a warning) under the title and, for a benchmark built from
+    prompt files, a table of those files (:func:`prompt_files_markdown`) after it."""
     head = ("| scenario | split | prompts | responses | prompt tok (mean) | length mean | median | p90 | max | "
             "truncated | within-prompt std | within-prompt max/min |")
     lines = [f"# {title}", "", *([note, ""] if note else []),
@@ -74,7 +87,7 @@ def card_markdown(rows: list[dict], title: str, note: str = "") -> str:
         lines.append(f"| {r['scenario']} | {r['split']} | {r['prompts']} | {r['responses']} | "
                      f"{r['prompt_tokens_mean']:.0f} | {r['mean']:.1f} | {r['median']:.0f} | {r['p90']:.0f} | "
                      f"{r['max']} | {100 * r['truncated']:.1f}% | {spread} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + ("\n" + prompt_files_markdown(prompt_files) if prompt_files else "")
 
 
 def write_card(bench_dir: str | Path) -> dict[str, Path]:
@@ -113,7 +126,8 @@ def write_card(bench_dir: str | Path) -> dict[str, Path]:
     note = (f"**Incomplete: {t.num_rows} of {planned} planned responses** (finish it with `lenpred bench build`)."
             if t.num_rows < planned else "")
     contents = {"md": card_markdown(rows, f"{bench_dir.name}: responses of {manifest['model_id']} "
-                                          f"(revision {manifest['model_revision']})", note),
+                                          f"(revision {manifest['model_revision']})", note,
+                                   manifest.get("prompt_files")),
                 "json": json.dumps(rows, indent=2, allow_nan=False) + "\n", "png": png.getvalue()}
     paths = {"md": bench_dir / "CARD.md", "json": bench_dir / "card.json", "png": bench_dir / "card.png"}
     for key, path in paths.items():

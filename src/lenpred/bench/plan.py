@@ -4,6 +4,10 @@ The plan is a pure function of the config, the data files and the tokenizer: pro
 scenario are shuffled per source with the config seed and interleaved across sources, so a larger
 ``num_prompts`` extends a smaller plan rather than reshuffling it; a prompt's split comes from a
 hash of its id, so it never moves between splits when the benchmark grows.
+
+Users' prompt files (:mod:`lenpred.bench.user_prompts`) are planned the same way, one scenario per file's
+``scenario`` name, except that a prompt's split comes from a hash of its normalised text, so duplicates (in one
+file or across files) always share a split.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from lenpred.bench.sources import SCENARIOS, SOURCES, load_prompts
+from lenpred.bench.user_prompts import PromptFileConfig, check_distinct, prompt_sha256, read_prompt_file
 from lenpred.errors import LenpredError
 
 SPLITS = ("train", "validation", "test")
@@ -66,6 +71,8 @@ class BenchConfig:
             (:func:`prompt_limits`); ``None``: as long as that window allows (context window minus the scenario's
             ``max_new_tokens``).
         shard_size: prompts per shard (the unit of atomic writes and of resuming).
+        prompt_files: users' prompt files with their own scenario names and sampling settings
+            (:class:`lenpred.bench.user_prompts.PromptFileConfig`); planned after the registered scenarios.
     """
 
     model: str
@@ -74,12 +81,16 @@ class BenchConfig:
     seed: int = 0
     max_prompt_tokens: int | None = 2048
     shard_size: int = 16
+    prompt_files: list[PromptFileConfig] = field(default_factory=list)
 
     def __post_init__(self):
         self.scenarios = {k: v if isinstance(v, ScenarioConfig) else ScenarioConfig(**v)
                           for k, v in self.scenarios.items()}
-        if not self.scenarios:
-            raise LenpredError(f"a benchmark needs at least one scenario of {', '.join(SCENARIOS)}")
+        self.prompt_files = [f if isinstance(f, PromptFileConfig) else PromptFileConfig(**f)
+                             for f in self.prompt_files]
+        check_distinct(self.prompt_files)
+        if not self.scenarios and not self.prompt_files:
+            raise LenpredError(f"a benchmark needs at least one scenario of {', '.join(SCENARIOS)} or a prompt file")
         bad = [k for k in self.scenarios if k not in SCENARIOS]
         if bad:
             raise LenpredError(f"unknown scenarios {bad}; valid scenarios: {', '.join(SCENARIOS)}")
@@ -93,7 +104,11 @@ class BenchConfig:
             raise LenpredError(f"shard_size must be >= 1, got {self.shard_size}")
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The config as plain data (``prompt_files`` only when there are any: preset manifests stay as they were)."""
+        d = asdict(self)
+        if not self.prompt_files:
+            del d["prompt_files"]
+        return d
 
 
 def preset(name: str, model: str) -> BenchConfig:
@@ -131,7 +146,13 @@ def preset(name: str, model: str) -> BenchConfig:
 
 @dataclass(frozen=True)
 class PlannedPrompt:
-    """One prompt of the plan with the seeds of all its samples."""
+    """One prompt of the plan with the seeds of all its samples.
+
+    Attributes:
+        top_p: nucleus mass kept (1.0 = off; only prompt files set it).
+        prompt_sha256: :func:`lenpred.bench.user_prompts.prompt_sha256` of the prompt's messages.
+        from_file: the prompt comes from a user prompt file (id ``"<name>:<line>"``), not a registered source.
+    """
 
     scenario: str
     source: str
@@ -142,6 +163,9 @@ class PlannedPrompt:
     seeds: tuple[int, ...]
     temperature: float
     max_new_tokens: int
+    top_p: float = 1.0
+    prompt_sha256: str = ""
+    from_file: bool = False
 
 
 def _unit_hash(*parts: Any) -> float:
@@ -151,7 +175,8 @@ def _unit_hash(*parts: Any) -> float:
 
 
 def assign_split(prompt_id: str, seed: int, fractions: tuple[float, float, float]) -> str:
-    """Split of a prompt, from a hash of its id: stable when the benchmark grows."""
+    """Split of a prompt, from a hash of its id (or, for prompt files, of its normalised text): stable when the
+    benchmark grows."""
     u = _unit_hash("split", seed, prompt_id)
     return "train" if u < fractions[0] else "validation" if u < fractions[0] + fractions[1] else "test"
 
@@ -173,6 +198,21 @@ def _interleaved_prompt_ids(cfg: ScenarioConfig, seed: int, data_dir) -> list[tu
     return out
 
 
+def _prompt_limit(config: BenchConfig, max_new_tokens: int, context_window: int | None, what: str) -> int:
+    """Longest chat-formatted prompt a group with this ``max_new_tokens`` takes (see :func:`prompt_limits`)."""
+    from lenpred.prompts import check_fits
+
+    if context_window is None:
+        if config.max_prompt_tokens is None:
+            raise LenpredError("max_prompt_tokens=None needs the model's context window: pass context_window")
+        return config.max_prompt_tokens
+    prompt = config.max_prompt_tokens if config.max_prompt_tokens is not None else 1
+    check_fits(prompt, max_new_tokens, context_window,
+               what=f"bench max_prompt_tokens ({what})" if config.max_prompt_tokens is not None
+               else f"a 1-token prompt ({what})")
+    return config.max_prompt_tokens or context_window - max_new_tokens
+
+
 def prompt_limits(config: BenchConfig, context_window: int | None) -> dict[str, int]:
     """Longest chat-formatted prompt each scenario takes, from the one length rule
     (:func:`lenpred.prompts.check_fits`: prompt + ``max_new_tokens`` within the model's context window).
@@ -182,28 +222,97 @@ def prompt_limits(config: BenchConfig, context_window: int | None) -> dict[str, 
             ``config.max_prompt_tokens``.
 
     Returns:
-        ``{scenario: max prompt tokens}``: ``max_prompt_tokens``, or ``context_window - max_new_tokens`` when it is
-        ``None``.
+        ``{scenario: max prompt tokens}`` of the registered scenarios (prompt files: :func:`prompt_file_limits`):
+        ``max_prompt_tokens``, or ``context_window - max_new_tokens`` when it is ``None``.
 
     Raises:
         LenpredError: ``max_prompt_tokens`` plus a scenario's ``max_new_tokens`` exceeds the context window, a
             scenario's ``max_new_tokens`` leaves no room for a prompt, or both the limit and the window are unknown.
     """
-    from lenpred.prompts import check_fits
+    return {scenario: _prompt_limit(config, cfg.max_new_tokens, context_window, f"scenario '{scenario}'")
+            for scenario, cfg in config.scenarios.items()}
 
-    limits = {}
-    for scenario, cfg in config.scenarios.items():
-        if context_window is None:
-            if config.max_prompt_tokens is None:
-                raise LenpredError("max_prompt_tokens=None needs the model's context window: pass context_window")
-            limits[scenario] = config.max_prompt_tokens
+
+def prompt_file_limits(config: BenchConfig, context_window: int | None) -> dict[str, int]:
+    """``{prompt file name: max prompt tokens}``, by the same rule as :func:`prompt_limits`.
+
+    Raises:
+        LenpredError: as :func:`prompt_limits`, naming the prompt file.
+    """
+    return {f.name: _prompt_limit(config, f.max_new_tokens, context_window, f"prompt file '{f.name}'")
+            for f in config.prompt_files}
+
+
+def _tokens(tokenizer, messages, where: str) -> list[int]:
+    from lenpred.prompts import chat_token_ids
+
+    try:
+        return chat_token_ids(tokenizer, messages)
+    except LenpredError as exc:
+        raise LenpredError(f"{where}: {exc}") from None
+
+
+def _plan_scenario(scenario: str, cfg: ScenarioConfig, config: BenchConfig, tokenizer, data_dir,
+                   limit: int) -> tuple[list[PlannedPrompt], int]:
+    """The planned prompts of one registered scenario and how many were too long."""
+    chosen, skipped = [], 0
+    for prompt_id, messages in _interleaved_prompt_ids(cfg, config.seed, data_dir):
+        if len(chosen) == cfg.num_prompts:
+            break
+        ids = _tokens(tokenizer, messages, f"prompt {prompt_id}")
+        if len(ids) > limit:
+            skipped += 1
             continue
-        prompt = config.max_prompt_tokens if config.max_prompt_tokens is not None else 1
-        check_fits(prompt, cfg.max_new_tokens, context_window,
-                   what=f"bench max_prompt_tokens (scenario '{scenario}')" if config.max_prompt_tokens is not None
-                   else f"a 1-token prompt (scenario '{scenario}')")
-        limits[scenario] = config.max_prompt_tokens or context_window - cfg.max_new_tokens
-    return limits
+        split = assign_split(prompt_id, config.seed, config.split_fractions)
+        k = cfg.samples_per_prompt if split == "train" else cfg.eval_samples_per_prompt
+        chosen.append(PlannedPrompt(scenario, prompt_id.rpartition(":")[0], prompt_id, split, len(ids), tuple(ids),
+                                    tuple(sample_seed(prompt_id, s, config.seed) for s in range(k)),
+                                    cfg.temperature, cfg.max_new_tokens, prompt_sha256=prompt_sha256(messages)))
+    if len(chosen) < cfg.num_prompts:
+        raise LenpredError(f"scenario '{scenario}' asks for {cfg.num_prompts} prompts but its sources hold only "
+                           f"{len(chosen)} usable ones; lower num_prompts or add sources")
+    return chosen, skipped
+
+
+def text_split_key(messages) -> str:
+    """What a prompt file's prompt is split by: the SHA-256 of its normalised text (lower-cased, whitespace
+    collapsed, as :func:`lenpred.evaluation.data.normalise_text`), so duplicates share a split."""
+    from lenpred.evaluation.data import normalise_text, prompt_text
+
+    return "text:" + hashlib.sha256(normalise_text(prompt_text(messages)).encode("utf-8")).hexdigest()
+
+
+def _plan_file(f: PromptFileConfig, config: BenchConfig, tokenizer, limit: int) -> tuple[list[PlannedPrompt], int]:
+    """The planned prompts of one prompt file (seeded order; ``num_prompts`` of them, or all) and how many were too
+    long."""
+    items = list(read_prompt_file(f.path).prompts.items())
+    random.Random(f"{config.seed}:{f.name}").shuffle(items)
+    chosen, skipped = [], 0
+    for line, messages in items:
+        if len(chosen) == f.num_prompts:
+            break
+        ids = _tokens(tokenizer, messages, f"line {line} of {f.path}")
+        if len(ids) > limit:
+            skipped += 1
+            continue
+        prompt_id = f"{f.name}:{line}"
+        split = assign_split(text_split_key(messages), config.seed, config.split_fractions)
+        k = f.samples_per_prompt if split == "train" else f.eval_samples_per_prompt
+        chosen.append(PlannedPrompt(f.scenario, f.name, prompt_id, split, len(ids), tuple(ids),
+                                    tuple(sample_seed(prompt_id, s, config.seed) for s in range(k)), f.temperature,
+                                    f.max_new_tokens, f.top_p, prompt_sha256(messages), from_file=True))
+    if not chosen or (f.num_prompts is not None and len(chosen) < f.num_prompts):
+        raise LenpredError(f"prompt file {f.path} has {len(chosen)} prompts that fit (of {len(items)}; {skipped} "
+                           f"longer than {limit} tokens){f' but num_prompts is {f.num_prompts}' if chosen else ''}: "
+                           "lower num_prompts, max_new_tokens or add prompts")
+    return chosen, skipped
+
+
+def _interleave(pools: list[list[PlannedPrompt]]) -> list[PlannedPrompt]:
+    out = []
+    for i in range(max((len(p) for p in pools), default=0)):
+        out.extend(p[i] for p in pools if i < len(p))
+    return out
 
 
 def make_plan(config: BenchConfig, tokenizer, data_dir=None,
@@ -211,6 +320,8 @@ def make_plan(config: BenchConfig, tokenizer, data_dir=None,
     """The full, ordered plan: scenarios interleaved prompt by prompt so any prefix covers all of them.
 
     Prompts are prepared by :func:`lenpred.prompts.chat_token_ids` (the one template and special-token rule).
+    Registered scenarios come first in the interleaving, then the prompt files' scenarios (the files of one
+    scenario interleaved with each other).
 
     Args:
         context_window: the model's context window in tokens (checked against the limits up front,
@@ -221,44 +332,31 @@ def make_plan(config: BenchConfig, tokenizer, data_dir=None,
         the scenario's prompt limit.
 
     Raises:
-        LenpredError: limits that do not fit the context window, a data file that is missing or holds bad text,
-            a prompt that cannot be prepared (named by its id), or too few usable prompts.
+        LenpredError: limits that do not fit the context window, a data or prompt file that is missing or holds
+            bad text (named with its record or line), a prompt that cannot be prepared (named by its id, or file and
+            line), or too few usable prompts.
     """
-    from lenpred.prompts import chat_token_ids
-
     limits = prompt_limits(config, context_window)
-    per_scenario: dict[str, list[PlannedPrompt]] = {}
+    file_limits = prompt_file_limits(config, context_window)
+    groups: dict[tuple[str, str], list[list[PlannedPrompt]]] = {}
     skipped: dict[str, int] = {}
     for scenario, cfg in config.scenarios.items():
-        chosen, skipped[scenario] = [], 0
-        for prompt_id, messages in _interleaved_prompt_ids(cfg, config.seed, data_dir):
-            if len(chosen) == cfg.num_prompts:
-                break
-            try:
-                ids = chat_token_ids(tokenizer, messages)
-            except LenpredError as exc:
-                raise LenpredError(f"prompt {prompt_id}: {exc}") from None
-            if len(ids) > limits[scenario]:
-                skipped[scenario] += 1
-                continue
-            split = assign_split(prompt_id, config.seed, config.split_fractions)
-            k = cfg.samples_per_prompt if split == "train" else cfg.eval_samples_per_prompt
-            chosen.append(PlannedPrompt(scenario, prompt_id.rpartition(":")[0], prompt_id, split, len(ids),
-                                        tuple(ids), tuple(sample_seed(prompt_id, s, config.seed) for s in range(k)),
-                                        cfg.temperature, cfg.max_new_tokens))
-        if len(chosen) < cfg.num_prompts:
-            raise LenpredError(f"scenario '{scenario}' asks for {cfg.num_prompts} prompts but its sources hold only "
-                               f"{len(chosen)} usable ones; lower num_prompts or add sources")
-        per_scenario[scenario] = chosen
-    plan = []
-    for i in range(max(len(v) for v in per_scenario.values())):
-        plan.extend(v[i] for v in per_scenario.values() if i < len(v))
-    return plan, skipped
+        chosen, skipped[scenario] = _plan_scenario(scenario, cfg, config, tokenizer, data_dir, limits[scenario])
+        groups[("source", scenario)] = [chosen]
+    for f in config.prompt_files:
+        chosen, n_long = _plan_file(f, config, tokenizer, file_limits[f.name])
+        skipped[f.scenario] = skipped.get(f.scenario, 0) + n_long
+        groups.setdefault(("file", f.scenario), []).append(chosen)
+    return _interleave([_interleave(pools) for pools in groups.values()]), skipped
 
 
 def plan_fingerprint(plan: list[PlannedPrompt]) -> str:
-    """Hash of everything that determines the records (ids, prompt tokens, seeds, sampling params)."""
+    """Hash of everything that determines the records (ids, prompt tokens, seeds, sampling params; for prompt files
+    also top-p and the prompt's content hash)."""
     h = hashlib.sha256()
     for p in plan:
-        h.update(repr((p.prompt_id, p.split, p.prompt_token_ids, p.seeds, p.temperature, p.max_new_tokens)).encode())
+        key = (p.prompt_id, p.split, p.prompt_token_ids, p.seeds, p.temperature, p.max_new_tokens)
+        if p.from_file:  # only here: plans of registered sources keep the fingerprints they were built with
+            key += (p.top_p, p.prompt_sha256)
+        h.update(repr(key).encode())
     return h.hexdigest()[:16]

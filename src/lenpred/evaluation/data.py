@@ -91,14 +91,15 @@ def load_eval_data(bench: str | Path, tokenizer: Any, data_dir: str | None = Non
     from lenpred.prompts import prepare_prompt
 
     table = load_records(bench) if table is None else table
-    complete = table.num_rows >= read_manifest(Path(bench))["num_requests"]
+    manifest = read_manifest(Path(bench))
+    complete, prompt_files = table.num_rows >= manifest["num_requests"], manifest.get("prompt_files")
     names = ("scenario", "prompt_id", "split", "num_output_tokens", "num_prompt_tokens", "finish_reason",
              "max_new_tokens")
     cols = {c: np.asarray(table.column(c).to_pylist()) for c in names}
     by_prompt, messages = {}, {}
     first = dict(zip(cols["prompt_id"], zip(cols["num_prompt_tokens"], cols["scenario"], cols["max_new_tokens"])))
     for pid, (n, scenario, cap) in first.items():
-        messages[pid] = prompt_messages(pid, data_dir)
+        messages[pid] = prompt_messages(pid, data_dir, prompt_files)
         prepared = prepare_prompt(tokenizer, messages[pid])
         if prepared.num_prompt_tokens != n:
             raise LenpredError(f"prompt {pid} has {prepared.num_prompt_tokens} tokens now but {n} in the benchmark: the "

@@ -134,6 +134,25 @@ def save_report(results: dict, extra: dict, out_dir: str | Path, stem: str = "re
     paths = report_paths(out_dir, stem)
     write_json(paths["json"], {"results": results, **extra})
     plot_mae(results, paths["png"], floor=extra.get("oracle_floor"))
+    tables = [markdown_table(results, kind) for kind in TABLES]
+    if extra.get("tuning"):
+        tables.append(tuning_markdown(extra["tuning"]))
     with atomic_path(paths["md"]) as tmp:
-        tmp.write_text("\n\n".join(markdown_table(results, kind) for kind in TABLES) + "\n")
+        tmp.write_text("\n\n".join(tables) + "\n")
     return paths
+
+
+def tuning_markdown(tuning: dict[str, dict]) -> str:
+    """Per method: candidates searched on validation, the choice, and how its pooling weights spread (median and
+    p90 over test prompts of the heaviest token's weight; share of prompts whose heaviest token is the span's last) —
+    so a pooler that collapses onto one token shows it."""
+    lines = ["| method | candidates | chosen on validation | top-token weight (median) | (p90) | heaviest = last |",
+             "|---|---:|---|---:|---:|---:|"]
+    for method, t in tuning.items():
+        chosen = {k: v for k, v in t["chosen"].items() if k in ("layer", "lambda1", "alpha")}
+        d = t.get("diagnostics", {})
+        lines.append(f"| {method} | {t.get('num_candidates', len(t.get('sweep', [])))} | "
+                     f"{', '.join(f'{k} {v}' for k, v in chosen.items()) or '–'} | "
+                     + " | ".join(_fmt(d.get(k), None, 3) for k in ("top_token_weight", "top_token_weight_p90",
+                                                                      "top_token_is_last")) + " |")
+    return "\n".join(lines)

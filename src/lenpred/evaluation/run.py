@@ -6,7 +6,7 @@ score → report. Each step is one function of its own module (:mod:`.data`, :mo
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from lenpred.errors import LenpredError
@@ -34,16 +34,19 @@ class EvalConfig:
         lambda1_grid, alpha_grid: ESTP's extra search (lambda2 fixed at 1: only the ratio and alpha matter up to the
             softmax scale, which alpha already covers).
         trail_layers: TRAIL's layer sweep (``None``: every index 1..L).
-        pool_span: ``content`` pools over the users' content only (the template's fixed text before and after it is
-            the same for every request); ``all`` over the whole prompt.
+        pool_span: ``after_prefix`` (default) pools over everything after the template's fixed prefix — the users'
+            content and the template's suffix (the assistant header), whose hidden states depend on the content;
+            ``content`` over the users' content only; ``all`` over the whole prompt. Chosen on validation: 8 of 8
+            heads were better with ``after_prefix`` (``scripts/pool_span_choice.py``).
         semantic_divisor: ESTP's ``N``: ``n`` (the paper) or ``causal`` (``n - j``).
         epochs: head training epochs (pooled heads, TRAIL).
         binning: soft-label bin placement (``log`` or ``quantile``, :func:`lenpred.heads.length_bin_edges`).
         proxy_encoder: the SSJF / S3 text encoder (``minilm``: the packaged all-MiniLM-L6-v2; or a local directory).
         proxy_epochs, proxy_max_length: fine-tuning epochs of the SSJF / S3 text encoders (whole encoder, bf16
             autocast) and the encoder tokens kept per prompt (the rest is cut): set for this CPU's budget.
-        threads: torch threads for the backbone and the proxy encoders (``None``: torch default). The small
-            heads always train on one thread (faster on a loaded 2-core machine; 20-70x with contention).
+        threads: torch threads for the backbone (``None``: torch default). The small heads always train on one
+            thread (faster on a loaded 2-core machine; 20-70x with contention) and the text proxies on their own
+            fixed count, so results do not depend on it.
         bootstrap_resamples: prompt-clustered bootstrap resamples for the 95 % intervals.
     """
 
@@ -58,7 +61,7 @@ class EvalConfig:
     lambda1_grid: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0)
     alpha_grid: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0)
     trail_layers: tuple[int, ...] | None = None
-    pool_span: str = "content"
+    pool_span: str = "after_prefix"
     semantic_divisor: str = "n"
     epochs: int = 150
     binning: str = "log"
@@ -67,7 +70,6 @@ class EvalConfig:
     proxy_max_length: int = 128
     threads: int | None = None
     bootstrap_resamples: int = 2000
-    extra: dict = field(default_factory=dict)
 
     def __post_init__(self):
         from lenpred.heads import BINNINGS
@@ -123,6 +125,16 @@ def _check_layers(cfg: EvalConfig, num_layers: int) -> tuple[int, ...]:
     return resolve_layers(cfg.layers, num_layers)
 
 
+def native_bf16() -> bool:
+    """Whether this CPU multiplies bfloat16 natively (AVX512-BF16 or AMX): there bf16 autocast halves the text
+    proxies' fine-tuning time; without it (e.g. an AVX2-only CPU) bf16 is ~15x *slower* than float32 (measured:
+    40 vs 2.4 s per SSJF step, `scripts/proxy_fit_time.py`)."""
+    import torch
+
+    capability = torch.backends.cpu.get_cpu_capability()
+    return "BF16" in capability or "AMX" in capability
+
+
 def tuning_context(cfg: EvalConfig, layers: tuple[int, ...], num_layers: int, values: dict):
     """The :class:`~lenpred.evaluation.tune.TuningContext` of a config."""
     from lenpred.evaluation.tune import TuningContext
@@ -133,7 +145,7 @@ def tuning_context(cfg: EvalConfig, layers: tuple[int, ...], num_layers: int, va
         pooled_settings={"pool_span": cfg.pool_span, "semantic_divisor": cfg.semantic_divisor,
                          "head": {"epochs": cfg.epochs, "binning": cfg.binning}},
         proxy_settings={"encoder": cfg.proxy_encoder, "epochs": cfg.proxy_epochs, "max_length": cfg.proxy_max_length,
-                        "precision": "bfloat16"},
+                        "precision": "bfloat16" if native_bf16() else "float32"},
         values=values)
 
 
@@ -168,7 +180,7 @@ def run_evaluate(cfg: EvalConfig, console=None, title: str = "output-length pred
     with tqdm(fit_order(cfg.methods), desc="train + tune on validation", unit="method") as bar:
         for method in bar:
             bar.set_postfix(method=method, candidates=len(PREDICTORS[method].param_grid(ctx)))
-            runs[method] = tune_and_refit(method, data, ctx, cfg.seeds, cfg.threads)
+            runs[method] = tune_and_refit(method, data, ctx, cfg.seeds)
     test = data.index["test"]
     scores = score_methods({m: runs[m].predictions for m in cfg.methods}, data.y[test], data.cols["scenario"][test],
                            data.cols["prompt_id"][test], data.censored[test], "scenario_median", EXTERNAL_BASELINES,

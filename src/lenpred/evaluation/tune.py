@@ -112,8 +112,11 @@ def fit_with_validation(method: str, candidates: list[dict], data, seed: int) ->
     without looking at validation (``val_mae`` ``None``). Returns ``(fitted predictor, chosen params, sweep)``."""
     train, val = data.index["train"], data.index["validation"]
     train_req, val_req = data.rows("train"), data.rows("validation")
+    from tqdm.auto import tqdm
+
     sweep, best, best_mae = [], None, np.inf
-    for params in candidates:
+    for params in tqdm(candidates, desc=f"{method} on validation", unit="candidate", leave=False,
+                       disable=len(candidates) < 2):
         predictor = fit_predictor(method, params, train_req, data.y[train], data.censored[train], seed)
         val_mae = float(np.mean(np.abs(clipped_predict(predictor, val_req) - data.y[val]))) \
             if len(candidates) > 1 else None
@@ -123,15 +126,18 @@ def fit_with_validation(method: str, candidates: list[dict], data, seed: int) ->
     return best, chosen, sweep
 
 
-def tune_and_refit(method: str, data, ctx: TuningContext, seeds: tuple[int, ...], threads: int | None) -> MethodRun:
-    """Tune ``method`` on validation with ``seeds[0]``, refit with the other seeds, predict test (clipped)."""
+def tune_and_refit(method: str, data, ctx: TuningContext, seeds: tuple[int, ...]) -> MethodRun:
+    """Tune ``method`` on validation with ``seeds[0]``, refit with the other seeds, predict test (clipped).
+
+    Runs on one torch thread (small heads: faster on a busy machine, and the same numbers in any process); the text
+    proxies fix their own thread count inside ``fit`` / ``predict``."""
     from lenpred.predictors import PREDICTORS
 
     t = time.perf_counter()
     cls = PREDICTORS[method]
     test_req = data.rows("test")
     train = data.index["train"]
-    with torch_threads(threads if "text" in cls.inputs else 1):  # small heads: one thread is faster and exact
+    with torch_threads(1):
         best, chosen, sweep = fit_with_validation(method, cls.param_grid(ctx), data, seeds[0])
         fitted = [best]
         if takes_seed(method):

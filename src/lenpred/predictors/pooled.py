@@ -21,13 +21,15 @@ def pool_features(spans: list[TokenSpan], pooler: Pooler, layer: int) -> np.ndar
     return torch.stack([pooler(s.layer(layer), s.token_entropy, s.semantic_score) for s in spans]).numpy()
 
 
-POOL_SPANS = ("content", "all")
+POOL_SPANS = ("content", "after_prefix", "all")
 
 
-def request_spans(requests: list, pool_span: str = "content", semantic_divisor: str = "n") -> list[TokenSpan]:
+def request_spans(requests: list, pool_span: str = "after_prefix", semantic_divisor: str = "n") -> list[TokenSpan]:
     """What a pooler reads for each request: its signals over the users' content (``pool_span="content"``,
-    ``Request.content_span``; the template's fixed text before and after is the same for every request) or over
-    the whole prompt (``"all"``), with the semantic score averaged over ``semantic_divisor`` queries.
+    ``Request.content_span``: the template's fixed text before and after it is skipped), over everything after the
+    template's fixed prefix (``"after_prefix"``: the content and the template's suffix, whose hidden states — unlike
+    the prefix's — depend on the content), or over the whole prompt (``"all"``), with the semantic score averaged
+    over ``semantic_divisor`` queries.
 
     Raises:
         LenpredError: a request carries no signals, or an unknown ``pool_span``.
@@ -37,8 +39,12 @@ def request_spans(requests: list, pool_span: str = "content", semantic_divisor: 
     if any(r.signals is None for r in requests):
         raise LenpredError("this predictor needs prefill signals: extract them (lenpred.features.extract_cached) "
                            "and set Request.signals")
-    return [r.signals.span(*(r.content_span if pool_span == "content" and r.content_span else (0, None)),
-                           semantic_divisor=semantic_divisor) for r in requests]
+    def bounds(r) -> tuple[int, int | None]:
+        if pool_span == "all" or r.content_span is None:
+            return 0, None
+        return (r.content_span[0], r.content_span[1] if pool_span == "content" else None)
+
+    return [r.signals.span(*bounds(r), semantic_divisor=semantic_divisor) for r in requests]
 
 
 class PooledHeadPredictor(Predictor):
@@ -48,7 +54,8 @@ class PooledHeadPredictor(Predictor):
         layer: hidden-state index (0 = embeddings, L = final-norm output of the last layer; negative from the end).
         lambda1, lambda2, alpha: ESTP weights and temperature (ignored by poolers that do not use them).
         seed: head initialisation / batch order.
-        pool_span: ``"content"`` pools over the users' content only (default), ``"all"`` over the whole prompt.
+        pool_span: ``"after_prefix"`` (default: the users' content and the template's suffix), ``"content"`` (the
+            users' content only) or ``"all"`` (the whole prompt); see :func:`request_spans`.
         semantic_divisor: ``"n"`` (ESTP paper, default) or ``"causal"`` (``n - j``): see
             :func:`lenpred.signals.semantic_score`.
         head: :class:`HeadConfig` fields as a dict (JSON-able so ``save``/``load`` round-trip).
@@ -67,7 +74,7 @@ class PooledHeadPredictor(Predictor):
                 for l in ctx.layers for a in lambdas for b in alphas]
 
     def __init__(self, layer: int = -1, lambda1: float = 1.0, lambda2: float = 1.0, alpha: float = 1.0,
-                 seed: int = 0, pool_span: str = "content", semantic_divisor: str = "n", head: dict | None = None):
+                 seed: int = 0, pool_span: str = "after_prefix", semantic_divisor: str = "n", head: dict | None = None):
         super().__init__(layer=layer, lambda1=lambda1, lambda2=lambda2, alpha=alpha, seed=seed,
                          pool_span=pool_span, semantic_divisor=semantic_divisor, head=head or {})
         self.pooler = Pooler(self.pooler_name, lambda1, lambda2, alpha)

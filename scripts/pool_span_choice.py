@@ -1,0 +1,60 @@
+"""What a pooler should read: the users' content only, or everything after the template's fixed prefix (content +
+the template suffix, i.e. the assistant header, whose hidden states depend on the content).
+
+Usage: python scripts/pool_span_choice.py [--bench benchmarks/smollm2-forelen] [--out results/pool_span_choice.json]
+
+Fits mean / last / entropy_only / ESTP (lambda1 = alpha = 1) heads at layers 15 and 22 with each span on the train
+split (seed 0) and prints validation and test MAE (predictions clipped to each request's cap), plus the paired
+prompt-clustered 95 % interval of the test difference after_prefix - content. Reads the signal cache of
+`lenpred evaluate`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+
+
+def main() -> None:
+    from lenpred.backbone import load_backbone
+    from lenpred.evaluation.data import load_eval_data
+    from lenpred.evaluation.metrics import clustered_bootstrap
+    from lenpred.evaluation.run import EvalConfig, _check_layers
+    from lenpred.evaluation.tune import clipped_predict, fit_predictor, torch_threads
+    from lenpred.inputs import provide_inputs
+    from lenpred.io import write_json
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--bench", default="benchmarks/smollm2-forelen")
+    ap.add_argument("--out", default="results/pool_span_choice.json")
+    args = ap.parse_args()
+    cfg = EvalConfig(bench=args.bench)
+    backbone = load_backbone(cfg.model)
+    data = load_eval_data(cfg.bench, backbone.tokenizer)
+    provide_inputs({"signals"}, backbone, data, {"layers": _check_layers(cfg, backbone.num_layers), "cache": None,
+                                                 "bench": cfg.bench})
+    train, val, test = (data.index[s] for s in ("train", "validation", "test"))
+    pid = data.cols["prompt_id"][test]
+    rows = []
+    with torch_threads(1):
+        for method in ("mean", "last", "entropy_only", "estp"):
+            for layer in (15, 22):
+                err = {}
+                for span in ("content", "after_prefix"):
+                    p = fit_predictor(method, {"layer": layer, "pool_span": span}, data.rows("train"), data.y[train],
+                                      data.censored[train], 0)
+                    val_mae = float(np.mean(np.abs(clipped_predict(p, data.rows("validation")) - data.y[val])))
+                    err[span] = np.abs(clipped_predict(p, data.rows("test")) - data.y[test])
+                    rows.append({"method": method, "layer": layer, "pool_span": span, "val_mae": val_mae,
+                                 "test_mae": float(err[span].mean())})
+                    print(json.dumps(rows[-1]), flush=True)
+                d, lo, hi = clustered_bootstrap(err["after_prefix"] - err["content"], pid)
+                rows.append({"method": method, "layer": layer, "test_diff_after_prefix_minus_content": [d, lo, hi]})
+                print(json.dumps(rows[-1]), flush=True)
+    write_json(args.out, rows)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+"""The tuner: validation choice, clipping to the cap, and the same numbers in any caller thread count."""
+
+import numpy as np
+import pytest
+import torch
+
+from lenpred.evaluation.data import EvalData
+from lenpred.evaluation.tune import TuningContext, clipped_predict, fit_order, tune_and_refit
+from lenpred.predictors import Request, make_predictor
+from lenpred.signals import PromptSignals
+
+
+def _data(n_prompts: int = 24) -> EvalData:
+    g = torch.Generator().manual_seed(0)
+    by_prompt, pids, y = {}, [], []
+    for i in range(n_prompts):
+        n = 3 + i % 4
+        s = PromptSignals(torch.randn(2, n, 8, generator=g), torch.rand(n, generator=g), torch.rand(n, generator=g),
+                          (1, 2), torch.randn(3, 8, generator=g))
+        by_prompt[f"p{i}"] = Request(f"p{i}", list(range(n)), signals=s, content_span=(1, n), max_new_tokens=100,
+                                     scenario="ab"[i % 2])
+        pids += [f"p{i}", f"p{i}"]
+        y += [float(10 + 7 * i % 90), float(100 if i % 3 == 0 else 20 + i)]
+    pids, y = np.array(pids), np.array(y)
+    split = np.array(["train"] * 32 + ["validation"] * 8 + ["test"] * 8)
+    cols = {"prompt_id": pids, "split": split, "scenario": np.array([by_prompt[p].scenario for p in pids])}
+    return EvalData(cols, by_prompt, {}, np.empty(len(y), object), y, y == 100,
+                    {s: np.flatnonzero(split == s) for s in ("train", "validation", "test")}, {}, True)
+
+
+def _ctx() -> TuningContext:
+    return TuningContext(layers=(1, 2), trail_layers=(1, 2), lambda1_grid=(1.0,), alpha_grid=(1.0, 2.0),
+                         pooled_settings={"pool_span": "content", "semantic_divisor": "n", "head": {"epochs": 3}})
+
+
+def test_same_predictions_in_any_caller_thread_count():
+    data, before = _data(), torch.get_num_threads()
+    try:
+        runs = []
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            runs.append(tune_and_refit("estp", data, _ctx(), (0, 1)))
+        assert torch.get_num_threads() == 2  # the caller's count is restored
+    finally:
+        torch.set_num_threads(before)
+    for a, b in zip(runs[0].predictions, runs[1].predictions):
+        np.testing.assert_array_equal(a, b)
+    assert runs[0].chosen == runs[1].chosen and len(runs[0].sweep) == 2 * 1 * 2  # layers x lambda1 x alpha
+
+
+def test_predictions_are_clipped_to_each_requests_cap():
+    data = _data()
+    reqs = data.rows("test")
+    model = make_predictor("prompt_length").fit(data.rows("train"), data.y[data.index["train"]] * 50)
+    assert model.predict(reqs).max() > 100 and clipped_predict(model, reqs).max() == 100
+
+
+def test_fit_order_puts_tune_after_dependencies_first():
+    assert fit_order(("ltr", "mean", "estp")) == ["mean", "estp", "ltr"]
+    assert fit_order(("ltr", "mean")) == ["ltr", "mean"]  # without estp, ltr tunes its own layer grid
