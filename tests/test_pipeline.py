@@ -104,6 +104,11 @@ def test_cli_train_and_predict_from_args_file_and_stdin(tiny_bench, tiny_model_d
     bad.write_text('{"text": "x"}\n')
     r4 = runner.invoke(app, ["predict", "--predictor", str(out), "--file", str(bad)])
     assert r4.exit_code == 2 and "line 1 of" in r4.stderr and "'prompt' or 'messages'" in r4.stderr
+    r5 = runner.invoke(app, ["predict", "--predictor", str(out), "write a poem", "   "])
+    assert r5.exit_code == 2 and "error: prompt 1 (counting from 0): empty prompt" in r5.stderr
+    (tmp_path / "afile").write_text("x")  # an --out that is a file: refused before any work
+    r6 = runner.invoke(app, ["train", "--bench", str(bench), "--out", str(tmp_path / "afile"), "--model", "no/such"])
+    assert r6.exit_code == 2 and "is (or lies under) a file" in r6.stderr
 
 
 @pytest.mark.slow

@@ -6,6 +6,7 @@ A :class:`lenpred.LenpredError` (bad input the user can fix) is printed as one l
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -133,6 +134,9 @@ def train(
 
     if not 0 < coverage < 1:
         raise LenpredError(f"--coverage must lie in (0, 1), got {coverage}")
+    out_path = Path(out)
+    if any(p.exists() and not p.is_dir() for p in (out_path, *out_path.parents)):  # refused before any work
+        raise LenpredError(f"--out {out} is (or lies under) a file: pass a directory")
     predictor = LengthPredictor(method, model, _ints("--layers", layers), coverage, seed, epochs,
                                 pool_span=pool_span)
     predictor.fit(bench, data_dir=data_dir, cache=cache, threads=threads)

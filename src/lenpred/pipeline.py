@@ -203,7 +203,10 @@ class LengthPredictor:
         tok, window = self.backbone_.tokenizer, self.backbone_.context_window
         requests = []
         for i, p in enumerate(prompts):
-            prepared = prepare_prompt(tok, p)
+            try:
+                prepared = prepare_prompt(tok, p)
+            except LenpredError as exc:
+                raise LenpredError(f"prompt {i} (counting from 0): {exc}") from None
             check_fits(prepared.num_prompt_tokens, max_new_tokens or 0, window, what=f"prompt {i}")
             messages = [{"role": "user", "content": p}] if isinstance(p, str) else p
             requests.append(Request(str(i), list(prepared.token_ids), prompt_text(messages),
