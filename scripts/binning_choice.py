@@ -16,22 +16,16 @@ import numpy as np
 
 
 def main() -> None:
-    from lenpred.backbone import load_backbone
-    from lenpred.evaluation.data import load_eval_data
-    from lenpred.evaluation.run import EvalConfig, _check_layers
+    from lenpred.evaluation.run import EvalConfig, prepare_run
     from lenpred.evaluation.tune import clipped_predict, fit_predictor, torch_threads
-    from lenpred.inputs import provide_inputs
     from lenpred.io import write_json
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bench", default="benchmarks/smollm2-forelen")
     ap.add_argument("--out", default="results/binning_choice.json")
     args = ap.parse_args()
-    cfg = EvalConfig(bench=args.bench)
-    backbone = load_backbone(cfg.model)
-    layers = _check_layers(cfg, backbone.num_layers)
-    data = load_eval_data(cfg.bench, backbone.tokenizer)
-    provide_inputs({"signals"}, backbone, data, {"layers": layers, "cache": None, "bench": cfg.bench})
+    run = prepare_run(EvalConfig(bench=args.bench), {"signals"})
+    data, layers = run.data, run.layers
     train, val = data.index["train"], data.index["validation"]
     scen = data.cols["scenario"][val]
     rows = []

@@ -18,23 +18,16 @@ import numpy as np
 
 
 def main() -> None:
-    from lenpred.backbone import load_backbone
-    from lenpred.evaluation.data import load_eval_data
     from lenpred.evaluation.metrics import clustered_bootstrap
-    from lenpred.evaluation.run import EvalConfig, _check_layers
+    from lenpred.evaluation.run import EvalConfig, prepare_run
     from lenpred.evaluation.tune import clipped_predict, fit_predictor, torch_threads
-    from lenpred.inputs import provide_inputs
     from lenpred.io import write_json
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bench", default="benchmarks/smollm2-forelen")
     ap.add_argument("--out", default="results/pool_span_choice.json")
     args = ap.parse_args()
-    cfg = EvalConfig(bench=args.bench)
-    backbone = load_backbone(cfg.model)
-    data = load_eval_data(cfg.bench, backbone.tokenizer)
-    provide_inputs({"signals"}, backbone, data, {"layers": _check_layers(cfg, backbone.num_layers), "cache": None,
-                                                 "bench": cfg.bench})
+    data = prepare_run(EvalConfig(bench=args.bench), {"signals"}).data
     train, val, test = (data.index[s] for s in ("train", "validation", "test"))
     pid = data.cols["prompt_id"][test]
     rows = []

@@ -113,12 +113,9 @@ class LengthPredictor:
             LenpredError: unknown method, a predictor that reads the model's self-report (PiA cannot predict new
                 prompts without generating), bad settings, or any benchmark / data error.
         """
-        from lenpred.backbone import load_backbone
-        from lenpred.bench.build import load_records, read_manifest
-        from lenpred.evaluation.data import load_eval_data
-        from lenpred.evaluation.run import EvalConfig, _check_layers, tuning_context
+        from lenpred.bench.build import read_manifest
+        from lenpred.evaluation.run import EvalConfig, prepare_run
         from lenpred.evaluation.tune import tune_and_refit
-        from lenpred.inputs import provide_inputs
         from lenpred.intervals import conformal_margin
         from lenpred.predictors import PREDICTORS
 
@@ -128,14 +125,9 @@ class LengthPredictor:
         if "self_report" in PREDICTORS[self.method].inputs:
             raise LenpredError(f"'{self.method}' reads the model's own self-report, which needs a generation per "
                                "prompt: it cannot be a LengthPredictor; pick a method that reads signals or text")
-        table = load_records(bench)
-        self.backbone_ = backbone or load_backbone(self.model, num_threads=threads)
-        layers = _check_layers(cfg, self.backbone_.num_layers)
-        data = load_eval_data(bench, self.backbone_.tokenizer, data_dir, table)
-        values, _ = provide_inputs(set(PREDICTORS[self.method].inputs), self.backbone_, data,
-                                   {"layers": layers, "cache": cache, "bench": str(bench)})
-        run = tune_and_refit(self.method, data, tuning_context(cfg, layers, self.backbone_.num_layers, values),
-                             (self.seed,))
+        prepared = prepare_run(cfg, set(PREDICTORS[self.method].inputs), backbone)
+        self.backbone_, data = prepared.backbone, prepared.data
+        run = tune_and_refit(self.method, data, prepared.ctx, (self.seed,))
         self.predictor_ = run.fitted
         _, _, low, high, _, _ = raw_quantiles(self.predictor_, data.rows("validation"), self.coverage)
         self.margin_ = conformal_margin(low, high, data.y[data.index["validation"]], self.coverage)
@@ -146,7 +138,7 @@ class LengthPredictor:
             "semantic": self._needs_attention(), "template_rule": _template_rule(), "coverage": self.coverage,
             "interval_margin": self.margin_, "training_benchmark": {
                 "name": Path(bench).name, "plan_fingerprint": manifest["plan_fingerprint"],
-                "num_records": table.num_rows, "dropped_duplicates": data.dropped_duplicates},
+                "num_records": prepared.table.num_rows, "dropped_duplicates": data.dropped_duplicates},
             "lenpred_version": _version()}
         self.card_ = self._test_card(data)
         return self
@@ -167,12 +159,12 @@ class LengthPredictor:
         test = data.index["test"]
         preds = self._predict_requests(data.rows("test"))
         y, scen, pid = data.y[test], data.cols["scenario"][test], data.cols["prompt_id"][test]
+        expected, lows, highs = (np.array([getattr(p, k) for p in preds]) for k in ("expected", "low", "high"))
         card = {}
         for g in [*sorted(set(scen.tolist())), "overall"]:
             m = (scen == g) if g != "overall" else np.ones(len(y), bool)
-            err = np.abs(np.array([p.expected for p in preds])[m] - y[m])
-            mae, lo, hi = clustered_bootstrap(err, pid[m])
-            low, high = np.array([p.low for p in preds])[m], np.array([p.high for p in preds])[m]
+            mae, lo, hi = clustered_bootstrap(np.abs(expected[m] - y[m]), pid[m])
+            low, high = lows[m], highs[m]
             card[g] = {"n": int(m.sum()), "mae": mae, "mae_ci": [lo, hi],
                        "interval_coverage": interval_coverage(low, high, y[m]),
                        "mean_interval_width": float(np.mean(high - low))}

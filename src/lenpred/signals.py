@@ -123,7 +123,7 @@ class PromptSignals:
 
     def layer(self, index: int) -> torch.Tensor:
         """Hidden states ``(n, d)`` of hidden-state index ``index`` (see :meth:`TokenSpan.layer`)."""
-        return self.span().layer(index)
+        return TokenSpan(self.hidden_states, self.token_entropy, None, self.layers).layer(index)
 
 
 def token_entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:

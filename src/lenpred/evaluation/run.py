@@ -149,33 +149,56 @@ def tuning_context(cfg: EvalConfig, layers: tuple[int, ...], num_layers: int, va
         values=values)
 
 
+@dataclass
+class PreparedRun:
+    """A benchmark ready to tune on (:func:`prepare_run`): the model, its records as requests with their inputs
+    provided, the resolved layers, the tuning context, the records table and the providers' seconds."""
+
+    backbone: object
+    data: object
+    layers: tuple[int, ...]
+    ctx: object
+    table: object
+    timing: dict
+
+
+def prepare_run(cfg: EvalConfig, needs: set[str], backbone=None) -> PreparedRun:
+    """Records (checked before the model loads) → backbone → requests → the inputs ``needs`` names → tuning context.
+
+    The one loading path of ``lenpred evaluate``, ``LengthPredictor.fit`` and the choice scripts.
+    """
+    from lenpred.backbone import load_backbone
+    from lenpred.bench.build import load_records
+    from lenpred.evaluation.data import load_eval_data
+    from lenpred.inputs import provide_inputs
+
+    table = load_records(cfg.bench)  # a missing or broken benchmark fails before the model loads
+    backbone = backbone or load_backbone(cfg.model, num_threads=cfg.threads)
+    layers = _check_layers(cfg, backbone.num_layers)
+    data = load_eval_data(cfg.bench, backbone.tokenizer, cfg.data_dir, table)
+    values, timing = provide_inputs(needs, backbone, data, {"layers": layers, "cache": cfg.cache, "bench": cfg.bench})
+    return PreparedRun(backbone, data, layers, tuning_context(cfg, layers, backbone.num_layers, values), table, timing)
+
+
 def run_evaluate(cfg: EvalConfig, console=None, title: str = "output-length prediction, test split") -> dict:
     """Run the evaluation; returns the report dict (also written to ``cfg.out``)."""
     from rich.console import Console
     from tqdm.auto import tqdm
 
-    from lenpred.backbone import load_backbone
-    from lenpred.bench.build import load_records
-    from lenpred.evaluation.data import load_eval_data
     from lenpred.evaluation.metrics import score_methods
     from lenpred.evaluation.tune import fit_order, tune_and_refit
-    from lenpred.inputs import provide_inputs
     from lenpred.predictors import PREDICTORS
 
     console = console or Console(width=max(Console().width, 160))
     check_output_paths(cfg)
-    table = load_records(cfg.bench)  # a missing or broken benchmark fails before the model loads
     t_start = time.perf_counter()
     console.print(f"loading {cfg.model} and {cfg.bench} …")
-    backbone = load_backbone(cfg.model, num_threads=cfg.threads)
-    layers = _check_layers(cfg, backbone.num_layers)
-    data = load_eval_data(cfg.bench, backbone.tokenizer, cfg.data_dir, table)
+    needs = {i for m in cfg.methods for i in PREDICTORS[m].inputs}
+    run = prepare_run(cfg, needs)
+    backbone, data, layers, ctx = run.backbone, run.data, run.layers, run.ctx
     if not data.complete:
         console.print(f"[yellow]warning: {cfg.bench} is incomplete; finish it with `lenpred bench build` before "
                       "quoting these numbers[/yellow]")
-    needs = {i for m in cfg.methods for i in PREDICTORS[m].inputs}
-    values, timing = provide_inputs(needs, backbone, data, {"layers": layers, "cache": cfg.cache, "bench": cfg.bench})
-    ctx = tuning_context(cfg, layers, backbone.num_layers, values)
     runs = {}
     with tqdm(fit_order(cfg.methods), desc="train + tune on validation", unit="method") as bar:
         for method in bar:
@@ -189,8 +212,9 @@ def run_evaluate(cfg: EvalConfig, console=None, title: str = "output-length pred
     report = {**scores, "config": asdict(cfg), "model_revision": backbone.revision, "overhead": overhead,
               "tuning": {m: {"chosen": r.chosen, "num_candidates": len(r.sweep), "sweep": r.sweep,
                              "diagnostics": r.diagnostics} for m, r in runs.items()},
-              "timing_s": {"wall": time.perf_counter() - t_start, **timing, "fit": {m: r.fit_s for m, r in runs.items()}},
-              "values": values, "num_samples": {s: len(i) for s, i in data.index.items()},
+              "timing_s": {"wall": time.perf_counter() - t_start, **run.timing,
+                           "fit": {m: r.fit_s for m, r in runs.items()}},
+              "values": ctx.values, "num_samples": {s: len(i) for s, i in data.index.items()},
               "dropped_duplicates": data.dropped_duplicates, "benchmark_complete": data.complete,
               "censored_test_share": float(data.censored[test].mean())}
     _print_and_save(report, {m: r.fitted for m, r in runs.items()}, cfg, console, title)
