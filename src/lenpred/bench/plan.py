@@ -252,22 +252,34 @@ def _tokens(tokenizer, messages, where: str) -> list[int]:
         raise LenpredError(f"{where}: {exc}") from None
 
 
-def _plan_scenario(scenario: str, cfg: ScenarioConfig, config: BenchConfig, tokenizer, data_dir,
-                   limit: int) -> tuple[list[PlannedPrompt], int]:
-    """The planned prompts of one registered scenario and how many were too long."""
+def _plan_items(items, scenario: str, settings, config: BenchConfig, tokenizer, limit: int,
+                from_file: bool = False) -> tuple[list[PlannedPrompt], int]:
+    """Plan ``items`` — ``(prompt_id, split_key, where, messages)`` in order — until ``settings.num_prompts`` fit in
+    ``limit`` prompt tokens (``None``: all); returns the planned prompts and how many were too long. ``settings`` is a
+    :class:`ScenarioConfig` or a prompt file's config (samples, temperature, cap, and top_p for files)."""
     chosen, skipped = [], 0
-    for prompt_id, messages in _interleaved_prompt_ids(cfg, config.seed, data_dir):
-        if len(chosen) == cfg.num_prompts:
+    for prompt_id, split_key, where, messages in items:
+        if len(chosen) == settings.num_prompts:
             break
-        ids = _tokens(tokenizer, messages, f"prompt {prompt_id}")
+        ids = _tokens(tokenizer, messages, where)
         if len(ids) > limit:
             skipped += 1
             continue
-        split = assign_split(prompt_id, config.seed, config.split_fractions)
-        k = cfg.samples_per_prompt if split == "train" else cfg.eval_samples_per_prompt
+        split = assign_split(split_key, config.seed, config.split_fractions)
+        k = settings.samples_per_prompt if split == "train" else settings.eval_samples_per_prompt
         chosen.append(PlannedPrompt(scenario, prompt_id.rpartition(":")[0], prompt_id, split, len(ids), tuple(ids),
                                     tuple(sample_seed(prompt_id, s, config.seed) for s in range(k)),
-                                    cfg.temperature, cfg.max_new_tokens, prompt_sha256=prompt_sha256(messages)))
+                                    settings.temperature, settings.max_new_tokens, getattr(settings, "top_p", 1.0),
+                                    prompt_sha256(messages), from_file=from_file))
+    return chosen, skipped
+
+
+def _plan_scenario(scenario: str, cfg: ScenarioConfig, config: BenchConfig, tokenizer, data_dir,
+                   limit: int) -> tuple[list[PlannedPrompt], int]:
+    """The planned prompts of one registered scenario and how many were too long."""
+    items = ((pid, pid, f"prompt {pid}", messages) for pid, messages in
+             _interleaved_prompt_ids(cfg, config.seed, data_dir))
+    chosen, skipped = _plan_items(items, scenario, cfg, config, tokenizer, limit)
     if len(chosen) < cfg.num_prompts:
         raise LenpredError(f"scenario '{scenario}' asks for {cfg.num_prompts} prompts but its sources hold only "
                            f"{len(chosen)} usable ones; lower num_prompts or add sources")
@@ -287,20 +299,9 @@ def _plan_file(f: PromptFileConfig, config: BenchConfig, tokenizer, limit: int) 
     long."""
     items = list(read_prompt_file(f.path).prompts.items())
     random.Random(f"{config.seed}:{f.name}").shuffle(items)
-    chosen, skipped = [], 0
-    for line, messages in items:
-        if len(chosen) == f.num_prompts:
-            break
-        ids = _tokens(tokenizer, messages, f"line {line} of {f.path}")
-        if len(ids) > limit:
-            skipped += 1
-            continue
-        prompt_id = f"{f.name}:{line}"
-        split = assign_split(text_split_key(messages), config.seed, config.split_fractions)
-        k = f.samples_per_prompt if split == "train" else f.eval_samples_per_prompt
-        chosen.append(PlannedPrompt(f.scenario, f.name, prompt_id, split, len(ids), tuple(ids),
-                                    tuple(sample_seed(prompt_id, s, config.seed) for s in range(k)), f.temperature,
-                                    f.max_new_tokens, f.top_p, prompt_sha256(messages), from_file=True))
+    keyed = ((f"{f.name}:{line}", text_split_key(messages), f"line {line} of {f.path}", messages)
+             for line, messages in items)
+    chosen, skipped = _plan_items(keyed, f.scenario, f, config, tokenizer, limit, from_file=True)
     if not chosen or (f.num_prompts is not None and len(chosen) < f.num_prompts):
         raise LenpredError(f"prompt file {f.path} has {len(chosen)} prompts that fit (of {len(items)}; {skipped} "
                            f"longer than {limit} tokens){f' but num_prompts is {f.num_prompts}' if chosen else ''}: "
