@@ -115,6 +115,25 @@ def evaluate(
 
 @app.command()
 @one_line_errors
+def progressive(
+    model: str = MODEL,
+    bench: str = typer.Option("benchmarks/smollm2-forelen", help="Benchmark directory (lenpred bench build)."),
+    data_dir: Optional[str] = DATA_DIR,
+    out: str = typer.Option("results/progressive", help="Output directory for results.json / .md / curves.png."),
+    cache: Optional[str] = CACHE,
+    decode_cache: Optional[str] = typer.Option(None, help="Decode-state cache directory \\[default: under $LENPRED_CACHE]."),
+    seed: int = typer.Option(0, help="Head seed."),
+    threads: Optional[int] = typer.Option(2, help="torch threads for the backbone (teacher forcing)."),
+):
+    """Progressive remaining-length prediction (PLP, TRAIL-progressive) vs static baselines, per decode step."""
+    from lenpred.progressive.evaluate import ProgressiveConfig, run_progressive
+
+    run_progressive(ProgressiveConfig(model=model, bench=bench, data_dir=data_dir, out=out, cache=cache,
+                                      decode_cache=decode_cache, seed=seed, threads=threads))
+
+
+@app.command()
+@one_line_errors
 def train(
     bench: str = typer.Option("benchmarks/smollm2-forelen", help="Benchmark directory to train on."),
     method: str = typer.Option("estp", help="Predictor to train (see `lenpred evaluate --help` for the list)."),

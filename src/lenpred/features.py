@@ -32,7 +32,8 @@ def tensors_sha256(tensors: dict[str, torch.Tensor]) -> str:
     h = hashlib.sha256()
     for name in sorted(tensors):
         h.update(name.encode() + b"\0")
-        h.update(tensors[name].contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        if tensors[name].numel():  # an empty tensor has no bytes (and may not be viewed as bytes)
+            h.update(tensors[name].contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
 
 
@@ -119,21 +120,23 @@ def cache_key(backbone, layers: tuple[int, ...], semantic: bool = True) -> dict:
             "template_rule": TEMPLATE_RULE}
 
 
-def _write_part(path: Path, part: list[str], signals: dict[str, PromptSignals], key: dict) -> None:
-    tensors = {}
-    for i, pid in enumerate(part):
-        s = signals[pid]
-        tensors[f"{i}.hidden_states"] = s.hidden_states.contiguous()
-        tensors[f"{i}.token_entropy"] = s.token_entropy.contiguous()
-        tensors[f"{i}.last_token_states"] = s.last_token_states.contiguous()
-        if s.attention_received is not None:
-            tensors[f"{i}.attention_received"] = s.attention_received.contiguous()
+def write_part(path: Path, ids: list[str], tensors: dict[str, torch.Tensor], key: dict) -> None:
+    """Write one cache part atomically: ``tensors`` plus, in the safetensors metadata, the ids it holds, the
+    cache ``key`` and a SHA-256 over every tensor (:func:`tensors_sha256`), all checked by :func:`read_part`."""
+    tensors = {k: v.contiguous() for k, v in tensors.items()}
     with atomic_path(path) as tmp:
-        save_file(tensors, str(tmp), metadata={"prompt_ids": json.dumps(part), "sha256": tensors_sha256(tensors),
+        save_file(tensors, str(tmp), metadata={"prompt_ids": json.dumps(ids), "sha256": tensors_sha256(tensors),
                                                "key": json.dumps(key, sort_keys=True)})
 
 
-def _read_part(path: Path, part: list[str], key: dict) -> dict[str, PromptSignals]:
+def read_part(path: Path, ids: list[str], key: dict) -> dict[str, torch.Tensor]:
+    """The tensors of a part written by :func:`write_part`.
+
+    Raises:
+        LenpredError: unreadable, written under another key (model revision, layers, format, ...: the message
+            names what differs), holding other ids, failing its checksum, or holding non-finite values. Each message
+            says to delete the part and rerun.
+    """
     from safetensors import SafetensorError, safe_open
 
     try:
@@ -147,13 +150,30 @@ def _read_part(path: Path, part: list[str], key: dict) -> dict[str, PromptSignal
         diff = sorted(k for k in key.keys() | part_key.keys() if key.get(k) != part_key.get(k))
         raise LenpredError(f"{path} was extracted with other {', '.join(diff)} ({', '.join(f'{k}={part_key.get(k)}' for k in diff)}"
                            f" instead of {', '.join(f'{k}={key.get(k)}' for k in diff)}): delete it and rerun to re-extract")
-    if stored != part:
+    if stored != ids:
         raise LenpredError(f"{path} holds other prompts than expected: delete the cache directory and rerun")
     if tensors_sha256(tensors) != checksum:
         raise LenpredError(f"{path} fails its SHA-256 checksum (corrupted on disk): delete it and rerun to re-extract")
-    bad = [k for k, v in tensors.items() if not torch.isfinite(v).all()]
+    bad = [k for k, v in tensors.items() if v.is_floating_point() and not torch.isfinite(v).all()]
     if bad:
         raise LenpredError(f"{path} holds non-finite values in {bad[0]}: delete it and rerun to re-extract")
+    return tensors
+
+
+def _write_part(path: Path, part: list[str], signals: dict[str, PromptSignals], key: dict) -> None:
+    tensors = {}
+    for i, pid in enumerate(part):
+        s = signals[pid]
+        tensors[f"{i}.hidden_states"] = s.hidden_states
+        tensors[f"{i}.token_entropy"] = s.token_entropy
+        tensors[f"{i}.last_token_states"] = s.last_token_states
+        if s.attention_received is not None:
+            tensors[f"{i}.attention_received"] = s.attention_received
+    write_part(path, part, tensors, key)
+
+
+def _read_part(path: Path, part: list[str], key: dict) -> dict[str, PromptSignals]:
+    tensors = read_part(path, part, key)
     try:
         return {pid: PromptSignals(tensors[f"{i}.hidden_states"], tensors[f"{i}.token_entropy"],
                                    tensors.get(f"{i}.attention_received"), tuple(key["layers"]),

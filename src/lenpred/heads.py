@@ -35,7 +35,7 @@ from torch import nn
 from lenpred.errors import LenpredError
 
 
-BINNINGS = ("log", "quantile")
+BINNINGS = ("log", "quantile", "width")
 
 
 def length_bin_edges(lengths: np.ndarray, num_bins: int = 20, binning: str = "log", caps: np.ndarray = (),
@@ -48,7 +48,9 @@ def length_bin_edges(lengths: np.ndarray, num_bins: int = 20, binning: str = "lo
         lengths: ``(n,)`` training lengths in tokens (capped ones at their cap).
         num_bins: K before merging duplicate edges (K can shrink).
         binning: ``"log"`` — log-spaced from the shortest (at least 1) to the largest length; ``"quantile"`` —
-            equal-mass quantiles of the uncapped lengths.
+            equal-mass quantiles of the uncapped lengths; ``"width"`` — K equal-width bins from 0 to the largest
+            length (TRAIL's binning), caps *not* added as edges (a censored label then also credits the part of the
+            cap's bin below the cap).
         caps: generation caps (``max_new_tokens``) of the capped training samples.
         censored: ``(n,)`` bool, which lengths are capped (only ``quantile`` reads it).
 
@@ -66,6 +68,8 @@ def length_bin_edges(lengths: np.ndarray, num_bins: int = 20, binning: str = "lo
         inner = np.geomspace(max(float(lengths.min()), 1.0), top, num_bins)[1:]  # K - 1 edges, the last the largest
         for c in caps:  # snap the nearest edge onto each cap (in log distance)
             inner[np.argmin(np.abs(np.log(inner) - np.log(max(c, 1.0))))] = c
+    elif binning == "width":
+        return np.concatenate([[-np.inf], np.unique(np.ceil(np.linspace(0, top, num_bins + 1)[1:])), [np.inf]])
     else:
         free = lengths if censored is None else lengths[~np.asarray(censored, dtype=bool)]
         inner = np.quantile(free if free.size else lengths, np.arange(1, num_bins) / num_bins)
@@ -189,7 +193,7 @@ class SoftLabelRegressor:
         self.seed = seed
 
     def fit(self, X: np.ndarray, y: np.ndarray, groups: np.ndarray | None = None, censored: np.ndarray | None = None,
-            caps: np.ndarray | None = None) -> "SoftLabelRegressor":
+            caps: np.ndarray | None = None, sample_weight: np.ndarray | None = None) -> "SoftLabelRegressor":
         """Train on features ``X`` ``(n, d)`` and observed lengths ``y`` ``(n,)`` (tokens).
 
         ``groups`` ``(n,)`` (optional): rows with the same group id are samples of one prompt and share their
@@ -198,6 +202,8 @@ class SoftLabelRegressor:
         constant (CE is linear in ``q``, and ``mean_s (y_hat - y_s)^2 = (y_hat - mean_s y_s)^2 + var_s y``).
         ``censored`` ``(n,)`` bool marks samples that hit their cap, ``caps`` ``(n,)`` each sample's
         ``max_new_tokens`` (``inf``: none); see the module docstring for how they enter the loss.
+        ``sample_weight`` ``(n,)`` (optional, > 0): each sample's weight in the loss (PLP: ``1 / steps`` of its
+        rollout, so every rollout weighs the same); a group's row weighs the sum of its samples' weights.
 
         Raises:
             LenpredError: shapes disagree, fewer than 2 samples, or a capped sample without a finite cap.
@@ -209,6 +215,9 @@ class SoftLabelRegressor:
         if X.ndim != 2 or y.shape != (X.shape[0],) or any(a is not None and len(a) != n for a in (groups, censored, caps)):
             raise LenpredError(f"fit needs X (n, d) and y, groups, censored, caps (n,), got {X.shape}, {y.shape}, "
                                f"{None if groups is None else np.shape(groups)}, {censored.shape}, {caps.shape}")
+        w = np.ones(n) if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
+        if w.shape != (n,) or not (w > 0).all():
+            raise LenpredError(f"sample_weight must be (n,) = ({n},) and > 0, got shape {w.shape}")
         if not np.isfinite(caps[censored]).all():
             raise LenpredError("a capped sample (censored) needs its finite max_new_tokens")
         cfg = self.config
@@ -224,12 +233,13 @@ class SoftLabelRegressor:
         q[torch.from_numpy(censored)] = 0.0  # a capped sample's label is the censored term, not a bin
         _, first, inverse = np.unique(np.arange(n) if groups is None else np.asarray(groups),
                                       return_index=True, return_inverse=True)
-        counts = np.bincount(inverse)
+        counts = np.bincount(inverse, weights=w)  # a row's total weight; its labels are weighted means
         inv = torch.from_numpy(inverse)
         Xt = torch.from_numpy((X[first] - self.mean_) / self.std_)
-        yt = torch.from_numpy(np.bincount(inverse, weights=y) / counts).float()
-        q = torch.zeros(len(first), K).index_add_(0, inv, q) / torch.from_numpy(counts)[:, None]
-        share = torch.from_numpy(np.bincount(inverse, weights=censored.astype(float)) / counts).float()
+        yt = torch.from_numpy(np.bincount(inverse, weights=w * y) / counts).float()
+        q = (torch.zeros(len(first), K, dtype=torch.float64).index_add_(0, inv, q.double() * torch.from_numpy(w)[:, None])
+             / torch.from_numpy(counts)[:, None]).float()
+        share = torch.from_numpy(np.bincount(inverse, weights=w * censored) / counts).float()
         row_caps = torch.from_numpy(caps[first]).float()
         cap_bins = torch.from_numpy(assign_bins(np.minimum(caps[first], 1e12), self.edges_))
         above = (torch.arange(K)[None, :] >= cap_bins[:, None]).float()
@@ -281,3 +291,22 @@ class SoftLabelRegressor:
         head.module_.load_state_dict(state["module"])
         head.module_.eval()
         return head
+
+
+def head_tensors(head: SoftLabelRegressor) -> tuple[dict[str, torch.Tensor], dict]:
+    """A fitted head as ``(tensors, info)``: the module's weights and the bin / scaling arrays as tensors (for
+    safetensors), the config and scalars as a JSON-able dict. Inverse: :func:`head_from_tensors`."""
+    state = head.state()
+    tensors = {f"module.{k}": v for k, v in state.pop("module").items()}
+    for key in ("edges", "centres", "mean", "std"):
+        tensors[key] = torch.from_numpy(np.asarray(state.pop(key)))
+    return tensors, state
+
+
+def head_from_tensors(tensors: dict[str, torch.Tensor], info: dict) -> SoftLabelRegressor:
+    """Rebuild the head written by :func:`head_tensors`."""
+    state = dict(info)
+    state["module"] = {k[len("module."):]: v for k, v in tensors.items() if k.startswith("module.")}
+    for key in ("edges", "centres", "mean", "std"):
+        state[key] = tensors[key].numpy()
+    return SoftLabelRegressor.from_state(state)

@@ -25,6 +25,7 @@ import numpy as np
 from lenpred.errors import LenpredError
 
 CONFIG_FILE, WEIGHTS_FILE, CARD_FILE = "config.json", "predictor.safetensors", "CARD.md"
+PROGRESSIVE_FILE = "plp.safetensors"  # optional: the PLP head (lenpred progressive) for start / update
 DEFAULT_PREDICTOR = Path(__file__).parent / "default_predictor"
 """The predictor that ships with the package: a soft-label head on SmolLM2-135M-Instruct's final prompt-token state
 (layer 15, `last` pooling after the template prefix), trained on ForeLen; chosen on validation (see README)."""
@@ -186,6 +187,13 @@ class LengthPredictor:
         Raises:
             LenpredError: not fitted / loaded, a bad prompt, or a prompt that does not fit the context window.
         """
+        requests = self._requests(prompts, max_new_tokens, scenario)
+        if "signals" in self.predictor_.inputs:
+            self._attach_signals(requests, batch_tokens, progress)
+        return self._predict_requests(requests)
+
+    def _requests(self, prompts, max_new_tokens: int | None, scenario: str | None) -> list:
+        """Prompts -> :class:`lenpred.predictors.Request` through the one prompt path (:mod:`lenpred.prompts`)."""
         from lenpred.evaluation.data import prompt_text
         from lenpred.predictors import Request
         from lenpred.prompts import check_fits, prepare_prompt
@@ -204,9 +212,54 @@ class LengthPredictor:
             requests.append(Request(str(i), list(prepared.token_ids), prompt_text(messages),
                                     content_span=(prepared.content_start, prepared.content_end),
                                     max_new_tokens=max_new_tokens, scenario=scenario))
-        if "signals" in self.predictor_.inputs:
-            self._attach_signals(requests, batch_tokens, progress)
-        return self._predict_requests(requests)
+        return requests
+
+    # ------------------------------------------------------------------ progressive (online) prediction
+
+    def attach_progressive(self, path: str | Path) -> "LengthPredictor":
+        """Add a PLP head written by ``lenpred progressive`` (``plp.safetensors``); it must read this predictor's
+        prompt representation (same method and layer) and this model.
+
+        Raises:
+            LenpredError: unreadable, or trained on another prompt representation or model revision."""
+        from lenpred.progressive.online import load_plp
+
+        plp, info = load_plp(path)
+        mine = f"{self.method}@{self.predictor_.params.get('layer')}"
+        if info.get("prompt") != mine or info.get("model_revision") != self.backbone_.revision:
+            raise LenpredError(f"{path} reads prompt representation {info.get('prompt')} of model revision "
+                               f"{info.get('model_revision')}, this predictor is {mine} on {self.backbone_.revision}: "
+                               "train the PLP head on this predictor's representation (`lenpred progressive`)")
+        self.progressive_, self.progressive_info_ = plp, info
+        return self
+
+    def start(self, prompts: Iterable[str | list[dict[str, str]]], max_new_tokens: int | None = None) -> list:
+        """Prefill each prompt and return its online state (:class:`lenpred.progressive.online.RequestState`) with
+        the first remaining-length estimate (PLP at decode step 0, from the prefill's signals).
+
+        Raises:
+            LenpredError: no progressive head attached, or a bad prompt."""
+        from lenpred.progressive.online import start_states
+
+        if not hasattr(self, "progressive_"):
+            raise LenpredError("this LengthPredictor has no progressive head: attach_progressive('plp.safetensors') "
+                               "from a `lenpred progressive` run")
+        requests = self._requests(prompts, max_new_tokens, None)
+        self._attach_signals(requests, 4096, False)
+        final = self.progressive_info_["final_layer"]
+        states = np.stack([r.signals.last_token_states[final].numpy() for r in requests])
+        caps = np.full(len(requests), np.inf if max_new_tokens is None else float(max_new_tokens))
+        return start_states(self.progressive_, self.predictor_.features(requests), states, caps)
+
+    def update(self, states: list, steps, hidden_states) -> np.ndarray:
+        """Re-estimate the remaining tokens of running requests: ``steps`` ``(B,)`` tokens generated, ``hidden_states``
+        ``(B, d)`` final-layer state of each current token. ``(B,)`` float64 (see
+        :func:`lenpred.progressive.online.update_batch`)."""
+        from lenpred.progressive.online import update_batch
+
+        if not hasattr(self, "progressive_"):
+            raise LenpredError("this LengthPredictor has no progressive head: attach_progressive(...) first")
+        return update_batch(self.progressive_, states, steps, hidden_states)
 
     def _attach_signals(self, requests: list, batch_tokens: int, progress: bool) -> None:
         from tqdm.auto import tqdm
@@ -255,6 +308,10 @@ class LengthPredictor:
             (tmp / CONFIG_FILE).write_text(json.dumps({**self.config_, "settings": settings, "card": self.card_},
                                                       indent=2) + "\n")
             (tmp / CARD_FILE).write_text(render_card(self.config_, self.card_))
+            if hasattr(self, "progressive_"):
+                from lenpred.progressive.online import save_plp
+
+                save_plp(self.progressive_, tmp / PROGRESSIVE_FILE, self.progressive_info_)
         return Path(path)
 
     @classmethod
@@ -293,6 +350,8 @@ class LengthPredictor:
                                f"'{config['method']}': the directory is mixed up; retrain it")
         self.margin_, self.card_ = float(config["interval_margin"]), config.get("card", {})
         self.config_ = {k: v for k, v in config.items() if k not in ("settings", "card")}
+        if (path / PROGRESSIVE_FILE).exists():
+            self.attach_progressive(path / PROGRESSIVE_FILE)
         return self
 
 

@@ -93,8 +93,8 @@ def load_eval_data(bench: str | Path, tokenizer: Any, data_dir: str | None = Non
     table = load_records(bench) if table is None else table
     manifest = read_manifest(Path(bench))
     complete, prompt_files = table.num_rows >= manifest["num_requests"], manifest.get("prompt_files")
-    names = ("scenario", "prompt_id", "split", "num_output_tokens", "num_prompt_tokens", "finish_reason",
-             "max_new_tokens")
+    names = ("scenario", "prompt_id", "split", "sample_index", "num_output_tokens", "num_prompt_tokens",
+             "finish_reason", "max_new_tokens")
     cols = {c: np.asarray(table.column(c).to_pylist()) for c in names}
     by_prompt, messages = {}, {}
     first = dict(zip(cols["prompt_id"], zip(cols["num_prompt_tokens"], cols["scenario"], cols["max_new_tokens"])))

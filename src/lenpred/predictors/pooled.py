@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from lenpred.errors import LenpredError
-from lenpred.heads import HeadConfig, SoftLabelRegressor
+from lenpred.heads import HeadConfig, SoftLabelRegressor, head_from_tensors, head_tensors
 from lenpred.pooling import POOLERS, Pooler
 from lenpred.predictors import Predictor, distinct_requests, max_new_tokens, register
 from lenpred.signals import TokenSpan
@@ -125,18 +125,10 @@ class PooledHeadPredictor(Predictor):
         probs = self.head_.predict_proba(self.features(requests))
         return probs, np.minimum(self.head_.centres_[None, :], max_new_tokens(requests)[:, None])
     def _get_state(self):
-        state = self.head_.state()
-        tensors = {f"module.{k}": v for k, v in state.pop("module").items()}
-        for key in ("edges", "centres", "mean", "std"):
-            tensors[key] = torch.from_numpy(np.asarray(state.pop(key)))
-        return tensors, state
+        return head_tensors(self.head_)
 
     def _set_state(self, tensors, info):
-        state = dict(info)
-        state["module"] = {k[len("module."):]: v for k, v in tensors.items() if k.startswith("module.")}
-        for key in ("edges", "centres", "mean", "std"):
-            state[key] = tensors[key].numpy()
-        self.head_ = SoftLabelRegressor.from_state(state)
+        self.head_ = head_from_tensors(tensors, info)
 
 
 for _name in POOLERS:

@@ -1,0 +1,363 @@
+"""``lenpred progressive``: remaining-length MAE vs decode step for PLP, TRAIL-progressive and static baselines.
+
+Rows are (rollout, decode step ``t``) with ``t < T``. Every method predicts the *observed* remaining length
+``min(T, cap) - t`` and is clipped to ``[0, cap - t]``. Two populations per step: every rollout still running at
+``t`` (``running``), and the fixed set of rollouts longer than the last step shown (``fixed``: the same rollouts at
+every step, so a falling curve is not just the short ones leaving). Errors are averaged per sample (RL: every
+rollout counts); intervals are the prompt-clustered bootstrap of the static tables
+(:func:`lenpred.evaluation.metrics.clustered_bootstrap`).
+
+Methods:
+    plp: :class:`lenpred.progressive.heads.PLPHead` (prompt representation chosen on validation).
+    trail_progressive: :class:`lenpred.progressive.heads.TrailProgressive` (layer chosen on validation).
+    static_minus_t: the best static predictor (``last``, layer 15, as ``lenpred evaluate`` chose) minus ``t``.
+    static_conditional: the same head's bin distribution conditioned on ``T > t``: ``E[min(T, cap) - t | T > t]``
+        (uses no decode state: what knowing the request is still running is worth).
+    countdown: PLP's own step-0 estimate minus ``t`` (the first estimate, never refreshed).
+    oracle_minus_t: the static oracle floor — the median length of the prompt's *other* samples — minus ``t``.
+    oracle_conditional: the median of the prompt's other samples longer than ``t``, minus ``t`` (the oracle minus t
+        where none is longer).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from lenpred.errors import LenpredError
+from lenpred.progressive.decode_states import DECODE_STEPS
+from lenpred.progressive.heads import PLPHead, ProgressiveRows, TrailProgressive
+
+FINAL_LAYER = 30
+TRAIL_LAYERS = (10, 15, 20, 25)
+DECODE_LAYERS = (10, 15, 20, 25, 30)
+PROMPT_CANDIDATES = (("last", 15), ("egtp", 15))  # the best static pooler and EGTP, at lenpred evaluate's layer
+METHODS = ("plp", "trail_progressive", "static_minus_t", "static_conditional", "countdown", "oracle_minus_t",
+           "oracle_conditional")
+SCENARIOS = ("longseq", "reasoning", "rl", "overall")
+
+
+@dataclass
+class ProgressiveConfig:
+    """Settings of ``lenpred progressive`` (see the module docstring); ``head``: PLP / TRAIL head overrides."""
+
+    model: str = "smollm2-135m-instruct"
+    bench: str = "benchmarks/smollm2-forelen"
+    out: str = "results/progressive"
+    data_dir: str | None = None
+    cache: str | None = None
+    decode_cache: str | None = None
+    threads: int | None = 2
+    seed: int = 0
+    steps: tuple[int, ...] = DECODE_STEPS
+    head: dict = field(default_factory=dict)  # PLP / TRAIL head overrides (e.g. {"epochs": 2} in tests)
+    final_layer: int = FINAL_LAYER
+    trail_layers: tuple[int, ...] = TRAIL_LAYERS
+    prompt_candidates: tuple = PROMPT_CANDIDATES
+    static: tuple = ("last", 15)  # the best static predictor of lenpred evaluate (pooler, layer)
+
+
+def build_rows(data, decode, prompt_features: np.ndarray, final_layer: int, trail_layers: tuple[int, ...],
+               samples: np.ndarray) -> ProgressiveRows:
+    """Rows of the rollouts ``samples`` (row indices of ``data``): one per (rollout, step held in ``decode``)."""
+    final = decode.layer(final_layer)
+    trail = {l: decode.layer(l) for l in trail_layers}
+    idx = [i for i in samples for _ in range(len(decode.steps[i]))]
+    idx = np.asarray(idx, dtype=np.int64)
+    cat = lambda xs: np.concatenate([xs[i].numpy() for i in samples]) if len(samples) else np.zeros((0, 1), np.float32)
+    caps = data.cols["max_new_tokens"].astype(np.float64)
+    return ProgressiveRows(idx, np.concatenate([decode.steps[i] for i in samples]).astype(np.int64),
+                           prompt_features[idx], cat(final), {l: cat(v) for l, v in trail.items()}, data.y[idx],
+                           data.censored[idx], caps[idx])
+
+
+def conditional_remaining(probs: np.ndarray, values: np.ndarray, steps: np.ndarray) -> np.ndarray:
+    """``E[V - t | V > t]`` from a bin distribution: ``probs`` and ``values`` ``(n, K)`` (values capped at the
+    request's cap), ``steps`` ``(n,)``; 0 where no bin lies above ``t``. ``(n,)`` float64 tokens."""
+    above = values > steps[:, None]
+    mass = (probs * above).sum(axis=1)
+    excess = (probs * above * (values - steps[:, None])).sum(axis=1)
+    return np.where(mass > 0, excess / np.where(mass > 0, mass, 1.0), 0.0)
+
+
+def oracle_remaining(y: np.ndarray, prompt_ids: np.ndarray, rows_sample: np.ndarray, steps: np.ndarray,
+                     conditional: bool) -> np.ndarray:
+    """Leave-one-out prompt median minus ``t`` per row (NaN for single-sample prompts); ``conditional``: the median
+    of the other samples longer than ``t`` (the unconditional value where none is)."""
+    y = np.asarray(y, np.float64)
+    by_prompt: dict = {}
+    for i, p in enumerate(prompt_ids):
+        by_prompt.setdefault(p, []).append(i)
+    out = np.full(len(rows_sample), np.nan)
+    for r, (i, t) in enumerate(zip(rows_sample, steps)):
+        others = y[[j for j in by_prompt[prompt_ids[i]] if j != i]]
+        if not len(others):
+            continue
+        value = np.median(others) - t
+        if conditional and (others > t).any():
+            value = np.median(others[others > t]) - t
+        out[r] = value
+    return out
+
+
+def curve_table(preds: dict[str, np.ndarray], rows: ProgressiveRows, scenarios: np.ndarray, prompt_ids: np.ndarray,
+                steps: tuple[int, ...], fixed_after: int, n_resamples: int = 2000) -> list[dict]:
+    """MAE (with a prompt-clustered 95 % interval) of each method per population, scenario and step; one dict per
+    cell: ``population, scenario, step, method, mae, low, high, n``."""
+    from lenpred.evaluation.metrics import clustered_bootstrap
+
+    observed = np.minimum(rows.length, rows.cap) - rows.step
+    long_enough = rows.length > fixed_after
+    out = []
+    for population, pop_mask in (("running", np.ones(len(observed), bool)), ("fixed", long_enough)):
+        for scenario in SCENARIOS:
+            sc = np.ones(len(observed), bool) if scenario == "overall" else scenarios[rows.sample] == scenario
+            for t in steps:
+                m = pop_mask & sc & (rows.step == t)
+                for name, p in preds.items():
+                    ok = m & np.isfinite(p)
+                    if ok.sum() < 2:
+                        continue
+                    mae, lo, hi = clustered_bootstrap(np.abs(p[ok] - observed[ok]), prompt_ids[rows.sample[ok]],
+                                                      n_resamples)
+                    out.append({"population": population, "scenario": scenario, "step": int(t), "method": name,
+                                "mae": mae, "low": lo, "high": hi, "n": int(ok.sum())})
+    return out
+
+
+def paired_difference(a: np.ndarray, b: np.ndarray, rows: ProgressiveRows, mask: np.ndarray,
+                      prompt_ids: np.ndarray) -> dict:
+    """Paired MAE difference ``a - b`` (tokens, 95 % prompt-clustered interval) over the rows in ``mask``."""
+    from lenpred.evaluation.metrics import clustered_bootstrap
+
+    observed = np.minimum(rows.length, rows.cap) - rows.step
+    m = mask & np.isfinite(a) & np.isfinite(b)
+    d, lo, hi = clustered_bootstrap(np.abs(a[m] - observed[m]) - np.abs(b[m] - observed[m]), prompt_ids[rows.sample[m]])
+    return {"diff": d, "low": lo, "high": hi, "n": int(m.sum())}
+
+
+def _val_mae(pred: np.ndarray, rows: ProgressiveRows) -> float:
+    observed = np.minimum(rows.length, rows.cap) - rows.step
+    return float(np.average(np.abs(pred - observed), weights=rows.rollout_weights()))
+
+
+def clip_remaining(pred: np.ndarray, rows: ProgressiveRows) -> np.ndarray:
+    """Clip remaining-length predictions to ``[0, cap - t]``."""
+    return np.clip(pred, 0.0, rows.cap - rows.step)
+
+
+def run_progressive(cfg: ProgressiveConfig, console=None) -> dict:
+    """Extract (or read) the decode states, fit PLP and TRAIL-progressive (choices on validation), score every
+    method on the test split, and write ``results.json``, ``results.md`` and ``curves.png`` under ``cfg.out``."""
+    from rich.console import Console
+
+    from lenpred.evaluation.run import EvalConfig, prepare_run
+    from lenpred.evaluation.tune import torch_threads
+    from lenpred.predictors import make_predictor
+    from lenpred.progressive.decode_states import benchmark_decode_states
+    from lenpred.io import write_json
+
+    console = console or Console()
+    t0 = time.perf_counter()
+    prompt_layers = tuple(sorted({l for _, l in (*cfg.prompt_candidates, cfg.static)}))
+    run = prepare_run(EvalConfig(model=cfg.model, bench=cfg.bench, data_dir=cfg.data_dir, cache=cfg.cache, threads=cfg.threads,
+                                 layers=prompt_layers, methods=(cfg.static[0],)), {"signals"})
+    data, backbone = run.data, run.backbone
+    with torch_threads(cfg.threads):
+        decode = benchmark_decode_states(backbone, data, tuple(sorted({cfg.final_layer, *cfg.trail_layers})),
+                                         cfg.decode_cache, cfg.bench, cfg.steps)
+    t_extract = time.perf_counter() - t0
+    requests, prompt_ids = data.requests, data.cols["prompt_id"]
+    scenarios = data.cols["scenario"]
+    split = {s: data.index[s] for s in ("train", "validation", "test")}
+    report = {"config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(cfg).items()},
+              "model_revision": backbone.revision, "steps": list(cfg.steps)}
+    with torch_threads(1):
+        # PLP: the prompt representation, chosen on validation
+        sweep = []
+        for pooler, layer in cfg.prompt_candidates:
+            feats = make_predictor(pooler, layer=layer).features(requests)
+            tr, va = (build_rows(data, decode, feats, cfg.final_layer, cfg.trail_layers, split[s])
+                      for s in ("train", "validation"))
+            plp = PLPHead(cfg.head, cfg.seed).fit(tr)
+            mae = _val_mae(clip_remaining(plp.predict(va.prompt_features, va.final_state, va.step, va.cap), va), va)
+            sweep.append({"prompt": f"{pooler}@{layer}", "val_mae": mae, "model": plp, "features": feats})
+            console.print(f"PLP prompt {pooler}@{layer}: validation remaining MAE {mae:.1f}")
+        best = min(sweep, key=lambda s: s["val_mae"])
+        plp, feats = best["model"], best["features"]
+        report["plp"] = {"prompt": best["prompt"], "sweep": [{k: s[k] for k in ("prompt", "val_mae")} for s in sweep]}
+        tr, va, te = (build_rows(data, decode, feats, cfg.final_layer, cfg.trail_layers, split[s])
+                      for s in ("train", "validation", "test"))
+        # TRAIL progressive: the layer, chosen on validation
+        trail_sweep = []
+        for layer in cfg.trail_layers:
+            model = TrailProgressive(layer, cfg.head, cfg.seed).fit(tr)
+            mae = _val_mae(clip_remaining(model.predict_sequence(va), va), va)
+            trail_sweep.append({"layer": layer, "val_mae": mae, "model": model})
+            console.print(f"TRAIL-progressive layer {layer}: validation remaining MAE {mae:.1f}")
+        trail = min(trail_sweep, key=lambda s: s["val_mae"])["model"]
+        report["trail_progressive"] = {"layer": trail.layer, "width": trail.width_,
+                                       "sweep": [{k: s[k] for k in ("layer", "val_mae")} for s in trail_sweep]}
+        # the static best predictor (lenpred evaluate's choice) and its distribution
+        static = make_predictor(cfg.static[0], layer=cfg.static[1], seed=cfg.seed)
+        static.fit([requests[i] for i in split["train"]], data.y[split["train"]], data.censored[split["train"]])
+        probs, values = static.predict_distribution([requests[i] for i in te.sample])
+        static_pred = static.predict([requests[i] for i in te.sample])
+        plp_pred = plp.predict(te.prompt_features, te.final_state, te.step, te.cap)
+        first = {}
+        for i, t, p in zip(te.sample, te.step, plp_pred):
+            if t == 0:
+                first[i] = p
+        preds = {
+            "plp": plp_pred,
+            "trail_progressive": trail.predict_sequence(te),
+            "static_minus_t": static_pred - te.step,
+            "static_conditional": conditional_remaining(probs, values, te.step.astype(np.float64)),
+            "countdown": np.array([first[i] for i in te.sample]) - te.step,
+            "oracle_minus_t": oracle_remaining(data.y, prompt_ids, te.sample, te.step, False),
+            "oracle_conditional": oracle_remaining(data.y, prompt_ids, te.sample, te.step, True),
+        }
+        preds = {k: clip_remaining(v, te) for k, v in preds.items()}
+    fixed_after = max(cfg.steps)
+    report["curves"] = curve_table(preds, te, scenarios, prompt_ids, cfg.steps, fixed_after)
+    rl_running = scenarios[te.sample] == "rl"
+    report["paired"] = {}
+    for t in (0, 32, 128):
+        at = rl_running & (te.step == t)
+        for a, b in (("plp", "oracle_minus_t"), ("plp", "oracle_conditional"), ("plp", "trail_progressive"),
+                     ("plp", "static_conditional")):
+            if at.sum() > 1:
+                report["paired"][f"rl/step{t}/{a}-{b}"] = paired_difference(preds[a], preds[b], te, at, prompt_ids)
+    report["update_cost_us"] = update_cost(plp, te)
+    from lenpred.progressive.online import save_plp
+
+    save_plp(plp, Path(cfg.out) / "plp.safetensors", {"prompt": best["prompt"], "final_layer": cfg.final_layer,
+                                                      "model_revision": backbone.revision, "steps": list(cfg.steps)})
+    report["timing_s"] = {"decode_states": t_extract, "total": time.perf_counter() - t0}
+    report["num_rows"] = {"train": len(tr.step), "validation": len(va.step), "test": len(te.step)}
+    out = Path(cfg.out)
+    write_json(out / "results.json", report)
+    _write_markdown(report, out / "results.md")
+    _plot(report, out / "curves.png")
+    _print(report, console)
+    return report
+
+
+def update_cost(plp: PLPHead, rows: ProgressiveRows, repeats: int = 200) -> dict:
+    """Microseconds of one PLP update (head forward on one row) and of one batched update of 64 rows, one torch
+    thread, median of ``repeats`` calls (what a serving loop pays every refresh)."""
+    from lenpred.progressive.online import RequestState, update_batch
+
+    idx = np.arange(64) % len(rows.step)
+    states = [RequestState(rows.prompt_features[i], float(rows.cap[i]), 0.0) for i in idx]
+    hidden, steps = rows.final_state[idx], rows.step[idx]
+
+    def timed(fn) -> float:
+        fn()
+        times = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+        return float(np.median(times) * 1e6)
+
+    single = timed(lambda: update_batch(plp, states[:1], steps[:1], hidden[:1]))
+    batched = timed(lambda: update_batch(plp, states, steps, hidden))
+    return {"single_us": single, "batch64_us": batched, "batch64_per_request_us": batched / 64}
+
+
+def _cell(report: dict, population: str, scenario: str, step: int, method: str) -> dict | None:
+    for c in report["curves"]:
+        if (c["population"], c["scenario"], c["step"], c["method"]) == (population, scenario, step, method):
+            return c
+    return None
+
+
+def _fmt(c: dict | None) -> str:
+    if c is None:
+        return "—"
+    return f"{c['mae']:.1f} [{c['low']:.1f}, {c['high']:.1f}]" if c["low"] is not None else f"{c['mae']:.1f}"
+
+
+def _write_markdown(report: dict, path: Path) -> None:
+    from lenpred.io import atomic_path
+
+    steps = [0, 32, 64, 128]
+    lines = ["# Progressive remaining-length prediction (test split)", "",
+             f"PLP prompt representation: {report['plp']['prompt']}; TRAIL-progressive layer "
+             f"{report['trail_progressive']['layer']} (bin width {report['trail_progressive']['width']:.0f} tokens). "
+             "MAE of the observed remaining length `min(T, cap) - t` in tokens, 95 % prompt-clustered bootstrap "
+             "interval.", ""]
+    for population, title in (("running", "every rollout still running at t"),
+                              (f"fixed", f"the fixed set of rollouts longer than {max(report['steps'])} tokens")):
+        for scenario in SCENARIOS:
+            lines += [f"## {scenario}: {title}", "", "| method | " + " | ".join(f"t = {t}" for t in steps) + " |",
+                      "|---|" + "---|" * len(steps)]
+            for m in METHODS:
+                lines.append(f"| {m} | " + " | ".join(_fmt(_cell(report, population, scenario, t, m)) for t in steps)
+                             + " |")
+            n = [_cell(report, population, scenario, t, "plp") for t in steps]
+            lines += ["| rollouts | " + " | ".join(str(c["n"]) if c else "—" for c in n) + " |", ""]
+    lines += ["## Paired differences (RL, every rollout running at t)", "", "| comparison | Δ MAE [95 % CI] | n |",
+              "|---|---|---|"]
+    for k, v in report["paired"].items():
+        lines.append(f"| {k} | {v['diff']:+.1f} [{v['low']:+.1f}, {v['high']:+.1f}] | {v['n']} |")
+    c = report["update_cost_us"]
+    lines += ["", f"PLP update cost (one torch thread): {c['single_us']:.0f} µs for one request, "
+                  f"{c['batch64_us']:.0f} µs for 64 ({c['batch64_per_request_us']:.1f} µs per request).", ""]
+    with atomic_path(path) as tmp:
+        tmp.write_text("\n".join(lines))
+
+
+def _plot(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from lenpred.io import atomic_path
+
+    fig, axes = plt.subplots(2, 3, figsize=(15, 8), sharex=True)
+    for r, population in enumerate(("running", "fixed")):
+        for c, scenario in enumerate(("longseq", "reasoning", "rl")):
+            ax = axes[r, c]
+            for m in METHODS:
+                cells = sorted((x for x in report["curves"] if (x["population"], x["scenario"], x["method"])
+                                == (population, scenario, m)), key=lambda x: x["step"])
+                if not cells:
+                    continue
+                s = [x["step"] for x in cells]
+                line, = ax.plot(s, [x["mae"] for x in cells], marker="o", ms=3, label=m)
+                if all(x["low"] is not None for x in cells):
+                    ax.fill_between(s, [x["low"] for x in cells], [x["high"] for x in cells], alpha=0.12,
+                                    color=line.get_color())
+            ax.set_title(f"{scenario} — {'running at t' if population == 'running' else 'fixed: T > ' + str(max(report['steps']))}")
+            ax.set_xlabel("decode step t (tokens generated)")
+            ax.set_ylabel("remaining-length MAE (tokens)")
+            ax.grid(alpha=0.3)
+    axes[0, 0].legend(fontsize=7)
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
+    plt.close(fig)
+
+
+def _print(report: dict, console) -> None:
+    from rich.table import Table
+
+    steps = [0, 32, 64, 128]
+    for scenario in SCENARIOS:
+        table = Table(title=f"remaining-length MAE, {scenario}, rollouts running at t (tokens, 95 % CI)")
+        table.add_column("method")
+        for t in steps:
+            table.add_column(f"t={t}", justify="right")
+        for m in METHODS:
+            table.add_row(m, *(_fmt(_cell(report, "running", scenario, t, m)) for t in steps))
+        console.print(table)
+    for k, v in report["paired"].items():
+        console.print(f"{k}: {v['diff']:+.1f} [{v['low']:+.1f}, {v['high']:+.1f}]")
+    c = report["update_cost_us"]
+    console.print(f"PLP update: {c['single_us']:.0f} µs single, {c['batch64_us']:.0f} µs for 64 requests")
