@@ -1,0 +1,186 @@
+"""Scheduling policies, registered by name, and length-bucketed static batching.
+
+A policy ranks requests by a key (lower runs first), as vLLM's priority queue does. Registered policies:
+
+* ``fcfs``: arrival time (ties: request id).
+* ``random``: a seeded random number per request (a control without length information).
+* ``sjf``: the predictor's static prediction (shortest-job-first; SSJF, Qiu et al. 2024); ``oracle`` = true length.
+* ``srpt``: shortest predicted *remaining* length first with TRAIL's limited preemption (Shahout et al. 2024,
+  "Don't Stop Me Now"): a running request may be preempted by a better-ranked waiting one only while it has
+  generated fewer than ``c × its first prediction`` tokens (``c = 0.8``). The remaining estimate comes from a
+  ``remaining(request, generated) -> tokens`` callable: default the countdown ``max(pred − generated, 0)``;
+  :func:`progressive_remaining` plugs in re-predictions made at decode steps (issue 12's progressive predictor).
+
+Each takes optional **aging** (starvation guard, vllm-ltr's rule, Fu et al. 2024): a waiting request that has
+sat for ``aging_steps`` scheduler steps (200 in vllm-ltr) since it arrived or was last preempted is promoted
+ahead of every non-promoted request; promoted requests run among themselves in arrival order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from lenpred.errors import LenpredError
+
+TRAIL_PREEMPT_FRACTION = 0.8  # TRAIL's c: preemptible while generated < c × first prediction
+VLLM_LTR_AGING_STEPS = 200  # vllm-ltr's starvation threshold in scheduler steps
+
+Remaining = Callable[[object, int], float]
+
+
+def countdown_remaining(predictor: str) -> Remaining:
+    """``remaining(request, generated) = max(pred − generated, 0)`` with ``pred`` the static prediction."""
+    def remaining(request, generated: int) -> float:
+        return max(request.predictions[predictor] - generated, 0.0)
+    return remaining
+
+
+def progressive_remaining(estimates: dict[int, dict[int, float]], fallback: Remaining,
+                          steps: tuple[int, ...] = (0, 8, 16, 24, 32, 40, 48, 56, 64, 128, 256, 512)) -> Remaining:
+    """A remaining-length estimate from re-predictions made at decode steps (the progressive predictor's hook).
+
+    Args:
+        estimates: ``{request_id: {decode step: predicted *total* output length in tokens}}`` for the steps the
+            predictor was run at (e.g. issue 12's ``results/progressive/`` at 0, 8, …, 64, 128, 256, 512).
+        fallback: used for requests without estimates.
+        steps: the decode steps re-predictions exist at (the simulator stops at each to re-rank).
+
+    Returns:
+        ``remaining(request, generated) = max(latest estimate at a step <= generated − generated, 0)``.
+    """
+    def remaining(request, generated: int) -> float:
+        by_step = estimates.get(request.request_id)
+        if not by_step:
+            return fallback(request, generated)
+        known = [s for s in by_step if s <= generated]
+        total = by_step[max(known)] if known else by_step[min(by_step)]
+        return max(total - generated, 0.0)
+    remaining.update_steps = tuple(steps)  # the simulator re-ranks when a running request reaches one
+    return remaining
+
+
+@dataclass
+class Policy:
+    """A ranking of requests (lower key first), optionally preemptive and with aging.
+
+    Attributes:
+        name: registry name (``fcfs``, ``random``, ``sjf``, ``srpt``).
+        predictor: the prediction the key reads (``oracle`` = true length); ``None`` for fcfs / random.
+        preemptive: a better-ranked waiting request may displace a running one (see :meth:`preemptible`).
+        aging_steps: vllm-ltr starvation threshold in scheduler steps; ``None`` disables aging.
+        preempt_fraction: TRAIL's ``c``.
+        remaining: remaining-length estimate (srpt); default :func:`countdown_remaining`.
+        seed: for ``random``.
+    """
+
+    name: str
+    predictor: str | None = None
+    preemptive: bool = False
+    aging_steps: int | None = None
+    preempt_fraction: float = TRAIL_PREEMPT_FRACTION
+    remaining: Remaining | None = None
+    seed: int = 0
+    _random_keys: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def label(self) -> str:
+        """``name`` or ``name:predictor``, with ``+aging`` when on (table rows)."""
+        base = self.name if self.predictor is None else f"{self.name}:{self.predictor}"
+        return base + (f"+aging{self.aging_steps}" if self.aging_steps else "")
+
+    def key(self, request, generated: int = 0) -> tuple:
+        """Sort key of a request that has generated ``generated`` tokens (arrival and id break ties)."""
+        tie = (request.arrival_time_s, request.request_id)
+        if self.name == "fcfs":
+            return tie
+        if self.name == "random":
+            if request.request_id not in self._random_keys:
+                rng = np.random.default_rng([self.seed, request.request_id])
+                self._random_keys[request.request_id] = float(rng.random())
+            return (self._random_keys[request.request_id], *tie)
+        if self.name == "sjf":
+            return (request.predictions[self.predictor], *tie)
+        return (self.remaining(request, generated), *tie)  # srpt
+
+    def preemptible(self, request, generated: int) -> bool:
+        """TRAIL's limited preemption: ``generated < c × first prediction``."""
+        return self.preemptive and generated < self.preempt_fraction * request.predictions[self.predictor]
+
+
+def _fcfs(**kw) -> Policy:
+    return Policy("fcfs", aging_steps=kw.get("aging_steps"))
+
+
+def _random(seed: int = 0, **kw) -> Policy:
+    return Policy("random", seed=seed, aging_steps=kw.get("aging_steps"))
+
+
+def _sjf(predictor: str = "oracle", **kw) -> Policy:
+    return Policy("sjf", predictor=predictor, aging_steps=kw.get("aging_steps"))
+
+
+def _srpt(predictor: str = "oracle", remaining: Remaining | None = None,
+          preempt_fraction: float = TRAIL_PREEMPT_FRACTION, **kw) -> Policy:
+    return Policy("srpt", predictor=predictor, preemptive=True, aging_steps=kw.get("aging_steps"),
+                  preempt_fraction=preempt_fraction, remaining=remaining or countdown_remaining(predictor))
+
+
+POLICIES: dict[str, Callable[..., Policy]] = {"fcfs": _fcfs, "random": _random, "sjf": _sjf, "srpt": _srpt}
+
+
+def make_policy(spec: str, aging_steps: int | None = None, seed: int = 0, **kw) -> Policy:
+    """A policy from ``name`` or ``name:predictor`` (e.g. ``sjf:estp``, ``srpt:oracle``).
+
+    Raises:
+        LenpredError: unknown name (lists the valid ones), a length policy without a predictor, or a predictor on
+            fcfs / random.
+    """
+    name, _, predictor = spec.partition(":")
+    if name not in POLICIES:
+        raise LenpredError(f"unknown policy '{name}'; valid policies: {', '.join(POLICIES)}")
+    if name in ("fcfs", "random"):
+        if predictor:
+            raise LenpredError(f"policy {name} reads no prediction: write '{name}', not '{spec}'")
+        return POLICIES[name](aging_steps=aging_steps, seed=seed)
+    if not predictor:
+        raise LenpredError(f"policy {name} needs a predictor: write '{name}:<predictor>' (e.g. {name}:estp or "
+                           f"{name}:oracle)")
+    if aging_steps is not None and aging_steps < 1:
+        raise LenpredError(f"aging steps must be >= 1 (vllm-ltr uses {VLLM_LTR_AGING_STEPS}), got {aging_steps}")
+    return POLICIES[name](predictor=predictor, aging_steps=aging_steps, **kw)
+
+
+def static_batches(requests: list, batch_size: int, policy: Policy) -> list[list]:
+    """Length-bucketed static batching (Sequence-Scheduling, Zheng et al. 2023): order requests by the policy's
+    key at admission (sjf: predicted length; fcfs: arrival) and cut into consecutive batches of ``batch_size``
+    (the last may be smaller). Batches run in that order.
+
+    Raises:
+        LenpredError: ``batch_size < 1``, or a preemptive policy (a static batch cannot preempt).
+    """
+    if batch_size < 1:
+        raise LenpredError(f"batch size must be >= 1, got {batch_size}")
+    if policy.preemptive:
+        raise LenpredError(f"{policy.label} preempts, which static batches cannot: use fcfs, random or sjf")
+    ordered = sorted(requests, key=lambda r: policy.key(r, 0))
+    return [ordered[i:i + batch_size] for i in range(0, len(ordered), batch_size)]
+
+
+def padding_ratio(batches: list[list[int]]) -> float:
+    """Padding ratio of static batches (Sequence-Scheduling's definition): ``1 − Σᵢ Lᵢ / Σᵢ max_{j ∈ batch(i)} Lⱼ``,
+    the share of generated slots that are padding.
+
+    Args:
+        batches: the true output lengths (tokens) of each batch's members.
+
+    Raises:
+        LenpredError: no tokens at all.
+    """
+    useful = sum(sum(b) for b in batches)
+    slots = sum(len(b) * max(b) for b in batches if b)
+    if slots == 0:
+        raise LenpredError("padding ratio of an empty workload: give at least one request with output tokens")
+    return 1.0 - useful / slots

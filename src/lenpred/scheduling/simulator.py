@@ -1,0 +1,250 @@
+"""Discrete-event simulator of an LLM server: arrivals, a scheduling policy, static or continuous batching, and
+a measured :class:`~lenpred.scheduling.cost_model.CostModel` for the time of each forward.
+
+* **Static batching** (``transformers generate``): batches from :func:`~lenpred.scheduling.policies.static_batches`
+  run one after another; a batch starts when the previous one ends and its last member has arrived, prefills every
+  row padded to its longest prompt, and decodes until its longest member ends (shorter rows decode padding).
+  Every member finishes when the batch does (``generate`` returns the batch at once); its first token exists after
+  the prefill.
+* **Continuous batching** (Orca / vLLM iteration-level scheduling): at every step the policy ranks the waiting
+  requests; they are admitted while fewer than ``max_num_seqs`` run and their prefill tokens fit the step's token
+  budget (``max_num_batched_tokens`` minus one token per decoding request; a prompt larger than the budget runs
+  alone, as if chunked prefill were off). A preemptive policy swaps a better-ranked waiting request for the
+  worst-ranked preemptible running one (recomputation: on resumption the prompt and the generated tokens are
+  prefilled again, vLLM V1's preemption mode). Between events (an arrival, a completion, an aging promotion, a
+  progressive re-prediction) the batch is fixed, so those decode steps are summed in closed form.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import numpy as np
+
+from lenpred.errors import LenpredError
+from lenpred.scheduling.metrics import RequestTiming, summarize
+from lenpred.scheduling.policies import Policy, padding_ratio, static_batches
+
+ARRIVALS = ("all", "poisson", "gamma")
+BATCHINGS = ("static", "continuous")
+
+
+@dataclass
+class SimConfig:
+    """One simulated run's settings.
+
+    Attributes:
+        batching: ``static`` (batch size ``max_num_seqs``) or ``continuous``.
+        max_num_seqs: concurrency limit (continuous) / batch size (static).
+        max_num_batched_tokens: continuous batching's token budget per step (vLLM's name; 2048 = its default on
+            CPU without chunked prefill).
+        arrival: ``all`` (every request at t = 0, in workload order), ``poisson`` or ``gamma``.
+        rate_per_s: mean arrival rate (requests/s) for poisson / gamma.
+        cv: coefficient of variation of gamma inter-arrival times (1 = Poisson; > 1 burstier).
+        seed: arrival-time seed.
+    """
+
+    batching: str = "continuous"
+    max_num_seqs: int = 8
+    max_num_batched_tokens: int = 2048
+    arrival: str = "all"
+    rate_per_s: float = 1.0
+    cv: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self):
+        checks = [(self.batching not in BATCHINGS, f"batching must be one of {', '.join(BATCHINGS)}"),
+                  (self.arrival not in ARRIVALS, f"arrival must be one of {', '.join(ARRIVALS)}"),
+                  (self.max_num_seqs < 1, f"max_num_seqs must be >= 1, got {self.max_num_seqs}"),
+                  (self.max_num_batched_tokens < 1, "max_num_batched_tokens must be >= 1"),
+                  (self.rate_per_s <= 0, f"arrival rate must be > 0 requests/s, got {self.rate_per_s}"),
+                  (self.cv <= 0, f"cv must be > 0, got {self.cv}")]
+        for failed, message in checks:
+            if failed:
+                raise LenpredError(message)
+
+
+def arrival_times(n: int, arrival: str, rate_per_s: float = 1.0, cv: float = 1.0, seed: int = 0) -> np.ndarray:
+    """``(n,)`` seconds: zeros (``all``), or cumulative gamma inter-arrival gaps with mean ``1/rate`` and
+    coefficient of variation ``cv`` (shape ``1/cv²``, scale ``cv²/rate``; ``poisson`` = exponential gaps, cv 1).
+    The first request arrives at 0."""
+    if arrival == "all":
+        return np.zeros(n)
+    if arrival not in ARRIVALS:
+        raise LenpredError(f"arrival must be one of {', '.join(ARRIVALS)}, got '{arrival}'")
+    cv = 1.0 if arrival == "poisson" else cv
+    gaps = np.random.default_rng(seed).gamma(1.0 / cv ** 2, cv ** 2 / rate_per_s, size=n)
+    return np.concatenate([[0.0], np.cumsum(gaps[1:])])
+
+
+def with_arrivals(requests: list, cfg: SimConfig) -> list:
+    """Copies of ``requests`` with ``arrival_time_s`` from :func:`arrival_times` (in workload order)."""
+    times = arrival_times(len(requests), cfg.arrival, cfg.rate_per_s, cfg.cv, cfg.seed)
+    out = []
+    for r, t in zip(requests, times):
+        r = copy.copy(r)
+        r.arrival_time_s = float(t)
+        out.append(r)
+    return out
+
+
+def simulate(requests: list, policy: Policy, cost, cfg: SimConfig) -> tuple[dict, list[RequestTiming]]:
+    """Run the workload; returns ``(summary metrics, per-request timings)`` (:func:`metrics.summarize`).
+
+    ``requests`` are :class:`~lenpred.scheduling.workload.WorkloadRequest` (their ``arrival_time_s`` is
+    overwritten by ``cfg``'s arrival process on copies). Output lengths of 0 still take one token slot (the stop
+    token is generated).
+    """
+    requests = with_arrivals(requests, cfg)
+    if cfg.batching == "static":
+        return simulate_static(static_batches(requests, cfg.max_num_seqs, policy), cost)
+    return _Continuous(requests, policy, cost, cfg).run()
+
+
+def simulate_static(batches: list[list], cost) -> tuple[dict, list[RequestTiming]]:
+    """Static batches in the given order (module docstring); padding ratio over the batches' true lengths."""
+    t, timings = 0.0, []
+    for batch in batches:
+        start = max([t] + [r.arrival_time_s for r in batch])
+        padded = [max(r.num_prompt_tokens for r in batch)] * len(batch)  # left padding to the longest prompt
+        steps = max(max(r.output_len for r in batch), 1)
+        t = start + cost.generate_time_s(padded, steps)
+        first = start + cost.prefill_time_s(padded)
+        timings += [RequestTiming(r.request_id, r.arrival_time_s, first, t, r.output_len, 0, r.prompt_id)
+                    for r in batch]
+    timings.sort(key=lambda x: x.request_id)
+    return summarize(timings, padding_ratio([[r.output_len for r in b] for b in batches])), timings
+
+
+class _Continuous:
+    """State of one continuous-batching run (see the module docstring); ``run()`` is the event loop."""
+
+    def __init__(self, requests: list, policy: Policy, cost, cfg: SimConfig):
+        self.policy, self.cost, self.cfg = policy, cost, cfg
+        self.pending = sorted(requests, key=lambda r: (r.arrival_time_s, r.request_id))
+        self.waiting: list = []
+        self.running: list = []
+        self.generated = {r.request_id: 0 for r in requests}
+        self.idle_since = {}  # request id -> step it entered the waiting queue
+        self.first_token, self.finish, self.preemptions = {}, {}, {r.request_id: 0 for r in requests}
+        self.t, self.step = 0.0, 0
+        self.by_id = {r.request_id: r for r in requests}
+
+    def _tokens(self, r) -> int:
+        return max(r.output_len, 1)
+
+    def _rank(self, r, waiting: bool) -> tuple:
+        aged = (waiting and self.policy.aging_steps is not None
+                and self.step - self.idle_since[r.request_id] >= self.policy.aging_steps)
+        if aged:
+            return (0, r.arrival_time_s, r.request_id)
+        return (1, *self.policy.key(r, self.generated[r.request_id]))
+
+    def _arrive(self) -> None:
+        while self.pending and self.pending[0].arrival_time_s <= self.t + 1e-12:
+            r = self.pending.pop(0)
+            self.waiting.append(r)
+            self.idle_since[r.request_id] = self.step
+
+    def _admit(self) -> list:
+        """Requests admitted (prefilled) this step, after any preemptions."""
+        self.waiting.sort(key=lambda r: self._rank(r, True))
+        budget = self.cfg.max_num_batched_tokens - len(self.running)
+        new, preempted = [], []
+        for w in list(self.waiting):
+            if len(self.running) + len(new) >= self.cfg.max_num_seqs and not self._preempt_for(w, preempted):
+                break
+            need = w.num_prompt_tokens + self.generated[w.request_id]
+            if need > budget and (self.running or new):
+                break
+            budget -= need
+            new.append(w)
+            self.waiting.remove(w)
+        for r in preempted:
+            self.waiting.append(r)
+            self.idle_since[r.request_id] = self.step
+        return new
+
+    def _preempt_for(self, w, preempted: list) -> bool:
+        """Preempt the worst-ranked preemptible running request if ``w`` ranks better; whether one was."""
+        if not self.policy.preemptive:
+            return False
+        victims = [r for r in self.running if self.policy.preemptible(r, self.generated[r.request_id])]
+        if not victims:
+            return False
+        worst = max(victims, key=lambda r: self._rank(r, False))
+        if self._rank(w, True) >= self._rank(worst, False):
+            return False
+        self.running.remove(worst)
+        self.preemptions[worst.request_id] += 1
+        preempted.append(worst)
+        return True
+
+    def _context(self) -> float:
+        return float(sum(r.num_prompt_tokens + self.generated[r.request_id] for r in self.running))
+
+    def _prefill_step(self, new: list) -> None:
+        """One step that prefills ``new`` (their next token) and decodes one token of every running request."""
+        prompts = [r.num_prompt_tokens + self.generated[r.request_id] for r in new]
+        prefill = self.cost.prefill_time_s(prompts)
+        if self.running:
+            decode = self.cost.decode_step_time_s(len(self.running), self._context())
+            prefill -= self.cost.coefficients["p0"] if self.cost.fused_prefill else 0.0
+        else:
+            decode = 0.0
+        self.t += prefill + decode
+        self.step += 1
+        for r in self.running + new:
+            self.generated[r.request_id] += 1
+            self.first_token.setdefault(r.request_id, self.t)
+        self.running += new
+
+    def _steps_until_event(self) -> int:
+        """Decode steps the batch can run unchanged: to the next completion, aging promotion or re-prediction
+        (arrivals are handled in :meth:`_decode`)."""
+        k = min(self._tokens(r) - self.generated[r.request_id] for r in self.running)
+        if self.waiting and self.policy.aging_steps is not None:
+            to_aging = [self.policy.aging_steps - (self.step - self.idle_since[r.request_id]) for r in self.waiting]
+            k = min([k] + [a for a in to_aging if a > 0])
+        updates = getattr(self.policy.remaining, "update_steps", None)
+        if self.waiting and self.policy.preemptive and updates:
+            for r in self.running:
+                later = [s for s in updates if s > self.generated[r.request_id]]
+                if later:
+                    k = min(k, later[0] - self.generated[r.request_id])
+        return max(k, 1)
+
+    def _decode(self) -> None:
+        """Advance the fixed batch to its next event; stop early at the step during which a request arrives."""
+        B, C, k = len(self.running), self._context(), self._steps_until_event()
+        if self.pending:
+            ends = self.t + self.cost.decode_steps_time_s(B, C, np.arange(1, k + 1))
+            hit = np.flatnonzero(ends >= self.pending[0].arrival_time_s)
+            k = int(hit[0]) + 1 if len(hit) else k
+        self.t += self.cost.decode_steps_time_s(B, C, k)
+        self.step += k
+        for r in self.running:
+            self.generated[r.request_id] += k
+
+    def _retire(self) -> None:
+        done = [r for r in self.running if self.generated[r.request_id] >= self._tokens(r)]
+        for r in done:
+            self.finish[r.request_id] = self.t
+            self.running.remove(r)
+
+    def run(self) -> tuple[dict, list[RequestTiming]]:
+        while self.pending or self.waiting or self.running:
+            self._arrive()
+            if not self.waiting and not self.running:
+                self.t = self.pending[0].arrival_time_s
+                continue
+            new = self._admit() if self.waiting else []
+            if new:
+                self._prefill_step(new)
+            else:
+                self._decode()
+            self._retire()
+        timings = [RequestTiming(i, r.arrival_time_s, self.first_token[i], self.finish[i], r.output_len,
+                                 self.preemptions[i], r.prompt_id) for i, r in sorted(self.by_id.items())]
+        return summarize(timings), timings

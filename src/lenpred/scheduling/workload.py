@@ -1,0 +1,257 @@
+"""Scheduling workloads: the benchmark's test split with true output lengths and each fitted predictor's static
+predictions, computed once and cached, and seeded draws of requests from it.
+
+The cached table (``results/scheduling/test_predictions.parquet``) holds no prompt text or token ids (the
+repository never stores prompt data): :func:`load_workload_table` re-attaches each prompt's chat-formatted token
+ids from the data sets with the tokenizer alone (no model load).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from lenpred.errors import LenpredError
+
+DEFAULT_PREDICTORS = ("estp", "egtp", "trail", "ssjf_reg", "last")
+DEFAULT_TABLE = Path("results/scheduling/test_predictions.parquet")
+_COLUMNS = ("request_index", "prompt_id", "sample_index", "scenario", "num_prompt_tokens", "output_len",
+            "max_new_tokens", "censored")
+
+
+@dataclass
+class WorkloadRequest:
+    """One request of a scheduling run.
+
+    Attributes:
+        request_id: position in the drawn workload (``0..n-1``); also the FCFS order of all-at-once arrivals.
+        prompt_token_ids: the chat-formatted prompt as the model's token ids (empty when the table was loaded
+            without them: simulator-only use).
+        output_len: the benchmark's true output length in tokens (EOS excluded; capped responses at their cap).
+        max_new_tokens: the request's generation cap in tokens.
+        scenario: ``longseq``, ``reasoning`` or ``rl``.
+        prompt_id: the benchmark prompt (several samples of one prompt share it; bootstrap clusters).
+        predictions: ``{predictor name: predicted output length in tokens}``, clipped to ``[0, max_new_tokens]``;
+            ``oracle`` is the true length.
+        num_prompt_tokens: prompt length in tokens (known even without ``prompt_token_ids``).
+        arrival_time_s: set by the arrival process of a run (0 for all-at-once).
+    """
+
+    request_id: int
+    prompt_token_ids: list[int]
+    output_len: int
+    max_new_tokens: int
+    scenario: str
+    prompt_id: str
+    predictions: dict[str, float]
+    num_prompt_tokens: int = 0
+    arrival_time_s: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+    def priority(self, predictor: str) -> int:
+        """vLLM-style integer priority (lower runs first): the rounded predicted length."""
+        return int(round(self.predictions[predictor]))
+
+
+def _inputs_fingerprint(bench: str | Path, predictors_dir: Path, predictors: tuple[str, ...]) -> str:
+    """Hash of what the table depends on: the benchmark manifest and the predictor files' bytes."""
+    from lenpred.io import file_sha256, stable_hash
+
+    manifest = json.loads((Path(bench) / "bench.json").read_text())
+    files = {}
+    for name in predictors:
+        path = predictors_dir / f"{name}.safetensors"
+        if not path.exists():
+            raise LenpredError(f"{path} is missing: run `lenpred evaluate` (it saves the fitted predictors) or pass "
+                               "--predictors naming the ones that exist")
+        files[name] = file_sha256(path)
+    return stable_hash({"plan": manifest["plan_fingerprint"], "revision": manifest["model_revision"],
+                        "files": files})
+
+
+def build_workload_table(bench: str | Path = "benchmarks/smollm2-forelen",
+                         predictors_dir: str | Path = "results/evaluate/predictors",
+                         predictors: tuple[str, ...] = DEFAULT_PREDICTORS, model: str = "smollm2-135m-instruct",
+                         threads: int | None = None):
+    """Predict every test request's length with each saved predictor, the way ``lenpred evaluate`` scores them
+    (same loading path :func:`lenpred.evaluation.run.prepare_run`, predictions clipped to each request's cap by
+    :func:`lenpred.evaluation.tune.clipped_predict`).
+
+    Returns:
+        a ``pyarrow.Table``, one row per test sample: the :data:`_COLUMNS` plus ``pred_<name>`` (float64 tokens).
+        Its schema metadata holds ``fingerprint`` (:func:`_inputs_fingerprint`) and the predictor list.
+    """
+    import pyarrow as pa
+
+    from lenpred.evaluation.run import EvalConfig, prepare_run
+    from lenpred.evaluation.tune import clipped_predict
+    from lenpred.predictors import PREDICTORS, Predictor
+
+    predictors_dir = Path(predictors_dir)
+    fingerprint = _inputs_fingerprint(bench, predictors_dir, predictors)
+    cfg = EvalConfig(model=model, bench=str(bench), methods=tuple(predictors), threads=threads)
+    run = prepare_run(cfg, {i for m in predictors for i in PREDICTORS[m].inputs})
+    data, test = run.data, run.data.index["test"]
+    requests = data.rows("test")
+    cols = {"request_index": np.arange(len(test)), "prompt_id": data.cols["prompt_id"][test].astype(str),
+            "sample_index": data.cols["sample_index"][test].astype(np.int64),
+            "scenario": data.cols["scenario"][test].astype(str),
+            "num_prompt_tokens": data.cols["num_prompt_tokens"][test].astype(np.int64),
+            "output_len": data.y[test].astype(np.int64),
+            "max_new_tokens": data.cols["max_new_tokens"][test].astype(np.int64),
+            "censored": data.censored[test]}
+    for name in predictors:
+        cols[f"pred_{name}"] = clipped_predict(Predictor.load(predictors_dir / f"{name}.safetensors"), requests)
+    table = pa.table({k: pa.array(np.asarray(v).tolist()) for k, v in cols.items()})
+    return table.replace_schema_metadata({"fingerprint": fingerprint, "predictors": json.dumps(list(predictors)),
+                                          "bench": str(bench), "model_revision": run.backbone.revision})
+
+
+def save_workload_table(table, path: str | Path = DEFAULT_TABLE) -> str:
+    """Write the table (parquet, atomically) and a sidecar ``<path>.sha256`` with its checksum; returns it."""
+    import pyarrow.parquet as pq
+
+    from lenpred.io import atomic_path, file_sha256
+
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp)
+    digest = file_sha256(path)
+    with atomic_path(path.with_suffix(path.suffix + ".sha256")) as tmp:
+        tmp.write_text(f"{digest}  {path.name}\n")
+    return digest
+
+
+def _read_checked(path: Path):
+    """The cached table if its checksum file matches its bytes, else ``None``."""
+    import pyarrow.parquet as pq
+
+    from lenpred.io import file_sha256
+
+    sidecar = path.with_suffix(path.suffix + ".sha256")
+    if not (path.exists() and sidecar.exists()):
+        return None
+    if sidecar.read_text().split()[0] != file_sha256(path):
+        return None
+    return pq.read_table(path)
+
+
+def load_workload_table(path: str | Path = DEFAULT_TABLE, bench: str | Path = "benchmarks/smollm2-forelen",
+                        predictors_dir: str | Path = "results/evaluate/predictors",
+                        predictors: tuple[str, ...] = DEFAULT_PREDICTORS, token_ids: bool = True,
+                        data_dir: str | None = None, model: str = "smollm2-135m-instruct", rebuild: bool = True):
+    """The cached test-prediction table, rebuilt (and re-saved) when missing, corrupt (checksum) or stale (the
+    benchmark or a predictor file changed).
+
+    Args:
+        token_ids: attach a ``prompt_token_ids`` column (list<int32>) re-prepared from the data sets with the
+            tokenizer (:func:`lenpred.prompts.prepare_prompt`); ``False`` for simulator-only use.
+        rebuild: ``False`` raises instead of rebuilding (the build loads the model: minutes).
+
+    Raises:
+        LenpredError: the cache is unusable and ``rebuild`` is ``False``; a predictor file is missing; a prompt
+            re-tokenises to a different length than the benchmark recorded.
+    """
+    import pyarrow as pa
+
+    path = Path(path)
+    table = _read_checked(path)
+    fingerprint = _inputs_fingerprint(bench, Path(predictors_dir), predictors)
+    meta = (table.schema.metadata or {}) if table is not None else {}
+    if table is None or meta.get(b"fingerprint", b"").decode() != fingerprint:
+        if not rebuild:
+            raise LenpredError(f"{path} is missing, corrupt or stale: run `lenpred schedule predictions` to rebuild it")
+        table = build_workload_table(bench, predictors_dir, predictors, model)
+        save_workload_table(table, path)
+    if token_ids:
+        ids = _prompt_token_ids(bench, model, data_dir, table)
+        table = table.append_column("prompt_token_ids", pa.array(ids, type=pa.list_(pa.int32())))
+    return table
+
+
+def _prompt_token_ids(bench, model: str, data_dir: str | None, table) -> list[list[int]]:
+    """Each row's chat-formatted prompt token ids, re-read from the data sets (tokenizer only)."""
+    from transformers import AutoTokenizer
+
+    from lenpred.backbone import resolve_model
+    from lenpred.bench.build import read_manifest
+    from lenpred.bench.sources import prompt_messages
+    from lenpred.prompts import prepare_prompt
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model(model)[0])
+    prompt_files = read_manifest(Path(bench)).get("prompt_files")
+    cache: dict[str, list[int]] = {}
+    out = []
+    for pid, n in zip(table.column("prompt_id").to_pylist(), table.column("num_prompt_tokens").to_pylist()):
+        if pid not in cache:
+            cache[pid] = list(prepare_prompt(tokenizer, prompt_messages(pid, data_dir, prompt_files)).token_ids)
+            if len(cache[pid]) != n:
+                raise LenpredError(f"prompt {pid} has {len(cache[pid])} tokens now but {n} in the benchmark: the data "
+                                   "directory or chat template differs from the one the benchmark was built with")
+        out.append(cache[pid])
+    return out
+
+
+def predictor_names(table) -> list[str]:
+    """The predictors whose ``pred_<name>`` columns the table holds (``oracle`` not included)."""
+    return [c[len("pred_"):] for c in table.column_names if c.startswith("pred_")]
+
+
+def draw_workload(table, n: int, seed: int, scenario_mix: dict[str, float] | None = None,
+                  max_output_len: int | None = None) -> list[WorkloadRequest]:
+    """Sample ``n`` distinct requests (without replacement) from the table, seeded.
+
+    Args:
+        scenario_mix: ``{scenario: share}`` (normalised; shares rounded to counts by largest remainder);
+            ``None``: uniform over all rows (the test split's own mix).
+        max_output_len: keep only rows with ``output_len <= max_output_len`` (for real runs with a time budget).
+
+    Returns:
+        requests in draw order with ``request_id`` 0..n-1; ``predictions`` holds every predictor plus ``oracle``.
+
+    Raises:
+        LenpredError: fewer eligible rows than requested, or an unknown scenario in the mix.
+    """
+    rng = np.random.default_rng(seed)
+    scen = np.asarray(table.column("scenario").to_pylist())
+    out_len = np.asarray(table.column("output_len").to_pylist())
+    eligible = np.ones(len(scen), bool) if max_output_len is None else out_len <= max_output_len
+    if scenario_mix is None:
+        pool = np.flatnonzero(eligible)
+        if len(pool) < n:
+            raise LenpredError(f"only {len(pool)} eligible requests for a workload of {n}: lower n or raise the cap")
+        rows = rng.choice(pool, size=n, replace=False)
+    else:
+        rows = _draw_mix(rng, scen, eligible, n, scenario_mix)
+    return [_request(table, int(r), i) for i, r in enumerate(rows)]
+
+
+def _draw_mix(rng, scen: np.ndarray, eligible: np.ndarray, n: int, mix: dict[str, float]) -> np.ndarray:
+    unknown = sorted(set(mix) - set(scen.tolist()))
+    if unknown or not mix or min(mix.values()) < 0 or sum(mix.values()) <= 0:
+        raise LenpredError(f"bad scenario mix {mix}: give non-negative shares over {sorted(set(scen.tolist()))}")
+    names = list(mix)
+    share = np.array([mix[s] for s in names], float) / sum(mix.values())
+    counts = np.floor(share * n).astype(int)
+    counts[np.argsort(-(share * n - counts))[: n - counts.sum()]] += 1  # largest remainder
+    rows = []
+    for s, k in zip(names, counts):
+        pool = np.flatnonzero(eligible & (scen == s))
+        if len(pool) < k:
+            raise LenpredError(f"scenario {s} has {len(pool)} eligible requests, the mix asks for {k}")
+        rows.append(rng.choice(pool, size=k, replace=False))
+    rows = np.concatenate(rows)
+    return rows[rng.permutation(len(rows))]
+
+
+def _request(table, row: int, request_id: int) -> WorkloadRequest:
+    get = lambda c: table.column(c)[row].as_py()  # noqa: E731
+    preds = {name: float(get(f"pred_{name}")) for name in predictor_names(table)}
+    preds["oracle"] = float(get("output_len"))
+    ids = get("prompt_token_ids") if "prompt_token_ids" in table.column_names else []
+    return WorkloadRequest(request_id=request_id, prompt_token_ids=ids, output_len=int(get("output_len")),
+                           max_new_tokens=int(get("max_new_tokens")), scenario=get("scenario"),
+                           prompt_id=get("prompt_id"), predictions=preds, num_prompt_tokens=int(get("num_prompt_tokens")))

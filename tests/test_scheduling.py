@@ -1,0 +1,195 @@
+"""Scheduling: policies, padding ratio, the simulator on hand-worked workloads, the cost model fit, workload draws."""
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from lenpred.errors import LenpredError
+from lenpred.scheduling.cost_model import CostModel, run_features
+from lenpred.scheduling.policies import (make_policy, padding_ratio, progressive_remaining, static_batches)
+from lenpred.scheduling.simulator import SimConfig, arrival_times, simulate
+from lenpred.scheduling.workload import WorkloadRequest, draw_workload
+
+
+def unit_cost(fused: bool = False) -> CostModel:
+    """Prefill 1 s, decode step 1 s, whatever the sizes: every time below is a count of forwards."""
+    return CostModel("unit", {"p0": 1.0, "p1": 0.0, "p2": 0.0, "d0": 1.0, "d1": 0.0, "d2": 0.0}, fused_prefill=fused)
+
+
+def req(i: int, length: int, pred: float | None = None, prompt: int = 10, arrival: float = 0.0) -> WorkloadRequest:
+    return WorkloadRequest(i, [], length, 64, "longseq", f"p{i}",
+                           {"oracle": float(length), "est": float(length if pred is None else pred)},
+                           num_prompt_tokens=prompt, arrival_time_s=arrival)
+
+
+LENGTHS = [4, 1, 3, 2]
+
+
+def test_padding_ratio_hand_worked():
+    # batches [4, 1] and [3, 2]: useful 10 of 2·4 + 2·3 = 14 slots
+    assert padding_ratio([[4, 1], [3, 2]]) == pytest.approx(1 - 10 / 14)
+    assert padding_ratio([[1, 2], [3, 4]]) == pytest.approx(1 - 10 / (2 * 2 + 2 * 4))
+    assert padding_ratio([[5, 5, 5]]) == 0.0
+    with pytest.raises(LenpredError):
+        padding_ratio([[0, 0]])
+
+
+def test_static_fcfs_and_oracle_hand_worked():
+    reqs = [req(i, L) for i, L in enumerate(LENGTHS)]
+    cfg = SimConfig(batching="static", max_num_seqs=2)
+    # FCFS batches [4, 1], [3, 2]: each batch takes L_max forwards (1 prefill + L_max − 1 decodes) → ends 4, 7
+    summary, timings = simulate(reqs, make_policy("fcfs"), unit_cost(), cfg)
+    assert [t.jct_s for t in timings] == [4, 4, 7, 7]
+    assert [t.ttft_s for t in timings] == [1, 1, 5, 5]
+    assert summary["mean_jct_s"] == 5.5
+    assert summary["padding_ratio"] == pytest.approx(4 / 14)
+    assert summary["throughput_tok_s"] == pytest.approx(10 / 7)
+    # SJF by true length: batches [1, 2], [3, 4] → ends 2, 6
+    summary, timings = simulate(reqs, make_policy("sjf:oracle"), unit_cost(), cfg)
+    assert [t.jct_s for t in timings] == [6, 2, 6, 2]
+    assert summary["mean_jct_s"] == 4.0
+    assert summary["padding_ratio"] == pytest.approx(2 / 12)
+
+
+def test_static_batches_sort_by_prediction():
+    reqs = [req(i, L, pred=p) for i, (L, p) in enumerate(zip(LENGTHS, [1, 9, 2, 8]))]
+    batches = static_batches(reqs, 2, make_policy("sjf:est"))
+    assert [[r.request_id for r in b] for b in batches] == [[0, 2], [3, 1]]
+    with pytest.raises(LenpredError, match="preempts"):
+        static_batches(reqs, 2, make_policy("srpt:est"))
+
+
+def test_continuous_fcfs_hand_worked():
+    # max 2 running, unit cost, separate prefill forward: t=1 r0,r1 prefilled (r1 done); t=3 r2 prefilled while r0
+    # decodes (1 + 1 s); t=5 r0 and r2 done after 2 decodes; t=6 r3 prefilled; t=7 r3 done
+    reqs = [req(i, L) for i, L in enumerate(LENGTHS)]
+    summary, timings = simulate(reqs, make_policy("fcfs"), unit_cost(), SimConfig(max_num_seqs=2))
+    assert [t.finish_time_s for t in timings] == [5, 1, 5, 7]
+    assert [t.ttft_s for t in timings] == [1, 1, 3, 6]
+    assert summary["mean_jct_s"] == 4.5
+    assert summary["makespan_s"] == 7
+    assert summary["padding_ratio"] is None
+
+
+def test_srpt_limited_preemption_hand_worked():
+    # one slot; r0 (4 tokens) at 0, r1 (1 token) at 1.5. FCFS: r0 ends at 4, r1 prefilled at 5.
+    cfg = SimConfig(max_num_seqs=1)
+    from lenpred.scheduling.simulator import _Continuous
+
+    def run(policy):
+        return _Continuous([req(0, 4), req(1, 1, arrival=1.5)], make_policy(policy), unit_cost(), cfg).run()
+
+    _, fcfs = run("fcfs")
+    assert [t.finish_time_s for t in fcfs] == [4, 5]
+    # SRPT: at t=2 r0 has 2 tokens (< 0.8·4) and 2 left > r1's 1 → preempted; r1 prefilled, done at 3; r0
+    # recomputed (prefill of prompt + 2 tokens) at 4 and decodes its last token at 5
+    summary, srpt = run("srpt:oracle")
+    assert [t.finish_time_s for t in srpt] == [5, 3]
+    assert [t.num_preemptions for t in srpt] == [1, 0]
+    assert summary["mean_jct_s"] == pytest.approx((5 + 1.5) / 2)
+
+
+def test_srpt_no_preemption_past_fraction():
+    # r0 predicted 2 tokens: after its prefill + 1 decode it has 2 ≥ 0.8·2 → not preemptible
+    from lenpred.scheduling.simulator import _Continuous
+
+    run = _Continuous([req(0, 4, pred=2), req(1, 1, arrival=1.5)], make_policy("srpt:est"), unit_cost(),
+                      SimConfig(max_num_seqs=1)).run
+    _, timings = run()
+    assert [t.num_preemptions for t in timings] == [0, 0]
+    assert [t.finish_time_s for t in timings] == [4, 5]
+
+
+def test_aging_promotes_a_starved_request():
+    # one slot, SJF by a prediction that ranks r0 last forever; r1..r3 keep arriving shorter. With aging 2 the
+    # starved r0 is promoted after 2 steps of waiting and runs before r3.
+    reqs = [req(0, 2, arrival=0.5), req(1, 3, pred=1), req(2, 3, pred=1, arrival=0.5), req(3, 3, pred=1, arrival=2.5)]
+    from lenpred.scheduling.simulator import _Continuous
+
+    _, plain = _Continuous(reqs, make_policy("sjf:est"), unit_cost(), SimConfig(max_num_seqs=1)).run()
+    _, aged = _Continuous(reqs, make_policy("sjf:est", aging_steps=2), unit_cost(), SimConfig(max_num_seqs=1)).run()
+    assert plain[0].finish_time_s == max(t.finish_time_s for t in plain)  # starved to the end
+    assert aged[0].finish_time_s < aged[3].finish_time_s
+
+
+def test_fused_prefill_drops_second_overhead():
+    reqs = [req(i, L) for i, L in enumerate(LENGTHS)]
+    _, timings = simulate(reqs, make_policy("fcfs"), unit_cost(fused=True), SimConfig(max_num_seqs=2))
+    # r2's prefill step now costs 1 (decode step) + 0 extra: t=2, then 2 decodes → 4; r3: 5, 6
+    assert [t.finish_time_s for t in timings] == [4, 1, 4, 6]
+
+
+def test_progressive_remaining_uses_latest_step():
+    r = req(0, 100, pred=50)
+    remaining = progressive_remaining({0: {0: 50.0, 8: 90.0}}, fallback=lambda q, g: -1.0, steps=(0, 8))
+    assert remaining(r, 4) == 46.0
+    assert remaining(r, 10) == 80.0
+    assert remaining(req(5, 3), 0) == -1.0
+    assert remaining.update_steps == (0, 8)
+
+
+def test_policy_registry_errors():
+    with pytest.raises(LenpredError, match="valid policies: fcfs, random, sjf, srpt"):
+        make_policy("lifo")
+    with pytest.raises(LenpredError, match="needs a predictor"):
+        make_policy("sjf")
+    with pytest.raises(LenpredError, match="reads no prediction"):
+        make_policy("fcfs:estp")
+    assert make_policy("sjf:estp", aging_steps=200).label == "sjf:estp+aging200"
+
+
+def test_random_policy_is_seeded():
+    reqs = [req(i, 1) for i in range(20)]
+    order = lambda seed: [r.request_id for r in sorted(reqs, key=make_policy("random", seed=seed).key)]  # noqa
+    assert order(3) == order(3) and order(3) != order(4) and sorted(order(3)) == list(range(20))
+
+
+def test_arrival_times_mean_and_cv():
+    gaps = np.diff(arrival_times(20001, "gamma", rate_per_s=4.0, cv=2.0, seed=0))
+    assert gaps.mean() == pytest.approx(0.25, rel=0.05)
+    assert gaps.std() / gaps.mean() == pytest.approx(2.0, rel=0.05)
+    assert np.all(arrival_times(5, "all") == 0)
+    with pytest.raises(LenpredError):
+        SimConfig(arrival="uniform")
+
+
+def test_cost_model_fit_recovers_coefficients(tmp_path):
+    true = {"p0": 0.02, "p1": 1e-4, "p2": 1e-7, "d0": 0.01, "d1": 2e-3, "d2": 1e-6}
+    model = CostModel("x", true)
+    measurements = [{"batch_size": B, "prompt_tokens": [P] * B, "num_new_tokens": L,
+                     "wall_s": model.generate_time_s([P] * B, L)}
+                    for B in (1, 2, 4, 8) for P in (16, 128, 512) for L in (1, 8, 32)]
+    fitted = CostModel.fit(measurements, engine="x", hardware={"cpu_model": "test"})
+    for k, v in true.items():
+        assert fitted.coefficients[k] == pytest.approx(v, rel=1e-4)
+    assert fitted.fit_stats["loo_max_rel_error"] < 1e-6
+    fitted.save(tmp_path / "c.json")
+    again = CostModel.load(tmp_path / "c.json")
+    assert again.coefficients == fitted.coefficients and again.hardware == {"cpu_model": "test"}
+    # one run = prefill + (L − 1) decode steps at context Σ P + k
+    B, P, L = 2, 10, 3
+    direct = model.prefill_time_s([P] * B) + sum(model.decode_step_time_s(B, B * (P + k)) for k in (1, 2))
+    assert model.generate_time_s([P] * B, L) == pytest.approx(direct)
+    assert run_features(B, [P] * B, L)[5] == B * (P + 1) + B * (P + 2)
+    with pytest.raises(LenpredError, match="not a lenpred cost model"):
+        CostModel.load(tmp_path / "missing.json")
+
+
+def test_draw_workload_seeded_and_mixed():
+    n = 30
+    table = pa.table({"prompt_id": [f"p{i // 2}" for i in range(n)], "scenario": ["rl", "longseq", "reasoning"] * 10,
+                      "num_prompt_tokens": list(range(n)), "output_len": [10 * i for i in range(n)],
+                      "max_new_tokens": [1000] * n, "pred_estp": [5.0 * i for i in range(n)]})
+    a, b = draw_workload(table, 6, seed=1), draw_workload(table, 6, seed=1)
+    assert [r.prompt_id for r in a] == [r.prompt_id for r in b]
+    assert [r.request_id for r in a] == list(range(6))
+    for r in a:
+        i = r.num_prompt_tokens  # row index in this table
+        assert r.output_len == 10 * i and r.predictions == {"estp": 5.0 * i, "oracle": 10.0 * i}
+        assert r.priority("estp") == round(5.0 * i)
+    mixed = draw_workload(table, 6, seed=0, scenario_mix={"rl": 2, "longseq": 1})
+    assert sorted(r.scenario for r in mixed) == ["longseq", "longseq", "rl", "rl", "rl", "rl"]
+    capped = draw_workload(table, 5, seed=0, max_output_len=50)
+    assert all(r.output_len <= 50 for r in capped)
+    with pytest.raises(LenpredError, match="eligible"):
+        draw_workload(table, 7, seed=0, max_output_len=50)
