@@ -193,3 +193,15 @@ def test_draw_workload_seeded_and_mixed():
     assert all(r.output_len <= 50 for r in capped)
     with pytest.raises(LenpredError, match="eligible"):
         draw_workload(table, 7, seed=0, max_output_len=50)
+
+
+def test_generate_static_batch_exact_lengths(tiny_model_dir, one_torch_thread):
+    # every row emits exactly its forced length (0 included) before the stop token, whatever the random model says
+    from transformers import AutoModelForCausalLM
+
+    from lenpred.scheduling.static_run import generate_static_batch
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    prompts = [[2, 7, 8, 9], [2, 10], [2, 11, 12]]
+    wall, produced = generate_static_batch(model, prompts, [5, 0, 2], stop_token_ids=(3,), pad_token_id=1)
+    assert produced == [5, 0, 2] and wall > 0

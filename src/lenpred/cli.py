@@ -309,5 +309,125 @@ def bench_card(bench: str = typer.Argument(..., help="Benchmark directory.")):
     typer.echo(f"wrote {', '.join(str(p) for p in paths.values())}")
 
 
+# ---- lenpred schedule (issue 13): length-aware scheduling -----------------------------------------------------------
+schedule_app = typer.Typer(help="Length-aware scheduling: workload predictions, cost-model calibration, simulator, "
+                                "real runs and their report.", no_args_is_help=True)
+app.add_typer(schedule_app, name="schedule")
+SCHED_OUT = "results/scheduling"
+
+
+@schedule_app.command("predictions")
+@one_line_errors
+def schedule_predictions(
+    predictors: str = typer.Option("estp,egtp,trail,ssjf_reg,last", help="Saved predictors to run on the test split."),
+    predictors_dir: str = typer.Option("results/evaluate/predictors", help="Where `lenpred evaluate` saved them."),
+    bench: str = typer.Option("benchmarks/smollm2-forelen", help="Benchmark directory."),
+    out: str = typer.Option(f"{SCHED_OUT}/test_predictions.parquet", help="Cached prediction table."),
+):
+    """Predict every test request's length with each saved predictor (cached with a checksum; reruns reuse it)."""
+    from lenpred.scheduling.workload import load_workload_table
+
+    table = load_workload_table(out, bench, predictors_dir, _names(predictors), token_ids=False)
+    typer.echo(f"{table.num_rows} test requests with predictions of {', '.join(_names(predictors))} in {out}")
+
+
+@schedule_app.command("calibrate")
+@one_line_errors
+def schedule_calibrate(
+    model: str = MODEL,
+    batch_sizes: str = typer.Option("1,2,4,8", help="Batch sizes measured."),
+    prompt_tokens: str = typer.Option("32,128,512", help="Prompt lengths measured (random token ids)."),
+    new_tokens: str = typer.Option("1,32,128", help="Generated tokens per run (1 = prefill only)."),
+    repeats: int = typer.Option(2, help="Timed repeats per point (median kept)."),
+    threads: int = typer.Option(2, help="torch threads (run under the CPU lock)."),
+    out: str = typer.Option(f"{SCHED_OUT}/cost_transformers.json", help="Cost model JSON."),
+):
+    """Time transformers `generate` on a grid and fit the simulator's cost model (prefill and decode-step time)."""
+    from lenpred.scheduling.static_run import CalibrationConfig, calibrate_transformers
+
+    model_ = calibrate_transformers(CalibrationConfig(model, _ints("--batch-sizes", batch_sizes),
+                                                      _ints("--prompt-tokens", prompt_tokens),
+                                                      _ints("--new-tokens", new_tokens), repeats, threads, out=out))
+    typer.echo(f"{model_.coefficients} fit {model_.fit_stats} → {out}")
+
+
+@schedule_app.command("simulate")
+@one_line_errors
+def schedule_simulate(
+    cost_model: str = typer.Option(f"{SCHED_OUT}/cost_transformers.json", help="Calibrated cost model."),
+    predictors: str = typer.Option("estp,egtp,trail,ssjf_reg,last", help="Predictors ranking requests (+ oracle)."),
+    num_requests: int = typer.Option(200, help="Requests per workload draw."),
+    draws: int = typer.Option(20, help="Workload draws (bootstrap over draws)."),
+    max_num_seqs: int = typer.Option(8, help="Concurrency limit (continuous) and static batch size."),
+    max_num_batched_tokens: int = typer.Option(2048, help="Token budget per step (continuous)."),
+    arrivals: str = typer.Option("all,poisson,gamma", help="Arrival processes: all, poisson, gamma."),
+    load: float = typer.Option(0.9, help="Arrival rate as a share of the FCFS all-at-once throughput (req/s)."),
+    cv: float = typer.Option(2.0, help="Gamma inter-arrival coefficient of variation."),
+    aging_steps: int = typer.Option(200, help="vllm-ltr starvation guard for the +aging rows (0 = none)."),
+    seed: int = typer.Option(0, help="First workload / arrival seed."),
+    out: str = typer.Option(SCHED_OUT, help="Output directory."),
+):
+    """Simulate every policy × predictor on many workload draws; table, PNGs and JSON."""
+    from rich.console import Console
+
+    from lenpred.scheduling.experiment import SimExperimentConfig, run_simulation
+    from lenpred.scheduling.report import save_simulation_report
+
+    cfg = SimExperimentConfig(cost_model, _names(predictors), num_requests, draws, max_num_seqs,
+                              max_num_batched_tokens, _names(arrivals), load, cv, aging_steps or None, seed=seed,
+                              out=out)
+    paths = save_simulation_report(run_simulation(cfg), out, Console(width=max(Console().width, 200)))
+    typer.echo(f"wrote {', '.join(str(p) for p in paths.values())}")
+
+
+@schedule_app.command("run-static")
+@one_line_errors
+def schedule_run_static(
+    model: str = MODEL,
+    num_requests: int = typer.Option(48, help="Requests drawn from the test split."),
+    batch_size: int = typer.Option(8, help="Static batch size."),
+    max_output_len: int = typer.Option(256, help="Only requests whose true length is at most this (tokens)."),
+    seed: int = typer.Option(0, help="Workload draw seed."),
+    groupings: str = typer.Option("fcfs,sjf:estp,sjf:egtp,sjf:trail,sjf:ssjf_reg,sjf:last,sjf:oracle",
+                                  help="Batch groupings (policies)."),
+    cost_model: str = typer.Option(f"{SCHED_OUT}/cost_transformers.json", help="Calibrated cost model."),
+    out: str = typer.Option(f"{SCHED_OUT}/static_real.json", help="Result JSON (resumes per grouping)."),
+    threads: int = typer.Option(2, help="torch threads (run under the CPU lock)."),
+):
+    """Real run 1: static batches with transformers generate, each request forced to its true length; measured
+    wall time, padding and tok/s vs the simulator's prediction."""
+    from pathlib import Path as _Path
+
+    from rich.console import Console
+
+    from lenpred.scheduling.report import save_static_real_report
+    from lenpred.scheduling.static_run import StaticRunConfig, run_static
+
+    report = run_static(StaticRunConfig(model, num_requests, batch_size, max_output_len, seed, _names(groupings),
+                                        cost_model, out, threads))
+    paths = save_static_real_report(report, _Path(out).parent, Console(width=max(Console().width, 160)))
+    typer.echo(f"wrote {out}, {', '.join(str(p) for p in paths.values())}")
+
+
+@schedule_app.command("report")
+@one_line_errors
+def schedule_report(out: str = typer.Option(SCHED_OUT, help="Directory holding the runs' JSON files.")):
+    """Re-render every scheduling result found in OUT (simulator, real runs): tables and PNGs."""
+    import json
+
+    from rich.console import Console
+
+    from lenpred.scheduling.report import save_simulation_report, save_static_real_report
+
+    console, found = Console(width=max(Console().width, 200)), []
+    for name, save in (("simulation.json", save_simulation_report), ("static_real.json", save_static_real_report)):
+        path = Path(out) / name
+        if path.exists():
+            save(json.loads(path.read_text()), out, console)
+            found.append(name)
+    if not found:
+        raise LenpredError(f"no scheduling results in {out}: run `lenpred schedule simulate` or `run-static` first")
+
+
 if __name__ == "__main__":  # vLLM spawns an engine process: the guard is required
     app()

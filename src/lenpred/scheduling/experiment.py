@@ -1,0 +1,165 @@
+"""The simulator experiment of ``lenpred schedule simulate``: every policy × predictor on many seeded workload
+draws, under each arrival process, with a measured cost model; paired bootstrap intervals over draws."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from lenpred.errors import LenpredError
+from lenpred.scheduling.workload import DEFAULT_PREDICTORS
+
+
+@dataclass
+class SimExperimentConfig:
+    """Settings of the simulator experiment.
+
+    Attributes:
+        cost_model: calibrated cost model JSON (``lenpred schedule calibrate``).
+        predictors: predictors whose static predictions rank requests (``oracle`` is always added).
+        num_requests: requests per workload draw (from the whole test split, its own scenario mix).
+        draws: workload draws (seeds ``seed .. seed + draws − 1``; the arrival process uses the same seed).
+        max_num_seqs: concurrency limit of continuous batching and the static batch size.
+        max_num_batched_tokens: continuous batching's per-step token budget.
+        arrivals: arrival processes to run (``all``, ``poisson``, ``gamma``).
+        load: Poisson / Gamma arrival rate as a share of the server's FCFS all-at-once throughput in requests/s
+            (measured by the simulator on the first draw): < 1 keeps the queue finite, close to 1 makes it queue.
+        cv: gamma inter-arrival coefficient of variation.
+        aging_steps: vllm-ltr starvation guard for the ``+aging`` rows (``None``: no aging rows).
+        bootstrap_resamples: draw-level paired bootstrap resamples.
+        seed: first draw seed.
+        out: result directory (``simulation.json``, ``simulation.md``, PNGs).
+    """
+
+    cost_model: str = "results/scheduling/cost_transformers.json"
+    predictors: tuple[str, ...] = DEFAULT_PREDICTORS
+    num_requests: int = 200
+    draws: int = 20
+    max_num_seqs: int = 8
+    max_num_batched_tokens: int = 2048
+    arrivals: tuple[str, ...] = ("all", "poisson")
+    load: float = 0.9
+    cv: float = 2.0
+    aging_steps: int | None = 200
+    bootstrap_resamples: int = 2000
+    seed: int = 0
+    out: str = "results/scheduling"
+
+    def __post_init__(self):
+        if self.draws < 2 or self.num_requests < 2:
+            raise LenpredError("draws and num_requests must be >= 2 (intervals need several draws)")
+        if not 0 < self.load:
+            raise LenpredError(f"load must be > 0, got {self.load}")
+
+    def policies(self) -> list[tuple[str, int | None]]:
+        """``(policy spec, aging steps)`` rows of the continuous-batching table."""
+        preds = [*self.predictors, "oracle"]
+        rows = [("fcfs", None), ("random", None)] + [(f"sjf:{p}", None) for p in preds]
+        rows += [(f"srpt:{p}", None) for p in preds]
+        if self.aging_steps:
+            rows += [(f"sjf:{p}", self.aging_steps) for p in preds]
+        return rows
+
+    def static_policies(self) -> list[str]:
+        return ["fcfs", "random", *(f"sjf:{p}" for p in [*self.predictors, "oracle"])]
+
+
+def draw_bootstrap(per_draw: dict[str, np.ndarray], stat, n_resamples: int = 2000, seed: int = 0,
+                   confidence: float = 0.95) -> tuple[float, float, float]:
+    """Paired percentile bootstrap over workload draws: every resample picks the same draws for every row, and
+    ``stat(resampled per_draw) -> float`` (e.g. a ratio of mean gains). Returns ``(estimate, low, high)``."""
+    n = len(next(iter(per_draw.values())))
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, n, size=(n_resamples, n))
+    values = np.array([stat({k: v[i] for k, v in per_draw.items()}) for i in idx])
+    alpha = (1 - confidence) / 2
+    return float(stat(per_draw)), float(np.nanquantile(values, alpha)), float(np.nanquantile(values, 1 - alpha))
+
+
+def _rate(table, cfg: SimExperimentConfig, cost) -> float:
+    """Arrival rate (requests/s) = load × FCFS all-at-once throughput of the first draw."""
+    from lenpred.scheduling.policies import make_policy
+    from lenpred.scheduling.simulator import SimConfig, simulate
+    from lenpred.scheduling.workload import draw_workload
+
+    requests = draw_workload(table, cfg.num_requests, cfg.seed)
+    summary, _ = simulate(requests, make_policy("fcfs"), cost,
+                          SimConfig(max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens))
+    return cfg.load * cfg.num_requests / summary["makespan_s"]
+
+
+def run_simulation(cfg: SimExperimentConfig, table=None) -> dict:
+    """Every continuous-batching policy row under every arrival process and every static-batching grouping, on
+    ``cfg.draws`` workload draws. Returns the report dict (``lenpred.scheduling.report`` renders and saves it):
+    per row and draw the summary metrics, per-request JCTs of draw 0 (CDF plot), and bootstrap summaries."""
+    from tqdm.auto import tqdm
+
+    from lenpred.scheduling.cost_model import CostModel
+    from lenpred.scheduling.policies import make_policy
+    from lenpred.scheduling.simulator import SimConfig, simulate
+    from lenpred.scheduling.workload import draw_workload, load_workload_table
+
+    cost = CostModel.load(cfg.cost_model)
+    table = table if table is not None else load_workload_table(token_ids=False, rebuild=False)
+    rate = _rate(table, cfg, cost)
+    settings = [("continuous", a) for a in cfg.arrivals] + [("static", "all")]
+    runs: dict[str, dict[str, list]] = {}
+    jct_draw0: dict[str, list[float]] = {}
+    total = cfg.draws * (len(cfg.arrivals) * len(cfg.policies()) + len(cfg.static_policies()))
+    with tqdm(total=total, desc="simulate", unit="run") as bar:
+        for d in range(cfg.draws):
+            requests = draw_workload(table, cfg.num_requests, cfg.seed + d)
+            for batching, arrival in settings:
+                sim = SimConfig(batching=batching, max_num_seqs=cfg.max_num_seqs,
+                                max_num_batched_tokens=cfg.max_num_batched_tokens, arrival=arrival,
+                                rate_per_s=rate, cv=cfg.cv, seed=cfg.seed + d)
+                rows = cfg.policies() if batching == "continuous" else [(p, None) for p in cfg.static_policies()]
+                for spec, aging in rows:
+                    policy = make_policy(spec, aging_steps=aging, seed=cfg.seed + d)
+                    summary, timings = simulate(requests, policy, cost, sim)
+                    key = f"{batching}/{arrival}/{policy.label}"
+                    runs.setdefault(key, []).append(summary)
+                    if d == 0:
+                        jct_draw0[key] = [t.jct_s for t in timings]
+                    bar.update()
+    return {"config": asdict(cfg), "arrival_rate_per_s": rate, "cost_model": asdict(cost),
+            "runs": runs, "jct_draw0": jct_draw0, "summary": summarize_runs(runs, cfg)}
+
+
+METRICS = ("throughput_tok_s", "mean_jct_s", "p50_jct_s", "p90_jct_s", "p99_jct_s", "mean_ttft_s",
+           "mean_normalised_latency_s_per_tok", "num_preemptions", "padding_ratio")
+
+
+def summarize_runs(runs: dict[str, list[dict]], cfg: SimExperimentConfig) -> dict:
+    """Per row: mean over draws of each metric with a bootstrap interval; per setting and length policy: the share
+    of the oracle's mean-JCT gain over FCFS that each predictor recovers,
+    ``(JCT_fcfs − JCT_pred) / (JCT_fcfs − JCT_oracle)`` (ratio of draw means, paired bootstrap over draws)."""
+    out: dict[str, dict] = {"rows": {}, "gain_share": {}, "padding": {}}
+    for key, summaries in runs.items():
+        row = {}
+        for m in METRICS:
+            vals = np.array([s[m] for s in summaries if s[m] is not None], dtype=np.float64)
+            if len(vals) == len(summaries):
+                row[m] = draw_bootstrap({"x": vals}, lambda v: float(np.mean(v["x"])), cfg.bootstrap_resamples)
+        out["rows"][key] = row
+    settings = sorted({k.rsplit("/", 1)[0] for k in runs})
+    for setting in settings:
+        fcfs = f"{setting}/fcfs"
+        for name in ("sjf", "srpt"):
+            oracle = f"{setting}/{name}:oracle"
+            if fcfs not in runs or oracle not in runs:
+                continue
+            for p in cfg.predictors:
+                key = f"{setting}/{name}:{p}"
+                if key not in runs:
+                    continue
+                per_draw = {k: np.array([s["mean_jct_s"] for s in runs[r]]) for k, r in
+                            (("fcfs", fcfs), ("pred", key), ("oracle", oracle))}
+                share = lambda v: float((v["fcfs"].mean() - v["pred"].mean())  # noqa: E731
+                                        / (v["fcfs"].mean() - v["oracle"].mean()))
+                out["gain_share"][key] = draw_bootstrap(per_draw, share, cfg.bootstrap_resamples)
+    for key, summaries in runs.items():
+        if key.startswith("static/"):
+            out["padding"][key.rsplit("/", 1)[1]] = out["rows"][key]["padding_ratio"]
+    return out
