@@ -205,3 +205,24 @@ def test_generate_static_batch_exact_lengths(tiny_model_dir, one_torch_thread):
     prompts = [[2, 7, 8, 9], [2, 10], [2, 11, 12]]
     wall, produced = generate_static_batch(model, prompts, [5, 0, 2], stop_token_ids=(3,), pad_token_id=1)
     assert produced == [5, 0, 2] and wall > 0
+
+
+def test_gain_share_and_report_tables(tmp_path):
+    # FCFS 10 s, oracle 4 s, predictor 7 s on every draw: the predictor recovers exactly half the oracle's gain
+    from lenpred.scheduling.experiment import METRICS, SimExperimentConfig, summarize_runs
+    from lenpred.scheduling.report import markdown, simulation_tables
+
+    def summary(jct):
+        return {m: (jct if m == "mean_jct_s" else 1.0) for m in METRICS} | {"padding_ratio": None}
+
+    runs = {f"continuous/all/{p}": [summary(j), summary(j)] for p, j in
+            (("fcfs", 10.0), ("sjf:estp", 7.0), ("sjf:oracle", 4.0))}
+    cfg = SimExperimentConfig(predictors=("estp",), bootstrap_resamples=100)
+    out = summarize_runs(runs, cfg)
+    assert out["gain_share"]["continuous/all/sjf:estp"] == pytest.approx((0.5, 0.5, 0.5))
+    assert out["rows"]["continuous/all/fcfs"]["mean_jct_s"] == pytest.approx((10.0, 10.0, 10.0))
+    assert "padding_ratio" not in out["rows"]["continuous/all/fcfs"]
+    header, rows = simulation_tables({"summary": out})["continuous/all"]
+    assert header[0] == "policy" and header[-1] == "oracle-gain share"
+    assert rows[1][0] == "sjf:estp" and rows[1][-1] == "0.50 [0.50, 0.50]"
+    assert markdown(header, rows).count("\n") == 2 + len(rows)

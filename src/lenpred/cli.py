@@ -337,7 +337,7 @@ def schedule_calibrate(
     model: str = MODEL,
     batch_sizes: str = typer.Option("1,2,4,8", help="Batch sizes measured."),
     prompt_tokens: str = typer.Option("32,128,512", help="Prompt lengths measured (random token ids)."),
-    new_tokens: str = typer.Option("1,32,128", help="Generated tokens per run (1 = prefill only)."),
+    new_tokens: str = typer.Option("1,64,256", help="Generated tokens per run (1 = prefill only)."),
     repeats: int = typer.Option(2, help="Timed repeats per point (median kept)."),
     threads: int = typer.Option(2, help="torch threads (run under the CPU lock)."),
     out: str = typer.Option(f"{SCHED_OUT}/cost_transformers.json", help="Cost model JSON."),

@@ -94,7 +94,7 @@ class CalibrationConfig:
     model: str = "smollm2-135m-instruct"
     batch_sizes: tuple[int, ...] = (1, 2, 4, 8)
     prompt_tokens: tuple[int, ...] = (32, 128, 512)
-    new_tokens: tuple[int, ...] = (1, 32, 128)
+    new_tokens: tuple[int, ...] = (1, 64, 256)
     repeats: int = 2
     threads: int = 2
     seed: int = 0
