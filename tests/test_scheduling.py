@@ -186,7 +186,7 @@ def test_draw_workload_seeded_and_mixed():
     for r in a:
         i = r.num_prompt_tokens  # row index in this table
         assert r.output_len == 10 * i and r.predictions == {"estp": 5.0 * i, "oracle": 10.0 * i}
-        assert r.priority("estp") == round(5.0 * i)
+        assert r.priority("estp") == round(5.0 * i) and r.table_row == i
     mixed = draw_workload(table, 6, seed=0, scenario_mix={"rl": 2, "longseq": 1})
     assert sorted(r.scenario for r in mixed) == ["longseq", "longseq", "rl", "rl", "rl", "rl"]
     capped = draw_workload(table, 5, seed=0, max_output_len=50)

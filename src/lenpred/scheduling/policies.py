@@ -39,20 +39,23 @@ def countdown_remaining(predictor: str) -> Remaining:
 
 
 def progressive_remaining(estimates: dict[int, dict[int, float]], fallback: Remaining,
-                          steps: tuple[int, ...] = (0, 8, 16, 24, 32, 40, 48, 56, 64, 128, 256, 512)) -> Remaining:
+                          steps: tuple[int, ...] = (0, 8, 16, 24, 32, 40, 48, 56, 64, 128, 256, 512),
+                          key: Callable[[object], int] = lambda r: r.request_id) -> Remaining:
     """A remaining-length estimate from re-predictions made at decode steps (the progressive predictor's hook).
 
     Args:
-        estimates: ``{request_id: {decode step: predicted *total* output length in tokens}}`` for the steps the
+        estimates: ``{key(request): {decode step: predicted *total* output length in tokens}}`` for the steps the
             predictor was run at (e.g. issue 12's ``results/progressive/`` at 0, 8, …, 64, 128, 256, 512).
         fallback: used for requests without estimates.
         steps: the decode steps re-predictions exist at (the simulator stops at each to re-rank).
+        key: a request's key in ``estimates``: its ``request_id`` (default) or, for estimates per test sample,
+            ``lambda r: r.table_row``.
 
     Returns:
         ``remaining(request, generated) = max(latest estimate at a step <= generated − generated, 0)``.
     """
     def remaining(request, generated: int) -> float:
-        by_step = estimates.get(request.request_id)
+        by_step = estimates.get(key(request))
         if not by_step:
             return fallback(request, generated)
         known = [s for s in by_step if s <= generated]

@@ -9,7 +9,7 @@ ids from the data sets with the tokenizer alone (no model load).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +38,8 @@ class WorkloadRequest:
             ``oracle`` is the true length.
         num_prompt_tokens: prompt length in tokens (known even without ``prompt_token_ids``).
         arrival_time_s: set by the arrival process of a run (0 for all-at-once).
+        table_row: the row of the prediction table it was drawn from (``request_index``: the test sample), the key
+            of per-sample data such as progressive re-predictions.
     """
 
     request_id: int
@@ -49,7 +51,7 @@ class WorkloadRequest:
     predictions: dict[str, float]
     num_prompt_tokens: int = 0
     arrival_time_s: float = 0.0
-    extra: dict = field(default_factory=dict)
+    table_row: int = -1
 
     def priority(self, predictor: str) -> int:
         """vLLM-style integer priority (lower runs first): the rounded predicted length."""
@@ -254,4 +256,5 @@ def _request(table, row: int, request_id: int) -> WorkloadRequest:
     ids = get("prompt_token_ids") if "prompt_token_ids" in table.column_names else []
     return WorkloadRequest(request_id=request_id, prompt_token_ids=ids, output_len=int(get("output_len")),
                            max_new_tokens=int(get("max_new_tokens")), scenario=get("scenario"),
-                           prompt_id=get("prompt_id"), predictions=preds, num_prompt_tokens=int(get("num_prompt_tokens")))
+                           prompt_id=get("prompt_id"), predictions=preds, num_prompt_tokens=int(get("num_prompt_tokens")),
+                           table_row=row)
