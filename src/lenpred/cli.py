@@ -429,5 +429,73 @@ def schedule_report(out: str = typer.Option(SCHED_OUT, help="Directory holding t
         raise LenpredError(f"no scheduling results in {out}: run `lenpred schedule simulate` or `run-static` first")
 
 
+# ---- lenpred serve and the vLLM real runs (issue 13, part B) -------------------------------------------------------
+@app.command()
+@one_line_errors
+def serve(
+    upstream: str = typer.Option(..., help="OpenAI-compatible server, e.g. http://127.0.0.1:8000 (vllm serve "
+                                           "--scheduling-policy priority)."),
+    host: str = typer.Option("127.0.0.1", help="Address to bind (loopback by default)."),
+    port: int = typer.Option(8001, help="Port to listen on."),
+    predictor: Optional[str] = typer.Option(None, help="Saved predictor directory \\[default: the one shipped]."),
+    threads: int = typer.Option(1, help="torch threads for predictions (leave the other cores to the engine)."),
+):
+    """OpenAI-compatible proxy: predicts each request's output length and forwards it with vLLM's `priority`."""
+    from lenpred.serve import serve as run_proxy
+
+    run_proxy(upstream, host, port, predictor, threads)
+
+
+@schedule_app.command("vllm-offline")
+@one_line_errors
+def schedule_vllm_offline(
+    num_requests: int = typer.Option(32, help="Requests per workload draw."),
+    draws: int = typer.Option(4, help="Workload draws (bootstrap over draws)."),
+    seed: int = typer.Option(0, help="First workload seed."),
+    max_output_len: int = typer.Option(128, help="Only requests whose true length is at most this (tokens)."),
+    max_num_seqs: int = typer.Option(4, help="vLLM concurrency limit (small, so requests queue)."),
+    predictors: str = typer.Option("estp,egtp,trail,ssjf_reg,last", help="Predictors whose predictions are priorities."),
+    fit_draws: int = typer.Option(1, help="Draws whose steps fit the vLLM cost model (the rest are held out)."),
+    out: str = typer.Option(SCHED_OUT, help="Output directory (resumes per run)."),
+):
+    """Real run 2: vllm.LLM with priority scheduling, FCFS vs SJF by each predictor vs oracle; the vLLM cost model
+    and the simulator's replay. Needs vllm (`pip install -e '.[vllm]'`); run under the CPU lock."""
+    from lenpred.scheduling.vllm_runs import VLLMOfflineConfig, run_vllm_offline, save_offline_report
+
+    cfg = VLLMOfflineConfig(num_requests=num_requests, draws=draws, seed=seed, max_output_len=max_output_len,
+                            max_num_seqs=max_num_seqs, predictors=_names(predictors), fit_draws=fit_draws, out=out)
+    paths = save_offline_report(run_vllm_offline(cfg), out)
+    typer.echo(paths["md"].read_text())
+    typer.echo(f"wrote {out}/vllm_offline.json, {out}/cost_vllm.json, {', '.join(str(p) for p in paths.values())}")
+
+
+@schedule_app.command("vllm-serve")
+@one_line_errors
+def schedule_vllm_serve(
+    num_requests: int = typer.Option(32, help="Requests per workload draw."),
+    draws: int = typer.Option(2, help="Workload draws (bootstrap over draws)."),
+    seed: int = typer.Option(0, help="First workload / arrival seed."),
+    max_output_len: int = typer.Option(128, help="Only requests whose true length is at most this (tokens)."),
+    max_num_seqs: int = typer.Option(4, help="vLLM concurrency limit."),
+    rate: Optional[float] = typer.Option(None, help="Poisson arrivals (req/s) \\[default: --load x run 2's FCFS rate]."),
+    load: float = typer.Option(0.9, help="Arrival rate as a share of run 2's FCFS throughput (req/s)."),
+    port: int = typer.Option(8011, help="vllm serve port (loopback)."),
+    proxy_port: int = typer.Option(8012, help="lenpred serve port (loopback)."),
+    predictor: Optional[str] = typer.Option(None, help="Predictor the proxy loads \\[default: the one shipped]."),
+    data_dir: Optional[str] = DATA_DIR,
+    out: str = typer.Option(SCHED_OUT, help="Output directory (resumes per run)."),
+):
+    """Real run 3: starts vllm serve --scheduling-policy priority and lenpred serve in front (both killed on
+    exit), replays Poisson arrivals with streaming requests: FCFS vs predicted vs oracle priority."""
+    from lenpred.scheduling.vllm_runs import VLLMServeConfig, run_vllm_serve, save_serve_report
+
+    cfg = VLLMServeConfig(num_requests=num_requests, draws=draws, seed=seed, max_output_len=max_output_len,
+                          max_num_seqs=max_num_seqs, rate_per_s=rate, load=load, port=port, proxy_port=proxy_port,
+                          predictor=predictor, data_dir=data_dir, out=out)
+    paths = save_serve_report(run_vllm_serve(cfg), out)
+    typer.echo(paths["md"].read_text())
+    typer.echo(f"wrote {out}/vllm_serve.json, {', '.join(str(p) for p in paths.values())}")
+
+
 if __name__ == "__main__":  # vLLM spawns an engine process: the guard is required
     app()

@@ -1,0 +1,215 @@
+"""``lenpred serve``: an OpenAI-compatible proxy in front of ``vllm serve --scheduling-policy priority`` that
+predicts each request's output length and forwards it with vLLM's ``priority`` field (lower runs first), so stock
+vLLM schedules shortest-predicted-job-first.
+
+What it does to each request (Starlette app, httpx ``AsyncClient`` to the upstream):
+
+* ``POST /v1/chat/completions`` and ``POST /v1/completions``: the JSON body's prompt (``messages`` through the same
+  chat-template path as :meth:`lenpred.LengthPredictor.predict`; a completions ``prompt`` string is read as one
+  user turn, a list of strings by the longest prediction) is predicted with ``max_tokens`` (or
+  ``max_completion_tokens``) as the cap, and the body is forwarded with ``priority = int(round(expected))``.
+  The prediction is returned in the headers ``x-lenpred-expected`` (tokens, 0.1) and ``x-lenpred-priority``.
+  A body that already holds ``priority`` keeps it (the client decides; the prediction is still reported).
+  A prompt the proxy cannot read (token-id prompts, no prompt, one too long for the predictor's model) is
+  forwarded unchanged with ``x-lenpred-skipped: <reason>``; the upstream then answers as it would.
+* Refused with 400 and an OpenAI-style error body: a body that is not a JSON object, and ``n`` (or ``best_of``)
+  > 1 (vLLM's priority scheduling with several samples per request has crashed its engine).
+* Every other path and method (``/v1/models``, ``/health``, ...) is forwarded as is.
+* Responses are streamed back chunk by chunk (SSE passes through as the upstream writes it) with the upstream's
+  status code, headers and body unchanged, errors included.
+
+Predictions run one at a time in a worker thread (the model is one torch module), so they do not block the event
+loop that streams other responses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from typing import Any, Callable
+
+from lenpred.errors import LenpredError
+
+PREDICTED_PATHS = ("/v1/chat/completions", "/v1/completions")
+EXPECTED_HEADER, PRIORITY_HEADER, SKIPPED_HEADER = "x-lenpred-expected", "x-lenpred-priority", "x-lenpred-skipped"
+# hop-by-hop headers (RFC 9110 §7.6.1) and those httpx / uvicorn recompute
+_DROP_REQUEST = {"host", "content-length", "connection", "keep-alive", "transfer-encoding", "upgrade", "te",
+                 "proxy-connection", "accept-encoding"}
+_DROP_RESPONSE = {"content-length", "connection", "keep-alive", "transfer-encoding", "upgrade", "server", "date"}
+
+Predict = Callable[[list, int | None], float]
+"""``predict(prompts, max_tokens) -> expected output tokens``: ``prompts`` is a list of prompts, each a string (one
+user turn) or an OpenAI message list; the request's priority comes from the largest prediction."""
+
+
+def predictor_fn(predictor) -> Predict:
+    """A :data:`Predict` over a loaded :class:`lenpred.LengthPredictor` (its ``expected`` field: the expected
+    observed length, clipped to the cap)."""
+    def predict(prompts: list, max_tokens: int | None) -> float:
+        return max(p.expected for p in predictor.predict(prompts, max_tokens))
+    return predict
+
+
+def _error(status: int, message: str, param: str | None = None):
+    """An OpenAI-style error response (``{"error": {"message", "type", "param", "code"}}``)."""
+    from starlette.responses import JSONResponse
+
+    return JSONResponse({"error": {"message": message, "type": "invalid_request_error", "param": param,
+                                   "code": status}}, status_code=status)
+
+
+def _text_content(content: Any) -> Any:
+    """A message's text: a string as is; OpenAI content parts (``[{"type": "text", "text": ...}, ...]``) joined;
+    anything else returned unchanged (the prompt check then refuses it)."""
+    if isinstance(content, list) and all(isinstance(p, dict) for p in content):
+        texts = [p.get("text") for p in content if p.get("type") == "text"]
+        if texts and all(isinstance(t, str) for t in texts):
+            return "".join(texts)
+    return content
+
+
+def request_prompts(path: str, body: dict) -> tuple[list | None, str | None]:
+    """The prompts to predict from a request body, or ``(None, reason)`` when the proxy cannot read one.
+
+    Returns:
+        ``([messages], None)`` for chat completions, ``([str, ...], None)`` for completions.
+    """
+    if path == "/v1/chat/completions":
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            return None, "no messages"
+        out = []
+        for m in messages:
+            if not isinstance(m, dict):
+                return None, "a message is not an object"
+            out.append({"role": m.get("role"), "content": _text_content(m.get("content"))})
+        return [out], None
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return [prompt], None
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        return list(prompt), None
+    return None, "prompt is not text (token ids or missing)"
+
+
+def _cap(body: dict) -> int | None:
+    cap = body.get("max_completion_tokens", body.get("max_tokens"))
+    return cap if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0 else None
+
+
+def _samples(body: dict) -> int:
+    n = max((body.get(k) for k in ("n", "best_of") if isinstance(body.get(k), int)), default=1)
+    return int(n)
+
+
+def create_app(upstream: str, predict: Predict, client=None, timeout_s: float | None = None):
+    """The proxy as a Starlette app.
+
+    Args:
+        upstream: base URL of the OpenAI-compatible server, e.g. ``http://127.0.0.1:8000`` (paths are appended).
+        predict: see :data:`Predict` (:func:`predictor_fn` over a ``LengthPredictor``; a stub in tests).
+        client: an ``httpx.AsyncClient`` to send with (tests pass one with a mock transport); default: one made
+            at start-up and closed at shutdown.
+        timeout_s: upstream read timeout (``None``: none; generations can be long).
+    """
+    import contextlib
+
+    import httpx
+    from starlette.applications import Starlette
+    from starlette.background import BackgroundTask
+    from starlette.concurrency import run_in_threadpool
+    from starlette.responses import StreamingResponse
+    from starlette.routing import Route
+
+    upstream = upstream.rstrip("/")
+    state: dict[str, Any] = {"client": client}
+    lock = asyncio.Lock()  # one prediction at a time: the backbone is one torch module
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        own = state["client"] is None
+        if own:
+            state["client"] = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=10.0))
+        try:
+            yield
+        finally:
+            if own:
+                await state["client"].aclose()
+
+    async def forward(request, body: bytes, extra_headers: dict[str, str]):
+        headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _DROP_REQUEST]
+        if extra_headers.get("content-type"):
+            headers = [(k, v) for k, v in headers if k.lower() != "content-type"] + [
+                ("content-type", extra_headers["content-type"])]
+        url = upstream + request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        req = state["client"].build_request(request.method, url, headers=headers, content=body)
+        try:
+            resp = await state["client"].send(req, stream=True)
+        except httpx.HTTPError as exc:
+            return _error(502, f"upstream {upstream} unreachable ({type(exc).__name__}: {exc}): start it or fix "
+                               "--upstream")
+        out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in _DROP_RESPONSE}
+        out_headers.update({k: v for k, v in extra_headers.items() if k.startswith("x-lenpred")})
+        return StreamingResponse(resp.aiter_raw(), status_code=resp.status_code, headers=out_headers,
+                                 background=BackgroundTask(resp.aclose))
+
+    async def predicted(request):
+        raw = await request.body()
+        try:
+            body = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            return _error(400, f"request body is not valid JSON ({exc}): send a JSON object with "
+                               "'messages' (chat) or 'prompt' (completions)")
+        if not isinstance(body, dict):
+            return _error(400, f"request body is a JSON {type(body).__name__}, not an object: send a JSON object "
+                               "with 'messages' (chat) or 'prompt' (completions)")
+        if _samples(body) > 1:
+            return _error(400, f"n / best_of = {_samples(body)}: lenpred serve forwards a priority, and vLLM's "
+                               "priority scheduling with more than one sample per request has crashed its engine; "
+                               "send n = 1 requests (several requests for several samples)", param="n")
+        prompts, skipped = request_prompts(request.url.path, body)
+        headers = {"content-type": "application/json"}
+        if prompts is not None:
+            try:
+                async with lock:
+                    expected = await run_in_threadpool(predict, prompts, _cap(body))
+            except LenpredError as exc:
+                skipped = f"cannot predict: {exc}"
+            else:
+                if not math.isfinite(expected):
+                    skipped = "prediction is not finite"
+                else:
+                    if "priority" not in body:
+                        body["priority"] = int(round(expected))
+                    headers |= {EXPECTED_HEADER: f"{expected:.1f}", PRIORITY_HEADER: str(body["priority"])}
+        if skipped is not None:
+            headers[SKIPPED_HEADER] = skipped.encode("ascii", "replace").decode()[:200].replace("\n", " ")
+            return await forward(request, raw, headers)
+        return await forward(request, json.dumps(body).encode(), headers)
+
+    async def passthrough(request):
+        return await forward(request, await request.body(), {})
+
+    methods = ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"]
+    routes = [Route(p, predicted, methods=["POST"]) for p in PREDICTED_PATHS]
+    routes.append(Route("/{path:path}", passthrough, methods=methods))
+    return Starlette(routes=routes, lifespan=lifespan)
+
+
+def serve(upstream: str, host: str = "127.0.0.1", port: int = 8001, predictor: str | None = None,
+          threads: int | None = 1, timeout_s: float | None = None) -> None:
+    """Load the predictor and run the proxy with uvicorn until interrupted (the ``lenpred serve`` command).
+
+    Raises:
+        LenpredError: ``upstream`` is not an http(s) URL, or the predictor cannot be loaded.
+    """
+    import uvicorn
+
+    from lenpred.pipeline import LengthPredictor
+
+    if not upstream.startswith(("http://", "https://")):
+        raise LenpredError(f"--upstream must be an http(s) URL such as http://127.0.0.1:8000, got '{upstream}'")
+    model = LengthPredictor.from_pretrained(predictor, threads=threads)
+    uvicorn.run(create_app(upstream, predictor_fn(model), timeout_s=timeout_s), host=host, port=port,
+                log_level="warning")

@@ -1,0 +1,214 @@
+"""The ``lenpred serve`` proxy against a small local upstream (Starlette under uvicorn on free loopback ports) with
+a stub predictor: priority set from the prediction, bodies and SSE streams passed through, upstream errors passed
+back unchanged, bad requests refused."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import pytest
+
+httpx = pytest.importorskip("httpx")
+uvicorn = pytest.importorskip("uvicorn")
+starlette = pytest.importorskip("starlette")
+
+from starlette.applications import Starlette  # noqa: E402
+from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse  # noqa: E402
+from starlette.routing import Route  # noqa: E402
+
+from lenpred.errors import LenpredError  # noqa: E402
+from lenpred.serve import create_app, request_prompts  # noqa: E402
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _Server:
+    """A uvicorn server in a thread on a free loopback port."""
+
+    def __init__(self, app):
+        self.port = _free_port()
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error",
+                                                   lifespan="on"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        for _ in range(500):
+            if self.server.started:
+                return f"http://127.0.0.1:{self.port}"
+            time.sleep(0.01)
+        raise RuntimeError("server did not start")
+
+    def __exit__(self, *exc):
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+class Upstream:
+    """Records what it received; answers like an OpenAI server (or with an error when asked)."""
+
+    def __init__(self):
+        self.received: list[dict] = []
+        self.release = threading.Event()  # the stream's second chunk waits for it
+
+    async def chat(self, request):
+        body = await request.json()
+        self.received.append(body)
+        if body.get("model") == "missing":
+            return JSONResponse({"object": "error", "message": "The model `missing` does not exist."}, status_code=404)
+        if body.get("stream"):
+            async def events():
+                yield b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n'
+                while not self.release.is_set():  # the client must see chunk 1 before chunk 2 is written
+                    await _sleep(0.01)
+                yield b'data: {"choices":[{"delta":{"content":"b"}}]}\n\n'
+                yield b"data: [DONE]\n\n"
+            return StreamingResponse(events(), media_type="text/event-stream")
+        return JSONResponse({"echo": body}, headers={"x-upstream": "yes"})
+
+    async def models(self, request):
+        return JSONResponse({"data": [{"id": "m"}], "query": request.url.query})
+
+    async def teapot(self, request):
+        return PlainTextResponse("short and stout", status_code=418)
+
+    def app(self):
+        return Starlette(routes=[Route("/v1/chat/completions", self.chat, methods=["POST"]),
+                                 Route("/v1/completions", self.chat, methods=["POST"]),
+                                 Route("/v1/models", self.models), Route("/teapot", self.teapot)])
+
+
+async def _sleep(s):
+    import asyncio
+
+    await asyncio.sleep(s)
+
+
+class StubPredictor:
+    """Predicts 10 tokens per word of the last message, capped at max_tokens; records its calls."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, prompts, max_tokens):
+        self.calls.append((prompts, max_tokens))
+        words = [len((p if isinstance(p, str) else p[-1]["content"]).split()) for p in prompts]
+        if any(w > 50 for w in words):
+            raise LenpredError("prompt 0 does not fit the context window")
+        value = 10.0 * max(words) + 0.4
+        return min(value, max_tokens) if max_tokens else value
+
+
+@pytest.fixture()
+def stack():
+    up, predictor = Upstream(), StubPredictor()
+    with _Server(up.app()) as up_url, _Server(create_app(up_url, predictor)) as proxy_url:
+        with httpx.Client(base_url=proxy_url, timeout=10) as client:
+            yield client, up, predictor
+
+
+def test_priority_is_the_rounded_prediction_and_the_body_passes_through(stack):
+    client, up, predictor = stack
+    body = {"model": "m", "messages": [{"role": "user", "content": "one two three"}], "max_tokens": 100,
+            "temperature": 0.5, "ignore_eos": True}
+    r = client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200
+    sent = up.received[-1]
+    assert sent == {**body, "priority": 30}  # 10·3 + 0.4 rounds to 30; every other field unchanged
+    assert r.json() == {"echo": sent}
+    assert r.headers["x-lenpred-expected"] == "30.4" and r.headers["x-lenpred-priority"] == "30"
+    assert r.headers["x-upstream"] == "yes"
+    assert predictor.calls[-1] == ([[{"role": "user", "content": "one two three"}]], 100)
+
+
+def test_cap_clips_and_completions_take_the_longest_prompt(stack):
+    client, up, predictor = stack
+    r = client.post("/v1/completions", json={"model": "m", "prompt": ["a b", "a b c d e"], "max_tokens": 42})
+    assert r.status_code == 200 and up.received[-1]["priority"] == 42  # min(50.4, 42)
+    assert predictor.calls[-1] == (["a b", "a b c d e"], 42)
+    # content parts are joined into the message text; max_completion_tokens is the cap too
+    client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "x y "}, {"type": "text", "text": "z"}]}], "max_completion_tokens": 7})
+    assert predictor.calls[-1] == ([[{"role": "user", "content": "x y z"}]], 7)
+    assert up.received[-1]["priority"] == 7
+
+
+def test_a_client_priority_is_kept(stack):
+    client, up, _ = stack
+    r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "a b"}], "priority": 0})
+    assert up.received[-1]["priority"] == 0
+    assert r.headers["x-lenpred-expected"] == "20.4" and r.headers["x-lenpred-priority"] == "0"
+
+
+def test_streaming_is_passed_chunk_by_chunk(stack):
+    client, up, _ = stack
+    body = {"messages": [{"role": "user", "content": "hi"}], "stream": True}
+    with client.stream("POST", "/v1/chat/completions", json=body) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        chunks = r.iter_raw()
+        first = next(chunks)  # arrives while the upstream still holds chunk 2: nothing is buffered
+        assert first == b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n'
+        up.release.set()
+        rest = b"".join(chunks)
+    assert rest == b'data: {"choices":[{"delta":{"content":"b"}}]}\n\ndata: [DONE]\n\n'
+    assert up.received[-1]["priority"] == 10
+
+
+def test_upstream_errors_are_passed_back_unchanged(stack):
+    client, up, _ = stack
+    r = client.post("/v1/chat/completions", json={"model": "missing", "messages": [{"role": "user", "content": "q"}]})
+    assert r.status_code == 404
+    assert r.json() == {"object": "error", "message": "The model `missing` does not exist."}
+    r = client.get("/teapot")
+    assert r.status_code == 418 and r.text == "short and stout"
+
+
+def test_other_paths_are_forwarded_as_is(stack):
+    client, up, predictor = stack
+    n = len(predictor.calls)
+    r = client.get("/v1/models?limit=1")
+    assert r.status_code == 200 and r.json() == {"data": [{"id": "m"}], "query": "limit=1"}
+    assert len(predictor.calls) == n and "x-lenpred-expected" not in r.headers
+
+
+def test_bad_json_and_several_samples_are_refused_with_400(stack):
+    client, up, _ = stack
+    r = client.post("/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
+    r = client.post("/v1/chat/completions", json=[1, 2])
+    assert r.status_code == 400 and "JSON list, not an object" in r.json()["error"]["message"]
+    r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "a"}], "n": 2})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "n" and "n = 1" in r.json()["error"]["message"]
+    assert up.received == []  # none of them reached the upstream
+
+
+def test_unreadable_prompts_are_forwarded_unchanged_and_say_why(stack):
+    client, up, _ = stack
+    r = client.post("/v1/completions", json={"prompt": [1, 2, 3], "max_tokens": 5})
+    assert r.status_code == 200 and up.received[-1] == {"prompt": [1, 2, 3], "max_tokens": 5}
+    assert "token ids" in r.headers["x-lenpred-skipped"] and "x-lenpred-expected" not in r.headers
+    r = client.post("/v1/completions", json={"prompt": " ".join(["w"] * 60)})  # the predictor refuses it
+    assert "priority" not in up.received[-1] and "context window" in r.headers["x-lenpred-skipped"]
+
+
+def test_unreachable_upstream_is_a_502():
+    app = create_app(f"http://127.0.0.1:{_free_port()}", StubPredictor())
+    with _Server(app) as url, httpx.Client(base_url=url, timeout=10) as client:
+        r = client.get("/v1/models")
+    assert r.status_code == 502 and "unreachable" in r.json()["error"]["message"]
+
+
+def test_request_prompts():
+    assert request_prompts("/v1/chat/completions", {"messages": []}) == (None, "no messages")
+    assert request_prompts("/v1/completions", {"prompt": "hi"}) == (["hi"], None)
+    assert request_prompts("/v1/completions", {})[0] is None
+    msgs, _ = request_prompts("/v1/chat/completions", {"messages": [{"role": "user", "content": "q", "name": "x"}]})
+    assert msgs == [[{"role": "user", "content": "q"}]]
+    assert json.loads(json.dumps(msgs))  # plain JSON-able lists and dicts

@@ -1,0 +1,131 @@
+"""Pure parts of the vLLM real runs (no vLLM needed): priorities and their contract, cost-model measurements from
+engine steps, the load generator's request bodies and SSE parsing, and the server lifecycle (killed on exit)."""
+
+from __future__ import annotations
+
+import socket
+import sys
+
+import numpy as np
+import pytest
+
+from lenpred.errors import LenpredError
+from lenpred.scheduling.cost_model import CostModel
+from lenpred.scheduling.loadgen import LoadRequest, parse_sse_line, request_body
+from lenpred.scheduling.vllm_runs import (StepRecord, VLLMServeConfig, _Servers, check_priorities, cost_measurements,
+                                          load_requests, priorities_for, proxy_command, step_time_s,
+                                          vllm_serve_command)
+from lenpred.scheduling.workload import WorkloadRequest
+
+
+def _req(i, out_len, preds, prompt=10):
+    return WorkloadRequest(i, [1] * prompt, out_len, 256, "longseq", f"p{i}", {**preds, "oracle": float(out_len)},
+                           num_prompt_tokens=prompt)
+
+
+def test_priorities_are_rounded_predictions_fcfs_is_all_zero():
+    reqs = [_req(0, 50, {"estp": 12.6}), _req(1, 7, {"estp": 3.4}), _req(2, 0, {"estp": 0.5})]
+    assert priorities_for(reqs, "fcfs") == [0, 0, 0]
+    assert priorities_for(reqs, "sjf:estp") == [13, 3, 0]  # Python rounds half to even: 0.5 -> 0
+    assert priorities_for(reqs, "sjf:oracle") == [50, 7, 0]
+    assert all(type(p) is int for p in priorities_for(reqs, "sjf:estp"))
+    with pytest.raises(LenpredError, match="cannot be run by vLLM's priority field"):
+        priorities_for(reqs, "srpt:estp")
+
+
+def test_check_priorities_enforces_vllms_contract():
+    assert check_priorities(np.array([3, 1]), 2) == [3, 1] and type(check_priorities(np.array([3]), 1)[0]) is int
+    with pytest.raises(LenpredError, match="one per prompt"):
+        check_priorities([1, 2], 3)
+    with pytest.raises(LenpredError, match="not an integer"):
+        check_priorities([1.0, 2], 2)
+    with pytest.raises(LenpredError, match="not an integer"):
+        check_priorities([True], 1)
+
+
+def test_cost_measurements_keep_pure_steps_only():
+    steps = [StepRecord(0.5, prefill_prompt_tokens=[100, 20]),
+             StepRecord(0.05, decode_context_tokens=[101, 21]),
+             StepRecord(0.3, prefill_prompt_tokens=[40], decode_context_tokens=[102])]  # mixed: left out
+    assert cost_measurements(steps) == [
+        {"batch_size": 2, "prompt_tokens": [100, 20], "num_new_tokens": 1, "wall_s": 0.5},
+        {"kind": "decode", "batch_size": 2, "context_tokens": 122.0, "wall_s": 0.05}]
+
+
+def test_step_time_is_the_fused_cost_model():
+    cost = CostModel("vllm", {"p0": 0.01, "p1": 1e-4, "p2": 1e-7, "d0": 0.02, "d1": 0.001, "d2": 1e-5},
+                     fused_prefill=True)
+    # pure prefill: p0 + p1·(100 + 20) + p2·(100² + 20²)
+    assert step_time_s(cost, StepRecord(0, [100, 20])) == pytest.approx(0.01 + 0.012 + 1e-7 * 10400)
+    # pure decode: d0 + d1·2 + d2·(101 + 21)
+    assert step_time_s(cost, StepRecord(0, [], [101, 21])) == pytest.approx(0.02 + 0.002 + 1e-5 * 122)
+    # mixed: the decode step + the prefill's token terms, no second p0
+    assert step_time_s(cost, StepRecord(0, [40], [102])) == pytest.approx(0.02 + 0.001 + 1e-5 * 102 + 0.004 + 1.6e-4)
+
+
+def test_cost_model_recovers_known_coefficients_from_steps():
+    true = {"p0": 0.01, "p1": 2e-4, "p2": 0.0, "d0": 0.03, "d1": 0.002, "d2": 1e-5}
+    cost = CostModel("vllm", true, fused_prefill=True)
+    rng = np.random.default_rng(0)
+    steps = [StepRecord(0, list(rng.integers(20, 900, size=b))) for b in (1, 2, 3, 4, 2, 1, 4)]
+    steps += [StepRecord(0, [], list(rng.integers(50, 1500, size=b))) for b in (1, 2, 3, 4) * 4]
+    for s in steps:
+        s.wall_s = step_time_s(cost, s)
+    fitted = CostModel.fit(cost_measurements(steps), engine="vllm", fused_prefill=True)
+    for k in ("p0", "p1", "d0", "d1", "d2"):
+        assert fitted.coefficients[k] == pytest.approx(true[k], rel=1e-3, abs=1e-9)
+
+
+def test_load_requests_per_mode_and_bodies():
+    reqs = [_req(0, 0, {}), _req(1, 40, {})]
+    messages = {"p0": [{"role": "user", "content": "a"}], "p1": [{"role": "user", "content": "b"}]}
+    fcfs = load_requests(reqs, "fcfs", [0.0, 1.5], messages)
+    assert [(r.priority, r.max_tokens, r.arrival_s) for r in fcfs] == [(0, 1, 0.0), (0, 40, 1.5)]
+    assert [r.priority for r in load_requests(reqs, "predicted", [0, 0], messages)] == [None, None]
+    assert [r.priority for r in load_requests(reqs, "oracle", [0, 0], messages)] == [0, 40]
+    with pytest.raises(LenpredError, match="unknown mode"):
+        load_requests(reqs, "sjf", [0, 0], messages)
+    body = request_body(LoadRequest(1, messages["p1"], 40, 0.0, 7), "m")
+    assert body["priority"] == 7 and body["ignore_eos"] is True and body["max_tokens"] == 40 and body["stream"]
+    assert "priority" not in request_body(LoadRequest(1, messages["p1"], 40, 0.0, None), "m")
+
+
+def test_parse_sse_line():
+    assert parse_sse_line('data: {"choices": []}') == {"choices": []}
+    assert parse_sse_line("data: [DONE]") is None and parse_sse_line("") is None and parse_sse_line(": ping") is None
+
+
+def test_commands_bind_loopback_with_priority_scheduling():
+    cfg = VLLMServeConfig(port=9001, proxy_port=9002, max_num_seqs=3)
+    cmd = vllm_serve_command("/m", cfg)
+    assert cmd[1:3] == ["serve", "/m"]
+    pairs = dict(zip(cmd[3::1], cmd[4::1]))
+    assert pairs["--host"] == "127.0.0.1" and pairs["--scheduling-policy"] == "priority"
+    assert pairs["--port"] == "9001" and pairs["--max-num-seqs"] == "3"
+    proxy = proxy_command(cfg)
+    assert proxy[proxy.index("--upstream") + 1] == "http://127.0.0.1:9001" and proxy[proxy.index("--port") + 1] == "9002"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_servers_are_killed_on_exit_even_after_an_error(tmp_path):
+    port = _free_port()
+    cmd = [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(tmp_path)]
+    servers = _Servers([cmd], [f"http://127.0.0.1:{port}/"], [tmp_path / "log"], timeout_s=30)
+    with pytest.raises(RuntimeError):
+        with servers:
+            proc = servers.procs[0]
+            assert proc.poll() is None  # it answered and runs
+            raise RuntimeError("the run failed")
+    assert proc.poll() is not None  # killed by __exit__
+
+
+def test_a_server_that_exits_is_reported(tmp_path):
+    cmd = [sys.executable, "-c", "import sys; sys.exit(3)"]
+    with pytest.raises(LenpredError, match=r"exited \(3\)"):
+        with _Servers([cmd], [f"http://127.0.0.1:{_free_port()}/"], [tmp_path / "log"], timeout_s=30):
+            pass
