@@ -124,6 +124,7 @@ def test_priority_is_the_rounded_prediction_and_the_body_passes_through(stack):
     assert sent == {**body, "priority": 30}  # 10·3 + 0.4 rounds to 30; every other field unchanged
     assert r.json() == {"echo": sent}
     assert r.headers["x-lenpred-expected"] == "30.4" and r.headers["x-lenpred-priority"] == "30"
+    assert float(r.headers["x-lenpred-predict-ms"]) >= 0
     assert r.headers["x-upstream"] == "yes"
     assert predictor.calls[-1] == ([[{"role": "user", "content": "one two three"}]], 100)
 

@@ -129,3 +129,52 @@ def test_a_server_that_exits_is_reported(tmp_path):
     with pytest.raises(LenpredError, match=r"exited \(3\)"):
         with _Servers([cmd], [f"http://127.0.0.1:{_free_port()}/"], [tmp_path / "log"], timeout_s=30):
             pass
+
+
+def test_replay_records_stream_timing_usage_and_headers():
+    import threading
+    import time
+
+    uvicorn = pytest.importorskip("uvicorn")
+    from starlette.applications import Starlette
+    from starlette.responses import StreamingResponse
+    from starlette.routing import Route
+
+    from lenpred.scheduling.loadgen import run_replay
+
+    seen = []
+
+    async def chat(request):
+        body = await request.json()
+        seen.append(body)
+
+        async def events():  # one chunk per token, like vLLM, then usage and [DONE]
+            yield b'data: {"choices":[{"delta":{"role":"assistant","content":""}}]}\n\n'
+            for _ in range(body["max_tokens"]):
+                yield b'data: {"choices":[{"delta":{"content":"x"}}]}\n\n'
+            yield b'data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":%d}}\n\n' % body["max_tokens"]
+            yield b"data: [DONE]\n\n"
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={"x-lenpred-expected": "12.5", "x-lenpred-priority": "13",
+                                          "x-lenpred-predict-ms": "4.0"})
+
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])]),
+                                           host="127.0.0.1", port=port, log_level="error"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.01)
+    try:
+        reqs = [LoadRequest(0, [{"role": "user", "content": "a"}], 3, 0.0, None),
+                LoadRequest(1, [{"role": "user", "content": "b"}], 2, 0.2, 0)]
+        res = run_replay(f"http://127.0.0.1:{port}", reqs, "m")
+    finally:
+        server.should_exit = True
+        thread.join(10)
+    assert [r["num_chunks"] for r in res] == [3, 2]  # the empty role chunk is not a token
+    assert [r["completion_tokens"] for r in res] == [3, 2] and res[0]["prompt_tokens"] == 5
+    assert res[0]["expected"] == 12.5 and res[0]["priority"] == 13 and res[0]["predict_ms"] == 4.0
+    assert res[1]["arrival_s"] >= 0.2  # sent at its arrival time
+    assert all(r["arrival_s"] <= r["first_token_s"] <= r["finish_s"] for r in res)
+    assert sorted(b.get("priority", -1) for b in seen) == [-1, 0]

@@ -8,7 +8,8 @@ What it does to each request (Starlette app, httpx ``AsyncClient`` to the upstre
   chat-template path as :meth:`lenpred.LengthPredictor.predict`; a completions ``prompt`` string is read as one
   user turn, a list of strings by the longest prediction) is predicted with ``max_tokens`` (or
   ``max_completion_tokens``) as the cap, and the body is forwarded with ``priority = int(round(expected))``.
-  The prediction is returned in the headers ``x-lenpred-expected`` (tokens, 0.1) and ``x-lenpred-priority``.
+  The prediction is returned in the headers ``x-lenpred-expected`` (tokens, 0.1), ``x-lenpred-priority`` and
+  ``x-lenpred-predict-ms`` (what the prediction added to the request's latency, queueing for the model included).
   A body that already holds ``priority`` keeps it (the client decides; the prediction is still reported).
   A prompt the proxy cannot read (token-id prompts, no prompt, one too long for the predictor's model) is
   forwarded unchanged with ``x-lenpred-skipped: <reason>``; the upstream then answers as it would.
@@ -27,12 +28,14 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import time
 from typing import Any, Callable
 
 from lenpred.errors import LenpredError
 
 PREDICTED_PATHS = ("/v1/chat/completions", "/v1/completions")
 EXPECTED_HEADER, PRIORITY_HEADER, SKIPPED_HEADER = "x-lenpred-expected", "x-lenpred-priority", "x-lenpred-skipped"
+PREDICT_MS_HEADER = "x-lenpred-predict-ms"  # wall time of the prediction (waiting for the predictor included)
 # hop-by-hop headers (RFC 9110 §7.6.1) and those httpx / uvicorn recompute
 _DROP_REQUEST = {"host", "content-length", "connection", "keep-alive", "transfer-encoding", "upgrade", "te",
                  "proxy-connection", "accept-encoding"}
@@ -171,12 +174,14 @@ def create_app(upstream: str, predict: Predict, client=None, timeout_s: float | 
         prompts, skipped = request_prompts(request.url.path, body)
         headers = {"content-type": "application/json"}
         if prompts is not None:
+            started = time.perf_counter()
             try:
                 async with lock:
                     expected = await run_in_threadpool(predict, prompts, _cap(body))
             except LenpredError as exc:
                 skipped = f"cannot predict: {exc}"
             else:
+                headers[PREDICT_MS_HEADER] = f"{1e3 * (time.perf_counter() - started):.1f}"
                 if not math.isfinite(expected):
                     skipped = "prediction is not finite"
                 else:

@@ -39,7 +39,8 @@ class LoadResult:
         finish_s: the stream's end (``data: [DONE]``) or the error response's end.
         num_chunks: content chunks received (one per generated token on vLLM).
         prompt_tokens, completion_tokens: the server's usage report (``None`` if it sent none).
-        expected, priority: ``x-lenpred-expected`` / ``x-lenpred-priority`` response headers (``None`` if absent).
+        expected, priority, predict_ms: ``x-lenpred-expected`` / ``-priority`` / ``-predict-ms`` response headers
+            (``None`` if absent).
         error: the error body's first 300 characters for a non-200 status.
     """
 
@@ -53,6 +54,7 @@ class LoadResult:
     completion_tokens: int | None = None
     expected: float | None = None
     priority: int | None = None
+    predict_ms: float | None = None
     error: str | None = None
 
     @property
@@ -101,11 +103,10 @@ async def _one(client, url: str, req: LoadRequest, model: str, t0: float) -> Loa
                     chunks += 1
                     if first is None:
                         first = time.perf_counter() - t0
-    expected = headers.get("x-lenpred-expected")
-    priority = headers.get("x-lenpred-priority")
+    header = lambda name, kind: kind(headers[name]) if headers.get(name) else None  # noqa: E731
     return LoadResult(req.request_id, sent, 200, first, time.perf_counter() - t0, chunks,
-                      usage.get("prompt_tokens"), usage.get("completion_tokens"),
-                      float(expected) if expected else None, int(priority) if priority else None)
+                      usage.get("prompt_tokens"), usage.get("completion_tokens"), header("x-lenpred-expected", float),
+                      header("x-lenpred-priority", int), header("x-lenpred-predict-ms", float))
 
 
 async def replay(base_url: str, requests: list[LoadRequest], model: str, timeout_s: float = 600.0) -> list[LoadResult]:

@@ -186,11 +186,12 @@ def run_priority_workload(engine, requests: list, priorities: list[int]) -> dict
     from vllm import SamplingParams
 
     priorities = check_priorities(priorities, len(requests))
-    ids = [f"r{r.request_id}" for r in requests]
-    for rid, r, p in zip(ids, requests, priorities):
+    index = {}
+    for i, (r, p) in enumerate(zip(requests, priorities)):
         params = SamplingParams(max_tokens=max(r.output_len, 1), ignore_eos=True, temperature=0.0, detokenize=False)
-        engine.add_request(rid, {"prompt_token_ids": list(r.prompt_token_ids)}, params, priority=p)
-    index = {rid: i for i, rid in enumerate(ids)}
+        rid = f"r{r.request_id}"
+        internal = engine.add_request(rid, {"prompt_token_ids": list(r.prompt_token_ids)}, params, priority=p)
+        index[rid] = index[internal] = i  # outputs carry the given id (vLLM adds a random suffix internally)
     generated = [0] * len(requests)
     first, finish = [None] * len(requests), [None] * len(requests)
     steps: list[StepRecord] = []
@@ -632,7 +633,12 @@ def _serve_report(cfg: VLLMServeConfig, partial: dict, draws: list, rate: float)
                 checks["prompt_tokens_mismatch"] += x["prompt_tokens"] != r.num_prompt_tokens
                 if mode == "predicted" and x["expected"] is not None:
                     checks["proxy_abs_error"].append(abs(x["expected"] - r.output_len))
+                if x.get("predict_ms") is not None:
+                    checks.setdefault("predict_ms", []).append(x["predict_ms"])
     checks["proxy_mae_tokens"] = float(np.mean(checks.pop("proxy_abs_error") or [np.nan]))
+    ms = checks.pop("predict_ms", [])
+    checks["predict_ms_mean"] = float(np.mean(ms)) if ms else None
+    checks["predict_ms_p90"] = float(np.percentile(ms, 90)) if ms else None
     metrics = ("throughput_tok_s", "mean_jct_s", "p90_jct_s", "mean_ttft_s", "p90_ttft_s", "makespan_s")
     rows = {m: {k: draw_bootstrap({"x": np.array([s[k] for s in ss])}, lambda v: float(np.mean(v["x"])),
                                   cfg.bootstrap_resamples) for k in metrics} for m, ss in runs.items()}
@@ -664,7 +670,8 @@ def serve_markdown(report: dict) -> str:
             "(fcfs: priority 0 sent; predicted: the proxy's prediction; oracle: the true length sent).\n\n"
             + markdown(header, rows)
             + f"\nOracle-gain share of the proxy's predictions: {_cell(report['gain_share_predicted'], 2)}. Proxy "
-              f"prediction MAE {c['proxy_mae_tokens']:.1f} tokens; requests whose completion tokens ≠ true length: "
+              f"prediction MAE {c['proxy_mae_tokens']:.1f} tokens, prediction latency mean {c['predict_ms_mean'] or 0:.0f} ms "
+              f"(p90 {c['predict_ms_p90'] or 0:.0f} ms, in every mode); requests whose completion tokens ≠ true length: "
               f"{c['completion_tokens_mismatch']}; whose prompt tokens differ from the benchmark's: "
               f"{c['prompt_tokens_mismatch']}.\n")
 
