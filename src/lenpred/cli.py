@@ -497,5 +497,41 @@ def schedule_vllm_serve(
     typer.echo(f"wrote {out}/vllm_serve.json, {', '.join(str(p) for p in paths.values())}")
 
 
+@app.command()
+@one_line_errors
+def diagnose(
+    model: str = MODEL,
+    bench: str = typer.Option("benchmarks/smollm2-forelen", help="Benchmark directory (lenpred bench build)."),
+    data_dir: Optional[str] = DATA_DIR,
+    cache: Optional[str] = CACHE,
+    evaluate_dir: str = typer.Option("results/evaluate", "--evaluate", help="lenpred evaluate output to read."),
+    out: str = typer.Option("results/diagnose", help="Output directory for REPORT.md, PNGs and JSON."),
+    sections: str = typer.Option("misalignment,attribution,ablation,entropy,overhead",
+                                 help="Sections to compute; the others are re-rendered from OUT if present."),
+    skip: str = typer.Option("", help="Sections to leave out of --sections (e.g. overhead,ablation for speed)."),
+    attribution_prompts: int = typer.Option(40, help="Test prompts per scenario for the gradient attribution."),
+    pruned_ks: str = typer.Option("1024,4096", help="Pruned output-vocabulary sizes scored offline."),
+    overhead_k: int = typer.Option(4096, help="Pruned vocabulary size timed in the overhead section."),
+    seeds: str = typer.Option("0,1,2", help="Head seeds (ablation headline, cheaper entropy)."),
+    max_batch_tokens: int = typer.Option(4096, help="Overhead: skip batches with more prompt tokens (CPU time)."),
+    overhead_repeats: int = typer.Option(2, help="Overhead: timed runs per variant (fastest counts)."),
+    overhead_batch_sizes: str = typer.Option("1,8,32", help="Overhead: batch sizes."),
+    overhead_lengths: str = typer.Option("128,512,2048", help="Overhead: prompt lengths (tokens)."),
+    threads: Optional[int] = THREADS,
+):
+    """Diagnostics: entropy/semantic misalignment, gradient attribution, ablations, a cheaper entropy and the
+    signals' overhead; writes OUT/REPORT.md (+ PNGs, diagnose.json). Time it under the CPU lock."""
+    from lenpred.diagnostics.run import DiagnoseConfig, run_diagnose
+
+    skipped = set(_names(skip))
+    run_diagnose(DiagnoseConfig(
+        model=model, bench=bench, data_dir=data_dir, cache=cache, evaluate=evaluate_dir, out=out,
+        sections=tuple(s for s in _names(sections) if s not in skipped), attribution_prompts=attribution_prompts,
+        pruned_ks=_ints("--pruned-ks", pruned_ks), overhead_k=overhead_k, seeds=_ints("--seeds", seeds),
+        max_batch_tokens=max_batch_tokens, overhead_repeats=overhead_repeats, threads=threads,
+        overhead_batch_sizes=_ints("--overhead-batch-sizes", overhead_batch_sizes),
+        overhead_lengths=_ints("--overhead-lengths", overhead_lengths)))
+
+
 if __name__ == "__main__":  # vLLM spawns an engine process: the guard is required
     app()

@@ -178,8 +178,13 @@ def _attention_modules(model) -> list[torch.nn.Module]:
     return [m for m in model.modules() if hasattr(m, "layer_idx") and hasattr(m, "q_proj")]
 
 
-def _output_logits(model, hidden: torch.Tensor) -> torch.Tensor:
-    logits = model.get_output_embeddings()(hidden)
+def _output_logits(model, hidden: torch.Tensor, vocab_head: tuple | None = None) -> torch.Tensor:
+    """Output logits ``(m, V)`` of final-norm states ``(m, d)``; with ``vocab_head = (weight (k, d), bias (k,) or
+    None)`` only those rows (a pruned output head, :mod:`lenpred.diagnostics.entropy`): ``(m, k)``."""
+    if vocab_head is None:
+        logits = model.get_output_embeddings()(hidden)
+    else:
+        logits = torch.nn.functional.linear(hidden, *vocab_head)
     cap = getattr(model.config, "final_logit_softcapping", None)
     if cap:  # Gemma 2/3: tanh soft-capping of the output logits
         logits = torch.tanh(logits / cap) * cap
@@ -204,7 +209,8 @@ def left_pad(batch_token_ids: list[list[int]], pad_token_id: int) -> tuple[torch
 
 @torch.inference_mode()
 def extract_signals(backbone, batch_token_ids: list[list[int]], layers: list[int] | tuple[int, ...],
-                    semantic: bool = True, entropy_chunk_tokens: int = 512) -> list[PromptSignals]:
+                    semantic: bool = True, entropy_chunk_tokens: int = 512,
+                    entropy_vocab: torch.Tensor | None = None) -> list[PromptSignals]:
     """Prefill one batch and return each prompt's signals.
 
     Args:
@@ -213,6 +219,9 @@ def extract_signals(backbone, batch_token_ids: list[list[int]], layers: list[int
         layers: hidden-state indices to keep (0..L; negative counts from the end).
         semantic: also compute ``attention_received`` (eager attention in the last layer only).
         entropy_chunk_tokens: positions per ``lm_head`` chunk when computing entropy.
+        entropy_vocab: ``(k,)`` int64 token ids: compute the entropy of the output softmax renormalised over these
+            ids only (a pruned output head costing ``k / V`` of the full one; see
+            :mod:`lenpred.diagnostics.entropy`); ``None`` (default): the full vocabulary.
 
     Returns:
         One :class:`PromptSignals` per prompt, in input order, without padding.
@@ -249,12 +258,18 @@ def extract_signals(backbone, batch_token_ids: list[list[int]], layers: list[int
             last.__dict__.pop("_lenpred_weights", None)
 
     final = out.hidden_states[-1]  # (B, n, d), final-norm output
+    vocab_head = None
+    if entropy_vocab is not None:
+        head = model.get_output_embeddings()
+        if entropy_vocab.numel() == 0 or int(entropy_vocab.min()) < 0 or int(entropy_vocab.max()) >= head.weight.shape[0]:
+            raise LenpredError(f"entropy_vocab ids must lie in 0..{head.weight.shape[0] - 1}")
+        vocab_head = (head.weight[entropy_vocab], None if head.bias is None else head.bias[entropy_vocab])
     B, n, _ = final.shape
     entropy = torch.empty(B, n)
     flat = final.reshape(B * n, -1)
     for s in range(0, B * n, entropy_chunk_tokens):
         entropy.view(-1)[s:s + entropy_chunk_tokens] = token_entropy_from_logits(
-            _output_logits(model, flat[s:s + entropy_chunk_tokens]))
+            _output_logits(model, flat[s:s + entropy_chunk_tokens], vocab_head))
     received = attention_received_from_attention(weights.float(), mask) if semantic else None
     stacked = torch.stack([out.hidden_states[l] for l in layers], dim=1).float()  # (B, layers, n, d)
     last_states = torch.stack([h[:, -1] for h in out.hidden_states], dim=1).float()  # (B, L + 1, d)

@@ -1,0 +1,355 @@
+"""``lenpred diagnose``: misalignment, attribution, ablations, cheaper entropy and overhead on the committed
+benchmark. Each section writes ``<out>/<section>.json`` (atomically) and the report is re-rendered from every section
+JSON present, so sections can be run (or re-run) one at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from lenpred.errors import LenpredError
+
+SINK_ALPHAS = (0.25, 0.5, 1.0, 2.0, 4.0)
+SECTIONS = ("misalignment", "attribution", "ablation", "entropy", "overhead")
+
+
+@dataclass
+class DiagnoseConfig:
+    """Settings of ``lenpred diagnose``.
+
+    Attributes:
+        model, bench, data_dir, cache: as in :class:`lenpred.evaluation.run.EvalConfig`.
+        evaluate: the ``lenpred evaluate`` output whose chosen hyper-parameters and fitted predictors are read.
+        out: where REPORT.md, the PNGs and the section JSONs go.
+        sections: which sections to (re)compute; the others are read from ``out`` if present.
+        attribution_prompts: test prompts per scenario for the gradient attribution (a backward pass each).
+        pruned_ks: pruned output-vocabulary sizes scored offline; ``overhead_k`` is timed in the overhead section.
+        seeds: head seeds of the ablation headline and the cheaper-entropy comparison.
+        max_batch_tokens: overhead cases with more prompt tokens per batch are skipped (CPU time).
+        overhead_batch_sizes, overhead_lengths: the overhead grid (batch size x prompt tokens).
+        overhead_repeats: timed runs per variant and case (the fastest counts).
+        threads: torch threads for the backbone (heads always use one).
+        bootstrap_resamples: prompt-clustered bootstrap resamples.
+    """
+
+    model: str = "smollm2-135m-instruct"
+    bench: str = "benchmarks/smollm2-forelen"
+    data_dir: str | None = None
+    cache: str | None = None
+    evaluate: str = "results/evaluate"
+    out: str = "results/diagnose"
+    sections: tuple[str, ...] = SECTIONS
+    attribution_prompts: int = 40
+    pruned_ks: tuple[int, ...] = (1024, 4096)
+    overhead_k: int = 4096
+    seeds: tuple[int, ...] = (0, 1, 2)
+    max_batch_tokens: int = 4096
+    overhead_batch_sizes: tuple[int, ...] = (1, 8, 32)
+    overhead_lengths: tuple[int, ...] = (128, 512, 2048)
+    overhead_repeats: int = 3
+    threads: int | None = None
+    bootstrap_resamples: int = 2000
+
+    def __post_init__(self):
+        unknown = [s for s in self.sections if s not in SECTIONS]
+        if unknown:
+            raise LenpredError(f"unknown sections {unknown}; valid: {', '.join(SECTIONS)}")
+        if not self.seeds:
+            raise LenpredError("no seeds given: pass --seeds like 0,1,2")
+        if self.attribution_prompts < 1 or self.max_batch_tokens < 1 or self.overhead_repeats < 1:
+            raise LenpredError("--attribution-prompts, --max-batch-tokens and --overhead-repeats must be >= 1")
+
+
+def _chosen(cfg: DiagnoseConfig) -> dict:
+    path = Path(cfg.evaluate) / "results.json"
+    if not path.is_file():
+        raise LenpredError(f"{path} is missing: run `lenpred evaluate` first (diagnose reads its chosen settings)")
+    r = json.loads(path.read_text())
+    return {m: r["tuning"][m]["chosen"] for m in ("estp", "egtp", "entropy_only", "semantic_only", "mean")
+            if m in r["tuning"]} | {"_config": r["config"]}
+
+
+def _scenario_ci(values: np.ndarray, scenarios: np.ndarray, ids: np.ndarray, n_resamples: int) -> dict:
+    """Mean of per-prompt values per scenario and overall, with a prompt bootstrap 95 % interval."""
+    from lenpred.evaluation.metrics import clustered_bootstrap
+
+    out = {}
+    for g in [*sorted(set(scenarios.tolist())), "overall"]:
+        m = np.ones(len(values), bool) if g == "overall" else scenarios == g
+        est, lo, hi = clustered_bootstrap(values[m], ids[m], n_resamples)
+        out[g] = {"mean": est, "ci": [lo, hi], "num_prompts": int(m.sum())}
+    return out
+
+
+def _token_strings(tokenizer):
+    memo = {}
+
+    def decode(ids):
+        out = []
+        for t in ids:
+            if t not in memo:
+                memo[t] = repr(tokenizer.decode([t]))[1:-1]
+            out.append(memo[t])
+        return out
+    return decode
+
+
+def misalignment_section(data, tokenizer, chosen: dict, n_resamples: int) -> tuple[dict, dict]:
+    """Misalignment shares, semantic-score concentration, pooling-weight concentration and the EGTP-vs-ESTP token
+    tally over every distinct prompt (spans of >= 5 tokens). Returns ``(json, arrays for the figure)``."""
+    from collections import Counter
+
+    from lenpred.diagnostics.misalignment import (TokenWeightTally, misalignment_shares, top_token_share,
+                                                  within_prompt_percentile)
+    from lenpred.pooling import Pooler
+    from lenpred.predictors.pooled import request_spans
+
+    settings = chosen["estp"]
+    pool_span, divisor = settings["pool_span"], settings["semantic_divisor"]
+    poolers = {"egtp": Pooler("egtp"), "estp": Pooler("estp", settings["lambda1"], 1.0, settings["alpha"]),
+               "entropy_only": Pooler("entropy_only", alpha=chosen.get("entropy_only", {}).get("alpha", 1.0)),
+               "semantic_only": Pooler("semantic_only", alpha=chosen.get("semantic_only", {}).get("alpha", 1.0))}
+    decode = _token_strings(tokenizer)
+    tally, top_sem = TokenWeightTally(), Counter()
+    rows, pct = [], {"entropy": [], "semantic": [], "scenario": []}
+    for pid, req in data.by_prompt.items():
+        span = request_spans([req], pool_span, divisor)[0]
+        H, S = span.token_entropy, span.semantic_score
+        m = H.numel()
+        if m < 5:
+            continue
+        start = len(req.token_ids) - m if pool_span == "after_prefix" else 0
+        strings = decode(req.token_ids[start:start + m]) if pool_span == "after_prefix" else None
+        shares = misalignment_shares(H, S)
+        w = {k: p.weights(H, S) for k, p in poolers.items()}
+        row = {"prompt_id": pid, "scenario": req.scenario, "m": m, **shares,
+               "semantic_top_share": top_token_share(S),
+               **{f"top_weight_{k}": float(v.max()) for k, v in w.items()}}
+        if strings is not None:
+            top_sem[strings[int(torch.argmax(S))]] += 1
+            tally.add(strings, w["egtp"], w["estp"])
+        for a in SINK_ALPHAS:  # how concentrated semantic-only pooling gets as its temperature falls
+            row[f"semantic_only_top_weight_alpha{a:g}"] = float(Pooler("semantic_only", alpha=a).weights(H, S).max())
+        rows.append(row)
+        pct["entropy"].append(within_prompt_percentile(H))
+        pct["semantic"].append(within_prompt_percentile(S))
+        pct["scenario"].append(np.full(m, req.scenario, dtype=object))
+    sc = np.array([r["scenario"] for r in rows])
+    ids = np.array([r["prompt_id"] for r in rows])
+    col = lambda k: np.array([r[k] for r in rows], dtype=np.float64)
+    keys = ("high_entropy_low_semantic", "high_semantic_low_entropy", "chance", "semantic_top_share",
+            *(f"top_weight_{k}" for k in poolers))
+    out = {"pool_span": pool_span, "semantic_divisor": divisor, "num_prompts": len(rows),
+           "estp_params": {"lambda1": settings["lambda1"], "lambda2": 1.0, "alpha": settings["alpha"]},
+           "stats": {k: _scenario_ci(col(k), sc, ids, n_resamples) for k in keys},
+           "median_top_weight": {k: float(np.median(col(f"top_weight_{k}"))) for k in poolers},
+           "semantic_top_share_median": float(np.median(col("semantic_top_share"))),
+           "semantic_only_top_weight_by_alpha": {
+               f"{a:g}": {"median": float(np.median(col(f"semantic_only_top_weight_alpha{a:g}"))),
+                          "p90": float(np.quantile(col(f"semantic_only_top_weight_alpha{a:g}"), 0.9))}
+               for a in SINK_ALPHAS},
+           "top_semantic_tokens": [{"token": t, "prompts": c, "share": c / len(rows)}
+                                   for t, c in top_sem.most_common(10)],
+           "egtp_vs_estp_tokens": tally.table()}
+    figure = {k: np.concatenate(v) for k, v in pct.items()}
+    return out, figure
+
+
+def attribution_section(backbone, data, evaluate_dir: str, per_scenario: int, n_resamples: int) -> dict:
+    """Gradient attribution of the evaluate run's mean-pooling head on up to ``per_scenario`` test prompts per
+    scenario (first in test order); correlations with entropy and semantic score."""
+    from tqdm.auto import tqdm
+
+    from lenpred.diagnostics.attribution import _span, correlations, gradient_attribution
+    from lenpred.evaluation.metrics import clustered_bootstrap
+    from lenpred.predictors import Predictor
+
+    predictor = Predictor.load(Path(evaluate_dir) / "predictors" / "mean.safetensors")
+    test_ids = list(dict.fromkeys(data.cols["prompt_id"][data.index["test"]]))
+    picked, counts = [], {}
+    for pid in test_ids:
+        s = data.by_prompt[pid].scenario
+        if counts.get(s, 0) < per_scenario:
+            picked.append(pid)
+            counts[s] = counts.get(s, 0) + 1
+    tokens = {"H": [], "S": [], "G": [], "scenario": []}
+    per_prompt = []
+    for pid in tqdm(picked, desc="gradient attribution", unit="prompt"):
+        req = data.by_prompt[pid]
+        start, end = _span(req, predictor.params["pool_span"], len(req.token_ids))
+        span = req.signals.span(start, end, predictor.params["semantic_divisor"])
+        G = gradient_attribution(backbone, predictor, req).numpy()
+        H, S = span.token_entropy.numpy(), span.semantic_score.numpy()
+        for k, v in (("H", H), ("S", S), ("G", G)):
+            tokens[k].append(v)
+        tokens["scenario"].append(np.full(len(G), req.scenario, dtype=object))
+        per_prompt.append({"prompt_id": pid, "scenario": req.scenario,
+                           "HG": correlations(H, G)["spearman"], "SG": correlations(S, G)["spearman"],
+                           "HS": correlations(H, S)["spearman"]})
+    cat = {k: np.concatenate(v) for k, v in tokens.items()}
+    pooled = {}
+    for g in [*sorted(set(cat["scenario"].tolist())), "overall"]:
+        m = np.ones(len(cat["G"]), bool) if g == "overall" else cat["scenario"] == g
+        pooled[g] = {pair: correlations(cat[pair[0]][m], cat[pair[1]][m]) for pair in ("HG", "SG", "HS")}
+    within = {}
+    for pair in ("HG", "SG", "HS"):
+        vals = np.array([p[pair] for p in per_prompt if p[pair] is not None], dtype=np.float64)
+        sc = np.array([p["scenario"] for p in per_prompt if p[pair] is not None])
+        ids = np.array([p["prompt_id"] for p in per_prompt if p[pair] is not None])
+        within[pair] = _scenario_ci(vals, sc, ids, n_resamples)
+    return {"head": "mean", "head_layer": predictor.layer, "importance": "||d y_hat / d e_i||_2 (input embeddings)",
+            "num_prompts": counts, "pooled": pooled, "within_prompt_spearman": within}
+
+
+class swapped_entropy:
+    """Context manager: every request's ``signals.token_entropy`` replaced by ``entropies[prompt_id]``, restored on
+    exit."""
+
+    def __init__(self, data, entropies: dict):
+        self.data, self.entropies = data, entropies
+
+    def __enter__(self):
+        from lenpred.diagnostics.entropy import with_entropy
+
+        self.saved = {p: r.signals for p, r in self.data.by_prompt.items()}
+        for p, r in self.data.by_prompt.items():
+            r.signals = with_entropy(r.signals, self.entropies[p])
+        return self
+
+    def __exit__(self, *exc):
+        for p, r in self.data.by_prompt.items():
+            r.signals = self.saved[p]
+        return False
+
+
+def train_vocabulary(data, k: int, vocab_size: int) -> torch.Tensor:
+    """The pruned head's vocabulary: the ``k`` ids most frequent in the train split's prompts and responses."""
+    from lenpred.diagnostics.entropy import frequent_vocabulary
+
+    train = data.index["train"]
+    prompts = {p: data.by_prompt[p].token_ids for p in data.cols["prompt_id"][train]}
+    return frequent_vocabulary([*prompts.values(), *data.responses[train]], k, vocab_size)
+
+
+def entropy_section(backbone, data, chosen: dict, ks: tuple[int, ...], seeds: tuple[int, ...],
+                    n_resamples: int, final_layer: int) -> dict:
+    """Verify the cached entropy from the cached final states (100 prompts), compute pruned entropies offline for
+    every ``k`` and score EGTP and ESTP (their chosen settings) with each, paired with full entropy, per seed."""
+    from tqdm.auto import tqdm
+
+    from lenpred.diagnostics.entropy import entropy_agreement, pruned_entropy, verify_cached_entropy
+    from lenpred.evaluation.metrics import clustered_bootstrap
+    from lenpred.evaluation.tune import clipped_predict, fit_predictor, torch_threads
+
+    W = backbone.model.get_output_embeddings().weight.detach()
+    V = W.shape[0]
+    prompts = list(data.by_prompt)
+    check = verify_cached_entropy([data.by_prompt[p].signals for p in prompts[:100]], W, final_layer)
+    train, val, test = data.index["train"], data.index["validation"], data.index["test"]
+    test_ids = data.cols["prompt_id"][test]
+    methods = {m: {k: v for k, v in chosen[m].items() if k != "val_mae"} for m in ("egtp", "estp") if m in chosen}
+
+    def score() -> dict:
+        out = {}
+        with torch_threads(1):
+            for m, params in methods.items():
+                errs, vals = [], []
+                for s in seeds:
+                    p = fit_predictor(m, params, data.rows("train"), data.y[train], data.censored[train], s)
+                    vals.append(float(np.mean(np.abs(clipped_predict(p, data.rows("validation")) - data.y[val]))))
+                    errs.append(np.abs(clipped_predict(p, data.rows("test")) - data.y[test]))
+                out[m] = {"val_mae": float(np.mean(vals)), "errors": np.mean(errs, axis=0),
+                          "test_mae_seeds": [float(e.mean()) for e in errs]}
+        return out
+
+    full = score()
+    variants = {"full": {"k": V, **{m: {"val_mae": r["val_mae"], "test_mae": float(r["errors"].mean()),
+                                        "test_mae_seeds": r["test_mae_seeds"]} for m, r in full.items()}}}
+    for k in tqdm(ks, desc="pruned entropies", unit="k"):
+        vocab = train_vocabulary(data, k, V)
+        ent = {p: pruned_entropy(data.by_prompt[p].signals.layer(final_layer), W, vocab) for p in prompts}
+        agree = entropy_agreement(torch.cat([data.by_prompt[p].signals.token_entropy for p in prompts]).numpy(),
+                                  torch.cat([ent[p] for p in prompts]).numpy())
+        with swapped_entropy(data, ent):
+            res = score()
+        variants[f"top{k}"] = {"k": k, "agreement": agree, **{
+            m: {"val_mae": r["val_mae"], "test_mae": float(r["errors"].mean()), "test_mae_seeds": r["test_mae_seeds"],
+                "diff_full": list(clustered_bootstrap(r["errors"] - full[m]["errors"], test_ids, n_resamples))}
+            for m, r in res.items()}}
+    return {"verification": check, "vocabulary": "the k ids most frequent in the train split's prompts and responses",
+            "seeds": list(seeds), "methods": methods, "variants": variants}
+
+
+def overhead_section(backbone, data, evaluate_dir: str, k: int, max_batch_tokens: int, repeats: int,
+                     batch_sizes=(1, 8, 32), lengths=(128, 512, 2048), layers=(15, 22, 30)) -> dict:
+    """:func:`lenpred.diagnostics.overhead.overhead_grid` with the evaluate run's EGTP and ESTP heads and the pruned
+    vocabulary of size ``k``, extracting hidden states at ``layers`` (the evaluate run's)."""
+    from lenpred.diagnostics.overhead import breakdown, overhead_grid
+    from lenpred.predictors import Predictor
+
+    predictors = {m: Predictor.load(Path(evaluate_dir) / "predictors" / f"{m}.safetensors") for m in ("egtp", "estp")}
+    vocab = train_vocabulary(data, k, backbone.model.get_output_embeddings().weight.shape[0])
+    result = overhead_grid(backbone, predictors, vocab, layers, batch_sizes, lengths, max_batch_tokens, repeats)
+    for case in result["cases"]:
+        case["breakdown"] = breakdown(case)
+    return result
+
+
+def run_diagnose(cfg: DiagnoseConfig, console=None) -> dict:
+    """Compute the requested sections, write their JSONs, then REPORT.md + PNGs + diagnose.json from every section
+    present. Returns the combined dict."""
+    from rich.console import Console
+
+    from lenpred.diagnostics.report import write_report
+    from lenpred.evaluation.run import EvalConfig, prepare_run
+    from lenpred.io import write_json
+
+    console = console or Console()
+    out = Path(cfg.out)
+    if any(p.exists() and not p.is_dir() for p in (out, *out.parents)):
+        raise LenpredError(f"--out {out} is (or lies under) a file: pass a directory")
+    chosen = _chosen(cfg)
+    figures = {}
+    if cfg.sections:
+        ev = chosen["_config"]  # the evaluate run's settings: same layers, span, divisor, epochs and bins
+        ecfg = EvalConfig(model=cfg.model, bench=cfg.bench, data_dir=cfg.data_dir, cache=cfg.cache,
+                          layers=tuple(ev["layers"]), threads=cfg.threads, methods=("estp",), epochs=ev["epochs"],
+                          binning=ev["binning"], pool_span=ev["pool_span"], semantic_divisor=ev["semantic_divisor"])
+        needs = {"signals"} if set(cfg.sections) - {"overhead"} else set()
+        run = prepare_run(ecfg, needs)
+        final = run.backbone.num_layers
+        for section in cfg.sections:
+            console.print(f"diagnose: {section} …")
+            if section == "misalignment":
+                result, figures["misalignment"] = misalignment_section(run.data, run.backbone.tokenizer, chosen,
+                                                                       cfg.bootstrap_resamples)
+            elif section == "attribution":
+                result = attribution_section(run.backbone, run.data, cfg.evaluate, cfg.attribution_prompts,
+                                             cfg.bootstrap_resamples)
+            elif section == "ablation":
+                from lenpred.diagnostics.ablation import run_ablations
+
+                result = run_ablations(run.data, run.ctx.pooled_settings, run.layers, chosen["estp"]["layer"],
+                                       cfg.seeds, n_resamples=cfg.bootstrap_resamples)
+            elif section == "entropy":
+                result = entropy_section(run.backbone, run.data, chosen, cfg.pruned_ks, cfg.seeds,
+                                         cfg.bootstrap_resamples, final)
+            else:
+                result = overhead_section(run.backbone, run.data, cfg.evaluate, cfg.overhead_k, cfg.max_batch_tokens,
+                                          cfg.overhead_repeats, cfg.overhead_batch_sizes, cfg.overhead_lengths, run.layers)
+            write_json(out / f"{section}.json", result)
+            if section == "misalignment":
+                from lenpred.io import atomic_path
+
+                fig = figures["misalignment"]
+                with atomic_path(out / "misalignment_percentiles.npz") as tmp, open(tmp, "wb") as f:
+                    np.savez_compressed(f, entropy=fig["entropy"].astype(np.float32),
+                                        semantic=fig["semantic"].astype(np.float32),
+                                        scenario=fig["scenario"].astype(str))
+    return write_report(out, console)
