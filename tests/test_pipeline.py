@@ -122,3 +122,21 @@ def test_shipped_predictor_predicts_with_the_default_model():
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout.splitlines()[0])["expected"] == round(a.expected, 1)  # CLI and Python agree
     assert model.card_["overall"]["n"] > 1000 and 0 < model.card_["overall"]["interval_coverage"] <= 1
+
+
+@pytest.mark.slow
+def test_shipped_predictor_updates_remaining_length_during_decoding():
+    from lenpred.progressive.decode_states import teacher_forced_states
+
+    model = LengthPredictor.from_pretrained()
+    layer = model.progressive_info_["plp_layer"]
+    states = model.start(["Write a haiku about rain"], max_new_tokens=256)
+    assert states[0].step == 0 and 0 < states[0].remaining <= 256
+    prompt = model._requests(["Write a haiku about rain"], 256, None)[0].token_ids
+    response = model.backbone_.tokenizer.encode("Soft rain on the roof, a quiet song for the night, the garden drinks deep")
+    hidden = teacher_forced_states(model.backbone_, [(prompt, response)], [np.array([0, 8])], (layer,))[0][:, 0]
+    first = states[0].remaining
+    model.update(states, [0], hidden[:1].numpy())
+    assert states[0].remaining == pytest.approx(first, rel=1e-4)  # step 0 from the prefill = step 0 teacher-forced
+    model.update(states, [8], hidden[1:].numpy())
+    assert states[0].step == 8 and 0 <= states[0].remaining <= 248

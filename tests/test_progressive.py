@@ -125,23 +125,23 @@ def test_plp_online_updates_match_batch_prediction_and_round_trip(tmp_path):
     step = np.tile([0, 8, 16], 30)
     rows = _rows(sample, step, lengths=np.repeat(np.random.default_rng(1).integers(20, 300, 30), 3))
     plp = PLPHead({"epochs": 2, "num_bins": 5}).fit(rows)
-    direct = np.clip(plp.predict(rows.prompt_features, rows.final_state, rows.step, rows.cap), 0, rows.cap - rows.step)
-    states = start_states(plp, rows.prompt_features[:4], rows.final_state[:4], rows.cap[:4])
+    direct = np.clip(plp.predict(rows.prompt_features, rows.plp_state, rows.step, rows.cap), 0, rows.cap - rows.step)
+    states = start_states(plp, rows.prompt_features[:4], rows.plp_state[:4], rows.cap[:4])
     assert [s.step for s in states] == [0, 0, 0, 0]
     np.testing.assert_allclose([s.remaining for s in states], plp.predict(rows.prompt_features[:4],
-                               rows.final_state[:4], np.zeros(4), rows.cap[:4]))
-    got = update_batch(plp, states, rows.step[:4], rows.final_state[:4])
+                               rows.plp_state[:4], np.zeros(4), rows.cap[:4]))
+    got = update_batch(plp, states, rows.step[:4], rows.plp_state[:4])
     np.testing.assert_allclose(got, direct[:4])
-    single = [update_batch(plp, [st], rows.step[i:i + 1], rows.final_state[i:i + 1])[0] for i, st in enumerate(states)]
+    single = [update_batch(plp, [st], rows.step[i:i + 1], rows.plp_state[i:i + 1])[0] for i, st in enumerate(states)]
     np.testing.assert_allclose(single, got, rtol=1e-6)
     assert states[1].step == 8 and states[1].expected_total == pytest.approx(8 + got[1])
     save_plp(plp, tmp_path / "plp.safetensors", {"prompt": "last@15"})
     loaded, info = load_plp(tmp_path / "plp.safetensors")
     assert info == {"prompt": "last@15"}
-    np.testing.assert_allclose(loaded.predict(rows.prompt_features, rows.final_state, rows.step, rows.cap),
-                               plp.predict(rows.prompt_features, rows.final_state, rows.step, rows.cap))
+    np.testing.assert_allclose(loaded.predict(rows.prompt_features, rows.plp_state, rows.step, rows.cap),
+                               plp.predict(rows.prompt_features, rows.plp_state, rows.step, rows.cap))
     with pytest.raises(LenpredError, match="update_batch needs"):
-        update_batch(plp, states, rows.step[:3], rows.final_state[:4])
+        update_batch(plp, states, rows.step[:3], rows.plp_state[:4])
 
 
 def test_trail_progressive_first_refresh_is_the_classifier_and_later_ones_are_smoothed():
@@ -174,8 +174,8 @@ def tiny_run(tiny_model_dir, tmp_path_factory):
     assert r.exit_code == 0, r.output
     cfg = ProgressiveConfig(model=str(tiny_model_dir), bench=str(root / "bench"), data_dir=str(data),
                             out=str(root / "out"), cache=str(root / "cache"), decode_cache=str(root / "dc"), threads=1,
-                            head={"epochs": 2}, final_layer=2, trail_layers=(1,), prompt_candidates=(("last", 1),),
-                            static=("last", 1), steps=(0, 2, 4))
+                            head={"epochs": 2}, plp_layers=(2,), trail_layers=(1,), prompt_candidates=(("last", 1),),
+                            static=("last", 1), signal_layers=(1, -1), steps=(0, 2, 4))
     return root, data, cfg, run_progressive(cfg)
 
 
@@ -202,7 +202,7 @@ def test_length_predictor_start_and_update_use_the_plp_head(tiny_run, tiny_model
 
     root, data, cfg, _ = tiny_run
     lp = LengthPredictor("last", str(tiny_model_dir), layers=(1,), coverage=0.5, epochs=2).fit(root / "bench", data_dir=str(data),
-                                                                              cache=str(root / "cache"))
+                                                                                           cache=str(root / "lp-cache"))
     with pytest.raises(LenpredError, match="no progressive head"):
         lp.start(["write a poem"])
     lp.attach_progressive(root / "out" / "plp.safetensors")

@@ -246,14 +246,14 @@ class LengthPredictor:
                                "from a `lenpred progressive` run")
         requests = self._requests(prompts, max_new_tokens, None)
         self._attach_signals(requests, 4096, False)
-        final = self.progressive_info_["final_layer"]
+        final = self.progressive_info_["plp_layer"]
         states = np.stack([r.signals.last_token_states[final].numpy() for r in requests])
         caps = np.full(len(requests), np.inf if max_new_tokens is None else float(max_new_tokens))
         return start_states(self.progressive_, self.predictor_.features(requests), states, caps)
 
     def update(self, states: list, steps, hidden_states) -> np.ndarray:
         """Re-estimate the remaining tokens of running requests: ``steps`` ``(B,)`` tokens generated, ``hidden_states``
-        ``(B, d)`` final-layer state of each current token. ``(B,)`` float64 (see
+        ``(B, d)`` each current token's hidden state at the layer in ``progressive_info_['plp_layer']``. ``(B,)`` float64 (see
         :func:`lenpred.progressive.online.update_batch`)."""
         from lenpred.progressive.online import update_batch
 

@@ -31,7 +31,7 @@ from lenpred.errors import LenpredError
 from lenpred.progressive.decode_states import DECODE_STEPS
 from lenpred.progressive.heads import PLPHead, ProgressiveRows, TrailProgressive
 
-FINAL_LAYER = 30
+PLP_LAYERS = (30, 20)  # the paper's final layer first; 20 was TRAIL's pick on validation
 TRAIL_LAYERS = (10, 15, 20, 25)
 DECODE_LAYERS = (10, 15, 20, 25, 30)
 PROMPT_CANDIDATES = (("last", 15), ("egtp", 15))  # the best static pooler and EGTP, at lenpred evaluate's layer
@@ -54,16 +54,17 @@ class ProgressiveConfig:
     seed: int = 0
     steps: tuple[int, ...] = DECODE_STEPS
     head: dict = field(default_factory=dict)  # PLP / TRAIL head overrides (e.g. {"epochs": 2} in tests)
-    final_layer: int = FINAL_LAYER
+    plp_layers: tuple[int, ...] = PLP_LAYERS
     trail_layers: tuple[int, ...] = TRAIL_LAYERS
     prompt_candidates: tuple = PROMPT_CANDIDATES
     static: tuple = ("last", 15)  # the best static predictor of lenpred evaluate (pooler, layer)
+    signal_layers: tuple[int, ...] = (15, 22, -1)  # the prompt-signal cache of lenpred evaluate (one extraction)
 
 
-def build_rows(data, decode, prompt_features: np.ndarray, final_layer: int, trail_layers: tuple[int, ...],
+def build_rows(data, decode, prompt_features: np.ndarray, plp_layer: int, trail_layers: tuple[int, ...],
                samples: np.ndarray) -> ProgressiveRows:
     """Rows of the rollouts ``samples`` (row indices of ``data``): one per (rollout, step held in ``decode``)."""
-    final = decode.layer(final_layer)
+    final = decode.layer(plp_layer)
     trail = {l: decode.layer(l) for l in trail_layers}
     idx = [i for i in samples for _ in range(len(decode.steps[i]))]
     idx = np.asarray(idx, dtype=np.int64)
@@ -162,12 +163,11 @@ def run_progressive(cfg: ProgressiveConfig, console=None) -> dict:
 
     console = console or Console()
     t0 = time.perf_counter()
-    prompt_layers = tuple(sorted({l for _, l in (*cfg.prompt_candidates, cfg.static)}))
     run = prepare_run(EvalConfig(model=cfg.model, bench=cfg.bench, data_dir=cfg.data_dir, cache=cfg.cache, threads=cfg.threads,
-                                 layers=prompt_layers, methods=(cfg.static[0],)), {"signals"})
+                                 layers=cfg.signal_layers, methods=(cfg.static[0],)), {"signals"})
     data, backbone = run.data, run.backbone
     with torch_threads(cfg.threads):
-        decode = benchmark_decode_states(backbone, data, tuple(sorted({cfg.final_layer, *cfg.trail_layers})),
+        decode = benchmark_decode_states(backbone, data, tuple(sorted({*cfg.plp_layers, *cfg.trail_layers})),
                                          cfg.decode_cache, cfg.bench, cfg.steps)
     t_extract = time.perf_counter() - t0
     requests, prompt_ids = data.requests, data.cols["prompt_id"]
@@ -180,16 +180,20 @@ def run_progressive(cfg: ProgressiveConfig, console=None) -> dict:
         sweep = []
         for pooler, layer in cfg.prompt_candidates:
             feats = make_predictor(pooler, layer=layer).features(requests)
-            tr, va = (build_rows(data, decode, feats, cfg.final_layer, cfg.trail_layers, split[s])
-                      for s in ("train", "validation"))
-            plp = PLPHead(cfg.head, cfg.seed).fit(tr)
-            mae = _val_mae(clip_remaining(plp.predict(va.prompt_features, va.final_state, va.step, va.cap), va), va)
-            sweep.append({"prompt": f"{pooler}@{layer}", "val_mae": mae, "model": plp, "features": feats})
-            console.print(f"PLP prompt {pooler}@{layer}: validation remaining MAE {mae:.1f}")
+            for plp_layer in cfg.plp_layers:
+                tr, va = (build_rows(data, decode, feats, plp_layer, cfg.trail_layers, split[s])
+                          for s in ("train", "validation"))
+                plp = PLPHead(cfg.head, cfg.seed).fit(tr)
+                mae = _val_mae(clip_remaining(plp.predict(va.prompt_features, va.plp_state, va.step, va.cap), va), va)
+                sweep.append({"prompt": f"{pooler}@{layer}", "plp_layer": plp_layer, "val_mae": mae, "model": plp,
+                              "features": feats})
+                console.print(f"PLP prompt {pooler}@{layer}, decode layer {plp_layer}: validation remaining MAE "
+                              f"{mae:.1f}")
         best = min(sweep, key=lambda s: s["val_mae"])
-        plp, feats = best["model"], best["features"]
-        report["plp"] = {"prompt": best["prompt"], "sweep": [{k: s[k] for k in ("prompt", "val_mae")} for s in sweep]}
-        tr, va, te = (build_rows(data, decode, feats, cfg.final_layer, cfg.trail_layers, split[s])
+        plp, feats, plp_layer = best["model"], best["features"], best["plp_layer"]
+        report["plp"] = {"prompt": best["prompt"], "plp_layer": plp_layer,
+                         "sweep": [{k: s[k] for k in ("prompt", "plp_layer", "val_mae")} for s in sweep]}
+        tr, va, te = (build_rows(data, decode, feats, plp_layer, cfg.trail_layers, split[s])
                       for s in ("train", "validation", "test"))
         # TRAIL progressive: the layer, chosen on validation
         trail_sweep = []
@@ -206,7 +210,7 @@ def run_progressive(cfg: ProgressiveConfig, console=None) -> dict:
         static.fit([requests[i] for i in split["train"]], data.y[split["train"]], data.censored[split["train"]])
         probs, values = static.predict_distribution([requests[i] for i in te.sample])
         static_pred = static.predict([requests[i] for i in te.sample])
-        plp_pred = plp.predict(te.prompt_features, te.final_state, te.step, te.cap)
+        plp_pred = plp.predict(te.prompt_features, te.plp_state, te.step, te.cap)
         first = {}
         for i, t, p in zip(te.sample, te.step, plp_pred):
             if t == 0:
@@ -234,7 +238,7 @@ def run_progressive(cfg: ProgressiveConfig, console=None) -> dict:
     report["update_cost_us"] = update_cost(plp, te)
     from lenpred.progressive.online import save_plp
 
-    save_plp(plp, Path(cfg.out) / "plp.safetensors", {"prompt": best["prompt"], "final_layer": cfg.final_layer,
+    save_plp(plp, Path(cfg.out) / "plp.safetensors", {"prompt": best["prompt"], "plp_layer": plp_layer,
                                                       "model_revision": backbone.revision, "steps": list(cfg.steps)})
     report["timing_s"] = {"decode_states": t_extract, "total": time.perf_counter() - t0}
     report["num_rows"] = {"train": len(tr.step), "validation": len(va.step), "test": len(te.step)}
@@ -253,7 +257,7 @@ def update_cost(plp: PLPHead, rows: ProgressiveRows, repeats: int = 200) -> dict
 
     idx = np.arange(64) % len(rows.step)
     states = [RequestState(rows.prompt_features[i], float(rows.cap[i]), 0.0) for i in idx]
-    hidden, steps = rows.final_state[idx], rows.step[idx]
+    hidden, steps = rows.plp_state[idx], rows.step[idx]
 
     def timed(fn) -> float:
         fn()
@@ -287,7 +291,8 @@ def _write_markdown(report: dict, path: Path) -> None:
 
     steps = [0, 32, 64, 128]
     lines = ["# Progressive remaining-length prediction (test split)", "",
-             f"PLP prompt representation: {report['plp']['prompt']}; TRAIL-progressive layer "
+             f"PLP prompt representation: {report['plp']['prompt']}, decode-state layer {report['plp']['plp_layer']}; "
+             f"TRAIL-progressive layer "
              f"{report['trail_progressive']['layer']} (bin width {report['trail_progressive']['width']:.0f} tokens). "
              "MAE of the observed remaining length `min(T, cap) - t` in tokens, 95 % prompt-clustered bootstrap "
              "interval.", ""]

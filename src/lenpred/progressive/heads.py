@@ -6,9 +6,10 @@ running (``t < T``), from the hidden state of its current token at decode step `
 
 * **PLP** (progressive length prediction; Xie et al., *Predicting LLM Output Length via Entropy-Guided
   Representations*, ICLR 2026): the soft-label distribution head (:class:`lenpred.heads.SoftLabelRegressor`) on
-  ``[prompt representation, final-layer state of the current token, log(1 + t)]``. The paper concatenates the
-  prompt's pooled representation with the decode-time states; a fixed-size input keeps the current token's
-  state only, plus the step count a serving loop knows. Bins over the training split's remaining lengths; every
+  ``[prompt representation, one layer's state of the current token, log(1 + t)]``. The paper concatenates the
+  prompt's pooled representation with the decode-time (final-layer) states; a fixed-size input keeps the current
+  token's state only, plus the step count a serving loop knows. The layer (final or intermediate) and the prompt
+  representation are chosen on validation (``lenpred progressive``). Bins over the training split's remaining lengths; every
   rollout weighs the same in the loss (each of its ``m`` steps weighs ``1 / m``); a capped rollout is censored at
   every step (``R_t >= cap - t``).
 * **TRAIL progressive** (Shahout et al., *Don't Stop Me Now: Embedding Based Scheduling for LLMs*, ICLR 2025): an
@@ -59,7 +60,7 @@ class ProgressiveRows:
         sample: ``(n,)`` int64 index of the rollout (row of the evaluation data).
         step: ``(n,)`` int64 decode step ``t``.
         prompt_features: ``(n, d_p)`` float32, the prompt representation of the rollout's prompt.
-        final_state: ``(n, d)`` float32, final-layer state of the current token.
+        plp_state: ``(n, d)`` float32, the current token's state at PLP's layer.
         trail_states: ``{layer: (n, d)}`` float32, intermediate-layer states of the current token.
         length: ``(n,)`` observed length of the rollout (capped ones at their cap).
         censored: ``(n,)`` bool; cap: ``(n,)`` the rollout's ``max_new_tokens``.
@@ -68,14 +69,14 @@ class ProgressiveRows:
     sample: np.ndarray
     step: np.ndarray
     prompt_features: np.ndarray
-    final_state: np.ndarray
+    plp_state: np.ndarray
     trail_states: dict
     length: np.ndarray
     censored: np.ndarray
     cap: np.ndarray
 
     def subset(self, mask: np.ndarray) -> "ProgressiveRows":
-        return ProgressiveRows(self.sample[mask], self.step[mask], self.prompt_features[mask], self.final_state[mask],
+        return ProgressiveRows(self.sample[mask], self.step[mask], self.prompt_features[mask], self.plp_state[mask],
                                {k: v[mask] for k, v in self.trail_states.items()}, self.length[mask],
                                self.censored[mask], self.cap[mask])
 
@@ -86,28 +87,28 @@ class ProgressiveRows:
 
 
 class PLPHead:
-    """PLP: :class:`SoftLabelRegressor` on ``[prompt features, final state, log(1 + t)]`` -> remaining tokens."""
+    """PLP: :class:`SoftLabelRegressor` on ``[prompt features, current-token state, log(1 + t)]`` -> remaining tokens."""
 
     def __init__(self, head: dict | None = None, seed: int = 0):
         self.config = HeadConfig(**{**PLP_HEAD, **(head or {})})
         self.seed = seed
 
     @staticmethod
-    def inputs(prompt_features: np.ndarray, final_state: np.ndarray, steps: np.ndarray) -> np.ndarray:
+    def inputs(prompt_features: np.ndarray, plp_state: np.ndarray, steps: np.ndarray) -> np.ndarray:
         """The head's input ``(n, d_p + d + 1)`` float32."""
-        return np.concatenate([prompt_features, final_state, step_feature(steps)], axis=1).astype(np.float32)
+        return np.concatenate([prompt_features, plp_state, step_feature(steps)], axis=1).astype(np.float32)
 
     def fit(self, rows: ProgressiveRows) -> "PLPHead":
         remaining, censored, rem_cap = remaining_targets(rows.length, rows.censored, rows.cap, rows.step)
         self.head_ = SoftLabelRegressor(self.config, self.seed).fit(
-            self.inputs(rows.prompt_features, rows.final_state, rows.step), remaining, None, censored, rem_cap,
+            self.inputs(rows.prompt_features, rows.plp_state, rows.step), remaining, None, censored, rem_cap,
             sample_weight=rows.rollout_weights())
         return self
 
-    def predict(self, prompt_features: np.ndarray, final_state: np.ndarray, steps: np.ndarray,
+    def predict(self, prompt_features: np.ndarray, plp_state: np.ndarray, steps: np.ndarray,
                 caps: np.ndarray) -> np.ndarray:
         """Expected observed remaining length ``sum_j p_j min(c_j, cap - t)`` in tokens, ``(n,)`` float64."""
-        x = self.inputs(prompt_features, final_state, steps)
+        x = self.inputs(prompt_features, plp_state, steps)
         return self.head_.predict(x, np.asarray(caps, np.float64) - np.asarray(steps, np.float64))
 
 

@@ -1,9 +1,9 @@
 """Online progressive prediction: the per-request state a serving loop holds, and the batched update.
 
 A scheduler calls :func:`start_states` once per request after its prefill (the prompt representation and the
-final-layer state of the last prompt token come from the prefill signals) and :func:`update_batch` every ``k``
-decode steps with the current token's final-layer state of each running request. Each call returns the expected
-remaining tokens. Cost: one forward of the small PLP head (``scripts``-free: ``lenpred progressive`` measures it).
+last prompt token's state at PLP's layer come from the prefill signals) and :func:`update_batch` every ``k``
+decode steps with the current token's state at that layer for each running request. Each call returns the expected
+remaining tokens. Cost: one forward of the small PLP head (``lenpred progressive`` measures it).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def update_batch(plp: PLPHead, states: list[RequestState], steps: np.ndarray, hi
         plp: a fitted :class:`PLPHead`.
         states: the requests' :class:`RequestState` (updated in place).
         steps: ``(B,)`` tokens each has generated.
-        hidden: ``(B, d)`` float32, final-layer hidden state of each request's current token (the state the engine
+        hidden: ``(B, d)`` float32, hidden state at PLP's layer of each request's current token (the state the engine
             computed when it consumed the ``step``-th generated token; the last prompt token at step 0).
 
     Returns:
@@ -72,12 +72,12 @@ def update_batch(plp: PLPHead, states: list[RequestState], steps: np.ndarray, hi
     return remaining
 
 
-def start_states(plp: PLPHead, prompt_features: np.ndarray, final_states: np.ndarray,
+def start_states(plp: PLPHead, prompt_features: np.ndarray, plp_states: np.ndarray,
                  caps: np.ndarray) -> list[RequestState]:
-    """The states of ``B`` requests after their prefill (step 0): ``prompt_features`` ``(B, d_p)``, ``final_states``
-    ``(B, d)`` (final-layer state of each last prompt token), ``caps`` ``(B,)`` (``inf``: none)."""
+    """The states of ``B`` requests after their prefill (step 0): ``prompt_features`` ``(B, d_p)``, ``plp_states``
+    ``(B, d)`` (each last prompt token's state at PLP's layer), ``caps`` ``(B,)`` (``inf``: none)."""
     states = [RequestState(np.asarray(f, np.float32), float(c), 0.0) for f, c in zip(prompt_features, caps)]
-    update_batch(plp, states, np.zeros(len(states), np.int64), final_states)
+    update_batch(plp, states, np.zeros(len(states), np.int64), plp_states)
     return states
 
 
