@@ -68,8 +68,8 @@ def misalignment_md(m: dict, out: Path) -> list[str]:
                       _ci(s["high_semantic_low_entropy"][g], 1, True), _ci(s["chance"][g], 1, True)]
                      for g in SCENARIOS if g in s["chance"]]), "",
              "![misalignment](misalignment.png)", "",
-             "**Attention sinks.** The semantic score (attention received in the last layer / n) is concentrated: the "
-             f"median prompt's heaviest span token holds {100 * m['semantic_top_share_median']:.1f} % of the span's "
+             "**Attention sinks.** How concentrated the semantic score (attention received in the last layer / n) is: "
+             f"the median prompt's heaviest span token holds {100 * m['semantic_top_share_median']:.1f} % of the span's "
              "semantic score (mean per scenario: " + ", ".join(
                  f"{g} {_ci(s['semantic_top_share'][g], 1, True)}" for g in SCENARIOS if g in s['semantic_top_share'])
              + "). The heaviest token is most often:", "",
