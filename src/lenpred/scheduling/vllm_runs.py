@@ -301,7 +301,10 @@ def run_vllm_offline(cfg: VLLMOfflineConfig, table=None) -> dict:
             fit_steps += [StepRecord(**s) for s in partial["runs"][f"{cfg.seed + d}/{p}"]["steps"]]
     cost = CostModel.fit(cost_measurements(fit_steps), engine="vllm",
                          hardware=hardware_description({"vllm": vllm.__version__}), fused_prefill=True,
-                         settings={"source": "pure prefill and pure decode steps of run 2 (draws "
+                         settings={"threads": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS",
+                                                                              "VLLM_CPU_OMP_THREADS_BIND",
+                                                                              "VLLM_CPU_NUM_OF_RESERVED_CPU")},
+                                   "source": "pure prefill and pure decode steps of run 2 (draws "
                                              f"{cfg.seed}..{cfg.seed + cfg.fit_draws - 1}) and prefill-only "
                                              "calibration steps", "max_num_seqs": cfg.max_num_seqs,
                                    "enable_chunked_prefill": False, "dtype": "float32"})
