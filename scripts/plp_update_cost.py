@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import platform
-import time
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +18,7 @@ import torch
 
 from lenpred.io import write_json
 from lenpred.pipeline import DEFAULT_PREDICTOR, PROGRESSIVE_FILE
-from lenpred.progressive.online import RequestState, load_plp, update_batch
+from lenpred.progressive.online import load_plp, update_cost
 
 
 def main() -> None:
@@ -29,25 +28,17 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     plp, info = load_plp(Path(DEFAULT_PREDICTOR) / PROGRESSIVE_FILE)
-    d_in = len(plp.head_.mean_)
-    d = 576
+    d_in, d = len(plp.head_.mean_), 576
     rng = np.random.default_rng(0)
+    n = 64
+    cost = update_cost(plp, rng.normal(size=(n, d_in - d - 1)).astype(np.float32),
+                       rng.normal(size=(n, d)).astype(np.float32), np.full(n, 32), np.full(n, 512.0),
+                       repeats=args.repeats)
     out = {"plp": info, "threads": 1, "processor": platform.processor() or platform.machine(),
-           "torch": torch.__version__}
-    for batch in (1, 8, 64):
-        states = [RequestState(rng.normal(size=d_in - d - 1).astype(np.float32), 512.0, 0.0) for _ in range(batch)]
-        hidden = rng.normal(size=(batch, d)).astype(np.float32)
-        steps = np.full(batch, 32)
-        update_batch(plp, states, steps, hidden)
-        times = []
-        for _ in range(args.repeats):
-            t = time.perf_counter()
-            update_batch(plp, states, steps, hidden)
-            times.append(time.perf_counter() - t)
-        us = float(np.median(times) * 1e6)
-        out[f"batch{batch}_us"] = us
-        out[f"batch{batch}_per_request_us"] = us / batch
-        print(f"batch {batch:3d}: {us:8.1f} µs per update call, {us / batch:7.1f} µs per request")
+           "torch": torch.__version__, **cost}
+    for b in (1, 8, 64):
+        print(f"batch {b:3d}: {cost[f'batch{b}_us']:8.1f} µs per update call, "
+              f"{cost[f'batch{b}_per_request_us']:7.1f} µs per request")
     write_json(args.out, out)
 
 

@@ -194,7 +194,8 @@ def test_progressive_run_writes_curves_and_countdown_starts_at_plp(tiny_run):
     running = [c["n"] for c in report["curves"] if c["population"] == "running" and c["scenario"] == "overall"
                and c["method"] == "plp"]
     assert running == sorted(running, reverse=True)  # fewer rollouts run at later steps
-    assert report["update_cost_us"]["single_us"] > 0
+    cost = report["update_cost_us"]
+    assert cost["batch64_us"] > 0 and cost["batch64_per_request_us"] == pytest.approx(cost["batch64_us"] / 64)
 
 
 def test_length_predictor_start_and_update_use_the_plp_head(tiny_run, tiny_model_dir, tmp_path):

@@ -9,6 +9,7 @@ remaining tokens. Cost: one forward of the small PLP head (``lenpred progressive
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -117,3 +118,24 @@ def load_plp(path: str | Path) -> tuple[PLPHead, dict]:
     plp = PLPHead(state["config"], state["seed"])
     plp.head_ = head_from_tensors(tensors, state)
     return plp, info
+
+
+def update_cost(plp: PLPHead, prompt_features: np.ndarray, hidden: np.ndarray, steps: np.ndarray, caps: np.ndarray,
+                batch_sizes: tuple[int, ...] = (1, 8, 64), repeats: int = 200) -> dict:
+    """Wall-clock cost of :func:`update_batch` for running batches of ``batch_sizes`` requests: the median over
+    ``repeats`` calls after a warm-up, in microseconds per call and per request (``{"batch<B>_us": ...,
+    "batch<B>_per_request_us": ...}``). Rows of the inputs (``(n, d_p)``, ``(n, d)``, ``(n,)``, ``(n,)``) are
+    reused cyclically. Measure on an idle machine with the thread count a serving loop would give it."""
+    out = {}
+    for b in batch_sizes:
+        idx = np.arange(b) % len(steps)
+        states = [RequestState(prompt_features[i], float(caps[i]), 0.0) for i in idx]
+        update_batch(plp, states, steps[idx], hidden[idx])
+        times = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            update_batch(plp, states, steps[idx], hidden[idx])
+            times.append(time.perf_counter() - t)
+        us = float(np.median(times) * 1e6)
+        out[f"batch{b}_us"], out[f"batch{b}_per_request_us"] = us, us / b
+    return out
