@@ -142,6 +142,10 @@ def test_plp_online_updates_match_batch_prediction_and_round_trip(tmp_path):
                                plp.predict(rows.prompt_features, rows.plp_state, rows.step, rows.cap))
     with pytest.raises(LenpredError, match="update_batch needs"):
         update_batch(plp, states, rows.step[:3], rows.plp_state[:4])
+    with pytest.raises(LenpredError, match="features, this PLP head reads 6"):
+        update_batch(plp, states, rows.step[:4], rows.plp_state[:4, :5])
+    with pytest.raises(LenpredError, match="NaN"):
+        update_batch(plp, states, rows.step[:4], np.full((4, 6), np.nan, np.float32))
 
 
 def test_trail_progressive_first_refresh_is_the_classifier_and_later_ones_are_smoothed():

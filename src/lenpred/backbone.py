@@ -194,6 +194,8 @@ def load_backbone(model_id: str = DEFAULT_MODEL, attn_implementation: str = "sdp
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # per-tensor "Loading weights" bars: noise for a sub-second load
+    if num_threads is not None and num_threads < 1:
+        raise LenpredError(f"--threads must be >= 1, got {num_threads}")
     if num_threads:
         torch.set_num_threads(num_threads)
     model_dir, revision = resolve_model(model_id)

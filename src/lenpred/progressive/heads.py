@@ -75,11 +75,6 @@ class ProgressiveRows:
     censored: np.ndarray
     cap: np.ndarray
 
-    def subset(self, mask: np.ndarray) -> "ProgressiveRows":
-        return ProgressiveRows(self.sample[mask], self.step[mask], self.prompt_features[mask], self.plp_state[mask],
-                               {k: v[mask] for k, v in self.trail_states.items()}, self.length[mask],
-                               self.censored[mask], self.cap[mask])
-
     def rollout_weights(self) -> np.ndarray:
         """``1 / (rows of the row's rollout)``: every rollout weighs the same whatever its length."""
         _, inverse, counts = np.unique(self.sample, return_inverse=True, return_counts=True)

@@ -56,13 +56,20 @@ def update_batch(plp: PLPHead, states: list[RequestState], steps: np.ndarray, hi
         ``(B,)`` float64 expected remaining tokens, in ``[0, max_new_tokens - step]``.
 
     Raises:
-        LenpredError: shapes disagree, or a step past the cap.
+        LenpredError: shapes disagree (also a hidden size other than the head's), non-finite states, or a step
+            past the cap.
     """
     steps = np.asarray(steps, dtype=np.int64)
     hidden = np.asarray(hidden, dtype=np.float32)
     if hidden.ndim != 2 or len(hidden) != len(states) or steps.shape != (len(states),):
         raise LenpredError(f"update_batch needs {len(states)} states, steps ({len(states)},) and hidden "
                            f"({len(states)}, d); got steps {steps.shape}, hidden {hidden.shape}")
+    width = len(plp.head_.mean_) - len(states[0].prompt_features) - 1 if states else hidden.shape[1]
+    if hidden.shape[1] != width:
+        raise LenpredError(f"hidden states have {hidden.shape[1]} features, this PLP head reads {width}: pass the "
+                           "current token's hidden state at the head's layer (progressive_info_['plp_layer'])")
+    if not np.isfinite(hidden).all():
+        raise LenpredError("hidden states hold NaN or inf: pass the engine's finite hidden states")
     caps = np.array([s.max_new_tokens for s in states], dtype=np.float64)
     if (steps < 0).any() or (steps > caps).any():
         raise LenpredError("a step is negative or past the request's max_new_tokens")
