@@ -404,17 +404,23 @@ def _pct(x) -> str:
     return "–" if x is None else f"{100 * x:.1f} %"
 
 
-def save_offline_report(report: dict, out_dir: str | Path) -> dict[str, Path]:
-    """Write ``vllm_offline.md`` and ``vllm_offline_jct_cdf.png`` (the JSON is written by the run)."""
+def _save_report(name: str, markdown: str, jct_draw0: dict, out_dir: str | Path, title: str) -> dict[str, Path]:
+    """Write ``<name>.md`` and ``<name>_jct_cdf.png`` under ``out_dir`` (the JSON is written by the run)."""
     from lenpred.io import atomic_path
     from lenpred.scheduling.report import plot_jct_cdf
 
     out_dir = Path(out_dir)
-    paths = {"md": out_dir / "vllm_offline.md", "cdf": out_dir / "vllm_offline_jct_cdf.png"}
+    paths = {"md": out_dir / f"{name}.md", "cdf": out_dir / f"{name}_jct_cdf.png"}
     with atomic_path(paths["md"]) as tmp:
-        tmp.write_text(offline_markdown(report))
-    plot_jct_cdf(report["jct_draw0"], paths["cdf"], "JCT CDF, real run 2 (vLLM offline, measured, draw 0)")
+        tmp.write_text(markdown)
+    plot_jct_cdf(jct_draw0, paths["cdf"], title)
     return paths
+
+
+def save_offline_report(report: dict, out_dir: str | Path) -> dict[str, Path]:
+    """Write ``vllm_offline.md`` and ``vllm_offline_jct_cdf.png`` (the JSON is written by the run)."""
+    return _save_report("vllm_offline", offline_markdown(report), report["jct_draw0"], out_dir,
+                        "JCT CDF, real run 2 (vLLM offline, measured, draw 0)")
 
 
 # ---------------------------------------------------------------------------------------------- real run 3: vllm serve
@@ -682,12 +688,5 @@ def serve_markdown(report: dict) -> str:
 
 def save_serve_report(report: dict, out_dir: str | Path) -> dict[str, Path]:
     """Write ``vllm_serve.md`` and ``vllm_serve_jct_cdf.png``."""
-    from lenpred.io import atomic_path
-    from lenpred.scheduling.report import plot_jct_cdf
-
-    out_dir = Path(out_dir)
-    paths = {"md": out_dir / "vllm_serve.md", "cdf": out_dir / "vllm_serve_jct_cdf.png"}
-    with atomic_path(paths["md"]) as tmp:
-        tmp.write_text(serve_markdown(report))
-    plot_jct_cdf(report["jct_draw0"], paths["cdf"], "JCT CDF, real run 3 (vllm serve + lenpred serve, draw 0)")
-    return paths
+    return _save_report("vllm_serve", serve_markdown(report), report["jct_draw0"], out_dir,
+                        "JCT CDF, real run 3 (vllm serve + lenpred serve, draw 0)")
