@@ -110,7 +110,7 @@ def curve_table(preds: dict[str, np.ndarray], rows: ProgressiveRows, scenarios: 
     cell: ``population, scenario, step, method, mae, low, high, n``."""
     from lenpred.evaluation.metrics import clustered_bootstrap
 
-    observed = np.minimum(rows.length, rows.cap) - rows.step
+    observed = rows.observed_remaining
     long_enough = rows.length > fixed_after
     out = []
     for population, pop_mask in (("running", np.ones(len(observed), bool)), ("fixed", long_enough)):
@@ -134,15 +134,14 @@ def paired_difference(a: np.ndarray, b: np.ndarray, rows: ProgressiveRows, mask:
     """Paired MAE difference ``a - b`` (tokens, 95 % prompt-clustered interval) over the rows in ``mask``."""
     from lenpred.evaluation.metrics import clustered_bootstrap
 
-    observed = np.minimum(rows.length, rows.cap) - rows.step
+    observed = rows.observed_remaining
     m = mask & np.isfinite(a) & np.isfinite(b)
     d, lo, hi = clustered_bootstrap(np.abs(a[m] - observed[m]) - np.abs(b[m] - observed[m]), prompt_ids[rows.sample[m]])
     return {"diff": d, "low": lo, "high": hi, "n": int(m.sum())}
 
 
 def _val_mae(pred: np.ndarray, rows: ProgressiveRows) -> float:
-    observed = np.minimum(rows.length, rows.cap) - rows.step
-    return float(np.average(np.abs(pred - observed), weights=rows.rollout_weights()))
+    return float(np.average(np.abs(pred - rows.observed_remaining), weights=rows.rollout_weights()))
 
 
 def clip_remaining(pred: np.ndarray, rows: ProgressiveRows) -> np.ndarray:
@@ -181,8 +180,7 @@ def run_progressive(cfg: ProgressiveConfig, console=None) -> dict:
         for pooler, layer in cfg.prompt_candidates:
             feats = make_predictor(pooler, layer=layer).features(requests)
             for plp_layer in cfg.plp_layers:
-                tr, va = (build_rows(data, decode, feats, plp_layer, cfg.trail_layers, split[s])
-                          for s in ("train", "validation"))
+                tr, va = (build_rows(data, decode, feats, plp_layer, (), split[s]) for s in ("train", "validation"))
                 plp = PLPHead(cfg.head, cfg.seed).fit(tr)
                 mae = _val_mae(clip_remaining(plp.predict(va.prompt_features, va.plp_state, va.step, va.cap), va), va)
                 sweep.append({"prompt": f"{pooler}@{layer}", "plp_layer": plp_layer, "val_mae": mae, "model": plp,
@@ -209,12 +207,9 @@ def run_progressive(cfg: ProgressiveConfig, console=None) -> dict:
         static = make_predictor(cfg.static[0], layer=cfg.static[1], seed=cfg.seed)
         static.fit([requests[i] for i in split["train"]], data.y[split["train"]], data.censored[split["train"]])
         probs, values = static.predict_distribution([requests[i] for i in te.sample])
-        static_pred = static.predict([requests[i] for i in te.sample])
+        static_pred = (probs * values).sum(axis=1)  # = static.predict(...): E[min(c_j, cap)] from the same pass
         plp_pred = plp.predict(te.prompt_features, te.plp_state, te.step, te.cap)
-        first = {}
-        for i, t, p in zip(te.sample, te.step, plp_pred):
-            if t == 0:
-                first[i] = p
+        first = {i: p for i, t, p in zip(te.sample, te.step, plp_pred) if t == 0}  # PLP's estimate at the prefill
         preds = {
             "plp": plp_pred,
             "trail_progressive": trail.predict_sequence(te),

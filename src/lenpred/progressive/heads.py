@@ -75,6 +75,11 @@ class ProgressiveRows:
     censored: np.ndarray
     cap: np.ndarray
 
+    @property
+    def observed_remaining(self) -> np.ndarray:
+        """``(n,)`` the remaining length each row can be scored against: ``min(T, cap) - t`` (tokens)."""
+        return np.minimum(self.length, self.cap) - self.step
+
     def rollout_weights(self) -> np.ndarray:
         """``1 / (rows of the row's rollout)``: every rollout weighs the same whatever its length."""
         _, inverse, counts = np.unique(self.sample, return_inverse=True, return_counts=True)
