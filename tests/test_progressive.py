@@ -188,7 +188,8 @@ def test_progressive_run_writes_curves_and_countdown_starts_at_plp(tiny_run):
 
     root, _, cfg, report = tiny_run
     out = root / "out"
-    assert sorted(p.name for p in out.iterdir()) == ["curves.png", "plp.safetensors", "results.json", "results.md"]
+    assert sorted(p.name for p in out.iterdir()) == ["curves.png", "plp.safetensors", "results.json", "results.md",
+                                                     "test_estimates.parquet", "test_estimates.parquet.sha256"]
     assert json.loads((out / "results.json").read_text())["plp"]["prompt"] == "last@1"
     cells = {(c["population"], c["scenario"], c["step"], c["method"]): c for c in report["curves"]}
     at0 = [k for k in cells if k[0] == "running" and k[2] == 0 and k[3] == "plp"]
@@ -200,6 +201,28 @@ def test_progressive_run_writes_curves_and_countdown_starts_at_plp(tiny_run):
     assert running == sorted(running, reverse=True)  # fewer rollouts run at later steps
     cost = report["update_cost_us"]
     assert cost["batch64_us"] > 0 and cost["batch64_per_request_us"] == pytest.approx(cost["batch64_us"] / 64)
+
+
+def test_exported_test_estimates_are_the_scored_predictions(tiny_run):
+    from lenpred.io import read_parquet_checked
+
+    root, _, cfg, report = tiny_run
+    est = read_parquet_checked(root / "out" / "test_estimates.parquet").to_pydict()
+    step, T, cap = (np.array(est[k]) for k in ("step", "output_len", "cap"))
+    assert len(step) == report["num_rows"]["test"] and set(step) <= set(cfg.steps)
+    assert (step < np.maximum(T, 1)).all()  # a rollout has a state only at the steps it reached
+    for m in ("plp", "trail_progressive", "static_conditional"):
+        v = np.array(est[m])
+        assert ((v >= 0) & (v <= cap - step + 1e-9)).all()  # clipped as scored
+    # the running-population MAE of the export reproduces the report's overall PLP cell at every step
+    observed = np.minimum(T, cap) - step
+    for t in cfg.steps:
+        cell = [c for c in report["curves"] if (c["population"], c["scenario"], c["step"], c["method"])
+                == ("running", "overall", t, "plp")]
+        if cell and cell[0]["n"]:
+            at = step == t
+            assert cell[0]["n"] == at.sum()
+            assert np.mean(np.abs(np.array(est["plp"])[at] - observed[at])) == pytest.approx(cell[0]["mae"], rel=1e-6)
 
 
 def test_length_predictor_start_and_update_use_the_plp_head(tiny_run, tiny_model_dir, tmp_path):

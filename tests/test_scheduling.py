@@ -128,6 +128,42 @@ def test_progressive_remaining_uses_latest_step():
     assert remaining.update_steps == (0, 8)
 
 
+def test_srpt_re_ranks_on_a_progressive_re_prediction():
+    # one slot; r0 (4 tokens, first estimate 4) at 0, r1 (1 token, estimate 3) at 1.5. At t = 2 r0 has 2 tokens
+    # (< 0.8·4, preemptible). Countdown: r0 has 4 − 2 = 2 left < r1's 3 → r0 keeps running: [4, 5]. A re-prediction
+    # at step 2 says r0 is 20 long (18 left) → r0 is preempted, r1 runs 2→3, r0 recomputes 3→4 and ends at 5.
+    from lenpred.scheduling.simulator import _Continuous
+
+    reqs = [req(0, 4, pred=4), req(1, 1, pred=3, arrival=1.5)]
+    cfg = SimConfig(max_num_seqs=1)
+    _, countdown = _Continuous(reqs, make_policy("srpt:est"), unit_cost(), cfg).run()
+    assert [t.finish_time_s for t in countdown] == [4, 5]
+    remaining = progressive_remaining({0: {0: 4.0, 2: 20.0}, 1: {0: 3.0}}, fallback=lambda q, g: -1.0, steps=(0, 2))
+    _, progressive = _Continuous(reqs, make_policy("srpt:est", remaining=remaining), unit_cost(), cfg).run()
+    assert [t.finish_time_s for t in progressive] == [5, 3]
+    assert [t.num_preemptions for t in progressive] == [1, 0]
+
+
+def test_progressive_estimates_join_on_prompt_and_sample(tmp_path):
+    import json
+
+    from lenpred.io import write_parquet_checked
+    from lenpred.scheduling.workload import progressive_estimates
+
+    table = pa.table({"prompt_id": ["a", "a", "b"], "sample_index": [0, 1, 0]})
+    est = pa.table({"prompt_id": ["b", "a", "a", "a", "zz"], "sample_index": [0, 1, 1, 0, 0], "step": [0, 0, 8, 0, 0],
+                    "plp": [5.0, 30.0, 4.0, 7.0, 1.0]}).replace_schema_metadata({"methods": json.dumps(["plp"])})
+    path = tmp_path / "e.parquet"
+    write_parquet_checked(est, path)
+    # totals = step + remaining; rows of other benchmarks' prompts (zz) are ignored
+    assert progressive_estimates(path, table) == {"plp": {0: {0: 7.0}, 1: {0: 30.0, 8: 12.0}, 2: {0: 5.0}}}
+    with pytest.raises(LenpredError, match="no step-0 estimate"):
+        progressive_estimates(path, pa.table({"prompt_id": ["a", "c"], "sample_index": [0, 0]}))
+    path.write_bytes(path.read_bytes()[:-3] + b"xyz")
+    with pytest.raises(LenpredError, match="checksum"):
+        progressive_estimates(path, table)
+
+
 def test_policy_registry_errors():
     with pytest.raises(LenpredError, match="valid policies: fcfs, random, sjf, srpt"):
         make_policy("lifo")

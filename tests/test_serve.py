@@ -56,11 +56,13 @@ class Upstream:
 
     def __init__(self):
         self.received: list[dict] = []
+        self.headers: list[dict] = []  # request headers of every chat / completions call
         self.release = threading.Event()  # the stream's second chunk waits for it
 
     async def chat(self, request):
         body = await request.json()
         self.received.append(body)
+        self.headers.append(dict(request.headers))
         if body.get("model") == "missing":
             return JSONResponse({"object": "error", "message": "The model `missing` does not exist."}, status_code=404)
         if body.get("stream"):
@@ -139,6 +141,18 @@ def test_cap_clips_and_completions_take_the_longest_prompt(stack):
         {"type": "text", "text": "x y "}, {"type": "text", "text": "z"}]}], "max_completion_tokens": 7})
     assert predictor.calls[-1] == ([[{"role": "user", "content": "x y z"}]], 7)
     assert up.received[-1]["priority"] == 7
+
+
+def test_cap_header_replaces_max_tokens_for_the_prediction_and_is_not_forwarded(stack):
+    client, up, predictor = stack
+    body = {"model": "m", "messages": [{"role": "user", "content": "a b c d e f"}], "max_tokens": 5}
+    r = client.post("/v1/chat/completions", json=body, headers={"x-lenpred-cap": "1000"})
+    assert r.status_code == 200 and predictor.calls[-1][1] == 1000
+    assert up.received[-1] == {**body, "priority": 60}  # 60.4, not clipped to max_tokens = 5; max_tokens unchanged
+    assert "x-lenpred-cap" not in up.headers[-1]
+    for bad in ("0", "-4", "many"):
+        r = client.post("/v1/chat/completions", json=body, headers={"x-lenpred-cap": bad})
+        assert r.status_code == 400 and "x-lenpred-cap" in r.json()["error"]["message"]
 
 
 def test_a_client_priority_is_kept(stack):

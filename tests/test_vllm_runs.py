@@ -3,6 +3,7 @@ engine steps, the load generator's request bodies and SSE parsing, and the serve
 
 from __future__ import annotations
 
+import os
 import socket
 import sys
 
@@ -12,7 +13,7 @@ import pytest
 from lenpred.errors import LenpredError
 from lenpred.scheduling.cost_model import CostModel
 from lenpred.scheduling.loadgen import LoadRequest, parse_sse_line, request_body
-from lenpred.scheduling.vllm_runs import (StepRecord, VLLMServeConfig, _Servers, check_priorities, cost_measurements,
+from lenpred.scheduling.vllm_runs import (StepRecord, VLLMServeConfig, _cpu_set, _Servers, check_priorities, cost_measurements,
                                           load_requests, priorities_for, proxy_command, step_time_s,
                                           vllm_serve_command)
 from lenpred.scheduling.workload import WorkloadRequest
@@ -83,6 +84,8 @@ def test_load_requests_per_mode_and_bodies():
     assert [(r.priority, r.max_tokens, r.arrival_s) for r in fcfs] == [(0, 1, 0.0), (0, 40, 1.5)]
     assert [r.priority for r in load_requests(reqs, "predicted", [0, 0], messages)] == [None, None]
     assert [r.priority for r in load_requests(reqs, "oracle", [0, 0], messages)] == [0, 40]
+    # the proxy's prediction is clipped to the request's benchmark cap (256), not to max_tokens = the true length
+    assert [r.prediction_cap for r in fcfs] == [256, 256]
     with pytest.raises(LenpredError, match="unknown mode"):
         load_requests(reqs, "sjf", [0, 0], messages)
     body = request_body(LoadRequest(1, messages["p1"], 40, 0.0, 7), "m")
@@ -124,6 +127,21 @@ def test_servers_are_killed_on_exit_even_after_an_error(tmp_path):
     assert proc.poll() is not None  # killed by __exit__
 
 
+def test_cpu_sets_parse_and_pin_the_server(tmp_path):
+    have = sorted(os.sched_getaffinity(0))
+    assert _cpu_set(None) is None and _cpu_set(f"{have[0]}") == {have[0]}
+    assert _cpu_set(",".join(map(str, have))) == set(have) and _cpu_set(f"{have[0]}-{have[0]}") == {have[0]}
+    for bad in ("x", "1-a", "", f"{max(have) + 1}"):
+        with pytest.raises(LenpredError):
+            _cpu_set(bad, "vllm_cpus")
+    with pytest.raises(LenpredError, match="proxy_cpus"):
+        VLLMServeConfig(proxy_cpus="x")
+    port = _free_port()
+    cmd = [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(tmp_path)]
+    with _Servers([cmd], [f"http://127.0.0.1:{port}/"], [tmp_path / "log"], timeout_s=30, cpus=[{have[-1]}]) as s:
+        assert os.sched_getaffinity(s.procs[0].pid) == {have[-1]}
+
+
 def test_a_server_that_exits_is_reported(tmp_path):
     cmd = [sys.executable, "-c", "import sys; sys.exit(3)"]
     with pytest.raises(LenpredError, match=r"exited \(3\)"):
@@ -142,11 +160,12 @@ def test_replay_records_stream_timing_usage_and_headers():
 
     from lenpred.scheduling.loadgen import run_replay
 
-    seen = []
+    seen, caps = [], []
 
     async def chat(request):
         body = await request.json()
         seen.append(body)
+        caps.append(request.headers.get("x-lenpred-cap"))
 
         async def events():  # one chunk per token, like vLLM, then usage and [DONE]
             yield b'data: {"choices":[{"delta":{"role":"assistant","content":""}}]}\n\n'
@@ -167,7 +186,7 @@ def test_replay_records_stream_timing_usage_and_headers():
         time.sleep(0.01)
     try:
         reqs = [LoadRequest(0, [{"role": "user", "content": "a"}], 3, 0.0, None),
-                LoadRequest(1, [{"role": "user", "content": "b"}], 2, 0.2, 0)]
+                LoadRequest(1, [{"role": "user", "content": "b"}], 2, 0.2, 0, prediction_cap=512)]
         res = run_replay(f"http://127.0.0.1:{port}", reqs, "m")
     finally:
         server.should_exit = True
@@ -178,3 +197,4 @@ def test_replay_records_stream_timing_usage_and_headers():
     assert res[1]["arrival_s"] >= 0.2  # sent at its arrival time
     assert all(r["arrival_s"] <= r["first_token_s"] <= r["finish_s"] for r in res)
     assert sorted(b.get("priority", -1) for b in seen) == [-1, 0]
+    assert sorted(caps, key=str) == ["512", None]  # the cap header only when the request has one

@@ -482,6 +482,9 @@ def schedule_vllm_serve(
     port: int = typer.Option(8011, help="vllm serve port (loopback)."),
     proxy_port: int = typer.Option(8012, help="lenpred serve port (loopback)."),
     predictor: Optional[str] = typer.Option(None, help="Predictor the proxy loads \\[default: the one shipped]."),
+    vllm_cpus: Optional[str] = typer.Option(None, help="CPUs vllm serve is pinned to, e.g. 0 \\[default: not pinned]."),
+    proxy_cpus: Optional[str] = typer.Option(None, help="CPUs lenpred serve and the load generator are pinned to, "
+                                             "e.g. 1 \\[default: not pinned]."),
     data_dir: Optional[str] = DATA_DIR,
     out: str = typer.Option(SCHED_OUT, help="Output directory (resumes per run)."),
 ):
@@ -491,7 +494,7 @@ def schedule_vllm_serve(
 
     cfg = VLLMServeConfig(num_requests=num_requests, draws=draws, seed=seed, max_output_len=max_output_len,
                           max_num_seqs=max_num_seqs, rate_per_s=rate, load=load, port=port, proxy_port=proxy_port,
-                          predictor=predictor, data_dir=data_dir, out=out)
+                          predictor=predictor, data_dir=data_dir, vllm_cpus=vllm_cpus, proxy_cpus=proxy_cpus, out=out)
     paths = save_serve_report(run_vllm_serve(cfg), out)
     typer.echo(paths["md"].read_text())
     typer.echo(f"wrote {out}/vllm_serve.json, {', '.join(str(p) for p in paths.values())}")

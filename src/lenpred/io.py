@@ -60,3 +60,31 @@ def file_sha256(path: str | os.PathLike, chunk_bytes: int = 1 << 22) -> str:
         while block := f.read(chunk_bytes):
             h.update(block)
     return h.hexdigest()
+
+
+def write_parquet_checked(table, path: str | os.PathLike) -> str:
+    """Write a ``pyarrow.Table`` as parquet, atomically, with a sidecar ``<path>.sha256`` holding the file's
+    SHA-256 (``sha256sum`` format); returns the digest."""
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp)
+    digest = file_sha256(path)
+    with atomic_path(path.with_suffix(path.suffix + ".sha256")) as tmp:
+        tmp.write_text(f"{digest}  {path.name}\n")
+    return digest
+
+
+def read_parquet_checked(path: str | os.PathLike):
+    """The ``pyarrow.Table`` written by :func:`write_parquet_checked`, or ``None`` when the file or its sidecar
+    is missing or the checksum does not match the bytes (a corrupt or hand-edited file is not used)."""
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    sidecar = path.with_suffix(path.suffix + ".sha256")
+    if not (path.exists() and sidecar.exists()):
+        return None
+    if sidecar.read_text().split()[0] != file_sha256(path):
+        return None
+    return pq.read_table(path)

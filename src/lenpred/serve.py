@@ -8,6 +8,9 @@ What it does to each request (Starlette app, httpx ``AsyncClient`` to the upstre
   chat-template path as :meth:`lenpred.LengthPredictor.predict`; a completions ``prompt`` string is read as one
   user turn, a list of strings by the longest prediction) is predicted with ``max_tokens`` (or
   ``max_completion_tokens``) as the cap, and the body is forwarded with ``priority = int(round(expected))``.
+  A request header ``x-lenpred-cap: N`` replaces that cap for the prediction only (it is not forwarded): for
+  benchmarks that force each generation's length with ``max_tokens``, where clipping the prediction to
+  ``max_tokens`` would hand it the true length.
   The prediction is returned in the headers ``x-lenpred-expected`` (tokens, 0.1), ``x-lenpred-priority`` and
   ``x-lenpred-predict-ms`` (what the prediction added to the request's latency, queueing for the model included).
   A body that already holds ``priority`` keeps it (the client decides; the prediction is still reported).
@@ -36,9 +39,10 @@ from lenpred.errors import LenpredError
 PREDICTED_PATHS = ("/v1/chat/completions", "/v1/completions")
 EXPECTED_HEADER, PRIORITY_HEADER, SKIPPED_HEADER = "x-lenpred-expected", "x-lenpred-priority", "x-lenpred-skipped"
 PREDICT_MS_HEADER = "x-lenpred-predict-ms"  # wall time of the prediction (waiting for the predictor included)
+CAP_HEADER = "x-lenpred-cap"  # request header: the prediction's cap instead of max_tokens (not forwarded)
 # hop-by-hop headers (RFC 9110 §7.6.1) and those httpx / uvicorn recompute
 _DROP_REQUEST = {"host", "content-length", "connection", "keep-alive", "transfer-encoding", "upgrade", "te",
-                 "proxy-connection", "accept-encoding"}
+                 "proxy-connection", "accept-encoding", CAP_HEADER}
 _DROP_RESPONSE = {"content-length", "connection", "keep-alive", "transfer-encoding", "upgrade", "server", "date"}
 
 Predict = Callable[[list, int | None], float]
@@ -96,7 +100,17 @@ def request_prompts(path: str, body: dict) -> tuple[list | None, str | None]:
     return None, "prompt is not text (token ids or missing)"
 
 
-def _cap(body: dict) -> int | None:
+def _cap(body: dict, header: str | None = None) -> int | None:
+    """The prediction's cap: the ``x-lenpred-cap`` header when given, else the body's ``max_completion_tokens`` /
+    ``max_tokens``; ``None`` when neither is a positive integer.
+
+    Raises:
+        ValueError: the header is not a positive integer.
+    """
+    if header is not None:
+        if not header.strip().isdigit() or int(header) < 1:
+            raise ValueError(f"{CAP_HEADER} header '{header}' is not a positive integer (tokens)")
+        return int(header)
     cap = body.get("max_completion_tokens", body.get("max_tokens"))
     return cap if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0 else None
 
@@ -171,13 +185,17 @@ def create_app(upstream: str, predict: Predict, client=None, timeout_s: float | 
             return _error(400, f"n / best_of = {_samples(body)}: lenpred serve forwards a priority, and vLLM's "
                                "priority scheduling with more than one sample per request has crashed its engine; "
                                "send n = 1 requests (several requests for several samples)", param="n")
+        try:
+            cap = _cap(body, request.headers.get(CAP_HEADER))
+        except ValueError as exc:
+            return _error(400, f"{exc}: send the cap the prediction is clipped to, or leave the header out")
         prompts, skipped = request_prompts(request.url.path, body)
         headers = {"content-type": "application/json"}
         if prompts is not None:
             started = time.perf_counter()
             try:
                 async with lock:
-                    expected = await run_in_threadpool(predict, prompts, _cap(body))
+                    expected = await run_in_threadpool(predict, prompts, cap)
             except LenpredError as exc:
                 skipped = f"cannot predict: {exc}"
             else:

@@ -149,6 +149,35 @@ def clip_remaining(pred: np.ndarray, rows: ProgressiveRows) -> np.ndarray:
     return np.clip(pred, 0.0, rows.cap - rows.step)
 
 
+ESTIMATES_FILE = "test_estimates.parquet"
+EXPORTED_METHODS = ("plp", "trail_progressive", "static_conditional")
+
+
+def export_test_estimates(path: str | Path, rows: ProgressiveRows, data, preds: dict[str, np.ndarray],
+                          model_revision: str, methods: tuple[str, ...] = EXPORTED_METHODS) -> None:
+    """Write the test split's remaining-length estimates at every decode step held, for schedulers that re-rank
+    running requests (``lenpred schedule simulate``'s ``srpt:<method>`` rows read them).
+
+    One row per (test rollout, step ``t < T``): ``prompt_id``, ``sample_index`` (the rollout; with ``prompt_id`` the
+    key the scheduling workload joins on), ``step``, ``output_len`` (``T``, tokens), ``cap`` and, per method, the
+    predicted remaining length in tokens (float64, clipped to ``[0, cap − t]``). Parquet with a ``.sha256``
+    sidecar (:func:`lenpred.io.write_parquet_checked`); the schema metadata holds the model revision.
+    """
+    import json
+
+    import pyarrow as pa
+
+    from lenpred.io import write_parquet_checked
+
+    cols = {"prompt_id": data.cols["prompt_id"][rows.sample].astype(str).tolist(),
+            "sample_index": data.cols["sample_index"][rows.sample].astype(np.int64),
+            "step": rows.step.astype(np.int64), "output_len": data.y[rows.sample].astype(np.int64),
+            "cap": rows.cap.astype(np.float64)}
+    cols |= {m: np.asarray(preds[m], dtype=np.float64) for m in methods}
+    table = pa.table(cols).replace_schema_metadata({"model_revision": model_revision, "methods": json.dumps(methods)})
+    write_parquet_checked(table, path)
+
+
 def run_progressive(cfg: ProgressiveConfig, console=None) -> dict:
     """Extract (or read) the decode states, fit PLP and TRAIL-progressive (choices on validation), score every
     method on the test split, and write ``results.json``, ``results.md`` and ``curves.png`` under ``cfg.out``."""
@@ -236,6 +265,7 @@ def run_progressive(cfg: ProgressiveConfig, console=None) -> dict:
 
     save_plp(plp, Path(cfg.out) / "plp.safetensors", {"prompt": best["prompt"], "plp_layer": plp_layer,
                                                       "model_revision": backbone.revision, "steps": list(cfg.steps)})
+    export_test_estimates(Path(cfg.out) / ESTIMATES_FILE, te, data, preds, backbone.revision)
     report["timing_s"] = {"decode_states": t_extract, "total": time.perf_counter() - t0}
     report["num_rows"] = {"train": len(tr.step), "validation": len(va.step), "test": len(te.step)}
     out = Path(cfg.out)

@@ -3,7 +3,8 @@ draws, under each arrival process, with a measured cost model; paired bootstrap 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 
 import numpy as np
 
@@ -30,6 +31,10 @@ class SimExperimentConfig:
         bootstrap_resamples: draw-level paired bootstrap resamples.
         seed: first draw seed.
         out: result directory (``simulation.json``, ``simulation.md``, PNGs).
+        progressive: ``lenpred progressive``'s ``test_estimates.parquet``: adds a ``srpt:<method>`` row per
+            progressive method (PLP, TRAIL-progressive, the static head conditioned on still running), ranked by
+            the method's latest re-prediction (:func:`~lenpred.scheduling.policies.progressive_remaining`), with
+            TRAIL's preemption limit on its step-0 estimate; ``None`` or a missing file: no such rows.
     """
 
     cost_model: str = "results/scheduling/cost_transformers.json"
@@ -45,6 +50,8 @@ class SimExperimentConfig:
     bootstrap_resamples: int = 2000
     seed: int = 0
     out: str = "results/scheduling"
+    progressive: str | None = "results/progressive/test_estimates.parquet"
+    progressive_methods: tuple[str, ...] = ()  # filled from the file by run_simulation
 
     def __post_init__(self):
         if self.draws < 2 or self.num_requests < 2:
@@ -56,7 +63,7 @@ class SimExperimentConfig:
         """``(policy spec, aging steps)`` rows of the continuous-batching table."""
         preds = [*self.predictors, "oracle"]
         rows = [("fcfs", None), ("random", None)] + [(f"sjf:{p}", None) for p in preds]
-        rows += [(f"srpt:{p}", None) for p in preds]
+        rows += [(f"srpt:{p}", None) for p in (*preds, *self.progressive_methods)]
         if self.aging_steps:
             rows += [(f"sjf:{p}", self.aging_steps) for p in preds]
         return rows
@@ -96,12 +103,17 @@ def run_simulation(cfg: SimExperimentConfig, table=None) -> dict:
     from tqdm.auto import tqdm
 
     from lenpred.scheduling.cost_model import CostModel
-    from lenpred.scheduling.policies import make_policy
+    from lenpred.scheduling.policies import countdown_remaining, make_policy, progressive_remaining
     from lenpred.scheduling.simulator import SimConfig, simulate
-    from lenpred.scheduling.workload import draw_workload, load_workload_table
+    from lenpred.scheduling.workload import draw_workload, load_workload_table, progressive_estimates
 
     cost = CostModel.load(cfg.cost_model)
     table = table if table is not None else load_workload_table(token_ids=False, rebuild=False)
+    progressive = {}
+    if cfg.progressive and Path(cfg.progressive).exists():
+        progressive = progressive_estimates(cfg.progressive, table)
+        cfg = replace(cfg, progressive_methods=tuple(progressive))
+    steps = tuple(sorted({t for est in progressive.values() for by_step in est.values() for t in by_step}))
     rate = _rate(table, cfg, cost)
     settings = [("continuous", a) for a in cfg.arrivals] + [("static", "all")]
     runs: dict[str, dict[str, list]] = {}
@@ -110,13 +122,20 @@ def run_simulation(cfg: SimExperimentConfig, table=None) -> dict:
     with tqdm(total=total, desc="simulate", unit="run") as bar:
         for d in range(cfg.draws):
             requests = draw_workload(table, cfg.num_requests, cfg.seed + d)
+            for r in requests:  # a progressive method's static prediction is its step-0 estimate
+                r.predictions |= {m: est[r.table_row][0] for m, est in progressive.items()}
             for batching, arrival in settings:
                 sim = SimConfig(batching=batching, max_num_seqs=cfg.max_num_seqs,
                                 max_num_batched_tokens=cfg.max_num_batched_tokens, arrival=arrival,
                                 rate_per_s=rate, cv=cfg.cv, seed=cfg.seed + d)
                 rows = cfg.policies() if batching == "continuous" else [(p, None) for p in cfg.static_policies()]
                 for spec, aging in rows:
-                    policy = make_policy(spec, aging_steps=aging, seed=cfg.seed + d)
+                    method = spec.partition(":")[2]
+                    kw = {}
+                    if spec.startswith("srpt:") and method in progressive:
+                        kw["remaining"] = progressive_remaining(progressive[method], countdown_remaining(method),
+                                                                steps=steps, key=lambda r: r.table_row)
+                    policy = make_policy(spec, aging_steps=aging, seed=cfg.seed + d, **kw)
                     summary, timings = simulate(requests, policy, cost, sim)
                     key = f"{batching}/{arrival}/{policy.label}"
                     runs.setdefault(key, []).append(summary)
@@ -150,7 +169,7 @@ def summarize_runs(runs: dict[str, list[dict]], cfg: SimExperimentConfig) -> dic
             oracle = f"{setting}/{name}:oracle"
             if fcfs not in runs or oracle not in runs:
                 continue
-            for p in cfg.predictors:
+            for p in (*cfg.predictors, *cfg.progressive_methods):
                 key = f"{setting}/{name}:{p}"
                 if key not in runs:
                     continue

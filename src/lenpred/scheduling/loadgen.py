@@ -20,6 +20,8 @@ class LoadRequest:
         max_tokens: generation cap (the run forces exactly this many tokens with ``ignore_eos``).
         arrival_s: seconds after the replay starts at which it is sent.
         priority: sent as vLLM's ``priority`` field; ``None``: not sent (``lenpred serve`` then sets it).
+        prediction_cap: sent as the ``x-lenpred-cap`` header (the cap ``lenpred serve`` clips its prediction to,
+            instead of ``max_tokens``); ``None``: not sent.
     """
 
     request_id: int
@@ -27,6 +29,7 @@ class LoadRequest:
     max_tokens: int
     arrival_s: float
     priority: int | None = None
+    prediction_cap: int | None = None
 
 
 @dataclass
@@ -87,7 +90,8 @@ async def _one(client, url: str, req: LoadRequest, model: str, t0: float) -> Loa
     await asyncio.sleep(max(0.0, t0 + req.arrival_s - time.perf_counter()))
     sent = time.perf_counter() - t0
     first, chunks, usage = None, 0, {}
-    async with client.stream("POST", url, json=request_body(req, model)) as resp:
+    cap_header = {"x-lenpred-cap": str(req.prediction_cap)} if req.prediction_cap is not None else None
+    async with client.stream("POST", url, json=request_body(req, model), headers=cap_header) as resp:
         headers = resp.headers
         if resp.status_code != 200:
             text = (await resp.aread()).decode(errors="replace")[:300]

@@ -270,7 +270,7 @@ def run_vllm_offline(cfg: VLLMOfflineConfig, table=None) -> dict:
 
     out = Path(cfg.out)
     partial_path = out / "vllm_offline_runs.json"
-    settings = asdict(cfg)
+    settings = json.loads(json.dumps(asdict(cfg)))  # as stored: tuples become lists
     partial = json.loads(partial_path.read_text()) if partial_path.exists() else {"config": settings, "runs": {}}
     same = {k: v for k, v in partial["config"].items() if k not in ("bootstrap_resamples", "fit_draws", "draws", "out")}
     if same != {k: v for k, v in settings.items() if k in same}:
@@ -445,6 +445,8 @@ class VLLMServeConfig:
         predictor: the ``LengthPredictor`` the proxy loads (``None``: the shipped one).
         data_dir: prompt data sets (the prompts' text is read at run time, never stored).
         start_timeout_s: how long to wait for each server to answer.
+        vllm_cpus, proxy_cpus: CPU ids ``vllm serve`` and ``lenpred serve`` (with the load generator) are pinned to,
+            e.g. ``"0"`` and ``"1"``, so the prediction does not take the engine's core; ``None``: not pinned.
     """
 
     model: str = "smollm2-135m-instruct"
@@ -461,12 +463,37 @@ class VLLMServeConfig:
     predictor: str | None = None
     data_dir: str | None = None
     start_timeout_s: float = 600.0
+    vllm_cpus: str | None = None
+    proxy_cpus: str | None = None
     bootstrap_resamples: int = 2000
     out: str = "results/scheduling"
 
     def __post_init__(self):
         if self.draws < 2:
             raise LenpredError("draws must be >= 2: the oracle-gain share is bootstrapped over draws")
+        for name in ("vllm_cpus", "proxy_cpus"):
+            _cpu_set(getattr(self, name), name)
+
+
+def _cpu_set(spec: str | None, name: str = "cpus") -> set[int] | None:
+    """CPU ids from ``"0"``, ``"0,2"`` or ``"0-3"``; ``None`` stays ``None``.
+
+    Raises:
+        LenpredError: not a CPU list, or a CPU this machine does not have.
+    """
+    if spec is None:
+        return None
+    cpus: set[int] = set()
+    try:
+        for part in spec.split(","):
+            lo, _, hi = part.strip().partition("-")
+            cpus.update(range(int(lo), int(hi or lo) + 1))
+    except ValueError:
+        raise LenpredError(f"{name} '{spec}' is not a CPU list such as 0, 0,2 or 0-3") from None
+    have = os.sched_getaffinity(0)
+    if not cpus or not cpus <= have:
+        raise LenpredError(f"{name} '{spec}' names CPUs this process cannot use (it has {sorted(have)})")
+    return cpus
 
 
 def vllm_serve_command(model_dir: str, cfg: VLLMServeConfig) -> list[str]:
@@ -496,8 +523,10 @@ def proxy_command(cfg: VLLMServeConfig) -> list[str]:
 class _Servers:
     """Starts ``vllm serve`` and ``lenpred serve`` as process groups and kills both on exit (also on errors)."""
 
-    def __init__(self, commands: list[list[str]], urls: list[str], logs: list[Path], timeout_s: float):
+    def __init__(self, commands: list[list[str]], urls: list[str], logs: list[Path], timeout_s: float,
+                 cpus: list[set[int] | None] | None = None):
         self.commands, self.urls, self.logs, self.timeout_s = commands, urls, logs, timeout_s
+        self.cpus = cpus or [None] * len(commands)
         self.procs = []
 
     def __enter__(self):
@@ -505,10 +534,11 @@ class _Servers:
 
         env = dict(os.environ, VLLM_CPU_NUM_OF_RESERVED_CPU=os.environ.get("VLLM_CPU_NUM_OF_RESERVED_CPU", "0"))
         try:
-            for cmd, url, log in zip(self.commands, self.urls, self.logs):
+            for cmd, url, log, cpus in zip(self.commands, self.urls, self.logs, self.cpus):
                 log.parent.mkdir(parents=True, exist_ok=True)
+                pin = (lambda c=cpus: os.sched_setaffinity(0, c)) if cpus else None
                 self.procs.append(subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env,
-                                                   start_new_session=True))
+                                                   start_new_session=True, preexec_fn=pin))
                 self._wait(url, self.procs[-1], log)
         except BaseException:
             self.__exit__(None, None, None)
@@ -559,8 +589,10 @@ def load_requests(requests: list, mode: str, arrivals, messages: dict[str, list]
     if mode not in SERVE_MODES:
         raise LenpredError(f"unknown mode '{mode}': use one of {', '.join(SERVE_MODES)}")
     priority = {"fcfs": lambda r: 0, "predicted": lambda r: None, "oracle": lambda r: r.priority("oracle")}[mode]
-    return [LoadRequest(r.request_id, messages[r.prompt_id], max(r.output_len, 1), float(t), priority(r))
-            for r, t in zip(requests, arrivals)]
+    # max_tokens forces the true length; the proxy's prediction is clipped to the benchmark's cap instead
+    # (x-lenpred-cap), else clipping to max_tokens would hand it the true length
+    return [LoadRequest(r.request_id, messages[r.prompt_id], max(r.output_len, 1), float(t), priority(r),
+                        prediction_cap=r.max_new_tokens) for r, t in zip(requests, arrivals)]
 
 
 def run_vllm_serve(cfg: VLLMServeConfig, table=None) -> dict:
@@ -594,8 +626,16 @@ def run_vllm_serve(cfg: VLLMServeConfig, table=None) -> dict:
         fcfs = json.loads(offline.read_text())["runs"]["fcfs"]
         rate = cfg.load * float(np.mean([s["num_requests"] / s["makespan_s"] for s in fcfs]))
     partial_path = out / "vllm_serve_runs.json"
-    partial = json.loads(partial_path.read_text()) if partial_path.exists() else {"runs": {}}
-    partial["config"], partial["rate_per_s"] = asdict(cfg), rate
+    settings = json.loads(json.dumps(asdict(cfg)))
+    partial = json.loads(partial_path.read_text()) if partial_path.exists() else {"config": settings, "runs": {}}
+    kept = ("bootstrap_resamples", "draws", "out", "start_timeout_s", "data_dir")
+    if {k: v for k, v in partial["config"].items() if k not in kept} != {k: v for k, v in settings.items()
+                                                                          if k not in kept}:
+        raise LenpredError(f"{partial_path} holds runs with other settings: delete it or use another --out")
+    if partial.get("rate_per_s") not in (None, rate):
+        raise LenpredError(f"{partial_path} holds runs at {partial['rate_per_s']:.4f} req/s, not {rate:.4f}: delete "
+                           "it, use another --out or pass --rate")
+    partial["config"], partial["rate_per_s"] = settings, rate
     table = table if table is not None else load_workload_table(token_ids=False, rebuild=False)
     draws = [draw_workload(table, cfg.num_requests, cfg.seed + d, max_output_len=cfg.max_output_len)
              for d in range(cfg.draws)]
@@ -607,7 +647,11 @@ def run_vllm_serve(cfg: VLLMServeConfig, table=None) -> dict:
         model_dir, _ = resolve_model(cfg.model)
         logs = [out / "logs" / "vllm_serve.log", out / "logs" / "lenpred_serve.log"]
         urls = [f"http://127.0.0.1:{cfg.port}/health", f"http://127.0.0.1:{cfg.proxy_port}/v1/models"]
-        with _Servers([vllm_serve_command(str(model_dir), cfg), proxy_command(cfg)], urls, logs, cfg.start_timeout_s):
+        proxy_cpus = _cpu_set(cfg.proxy_cpus)
+        if proxy_cpus:  # the load generator (this process) shares the proxy's core
+            os.sched_setaffinity(0, proxy_cpus)
+        with _Servers([vllm_serve_command(str(model_dir), cfg), proxy_command(cfg)], urls, logs, cfg.start_timeout_s,
+                      cpus=[_cpu_set(cfg.vllm_cpus), proxy_cpus]):
             proxy = f"http://127.0.0.1:{cfg.proxy_port}"
             run_replay(proxy, load_requests(draws[0][:2], "predicted", [0, 0], messages), "lenpred-model")  # warm-up
             for d, mode in tqdm(todo, desc="vllm serve runs", unit="run"):

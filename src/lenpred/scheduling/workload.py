@@ -112,35 +112,6 @@ def build_workload_table(bench: str | Path = "benchmarks/smollm2-forelen",
                                           "bench": str(bench), "model_revision": run.backbone.revision})
 
 
-def save_workload_table(table, path: str | Path = DEFAULT_TABLE) -> str:
-    """Write the table (parquet, atomically) and a sidecar ``<path>.sha256`` with its checksum; returns it."""
-    import pyarrow.parquet as pq
-
-    from lenpred.io import atomic_path, file_sha256
-
-    path = Path(path)
-    with atomic_path(path) as tmp:
-        pq.write_table(table, tmp)
-    digest = file_sha256(path)
-    with atomic_path(path.with_suffix(path.suffix + ".sha256")) as tmp:
-        tmp.write_text(f"{digest}  {path.name}\n")
-    return digest
-
-
-def _read_checked(path: Path):
-    """The cached table if its checksum file matches its bytes, else ``None``."""
-    import pyarrow.parquet as pq
-
-    from lenpred.io import file_sha256
-
-    sidecar = path.with_suffix(path.suffix + ".sha256")
-    if not (path.exists() and sidecar.exists()):
-        return None
-    if sidecar.read_text().split()[0] != file_sha256(path):
-        return None
-    return pq.read_table(path)
-
-
 def load_workload_table(path: str | Path = DEFAULT_TABLE, bench: str | Path = "benchmarks/smollm2-forelen",
                         predictors_dir: str | Path = "results/evaluate/predictors",
                         predictors: tuple[str, ...] = DEFAULT_PREDICTORS, token_ids: bool = True,
@@ -159,15 +130,17 @@ def load_workload_table(path: str | Path = DEFAULT_TABLE, bench: str | Path = "b
     """
     import pyarrow as pa
 
+    from lenpred.io import read_parquet_checked, write_parquet_checked
+
     path = Path(path)
-    table = _read_checked(path)
+    table = read_parquet_checked(path)
     fingerprint = _inputs_fingerprint(bench, Path(predictors_dir), predictors)
     meta = (table.schema.metadata or {}) if table is not None else {}
     if table is None or meta.get(b"fingerprint", b"").decode() != fingerprint:
         if not rebuild:
             raise LenpredError(f"{path} is missing, corrupt or stale: run `lenpred schedule predictions` to rebuild it")
         table = build_workload_table(bench, predictors_dir, predictors, model)
-        save_workload_table(table, path)
+        write_parquet_checked(table, path)
     if token_ids:
         ids = _prompt_token_ids(bench, model, data_dir, table)
         table = table.append_column("prompt_token_ids", pa.array(ids, type=pa.list_(pa.int32())))
@@ -194,6 +167,41 @@ def _prompt_token_ids(bench, model: str, data_dir: str | None, table) -> list[li
                 raise LenpredError(f"prompt {pid} has {len(cache[pid])} tokens now but {n} in the benchmark: the data "
                                    "directory or chat template differs from the one the benchmark was built with")
         out.append(cache[pid])
+    return out
+
+
+def progressive_estimates(path: str | Path, table) -> dict[str, dict[int, dict[int, float]]]:
+    """Re-predictions at decode steps for the workload's requests, from ``lenpred progressive``'s
+    ``test_estimates.parquet``, as :func:`lenpred.scheduling.policies.progressive_remaining` reads them.
+
+    Returns:
+        ``{method: {table row: {decode step: predicted total output length in tokens (step + remaining)}}}``
+        for the exported methods (``plp``, ``trail_progressive``, ``static_conditional``).
+
+    Raises:
+        LenpredError: the file is missing or fails its checksum (rerun ``lenpred progressive``), or a test
+            request of the table has no estimate at step 0 (the two were made from different benchmarks).
+    """
+    from lenpred.io import read_parquet_checked
+
+    est = read_parquet_checked(path)
+    if est is None:
+        raise LenpredError(f"{path} is missing or fails its checksum: run `lenpred progressive` to write it")
+    methods = json.loads((est.schema.metadata or {}).get(b"methods", b"[]"))
+    row_of = {(p, int(s)): r for r, (p, s) in enumerate(zip(table.column("prompt_id").to_pylist(),
+                                                              table.column("sample_index").to_pylist()))}
+    cols = est.to_pydict()
+    out: dict[str, dict[int, dict[int, float]]] = {m: {} for m in methods}
+    for i, (pid, sample, step) in enumerate(zip(cols["prompt_id"], cols["sample_index"], cols["step"])):
+        row = row_of.get((pid, int(sample)))
+        if row is None:
+            continue
+        for m in methods:
+            out[m].setdefault(row, {})[int(step)] = float(step) + float(cols[m][i])
+    missing = [r for r in range(table.num_rows) if 0 not in out[methods[0]].get(r, {})] if methods else [0]
+    if missing:
+        raise LenpredError(f"{len(missing)} of {table.num_rows} test requests have no step-0 estimate in {path}: it "
+                           "was written for another benchmark; rerun `lenpred progressive`")
     return out
 
 
