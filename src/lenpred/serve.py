@@ -224,15 +224,34 @@ def serve(upstream: str, host: str = "127.0.0.1", port: int = 8001, predictor: s
           threads: int | None = 1, timeout_s: float | None = None) -> None:
     """Load the predictor and run the proxy with uvicorn until interrupted (the ``lenpred serve`` command).
 
+    ``host:port`` is checked first, bound once the way uvicorn binds it (IPv6 when ``host`` holds a colon,
+    ``SO_REUSEADDR``) and closed, so a port in use fails at once, before the predictor loads.
+
     Raises:
-        LenpredError: ``upstream`` is not an http(s) URL, or the predictor cannot be loaded.
+        LenpredError: ``upstream`` is not an http(s) URL, ``host:port`` cannot be bound (in use, not permitted,
+            unknown host), or the predictor cannot be loaded.
     """
+    import errno
+    import socket
+
     import uvicorn
 
     from lenpred.pipeline import LengthPredictor
 
     if not upstream.startswith(("http://", "https://")):
         raise LenpredError(f"--upstream must be an http(s) URL such as http://127.0.0.1:8000, got '{upstream}'")
+    if not 0 <= port <= 65535:
+        raise LenpredError(f"--port must be in 0..65535, got {port}")
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:  # socket.gaierror (unknown host) included
+            if exc.errno == errno.EADDRINUSE:
+                raise LenpredError(f"port {port} on {host} is already in use (another server listens there): pass a "
+                                   "free one with --port, or stop that server") from None
+            raise LenpredError(f"cannot listen on {host}:{port} ({exc.strerror or exc}): pass another --port or "
+                               "--host") from None
     model = LengthPredictor.from_pretrained(predictor, threads=threads)
     uvicorn.run(create_app(upstream, predictor_fn(model), timeout_s=timeout_s), host=host, port=port,
                 log_level="warning")
