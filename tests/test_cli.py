@@ -274,6 +274,7 @@ def test_scenario_check_reads_the_predictors_own_scenarios(tmp_path):
         _check_scenario("longseq", str(tmp_path))
     with pytest.raises(LenpredError, match="unknown scenario 'overall'"):
         _check_scenario("overall", None)
+    _check_scenario("anything", str(tmp_path / "missing"))  # no config: left to from_pretrained to report
 
 
 def _help_texts(command, path="lenpred"):

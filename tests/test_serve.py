@@ -141,6 +141,10 @@ def test_cap_clips_and_completions_take_the_longest_prompt(stack):
         {"type": "text", "text": "x y "}, {"type": "text", "text": "z"}]}], "max_completion_tokens": 7})
     assert predictor.calls[-1] == ([[{"role": "user", "content": "x y z"}]], 7)
     assert up.received[-1]["priority"] == 7
+    # an explicit null max_completion_tokens falls back to max_tokens
+    client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "a b c"}],
+                                              "max_completion_tokens": None, "max_tokens": 16})
+    assert predictor.calls[-1][1] == 16 and up.received[-1]["priority"] == 16
 
 
 def test_cap_header_replaces_max_tokens_for_the_prediction_and_is_not_forwarded(stack):

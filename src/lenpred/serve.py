@@ -111,7 +111,8 @@ def _cap(body: dict, header: str | None = None) -> int | None:
         if not header.strip().isdigit() or int(header) < 1:
             raise ValueError(f"{CAP_HEADER} header '{header}' is not a positive integer (tokens)")
         return int(header)
-    cap = body.get("max_completion_tokens", body.get("max_tokens"))
+    cap = body.get("max_completion_tokens")
+    cap = body.get("max_tokens") if cap is None else cap  # an explicit null falls back to max_tokens
     return cap if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0 else None
 
 

@@ -113,6 +113,9 @@ def run_simulation(cfg: SimExperimentConfig, table=None) -> dict:
     if cfg.progressive and Path(cfg.progressive).exists():
         progressive = progressive_estimates(cfg.progressive, table)
         cfg = replace(cfg, progressive_methods=tuple(progressive))
+    elif cfg.progressive:
+        print(f"no {cfg.progressive}: no srpt rows driven by progressive re-predictions (run `lenpred progressive` "
+              "to write it)")
     steps = tuple(sorted({t for est in progressive.values() for by_step in est.values() for t in by_step}))
     rate = _rate(table, cfg, cost)
     settings = [("continuous", a) for a in cfg.arrivals] + [("static", "all")]

@@ -629,8 +629,11 @@ def run_vllm_serve(cfg: VLLMServeConfig, table=None) -> dict:
     settings = json.loads(json.dumps(asdict(cfg)))
     partial = json.loads(partial_path.read_text()) if partial_path.exists() else {"config": settings, "runs": {}}
     kept = ("bootstrap_resamples", "draws", "out", "start_timeout_s", "data_dir")
-    if {k: v for k, v in partial["config"].items() if k not in kept} != {k: v for k, v in settings.items()
-                                                                          if k not in kept}:
+    stored = {k: v for k, v in partial["config"].items() if k not in kept}
+    # a file from before an option existed holds runs made at that option's default
+    defaults = json.loads(json.dumps(asdict(VLLMServeConfig(draws=2))))
+    if {**{k: defaults[k] for k in settings if k not in kept}, **stored} != {k: v for k, v in settings.items()
+                                                                              if k not in kept}:
         raise LenpredError(f"{partial_path} holds runs with other settings: delete it or use another --out")
     if partial.get("rate_per_s") not in (None, rate):
         raise LenpredError(f"{partial_path} holds runs at {partial['rate_per_s']:.4f} req/s, not {rate:.4f}: delete "
