@@ -262,6 +262,14 @@ def test_unknown_scenario_lists_the_valid_ones():
     _one_line_error(r, "unknown scenario 'nosuch'; valid scenarios for this predictor: longseq, reasoning, rl")
 
 
+def test_blank_prompt_is_refused_before_the_model_loads(monkeypatch):
+    from lenpred.pipeline import LengthPredictor
+
+    monkeypatch.setattr(LengthPredictor, "from_pretrained", lambda *a, **k: pytest.fail("the model was loaded"))
+    r = runner.invoke(app, ["predict", "write a haiku", "  "])
+    _one_line_error(r, "prompt 1 (counting from 0): empty prompt: give it text")
+
+
 def test_scenario_check_reads_the_predictors_own_scenarios(tmp_path):
     from lenpred.cli import _check_scenario
     from lenpred.errors import LenpredError

@@ -231,6 +231,44 @@ def test_draw_workload_seeded_and_mixed():
         draw_workload(table, 7, seed=0, max_output_len=50)
 
 
+def test_workload_table_without_predictor_files(tmp_path, capsys):
+    """A fresh clone has the committed table but not the git-ignored predictor files: the table is used when its
+    checksum holds and it was built from this benchmark; otherwise the error names the fix."""
+    import json
+
+    from lenpred.io import file_sha256, stable_hash, write_parquet_checked
+    from lenpred.scheduling.workload import load_workload_table
+
+    bench = tmp_path / "bench"
+    bench.mkdir()
+    (bench / "bench.json").write_text(json.dumps({"plan_fingerprint": "abc", "model_revision": "r1"}))
+    bench_fp = stable_hash({"plan": "abc", "revision": "r1"})
+    table = pa.table({"output_len": [3, 5], "pred_estp": [2.0, 6.0]})
+    path = tmp_path / "t.parquet"
+    write_parquet_checked(table.replace_schema_metadata({"fingerprint": "x", "bench_fingerprint": bench_fp}), path)
+    kw = dict(bench=bench, predictors_dir=tmp_path / "none", token_ids=False, rebuild=False)
+    assert load_workload_table(path, predictors=("estp",), **kw).column("pred_estp").to_pylist() == [2.0, 6.0]
+    assert "1 predictor file(s) missing" in capsys.readouterr().err
+    with pytest.raises(LenpredError, match="no predictions of egtp"):
+        load_workload_table(path, predictors=("estp", "egtp"), **kw)
+    (bench / "bench.json").write_text(json.dumps({"plan_fingerprint": "abd", "model_revision": "r1"}))
+    with pytest.raises(LenpredError, match="another benchmark"):
+        load_workload_table(path, predictors=("estp",), **kw)
+    # with the predictor file present, the full fingerprint (benchmark + file bytes) decides
+    (bench / "bench.json").write_text(json.dumps({"plan_fingerprint": "abc", "model_revision": "r1"}))
+    (tmp_path / "none").mkdir()
+    (tmp_path / "none" / "estp.safetensors").write_bytes(b"weights")
+    with pytest.raises(LenpredError, match="stale"):
+        load_workload_table(path, predictors=("estp",), **kw)
+    full = stable_hash({"plan": "abc", "revision": "r1", "files": {"estp": file_sha256(tmp_path / "none" /
+                                                                                        "estp.safetensors")}})
+    write_parquet_checked(table.replace_schema_metadata({"fingerprint": full, "bench_fingerprint": bench_fp}), path)
+    assert load_workload_table(path, predictors=("estp",), **kw).num_rows == 2
+    path.write_bytes(path.read_bytes()[:-1] + b"\0")  # corrupt: the checksum no longer holds
+    with pytest.raises(LenpredError, match="corrupt"):
+        load_workload_table(path, predictors=("estp",), **kw)
+
+
 def test_generate_static_batch_exact_lengths(tiny_model_dir, one_torch_thread):
     # every row emits exactly its forced length (0 included) before the stop token, whatever the random model says
     from transformers import AutoModelForCausalLM

@@ -205,7 +205,14 @@ def test_bad_json_and_several_samples_are_refused_with_400(stack):
     assert r.status_code == 400 and "JSON list, not an object" in r.json()["error"]["message"]
     r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "a"}], "n": 2})
     assert r.status_code == 400 and r.json()["error"]["param"] == "n" and "n = 1" in r.json()["error"]["message"]
+    assert r.json()["error"]["type"] == "invalid_request_error"
+    for n in (2.0, "2", " 3 "):  # what the upstream's validation reads as several samples
+        r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "a"}], "best_of": n})
+        assert r.status_code == 400, n
     assert up.received == []  # none of them reached the upstream
+    for n in (1, 1.0, "1", "many", True, None):  # one sample, or left to the upstream to refuse
+        r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "a"}], "n": n})
+        assert r.status_code == 200 and up.received[-1]["n"] == n
 
 
 def test_unreadable_prompts_are_forwarded_unchanged_and_say_why(stack):
@@ -222,6 +229,37 @@ def test_unreachable_upstream_is_a_502():
     with _Server(app) as url, httpx.Client(base_url=url, timeout=10) as client:
         r = client.get("/v1/models")
     assert r.status_code == 502 and "unreachable" in r.json()["error"]["message"]
+    assert r.json()["error"]["type"] == "server_error"
+
+
+def test_openai_base_url_with_v1_is_not_doubled():
+    up = Upstream()
+    with _Server(up.app()) as up_url, _Server(create_app(up_url + "/v1/", StubPredictor())) as url:
+        with httpx.Client(base_url=url, timeout=10) as client:
+            r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "a b"}]})
+    assert r.status_code == 200 and up.received[-1]["priority"] == 20
+
+
+def test_cap_beyond_the_context_window_predicts_uncapped_then_clips():
+    """A client's max_tokens larger than the predictor's window next to the prompt: predict without a cap, then
+    clip to it (not skipped)."""
+    from lenpred.errors import ContextWindowError
+    from lenpred.serve import predictor_fn
+
+    class Window:  # a LengthPredictor stand-in: window 100 tokens, prompt = 10 tokens, predicts 80
+        calls = []
+
+        def predict(self, prompts, cap):
+            self.calls.append(cap)
+            if cap is not None and 10 + cap > 100:
+                raise ContextWindowError("prompt 0 ... exceeds the model's context window of 100")
+            return [type("P", (), {"expected": min(80.0, cap) if cap else 80.0})() for _ in prompts]
+
+    w = Window()
+    predict = predictor_fn(w)
+    assert predict(["q"], 50) == 50.0 and w.calls == [50]
+    assert predict(["q"], 8192) == 80.0 and w.calls[1:] == [8192, None]
+    assert predict(["q"], None) == 80.0
 
 
 def test_request_prompts():

@@ -134,8 +134,12 @@ def test_cpu_sets_parse_and_pin_the_server(tmp_path):
     for bad in ("x", "1-a", "", f"{max(have) + 1}"):
         with pytest.raises(LenpredError):
             _cpu_set(bad, "vllm_cpus")
-    with pytest.raises(LenpredError, match="proxy_cpus"):
+    with pytest.raises(LenpredError, match="--proxy-cpus 'x' is not a CPU list"):
         VLLMServeConfig(proxy_cpus="x")
+    with pytest.raises(LenpredError, match="the range 3-1 is empty"):
+        _cpu_set("3-1", "--vllm-cpus")
+    with pytest.raises(LenpredError, match="--draws must be >= 2"):
+        VLLMServeConfig(draws=1)
     port = _free_port()
     cmd = [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(tmp_path)]
     with _Servers([cmd], [f"http://127.0.0.1:{port}/"], [tmp_path / "log"], timeout_s=30, cpus=[{have[-1]}]) as s:
@@ -198,3 +202,23 @@ def test_replay_records_stream_timing_usage_and_headers():
     assert all(r["arrival_s"] <= r["first_token_s"] <= r["finish_s"] for r in res)
     assert sorted(b.get("priority", -1) for b in seen) == [-1, 0]
     assert sorted(caps, key=str) == ["512", None]  # the cap header only when the request has one
+
+
+def test_schedule_report_re_renders_the_committed_vllm_reports(tmp_path):
+    """`lenpred schedule report` rebuilds run 2's and run 3's Markdown from their JSON exactly as the runs wrote it."""
+    import shutil
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from lenpred.cli import app
+
+    committed = Path(__file__).resolve().parents[1] / "results" / "scheduling"
+    for name in ("vllm_offline.json", "vllm_serve.json"):
+        shutil.copy(committed / name, tmp_path / name)
+    r = CliRunner().invoke(app, ["schedule", "report", "--out", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    for name in ("vllm_offline", "vllm_serve"):
+        assert (tmp_path / f"{name}.md").read_text() == (committed / f"{name}.md").read_text()
+        assert (tmp_path / f"{name}_jct_cdf.png").stat().st_size > 0
+    assert "Real run 3" in r.output

@@ -175,6 +175,9 @@ def _read_prompts(prompts: list[str], file: Optional[str]) -> list:
     if prompts and file:
         raise LenpredError("give prompts as arguments or with --file, not both")
     if prompts:
+        blank = [i for i, p in enumerate(prompts) if not p.strip()]
+        if blank:  # refused before the model loads (seconds), as the prompt path would refuse it after
+            raise LenpredError(f"prompt {blank[0]} (counting from 0): empty prompt: give it text")
         return list(prompts)
     if file:
         try:
@@ -444,15 +447,23 @@ def schedule_report(out: str = typer.Option(SCHED_OUT, help="Directory holding t
     from rich.console import Console
 
     from lenpred.scheduling.report import save_simulation_report, save_static_real_report
+    from lenpred.scheduling.vllm_runs import save_offline_report, save_serve_report
 
     console, found = Console(width=max(Console().width, 200)), []
-    for name, save in (("simulation.json", save_simulation_report), ("static_real.json", save_static_real_report)):
+
+    def markdown_only(save):  # the vLLM reports write Markdown and a PNG; show the Markdown
+        return lambda report, out, console: console.print(save(report, out)["md"].read_text(), markup=False)
+
+    for name, save in (("simulation.json", save_simulation_report), ("static_real.json", save_static_real_report),
+                       ("vllm_offline.json", markdown_only(save_offline_report)),
+                       ("vllm_serve.json", markdown_only(save_serve_report))):
         path = Path(out) / name
         if path.exists():
             save(json.loads(path.read_text()), out, console)
             found.append(name)
     if not found:
-        raise LenpredError(f"no scheduling results in {out}: run `lenpred schedule simulate` or `run-static` first")
+        raise LenpredError(f"no scheduling results in {out}: run `lenpred schedule simulate`, `run-static`, "
+                           "`vllm-offline` or `vllm-serve` first")
 
 
 # ---- lenpred serve and the vLLM real runs (issue 13, part B) -------------------------------------------------------

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from lenpred.errors import LenpredError
+from lenpred.errors import ContextWindowError, LenpredError
 
 TEMPLATE_RULE = "chat-template+split-special-content+content-span/v1"
 """Name of the rule above; stored with every signal cache, benchmark and saved predictor."""
@@ -114,14 +114,15 @@ def check_fits(num_prompt_tokens: int, max_new_tokens: int, context_window: int,
     """The one length rule: a prompt plus the tokens it may generate must fit the model's context window.
 
     Raises:
-        LenpredError: ``num_prompt_tokens == 0``, ``max_new_tokens < 0``, or
-            ``num_prompt_tokens + max_new_tokens > context_window`` (the message names the numbers and the fix).
+        LenpredError: ``num_prompt_tokens == 0`` or ``max_new_tokens < 0``.
+        ContextWindowError: ``num_prompt_tokens + max_new_tokens > context_window`` (the message names the numbers
+            and the fix).
     """
     if num_prompt_tokens <= 0:
         raise LenpredError(f"empty {what}: it has no tokens; drop the record or give it text")
     if max_new_tokens < 0:
         raise LenpredError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     if num_prompt_tokens + max_new_tokens > context_window:
-        raise LenpredError(f"{what} of {num_prompt_tokens} tokens + max_new_tokens {max_new_tokens} exceeds the model's "
+        raise ContextWindowError(f"{what} of {num_prompt_tokens} tokens + max_new_tokens {max_new_tokens} exceeds the model's "
                            f"context window of {context_window}: shorten it, lower max_new_tokens, or leave it out "
                            "(bench: max_prompt_tokens)")

@@ -10,14 +10,16 @@ What it does to each request (Starlette app, httpx ``AsyncClient`` to the upstre
   ``max_completion_tokens``) as the cap, and the body is forwarded with ``priority = int(round(expected))``.
   A request header ``x-lenpred-cap: N`` replaces that cap for the prediction only (it is not forwarded): for
   benchmarks that force each generation's length with ``max_tokens``, where clipping the prediction to
-  ``max_tokens`` would hand it the true length.
+  ``max_tokens`` would hand it the true length. A cap that does not fit the predictor's context window next to the
+  prompt is applied after an uncapped prediction (:func:`predictor_fn`).
   The prediction is returned in the headers ``x-lenpred-expected`` (tokens, 0.1), ``x-lenpred-priority`` and
   ``x-lenpred-predict-ms`` (what the prediction added to the request's latency, queueing for the model included).
   A body that already holds ``priority`` keeps it (the client decides; the prediction is still reported).
   A prompt the proxy cannot read (token-id prompts, no prompt, one too long for the predictor's model) is
   forwarded unchanged with ``x-lenpred-skipped: <reason>``; the upstream then answers as it would.
 * Refused with 400 and an OpenAI-style error body: a body that is not a JSON object, and ``n`` (or ``best_of``)
-  > 1 (vLLM's priority scheduling with several samples per request has crashed its engine).
+  > 1, as a number or a numeric string (vLLM's priority scheduling with several samples per request has crashed
+  its engine).
 * Every other path and method (``/v1/models``, ``/health``, ...) is forwarded as is.
 * Responses are streamed back chunk by chunk (SSE passes through as the upstream writes it) with the upstream's
   status code, headers and body unchanged, errors included.
@@ -34,7 +36,7 @@ import math
 import time
 from typing import Any, Callable
 
-from lenpred.errors import LenpredError
+from lenpred.errors import ContextWindowError, LenpredError
 
 PREDICTED_PATHS = ("/v1/chat/completions", "/v1/completions")
 EXPECTED_HEADER, PRIORITY_HEADER, SKIPPED_HEADER = "x-lenpred-expected", "x-lenpred-priority", "x-lenpred-skipped"
@@ -52,18 +54,29 @@ user turn) or an OpenAI message list; the request's priority comes from the larg
 
 def predictor_fn(predictor) -> Predict:
     """A :data:`Predict` over a loaded :class:`lenpred.LengthPredictor` (its ``expected`` field: the expected
-    observed length, clipped to the cap)."""
+    observed length, clipped to the cap).
+
+    A cap that does not fit the predictor's context window next to the prompt (clients often send a large
+    ``max_tokens`` to an upstream with a longer window) is not an error: the prediction is made uncapped and then
+    clipped to the cap."""
     def predict(prompts: list, max_tokens: int | None) -> float:
-        return max(p.expected for p in predictor.predict(prompts, max_tokens))
+        try:
+            return max(p.expected for p in predictor.predict(prompts, max_tokens))
+        except ContextWindowError:
+            if max_tokens is None:
+                raise
+        return min(max(p.expected for p in predictor.predict(prompts, None)), float(max_tokens))
     return predict
 
 
 def _error(status: int, message: str, param: str | None = None):
-    """An OpenAI-style error response (``{"error": {"message", "type", "param", "code"}}``)."""
+    """An OpenAI-style error response (``{"error": {"message", "type", "param", "code"}}``); ``type`` is
+    ``invalid_request_error`` for 4xx and ``server_error`` for 5xx."""
     from starlette.responses import JSONResponse
 
-    return JSONResponse({"error": {"message": message, "type": "invalid_request_error", "param": param,
-                                   "code": status}}, status_code=status)
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}},
+                        status_code=status)
 
 
 def _text_content(content: Any) -> Any:
@@ -116,16 +129,27 @@ def _cap(body: dict, header: str | None = None) -> int | None:
     return cap if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0 else None
 
 
-def _samples(body: dict) -> int:
-    n = max((body.get(k) for k in ("n", "best_of") if isinstance(body.get(k), int)), default=1)
-    return int(n)
+def _samples(body: dict) -> float:
+    """The most samples ``n`` / ``best_of`` ask for, read as the upstream's validation reads them (pydantic's lax
+    mode takes ``2.0`` and ``"2"`` as 2); 1 when neither is a number."""
+    n = 1.0
+    for key in ("n", "best_of"):
+        value = body.get(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            continue
+        try:
+            n = max(n, float(value))
+        except ValueError:
+            continue  # not a number: the upstream refuses it
+    return n if math.isfinite(n) else 1.0
 
 
 def create_app(upstream: str, predict: Predict, client=None, timeout_s: float | None = None):
     """The proxy as a Starlette app.
 
     Args:
-        upstream: base URL of the OpenAI-compatible server, e.g. ``http://127.0.0.1:8000`` (paths are appended).
+        upstream: base URL of the OpenAI-compatible server, e.g. ``http://127.0.0.1:8000`` (paths are appended; a
+            trailing ``/v1``, as in an OpenAI client's base URL, is dropped since the paths carry it).
         predict: see :data:`Predict` (:func:`predictor_fn` over a ``LengthPredictor``; a stub in tests).
         client: an ``httpx.AsyncClient`` to send with (tests pass one with a mock transport); default: one made
             at start-up and closed at shutdown.
@@ -141,6 +165,7 @@ def create_app(upstream: str, predict: Predict, client=None, timeout_s: float | 
     from starlette.routing import Route
 
     upstream = upstream.rstrip("/")
+    upstream = upstream[:-3] if upstream.endswith("/v1") else upstream  # an OpenAI base URL: paths carry /v1
     state: dict[str, Any] = {"client": client}
     lock = asyncio.Lock()  # one prediction at a time: the backbone is one torch module
 
@@ -183,7 +208,7 @@ def create_app(upstream: str, predict: Predict, client=None, timeout_s: float | 
             return _error(400, f"request body is a JSON {type(body).__name__}, not an object: send a JSON object "
                                "with 'messages' (chat) or 'prompt' (completions)")
         if _samples(body) > 1:
-            return _error(400, f"n / best_of = {_samples(body)}: lenpred serve forwards a priority, and vLLM's "
+            return _error(400, f"n / best_of = {_samples(body):g}: lenpred serve forwards a priority, and vLLM's "
                                "priority scheduling with more than one sample per request has crashed its engine; "
                                "send n = 1 requests (several requests for several samples)", param="n")
         try:
@@ -254,5 +279,7 @@ def serve(upstream: str, host: str = "127.0.0.1", port: int = 8001, predictor: s
             raise LenpredError(f"cannot listen on {host}:{port} ({exc.strerror or exc}): pass another --port or "
                                "--host") from None
     model = LengthPredictor.from_pretrained(predictor, threads=threads)
+    print(f"lenpred serve: {model.method} predictor loaded; listening on http://{host}:{port}, forwarding to "
+          f"{upstream} with a priority per request (Ctrl-C stops)", flush=True)
     uvicorn.run(create_app(upstream, predictor_fn(model), timeout_s=timeout_s), host=host, port=port,
                 log_level="warning")

@@ -147,9 +147,9 @@ class VLLMOfflineConfig:
 
     def __post_init__(self):
         if self.draws < 2:
-            raise LenpredError("draws must be >= 2: the oracle-gain share is bootstrapped over draws")
+            raise LenpredError("--draws must be >= 2: the oracle-gain share is bootstrapped over draws")
         if not 1 <= self.fit_draws <= self.draws:
-            raise LenpredError(f"fit_draws must be in 1..draws ({self.draws}), got {self.fit_draws}")
+            raise LenpredError(f"--fit-draws must be in 1..--draws ({self.draws}), got {self.fit_draws}")
 
 
 def _engine(cfg: VLLMOfflineConfig, max_num_seqs: int):
@@ -470,9 +470,9 @@ class VLLMServeConfig:
 
     def __post_init__(self):
         if self.draws < 2:
-            raise LenpredError("draws must be >= 2: the oracle-gain share is bootstrapped over draws")
+            raise LenpredError("--draws must be >= 2: the oracle-gain share is bootstrapped over draws")
         for name in ("vllm_cpus", "proxy_cpus"):
-            _cpu_set(getattr(self, name), name)
+            _cpu_set(getattr(self, name), "--" + name.replace("_", "-"))
 
 
 def _cpu_set(spec: str | None, name: str = "cpus") -> set[int] | None:
@@ -484,12 +484,15 @@ def _cpu_set(spec: str | None, name: str = "cpus") -> set[int] | None:
     if spec is None:
         return None
     cpus: set[int] = set()
-    try:
-        for part in spec.split(","):
-            lo, _, hi = part.strip().partition("-")
-            cpus.update(range(int(lo), int(hi or lo) + 1))
-    except ValueError:
-        raise LenpredError(f"{name} '{spec}' is not a CPU list such as 0, 0,2 or 0-3") from None
+    for part in spec.split(","):
+        lo, _, hi = part.strip().partition("-")
+        try:
+            lo, hi = int(lo), int(hi or lo)
+        except ValueError:
+            raise LenpredError(f"{name} '{spec}' is not a CPU list such as 0, 0,2 or 0-3") from None
+        if hi < lo:
+            raise LenpredError(f"{name} '{spec}': the range {lo}-{hi} is empty; write low-high, e.g. {hi}-{lo}")
+        cpus.update(range(lo, hi + 1))
     have = os.sched_getaffinity(0)
     if not cpus or not cpus <= have:
         raise LenpredError(f"{name} '{spec}' names CPUs this process cannot use (it has {sorted(have)})")

@@ -58,14 +58,29 @@ class WorkloadRequest:
         return int(round(self.predictions[predictor]))
 
 
+def _bench_fingerprint(bench: str | Path) -> str:
+    """Hash of the benchmark the table was built from: its plan and model revision (``bench.json``)."""
+    from lenpred.io import stable_hash
+
+    manifest = json.loads((Path(bench) / "bench.json").read_text())
+    return stable_hash({"plan": manifest["plan_fingerprint"], "revision": manifest["model_revision"]})
+
+
+def _predictor_files(predictors_dir: Path, predictors: tuple[str, ...]) -> dict[str, Path]:
+    return {name: predictors_dir / f"{name}.safetensors" for name in predictors}
+
+
 def _inputs_fingerprint(bench: str | Path, predictors_dir: Path, predictors: tuple[str, ...]) -> str:
-    """Hash of what the table depends on: the benchmark manifest and the predictor files' bytes."""
+    """Hash of what the table depends on: the benchmark manifest and the predictor files' bytes.
+
+    Raises:
+        LenpredError: a predictor file is missing.
+    """
     from lenpred.io import file_sha256, stable_hash
 
     manifest = json.loads((Path(bench) / "bench.json").read_text())
     files = {}
-    for name in predictors:
-        path = predictors_dir / f"{name}.safetensors"
+    for name, path in _predictor_files(predictors_dir, predictors).items():
         if not path.exists():
             raise LenpredError(f"{path} is missing: run `lenpred evaluate` (it saves the fitted predictors) or pass "
                                "--predictors naming the ones that exist")
@@ -84,7 +99,8 @@ def build_workload_table(bench: str | Path = "benchmarks/smollm2-forelen",
 
     Returns:
         a ``pyarrow.Table``, one row per test sample: the :data:`_COLUMNS` plus ``pred_<name>`` (float64 tokens).
-        Its schema metadata holds ``fingerprint`` (:func:`_inputs_fingerprint`) and the predictor list.
+        Its schema metadata holds ``fingerprint`` (:func:`_inputs_fingerprint`), ``bench_fingerprint``
+        (:func:`_bench_fingerprint`) and the predictor list.
     """
     import pyarrow as pa
 
@@ -109,7 +125,8 @@ def build_workload_table(bench: str | Path = "benchmarks/smollm2-forelen",
         cols[f"pred_{name}"] = clipped_predict(Predictor.load(predictors_dir / f"{name}.safetensors"), requests)
     table = pa.table({k: pa.array(np.asarray(v).tolist()) for k, v in cols.items()})
     return table.replace_schema_metadata({"fingerprint": fingerprint, "predictors": json.dumps(list(predictors)),
-                                          "bench": str(bench), "model_revision": run.backbone.revision})
+                                          "bench": str(bench), "bench_fingerprint": _bench_fingerprint(bench),
+                                          "model_revision": run.backbone.revision})
 
 
 def load_workload_table(path: str | Path = DEFAULT_TABLE, bench: str | Path = "benchmarks/smollm2-forelen",
@@ -119,24 +136,40 @@ def load_workload_table(path: str | Path = DEFAULT_TABLE, bench: str | Path = "b
     """The cached test-prediction table, rebuilt (and re-saved) when missing, corrupt (checksum) or stale (the
     benchmark or a predictor file changed).
 
+    When the predictor files are absent (a fresh clone: ``lenpred evaluate`` saves them, git ignores them), the
+    committed table is used as it is if its checksum holds, it was built from this benchmark (``bench_fingerprint``)
+    and it has a column for every requested predictor; a note on stderr says so.
+
     Args:
         token_ids: attach a ``prompt_token_ids`` column (list<int32>) re-prepared from the data sets with the
             tokenizer (:func:`lenpred.prompts.prepare_prompt`); ``False`` for simulator-only use.
         rebuild: ``False`` raises instead of rebuilding (the build loads the model: minutes).
 
     Raises:
-        LenpredError: the cache is unusable and ``rebuild`` is ``False``; a predictor file is missing; a prompt
-            re-tokenises to a different length than the benchmark recorded.
+        LenpredError: the cache is unusable and ``rebuild`` is ``False``; a predictor file is missing and the table
+            cannot stand in for it; a prompt re-tokenises to a different length than the benchmark recorded.
     """
+    import sys
+
     import pyarrow as pa
 
     from lenpred.io import read_parquet_checked, write_parquet_checked
 
     path = Path(path)
     table = read_parquet_checked(path)
-    fingerprint = _inputs_fingerprint(bench, Path(predictors_dir), predictors)
-    meta = (table.schema.metadata or {}) if table is not None else {}
-    if table is None or meta.get(b"fingerprint", b"").decode() != fingerprint:
+    meta = {k.decode(): v.decode() for k, v in ((table.schema.metadata or {}) if table is not None else {}).items()}
+    missing = [str(f) for f in _predictor_files(Path(predictors_dir), predictors).values() if not f.exists()]
+    if missing and table is not None:
+        if meta.get("bench_fingerprint") != _bench_fingerprint(bench):
+            raise LenpredError(f"{path} was built from another benchmark than {bench} and {missing[0]} is missing: "
+                               "run `lenpred evaluate`, then `lenpred schedule predictions`")
+        absent = [p for p in predictors if f"pred_{p}" not in table.column_names]
+        if absent:
+            raise LenpredError(f"{path} has no predictions of {', '.join(absent)} and {missing[0]} is missing: run "
+                               "`lenpred evaluate`, then `lenpred schedule predictions`")
+        print(f"note: {len(missing)} predictor file(s) missing (first: {missing[0]}): using {path} as it is "
+              "(checksum and benchmark match)", file=sys.stderr)
+    elif table is None or meta.get("fingerprint") != _inputs_fingerprint(bench, Path(predictors_dir), predictors):
         if not rebuild:
             raise LenpredError(f"{path} is missing, corrupt or stale: run `lenpred schedule predictions` to rebuild it")
         table = build_workload_table(bench, predictors_dir, predictors, model)
