@@ -14,7 +14,8 @@ from lenpred.errors import LenpredError
 from lenpred.scheduling.cost_model import CostModel
 from lenpred.scheduling.loadgen import LoadRequest, parse_sse_line, request_body
 from lenpred.scheduling.vllm_runs import (StepRecord, VLLMServeConfig, _cpu_set, _Servers, check_priorities, cost_measurements,
-                                          load_requests, priorities_for, proxy_command, step_time_s,
+                                          load_requests, pin_load_generator, priorities_for, proxy_command,
+                                          step_time_s,
                                           vllm_serve_command)
 from lenpred.scheduling.workload import WorkloadRequest
 
@@ -222,3 +223,16 @@ def test_schedule_report_re_renders_the_committed_vllm_reports(tmp_path):
         assert (tmp_path / f"{name}.md").read_text() == (committed / f"{name}.md").read_text()
         assert (tmp_path / f"{name}_jct_cdf.png").stat().st_size > 0
     assert "Real run 3" in r.output
+
+
+def test_run3_pins_the_load_generator_after_reading_both_cpu_sets():
+    """The vLLM CPU set is read before this process is pinned to the proxy's (pinning first made it unusable)."""
+    have = sorted(os.sched_getaffinity(0))
+    if len(have) < 2:
+        pytest.skip("needs two CPUs")
+    try:
+        cpus = pin_load_generator(VLLMServeConfig(vllm_cpus=str(have[0]), proxy_cpus=str(have[-1])))
+        assert cpus == [{have[0]}, {have[-1]}] and os.sched_getaffinity(0) == {have[-1]}
+    finally:
+        os.sched_setaffinity(0, set(have))
+    assert pin_load_generator(VLLMServeConfig()) == [None, None] and os.sched_getaffinity(0) == set(have)

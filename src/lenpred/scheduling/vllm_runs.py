@@ -499,6 +499,20 @@ def _cpu_set(spec: str | None, name: str = "cpus") -> set[int] | None:
     return cpus
 
 
+def pin_load_generator(cfg: VLLMServeConfig) -> list[set[int] | None]:
+    """Parse both CPU sets of run 3, then pin this process (the load generator) to the proxy's CPUs; returns
+    ``[vllm_cpus, proxy_cpus]`` for :class:`_Servers`. Both are read before the pinning narrows what this process
+    may use.
+
+    Raises:
+        LenpredError: a CPU list this process cannot use (see :func:`_cpu_set`).
+    """
+    cpus = [_cpu_set(cfg.vllm_cpus, "--vllm-cpus"), _cpu_set(cfg.proxy_cpus, "--proxy-cpus")]
+    if cpus[1]:  # the load generator shares the proxy's CPUs
+        os.sched_setaffinity(0, cpus[1])
+    return cpus
+
+
 def vllm_serve_command(model_dir: str, cfg: VLLMServeConfig) -> list[str]:
     """The ``vllm serve`` command line of run 3 (loopback only, priority scheduling, the project's CPU settings)."""
     import sys
@@ -653,11 +667,8 @@ def run_vllm_serve(cfg: VLLMServeConfig, table=None) -> dict:
         model_dir, _ = resolve_model(cfg.model)
         logs = [out / "logs" / "vllm_serve.log", out / "logs" / "lenpred_serve.log"]
         urls = [f"http://127.0.0.1:{cfg.port}/health", f"http://127.0.0.1:{cfg.proxy_port}/v1/models"]
-        proxy_cpus = _cpu_set(cfg.proxy_cpus)
-        if proxy_cpus:  # the load generator (this process) shares the proxy's core
-            os.sched_setaffinity(0, proxy_cpus)
         with _Servers([vllm_serve_command(str(model_dir), cfg), proxy_command(cfg)], urls, logs, cfg.start_timeout_s,
-                      cpus=[_cpu_set(cfg.vllm_cpus), proxy_cpus]):
+                      cpus=pin_load_generator(cfg)):
             proxy = f"http://127.0.0.1:{cfg.proxy_port}"
             run_replay(proxy, load_requests(draws[0][:2], "predicted", [0, 0], messages), "lenpred-model")  # warm-up
             for d, mode in tqdm(todo, desc="vllm serve runs", unit="run"):
