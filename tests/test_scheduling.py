@@ -300,3 +300,17 @@ def test_gain_share_and_report_tables(tmp_path):
     assert header[0] == "policy" and header[-1] == "oracle-gain share"
     assert rows[1][0] == "sjf:estp" and rows[1][-1] == "0.50 [0.50, 0.50]"
     assert markdown(header, rows).count("\n") == 2 + len(rows)
+
+
+def test_simulation_refuses_unknown_predictors_and_arrivals():
+    from lenpred.scheduling.experiment import SimExperimentConfig
+    from lenpred.scheduling.workload import check_predictors
+
+    table = pa.table({"output_len": [1, 2], "pred_estp": [1.0, 2.0], "pred_last": [1.0, 2.0]})
+    check_predictors(table, ("estp", "last"))
+    with pytest.raises(LenpredError, match="no predictions of ltr: use --predictors with estp, last"):
+        check_predictors(table, ("estp", "ltr"))
+    with pytest.raises(LenpredError, match="--arrivals: unknown process foo"):
+        SimExperimentConfig(arrivals=("all", "foo"))
+    with pytest.raises(LenpredError, match="--draws and --num-requests must be >= 2"):
+        SimExperimentConfig(draws=1)

@@ -299,3 +299,19 @@ def test_port_in_use_is_a_one_line_error_before_the_predictor_loads(monkeypatch)
     assert r.exit_code == 2 and "error: predictor load reached" in r.stderr and len(loads) == 1
     r = CliRunner().invoke(app, ["serve", "--upstream", "http://127.0.0.1:9", "--port", "70000"])
     assert r.exit_code == 2 and "error: --port must be in 0..65535, got 70000" in r.stderr and len(loads) == 1
+
+
+def test_cap_and_non_finite_numbers_are_read_as_the_upstream_reads_them(stack):
+    client, up, predictor = stack
+    msgs = [{"role": "user", "content": "one two three four five six"}]  # the stub predicts 60.4
+    for cap in (50, 50.0, "50"):
+        r = client.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": cap})
+        assert predictor.calls[-1][1] == 50 and r.headers["x-lenpred-priority"] == "50", cap
+    for cap in (50.5, "fifty", True, -3):  # not an integer the upstream takes: no cap
+        client.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": cap})
+        assert predictor.calls[-1][1] is None, cap
+    raw = b'{"messages": [{"role": "user", "content": "a"}], "temperature": 1e400}'
+    r = client.post("/v1/chat/completions", content=raw, headers={"content-type": "application/json"})
+    # forwarded as the client's bytes, unprioritised (this stub upstream then fails to echo inf: its 500 comes back)
+    assert "inf or nan" in r.headers["x-lenpred-skipped"] and "x-lenpred-priority" not in r.headers
+    assert up.received[-1]["temperature"] == float("inf") and "priority" not in up.received[-1]

@@ -126,7 +126,20 @@ def _cap(body: dict, header: str | None = None) -> int | None:
         return int(header)
     cap = body.get("max_completion_tokens")
     cap = body.get("max_tokens") if cap is None else cap  # an explicit null falls back to max_tokens
-    return cap if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0 else None
+    cap = _lax_int(cap)
+    return cap if cap is not None and cap > 0 else None
+
+
+def _lax_int(value: Any) -> int | None:
+    """An integer as the upstream's validation reads one (pydantic's lax mode: ``50``, ``50.0``, ``"50"``), or
+    ``None``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        return None
+    return int(number) if math.isfinite(number) and number == int(number) else None
 
 
 def _samples(body: dict) -> float:
@@ -142,6 +155,13 @@ def _samples(body: dict) -> float:
         except ValueError:
             continue  # not a number: the upstream refuses it
     return n if math.isfinite(n) else 1.0
+
+
+def upstream_root(upstream: str) -> str:
+    """The server root the request paths are appended to: a trailing ``/`` and ``/v1`` (an OpenAI client's base
+    URL) dropped, since the paths carry ``/v1``."""
+    root = upstream.rstrip("/")
+    return root[:-3] if root.endswith("/v1") else root
 
 
 def create_app(upstream: str, predict: Predict, client=None, timeout_s: float | None = None):
@@ -164,8 +184,7 @@ def create_app(upstream: str, predict: Predict, client=None, timeout_s: float | 
     from starlette.responses import StreamingResponse
     from starlette.routing import Route
 
-    upstream = upstream.rstrip("/")
-    upstream = upstream[:-3] if upstream.endswith("/v1") else upstream  # an OpenAI base URL: paths carry /v1
+    upstream = upstream_root(upstream)
     state: dict[str, Any] = {"client": client}
     lock = asyncio.Lock()  # one prediction at a time: the backbone is one torch module
 
@@ -232,10 +251,16 @@ def create_app(upstream: str, predict: Predict, client=None, timeout_s: float | 
                     if "priority" not in body:
                         body["priority"] = int(round(expected))
                     headers |= {EXPECTED_HEADER: f"{expected:.1f}", PRIORITY_HEADER: str(body["priority"])}
-        if skipped is not None:
-            headers[SKIPPED_HEADER] = skipped.encode("ascii", "replace").decode()[:200].replace("\n", " ")
-            return await forward(request, raw, headers)
-        return await forward(request, json.dumps(body).encode(), headers)
+        if skipped is None:
+            try:
+                encoded = json.dumps(body, allow_nan=False).encode()
+            except ValueError:  # e.g. 1e400 parsed as inf: forward the client's bytes instead of invalid JSON
+                skipped = "the body holds a number JSON cannot carry (inf or nan)"
+                headers = {k: v for k, v in headers.items() if k not in (EXPECTED_HEADER, PRIORITY_HEADER)}
+            else:
+                return await forward(request, encoded, headers)
+        headers[SKIPPED_HEADER] = skipped.encode("ascii", "replace").decode()[:200].replace("\n", " ")
+        return await forward(request, raw, headers)
 
     async def passthrough(request):
         return await forward(request, await request.body(), {})
@@ -280,6 +305,6 @@ def serve(upstream: str, host: str = "127.0.0.1", port: int = 8001, predictor: s
                                "--host") from None
     model = LengthPredictor.from_pretrained(predictor, threads=threads)
     print(f"lenpred serve: {model.method} predictor loaded; listening on http://{host}:{port}, forwarding to "
-          f"{upstream} with a priority per request (Ctrl-C stops)", flush=True)
+          f"{upstream_root(upstream)} with a priority per request (Ctrl-C stops)", flush=True)
     uvicorn.run(create_app(upstream, predictor_fn(model), timeout_s=timeout_s), host=host, port=port,
                 log_level="warning")

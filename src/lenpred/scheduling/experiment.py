@@ -55,9 +55,14 @@ class SimExperimentConfig:
 
     def __post_init__(self):
         if self.draws < 2 or self.num_requests < 2:
-            raise LenpredError("draws and num_requests must be >= 2 (intervals need several draws)")
+            raise LenpredError("--draws and --num-requests must be >= 2 (intervals need several draws)")
         if not 0 < self.load:
-            raise LenpredError(f"load must be > 0, got {self.load}")
+            raise LenpredError(f"--load must be > 0, got {self.load}")
+        from lenpred.scheduling.simulator import ARRIVALS
+
+        bad = [a for a in self.arrivals if a not in ARRIVALS]
+        if bad:
+            raise LenpredError(f"--arrivals: unknown process {', '.join(bad)}; use any of {', '.join(ARRIVALS)}")
 
     def policies(self) -> list[tuple[str, int | None]]:
         """``(policy spec, aging steps)`` rows of the continuous-batching table."""
@@ -105,10 +110,12 @@ def run_simulation(cfg: SimExperimentConfig, table=None) -> dict:
     from lenpred.scheduling.cost_model import CostModel
     from lenpred.scheduling.policies import countdown_remaining, make_policy, progressive_remaining
     from lenpred.scheduling.simulator import SimConfig, simulate
-    from lenpred.scheduling.workload import draw_workload, load_workload_table, progressive_estimates
+    from lenpred.scheduling.workload import (check_predictors, draw_workload, load_workload_table,
+                                             progressive_estimates)
 
     cost = CostModel.load(cfg.cost_model)
     table = table if table is not None else load_workload_table(token_ids=False, rebuild=False)
+    check_predictors(table, cfg.predictors)
     progressive = {}
     if cfg.progressive and Path(cfg.progressive).exists():
         progressive = progressive_estimates(cfg.progressive, table)

@@ -266,7 +266,7 @@ def run_vllm_offline(cfg: VLLMOfflineConfig, table=None) -> dict:
     from lenpred.io import write_json
     from lenpred.scheduling.cost_model import CostModel, hardware_description
     from lenpred.scheduling.metrics import summarize
-    from lenpred.scheduling.workload import draw_workload, load_workload_table
+    from lenpred.scheduling.workload import check_predictors, draw_workload, load_workload_table
 
     out = Path(cfg.out)
     partial_path = out / "vllm_offline_runs.json"
@@ -277,6 +277,7 @@ def run_vllm_offline(cfg: VLLMOfflineConfig, table=None) -> dict:
         raise LenpredError(f"{partial_path} holds runs with other settings: delete it or use another --out")
     partial["config"] = settings
     table = table if table is not None else load_workload_table(token_ids=True, rebuild=False)
+    check_predictors(table, cfg.predictors)
     draws = [draw_workload(table, cfg.num_requests, cfg.seed + d, max_output_len=cfg.max_output_len)
              for d in range(cfg.draws)]
     todo = [(d, p) for d in range(cfg.draws) for p in cfg.policies() if f"{cfg.seed + d}/{p}" not in partial["runs"]]

@@ -180,6 +180,20 @@ def load_workload_table(path: str | Path = DEFAULT_TABLE, bench: str | Path = "b
     return table
 
 
+def check_predictors(table, names) -> None:
+    """Every requested predictor has a ``pred_<name>`` column in the workload table.
+
+    Raises:
+        LenpredError: one has none (the message lists those the table holds and how to add others).
+    """
+    have = [c[len("pred_"):] for c in table.column_names if c.startswith("pred_")]
+    absent = [n for n in names if n not in have]
+    if absent:
+        raise LenpredError(f"the workload table has no predictions of {', '.join(absent)}: use --predictors with "
+                           f"{', '.join(have)}, or save those predictors (`lenpred evaluate`) and run `lenpred schedule "
+                           "predictions --predictors ...`")
+
+
 def _prompt_token_ids(bench, model: str, data_dir: str | None, table) -> list[list[int]]:
     """Each row's chat-formatted prompt token ids, re-read from the data sets (tokenizer only)."""
     from transformers import AutoTokenizer
