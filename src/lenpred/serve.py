@@ -130,31 +130,28 @@ def _cap(body: dict, header: str | None = None) -> int | None:
     return cap if cap is not None and cap > 0 else None
 
 
-def _lax_int(value: Any) -> int | None:
-    """An integer as the upstream's validation reads one (pydantic's lax mode: ``50``, ``50.0``, ``"50"``), or
-    ``None``."""
+def _lax_number(value: Any) -> float | None:
+    """A finite number as the upstream's validation reads one (pydantic's lax mode: ``2``, ``2.0``, ``"2"``), or
+    ``None`` (booleans, non-numeric strings, other types, inf / nan)."""
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         return None
     try:
         number = float(value)
     except ValueError:
         return None
-    return int(number) if math.isfinite(number) and number == int(number) else None
+    return number if math.isfinite(number) else None
+
+
+def _lax_int(value: Any) -> int | None:
+    """:func:`_lax_number` when it is a whole number, else ``None``."""
+    number = _lax_number(value)
+    return int(number) if number is not None and number == int(number) else None
 
 
 def _samples(body: dict) -> float:
-    """The most samples ``n`` / ``best_of`` ask for, read as the upstream's validation reads them (pydantic's lax
-    mode takes ``2.0`` and ``"2"`` as 2); 1 when neither is a number."""
-    n = 1.0
-    for key in ("n", "best_of"):
-        value = body.get(key)
-        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-            continue
-        try:
-            n = max(n, float(value))
-        except ValueError:
-            continue  # not a number: the upstream refuses it
-    return n if math.isfinite(n) else 1.0
+    """The most samples ``n`` / ``best_of`` ask for, read as the upstream reads them (:func:`_lax_number`); 1 when
+    neither is a number."""
+    return max([1.0, *(n for n in (_lax_number(body.get(k)) for k in ("n", "best_of")) if n is not None)])
 
 
 def upstream_root(upstream: str) -> str:

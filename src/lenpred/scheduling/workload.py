@@ -58,12 +58,17 @@ class WorkloadRequest:
         return int(round(self.predictions[predictor]))
 
 
+def _bench_key(bench: str | Path) -> dict[str, str]:
+    """What identifies the benchmark a table was built from: its plan and model revision (``bench.json``)."""
+    manifest = json.loads((Path(bench) / "bench.json").read_text())
+    return {"plan": manifest["plan_fingerprint"], "revision": manifest["model_revision"]}
+
+
 def _bench_fingerprint(bench: str | Path) -> str:
-    """Hash of the benchmark the table was built from: its plan and model revision (``bench.json``)."""
+    """Hash of :func:`_bench_key`."""
     from lenpred.io import stable_hash
 
-    manifest = json.loads((Path(bench) / "bench.json").read_text())
-    return stable_hash({"plan": manifest["plan_fingerprint"], "revision": manifest["model_revision"]})
+    return stable_hash(_bench_key(bench))
 
 
 def _predictor_files(predictors_dir: Path, predictors: tuple[str, ...]) -> dict[str, Path]:
@@ -78,15 +83,13 @@ def _inputs_fingerprint(bench: str | Path, predictors_dir: Path, predictors: tup
     """
     from lenpred.io import file_sha256, stable_hash
 
-    manifest = json.loads((Path(bench) / "bench.json").read_text())
     files = {}
     for name, path in _predictor_files(predictors_dir, predictors).items():
         if not path.exists():
             raise LenpredError(f"{path} is missing: run `lenpred evaluate` (it saves the fitted predictors) or pass "
                                "--predictors naming the ones that exist")
         files[name] = file_sha256(path)
-    return stable_hash({"plan": manifest["plan_fingerprint"], "revision": manifest["model_revision"],
-                        "files": files})
+    return stable_hash({**_bench_key(bench), "files": files})
 
 
 def build_workload_table(bench: str | Path = "benchmarks/smollm2-forelen",
@@ -163,10 +166,7 @@ def load_workload_table(path: str | Path = DEFAULT_TABLE, bench: str | Path = "b
         if meta.get("bench_fingerprint") != _bench_fingerprint(bench):
             raise LenpredError(f"{path} was built from another benchmark than {bench} and {missing[0]} is missing: "
                                "run `lenpred evaluate`, then `lenpred schedule predictions`")
-        absent = [p for p in predictors if f"pred_{p}" not in table.column_names]
-        if absent:
-            raise LenpredError(f"{path} has no predictions of {', '.join(absent)} and {missing[0]} is missing: run "
-                               "`lenpred evaluate`, then `lenpred schedule predictions`")
+        check_predictors(table, predictors)
         print(f"note: {len(missing)} predictor file(s) missing (first: {missing[0]}): using {path} as it is "
               "(checksum and benchmark match)", file=sys.stderr)
     elif table is None or meta.get("fingerprint") != _inputs_fingerprint(bench, Path(predictors_dir), predictors):
