@@ -8,7 +8,8 @@ from lenpred.errors import LenpredError
 from lenpred.heads import HeadConfig, SoftLabelRegressor
 from lenpred.progressive.decode_states import (extract_decode_states, incremental_decode_states, steps_before,
                                                teacher_forced_shared_prompt, teacher_forced_states)
-from lenpred.progressive.evaluate import conditional_remaining, oracle_remaining
+from lenpred.intervals import conditional_remaining
+from lenpred.progressive.evaluate import oracle_remaining
 from lenpred.progressive.heads import (PLPHead, ProgressiveRows, TrailProgressive, bayes_update, remaining_targets,
                                        transition_prior)
 from lenpred.progressive.online import load_plp, save_plp, start_states, update_batch

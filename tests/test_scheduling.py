@@ -314,3 +314,38 @@ def test_simulation_refuses_unknown_predictors_and_arrivals():
         SimExperimentConfig(arrivals=("all", "foo"))
     with pytest.raises(LenpredError, match="--draws and --num-requests must be >= 2"):
         SimExperimentConfig(draws=1)
+
+
+def test_parked_sjf_and_fcfs_hand_worked():
+    from lenpred.scheduling.simulator import ParkedConfig, simulate_parked
+
+    # all four prefilled in the first step (t = 1, fused: one forward per step); the 1-token request ends there.
+    # One decode slot. SJF by true length then decodes r3 (1 more: t = 2), r2 (2 more: t = 4), r0 (3 more: t = 7)
+    reqs = [req(i, L) for i, L in enumerate(LENGTHS)]
+    cfg = SimConfig(max_num_seqs=8)
+    summary, timings = simulate_parked(reqs, ParkedConfig("sjf", "oracle", decode_slots=1), unit_cost(True), cfg)
+    assert [t.jct_s for t in timings] == [7, 1, 4, 2]
+    assert [t.ttft_s for t in timings] == [1, 1, 1, 1]
+    assert summary["num_preemptions"] == 0
+    # FCFS parking: r0 (t = 4), r2 (t = 6), r3 (t = 7)
+    _, timings = simulate_parked(reqs, ParkedConfig("fcfs", None, decode_slots=1), unit_cost(True), cfg)
+    assert [t.jct_s for t in timings] == [4, 1, 6, 7]
+    with pytest.raises(LenpredError, match="needs a predictor"):
+        simulate_parked(reqs, ParkedConfig("sjf", None), unit_cost(True), cfg)
+
+
+def test_parked_srpt_parks_a_running_request_and_sjf_does_not():
+    from lenpred.scheduling.policies import countdown_remaining
+    from lenpred.scheduling.simulator import ParkedConfig, _Parked
+
+    # r0 (10 tokens) from t = 0, r1 (2 tokens) arrives at t = 2.5. Prefill r0 → t = 1; it decodes to t = 3 (the
+    # step in which r1 arrives); the step that prefills r1 also decodes r0 (t = 4; r0 4/10, r1 1/2).
+    # SRPT: r1 has 1 left, r0 6 → r1 decodes (t = 5, JCT 2.5), then r0 (t = 11). SJF keeps r0: t = 10, r1 t = 11
+    def jcts(policy):  # _Parked keeps the given arrival times (simulate_parked draws them from SimConfig)
+        requests = [req(0, 10, arrival=0.0), req(1, 2, arrival=2.5)]
+        run = _Parked(requests, ParkedConfig(policy, "oracle", decode_slots=1, max_idle_s=None, switch_margin_tokens=0),
+                      countdown_remaining("oracle"), unit_cost(True), SimConfig(max_num_seqs=8))
+        return [t.jct_s for t in run.run()[1]]
+
+    assert jcts("srpt") == [11, 2.5]
+    assert jcts("sjf") == [10, 8.5]

@@ -329,3 +329,14 @@ def eos_token_ids(model_dir: str | os.PathLike, tokenizer: Any) -> tuple[int, ..
         special = {i for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items() if t.special}
         ids |= set(tokenizer(fixed, add_special_tokens=False)["input_ids"]) & special
     return tuple(sorted(int(i) for i in ids))
+
+
+def local_model_revision(path: str | os.PathLike) -> str:
+    """The revision lenpred records for a local model directory: the GGUF's SHA-256 prefix when lenpred converted it
+    (its marker file says so; the same revision :func:`convert_gguf` returns), else :func:`directory_fingerprint`.
+    For an engine that serves the directory itself (the vLLM plug-in), so its predictor's revision can be checked."""
+    path = Path(path)
+    info = _read_marker(path)
+    if info and isinstance(info.get("gguf_sha256"), str):
+        return info["gguf_sha256"][:16]
+    return directory_fingerprint(path)

@@ -60,3 +60,12 @@ def interval_coverage(low: np.ndarray, high: np.ndarray, y: np.ndarray) -> float
     """Share of ``y`` inside ``[low, high]`` (inclusive)."""
     y = np.asarray(y, np.float64)
     return float(np.mean((np.asarray(low) <= y) & (y <= np.asarray(high))))
+
+
+def conditional_remaining(probs: np.ndarray, values: np.ndarray, steps: np.ndarray) -> np.ndarray:
+    """``E[V - t | V > t]`` from a bin distribution: ``probs`` and ``values`` ``(n, K)`` (values capped at the
+    request's cap), ``steps`` ``(n,)``; 0 where no bin lies above ``t``. ``(n,)`` float64 tokens."""
+    above = values > steps[:, None]
+    mass = (probs * above).sum(axis=1)
+    excess = (probs * above * (values - steps[:, None])).sum(axis=1)
+    return np.where(mass > 0, excess / np.where(mass > 0, mass, 1.0), 0.0)

@@ -66,18 +66,25 @@ class LengthPrediction:
         return out
 
 
-def raw_quantiles(predictor, requests: list, coverage: float) -> tuple[np.ndarray, np.ndarray, np.ndarray,
-                                                                          np.ndarray | None, np.ndarray | None]:
+def raw_quantiles(predictor, requests: list, coverage: float, features: np.ndarray | None = None
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
     """``(expected, median, low, high, probs, values)`` before calibration, tokens, ``(n,)`` each (``probs`` and
-    ``values`` ``(n, K)``, ``None`` for a point predictor, whose median, low and high are its prediction)."""
+    ``values`` ``(n, K)``, ``None`` for a point predictor, whose median, low and high are its prediction).
+    ``features`` ``(n, d)``: the predictor's input already computed (an engine's captured states), so the requests
+    only give their caps."""
     from lenpred.evaluation.tune import clipped_predict
     from lenpred.intervals import distribution_quantiles
+    from lenpred.predictors import max_new_tokens
 
-    expected = clipped_predict(predictor, requests)
+    caps = max_new_tokens(requests)
+    if features is None:
+        expected = clipped_predict(predictor, requests)
+    else:
+        expected = np.clip(predictor.predict_features(features, caps), 0, caps)
     distribution = getattr(predictor, "predict_distribution", None)
     if distribution is None:
         return expected, expected, expected, expected, None, None
-    probs, values = distribution(requests)
+    probs, values = distribution(requests) if features is None else predictor.distribution_from_features(features, caps)
     tail = (1 - coverage) / 2
     q = distribution_quantiles(probs, values, (tail, 0.5, 1 - tail))
     return expected, q[:, 1], q[:, 0], q[:, 2], probs, values
@@ -226,9 +233,10 @@ class LengthPredictor:
 
         plp, info = load_plp(path)
         mine = f"{self.method}@{self.predictor_.params.get('layer')}"
-        if info.get("prompt") != mine or info.get("model_revision") != self.backbone_.revision:
+        if info.get("prompt") != mine or info.get("model_revision") != self.config_["model_revision"]:
             raise LenpredError(f"{path} reads prompt representation {info.get('prompt')} of model revision "
-                               f"{info.get('model_revision')}, this predictor is {mine} on {self.backbone_.revision}: "
+                               f"{info.get('model_revision')}, this predictor is {mine} on "
+                               f"{self.config_['model_revision']}: "
                                "train the PLP head on this predictor's representation (`lenpred progressive`)")
         self.progressive_, self.progressive_info_ = plp, info
         return self
@@ -275,12 +283,52 @@ class LengthPredictor:
             for i, s in zip(batch, signals):
                 requests[i].signals = s
 
-    def _predict_requests(self, requests: list) -> list[LengthPrediction]:
+    @property
+    def engine_layer(self) -> int | None:
+        """The hidden-state index (0 = embeddings, ``L`` = the final norm's output) whose **last prompt token**
+        state is this predictor's whole input, so that a serving engine can capture it during its own prefill
+        (:meth:`predict_states`); ``None`` when the predictor reads more (pooling over tokens, entropy, attention,
+        text). Today: ``last`` pooling over a span that ends at the prompt's end, and ``trail``."""
+        if not hasattr(self, "predictor_"):
+            raise LenpredError("this LengthPredictor is not fitted: call fit(bench) or LengthPredictor.from_pretrained")
+        params = self.predictor_.params
+        last = self.method == "last" and params.get("pool_span") != "content"
+        if not (last or self.method == "trail") or params.get("layer") is None:
+            return None
+        return int(params["layer"])
+
+    def predict_states(self, states: np.ndarray, num_prompt_tokens, max_new_tokens) -> list[LengthPrediction]:
+        """Predict from the last prompt token's hidden states an engine captured in its own prefill: no model pass.
+
+        Args:
+            states: ``(n, d)`` float32, each request's residual-stream state at :attr:`engine_layer` at its final
+                prompt token (HF ``output_hidden_states[engine_layer][:, -1]``).
+            num_prompt_tokens: ``(n,)`` prompt lengths (reported only).
+            max_new_tokens: ``(n,)`` caps in tokens (``None``: uncapped).
+
+        Raises:
+            LenpredError: the predictor reads more than that state (:attr:`engine_layer` is ``None``), or the
+                states' shape is not ``(n, d)`` with the head's ``d``.
+        """
+        from lenpred.predictors import Request
+
+        if self.engine_layer is None:
+            raise LenpredError(f"predictor '{self.method}' reads more than one last-token state: an engine cannot "
+                               "feed it from its prefill; use a `last` or `trail` predictor")
+        states = np.asarray(states, np.float32)
+        width = len(self.predictor_.head_.mean_)
+        if states.ndim != 2 or states.shape[1] != width or len(states) != len(max_new_tokens):
+            raise LenpredError(f"predict_states needs ({len(max_new_tokens)}, {width}) states, got {states.shape}")
+        requests = [Request(str(i), [0] * int(n), max_new_tokens=cap)
+                    for i, (n, cap) in enumerate(zip(num_prompt_tokens, max_new_tokens))]
+        return self._predict_requests(requests, states)
+
+    def _predict_requests(self, requests: list, features: np.ndarray | None = None) -> list[LengthPrediction]:
         for r in requests:  # signals of other layers than the predictor was trained on: refused
             if r.signals is not None and not set(self.config_["layers"]) <= set(r.signals.layers):
                 raise LenpredError(f"signals hold layers {list(r.signals.layers)} but this predictor reads layers "
                                    f"{self.config_['layers']}: extract them at its layers")
-        expected, median, low, high, probs, values = raw_quantiles(self.predictor_, requests, self.coverage)
+        expected, median, low, high, probs, values = raw_quantiles(self.predictor_, requests, self.coverage, features)
         out = []
         for i, r in enumerate(requests):
             cap = np.inf if r.max_new_tokens is None else r.max_new_tokens
@@ -315,12 +363,15 @@ class LengthPredictor:
         return Path(path)
 
     @classmethod
-    def from_pretrained(cls, path: str | Path | None = None, backbone=None, threads: int | None = None) -> "LengthPredictor":
+    def from_pretrained(cls, path: str | Path | None = None, backbone=None, threads: int | None = None,
+                        load_model: bool = True) -> "LengthPredictor":
         """Load a directory written by :meth:`save_pretrained` (default: the predictor that ships with lenpred).
 
         Args:
             backbone: an already loaded :class:`lenpred.backbone.Backbone` (default: load the model the predictor was
                 trained with).
+            load_model: ``False`` loads the head alone (no backbone, no tokenizer): for an engine that feeds it its
+                own states (:meth:`predict_states`); check the served model with :meth:`check_model_revision`.
 
         Raises:
             LenpredError: the directory is not a saved predictor, or the model / prompt rule differs from training.
@@ -339,20 +390,28 @@ class LengthPredictor:
             raise LenpredError(f"{path} was trained with prompt rule {config.get('template_rule')!r}, this lenpred uses "
                                f"{_template_rule()!r}: retrain it with `lenpred train`")
         self = cls(**{k: tuple(v) if k == "layers" else v for k, v in settings.items()})
-        self.backbone_ = backbone or load_backbone(config["model_id"], num_threads=threads)
-        if self.backbone_.revision != config["model_revision"]:
-            raise LenpredError(f"{path} was trained on {config['model_id']} revision {config['model_revision']}, but "
-                               f"the model given is {self.backbone_.model_id} revision {self.backbone_.revision}: its "
-                               "signals differ; retrain with `lenpred train --model ...`")
+        self.config_ = {k: v for k, v in config.items() if k not in ("settings", "card")}
+        if load_model or backbone is not None:
+            self.backbone_ = backbone or load_backbone(config["model_id"], num_threads=threads)
+            self.check_model_revision(self.backbone_.revision, self.backbone_.model_id, path)
         self.predictor_ = Predictor.load(path / WEIGHTS_FILE)
         if self.predictor_.registry_name != config["method"]:
             raise LenpredError(f"{path / WEIGHTS_FILE} holds '{self.predictor_.registry_name}', config.json says "
                                f"'{config['method']}': the directory is mixed up; retrain it")
         self.margin_, self.card_ = float(config["interval_margin"]), config.get("card", {})
-        self.config_ = {k: v for k, v in config.items() if k not in ("settings", "card")}
         if (path / PROGRESSIVE_FILE).exists():
             self.attach_progressive(path / PROGRESSIVE_FILE)
         return self
+
+    def check_model_revision(self, revision: str, model: str = "", where: str | Path = "this predictor") -> None:
+        """Refuse a model other than the one this predictor was trained on.
+
+        Raises:
+            LenpredError: ``revision`` differs from the recorded ``model_revision`` (the message names both)."""
+        if revision != self.config_["model_revision"]:
+            raise LenpredError(f"{where} was trained on {self.config_['model_id']} revision "
+                               f"{self.config_['model_revision']}, but the model given is {model} revision {revision}: its "
+                               "signals differ; retrain with `lenpred train --model ...`")
 
 
 def render_card(config: dict, card: dict) -> str:

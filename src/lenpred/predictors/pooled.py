@@ -117,13 +117,22 @@ class PooledHeadPredictor(Predictor):
         return self
 
     def predict(self, requests):
-        return self.head_.predict(self.features(requests), max_new_tokens(requests))
+        return self.predict_features(self.features(requests), max_new_tokens(requests))
 
     def predict_distribution(self, requests) -> tuple[np.ndarray, np.ndarray]:
         """``(probs, values)``, both ``(n, K)`` float64: each request's bin probabilities and the length each bin
         stands for, ``min(c_j, max_new_tokens)`` in tokens (non-decreasing along K)."""
-        probs = self.head_.predict_proba(self.features(requests))
-        return probs, np.minimum(self.head_.centres_[None, :], max_new_tokens(requests)[:, None])
+        return self.distribution_from_features(self.features(requests), max_new_tokens(requests))
+
+    def predict_features(self, features: np.ndarray, caps: np.ndarray) -> np.ndarray:
+        """:meth:`predict` from already pooled ``features`` ``(n, d)`` float32 (what :meth:`features` returns, e.g.
+        states an engine captured) and caps ``(n,)`` in tokens (``inf``: none); ``(n,)`` float64 tokens."""
+        return self.head_.predict(np.asarray(features, np.float32), np.asarray(caps, np.float64))
+
+    def distribution_from_features(self, features: np.ndarray, caps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`predict_distribution` from already pooled ``features`` ``(n, d)`` and caps ``(n,)``."""
+        probs = self.head_.predict_proba(np.asarray(features, np.float32))
+        return probs, np.minimum(self.head_.centres_[None, :], np.asarray(caps, np.float64)[:, None])
     def _get_state(self):
         return head_tensors(self.head_)
 

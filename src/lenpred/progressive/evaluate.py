@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from lenpred.errors import LenpredError
+from lenpred.intervals import conditional_remaining
 from lenpred.progressive.decode_states import DECODE_STEPS
 from lenpred.progressive.heads import PLPHead, ProgressiveRows, TrailProgressive
 
@@ -73,15 +74,6 @@ def build_rows(data, decode, prompt_features: np.ndarray, plp_layer: int, trail_
     return ProgressiveRows(idx, np.concatenate([decode.steps[i] for i in samples]).astype(np.int64),
                            prompt_features[idx], cat(final), {l: cat(v) for l, v in trail.items()}, data.y[idx],
                            data.censored[idx], caps[idx])
-
-
-def conditional_remaining(probs: np.ndarray, values: np.ndarray, steps: np.ndarray) -> np.ndarray:
-    """``E[V - t | V > t]`` from a bin distribution: ``probs`` and ``values`` ``(n, K)`` (values capped at the
-    request's cap), ``steps`` ``(n,)``; 0 where no bin lies above ``t``. ``(n,)`` float64 tokens."""
-    above = values > steps[:, None]
-    mass = (probs * above).sum(axis=1)
-    excess = (probs * above * (values - steps[:, None])).sum(axis=1)
-    return np.where(mass > 0, excess / np.where(mass > 0, mass, 1.0), 0.0)
 
 
 def oracle_remaining(y: np.ndarray, prompt_ids: np.ndarray, rows_sample: np.ndarray, steps: np.ndarray,

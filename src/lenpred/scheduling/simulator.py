@@ -248,3 +248,149 @@ class _Continuous:
         timings = [RequestTiming(i, r.arrival_time_s, self.first_token[i], self.finish[i], r.output_len,
                                  self.preemptions[i], r.prompt_id) for i, r in sorted(self.by_id.items())]
         return summarize(timings), timings
+
+
+@dataclass
+class ParkedConfig:
+    """Parked decoding in the simulator (:mod:`lenpred.serving.parked`, the in-engine policies).
+
+    Attributes:
+        policy: ``fcfs``, ``sjf`` or ``srpt`` (:data:`lenpred.serving.parked.PARKED_POLICIES`).
+        predictor: the prediction ranked by (``oracle`` = the true length, ``prompt_oracle`` …); ``None`` for fcfs.
+        decode_slots: requests decoding per step; every other prefilled request is parked (keeps its KV).
+        max_idle_s: the starvation guard (seconds parked before promotion; ``None``: off).
+        switch_margin_tokens: ``srpt`` hysteresis.
+    """
+
+    policy: str = "sjf"
+    predictor: str | None = "last"
+    decode_slots: int = 4
+    max_idle_s: float | None = 60.0
+    switch_margin_tokens: float = 16.0
+
+    @property
+    def label(self) -> str:
+        """``parked_<policy>[:<predictor>]`` (table rows)."""
+        return f"parked_{self.policy}" + (f":{self.predictor}" if self.predictor and self.policy != "fcfs" else "")
+
+
+def simulate_parked(requests: list, parked: ParkedConfig, cost, cfg: SimConfig,
+                    remaining=None) -> tuple[dict, list[RequestTiming]]:
+    """Continuous batching with parked decoding: every arrival is admitted and prefilled as soon as it fits
+    (``cfg.max_num_seqs`` bounds the *admitted* requests, ``cfg.max_num_batched_tokens`` a step's prefill tokens);
+    each step only ``parked.decode_slots`` prefilled requests decode, chosen by
+    :func:`lenpred.serving.parked.choose_decoders`; the others keep their KV cache (no recomputation).
+
+    Args:
+        remaining: ``remaining(request, generated) -> tokens`` for ``srpt`` (default: the countdown of the static
+            prediction; :func:`lenpred.scheduling.policies.progressive_remaining` re-ranks at its update steps).
+
+    Returns:
+        ``(summary metrics, per-request timings)`` as :func:`simulate`.
+    """
+    from lenpred.scheduling.policies import countdown_remaining
+
+    if parked.policy != "fcfs" and parked.predictor is None:
+        raise LenpredError(f"parked {parked.policy} needs a predictor")
+    requests = with_arrivals(requests, cfg)
+    if remaining is None and parked.predictor is not None:
+        remaining = countdown_remaining(parked.predictor)
+    return _Parked(requests, parked, remaining, cost, cfg).run()
+
+
+class _Parked(_Continuous):
+    """:class:`_Continuous` where ``running`` is the decode set and ``parked`` holds the other prefilled requests."""
+
+    def __init__(self, requests: list, parked: ParkedConfig, remaining, cost, cfg: SimConfig):
+        from lenpred.scheduling.policies import make_policy
+
+        super().__init__(requests, make_policy("fcfs"), cost, cfg)  # admission: arrival order
+        self.parked_cfg, self.remaining_fn = parked, remaining
+        self.parked: list = []
+        self.last_decode_t: dict[int, float] = {}
+
+    def _slot(self, r):
+        from lenpred.serving.parked import SlotRequest
+
+        g = self.generated[r.request_id]
+        p = self.parked_cfg.predictor
+        total = r.predictions[p] if p is not None else np.inf
+        left = self.remaining_fn(r, g) if self.remaining_fn is not None else np.inf
+        decoding = any(x is r for x in self.running)
+        return SlotRequest(str(r.request_id), r.arrival_time_s, float(total), float(left), decoding,
+                           0.0 if decoding else self.t - self.last_decode_t[r.request_id])
+
+    def _admit(self) -> list:
+        budget = self.cfg.max_num_batched_tokens - len(self.running)
+        new = []
+        for w in list(self.waiting):
+            if len(self.running) + len(self.parked) + len(new) >= self.cfg.max_num_seqs:
+                break
+            need = w.num_prompt_tokens
+            if need > budget and (self.running or new):
+                break
+            budget -= need
+            new.append(w)
+            self.waiting.remove(w)
+        return new
+
+    def _rebalance(self) -> None:
+        from lenpred.serving.parked import choose_decoders
+
+        pool = self.running + self.parked
+        if not pool:
+            return
+        c = self.parked_cfg
+        decision = choose_decoders([self._slot(r) for r in pool], c.policy, c.decode_slots, c.max_idle_s,
+                                   c.switch_margin_tokens)
+        by_id = {str(r.request_id): r for r in pool}
+        for r in self.running:
+            self.last_decode_t[r.request_id] = self.t
+        self.running = [by_id[i] for i in decision.decode]
+        self.parked = [by_id[i] for i in decision.parked]
+
+    def _steps_until_event(self) -> int:
+        k = min(self._tokens(r) - self.generated[r.request_id] for r in self.running)
+        updates = getattr(self.remaining_fn, "update_steps", None)
+        if self.parked and self.parked_cfg.policy == "srpt" and updates:
+            for r in self.running:
+                later = [s for s in updates if s > self.generated[r.request_id]]
+                if later:
+                    k = min(k, later[0] - self.generated[r.request_id])
+        if self.parked and self.parked_cfg.max_idle_s is not None:
+            step_s = self.cost.decode_step_time_s(len(self.running), self._context())
+            idle = [self.parked_cfg.max_idle_s - (self.t - self.last_decode_t[r.request_id]) for r in self.parked]
+            k = min([k] + [int(np.ceil(i / step_s)) for i in idle if i > 0])
+        return max(k, 1)
+
+    def _retire(self) -> None:
+        for group in (self.running, self.parked):
+            for r in [r for r in group if self.generated[r.request_id] >= self._tokens(r)]:
+                self.finish[r.request_id] = self.t
+                group.remove(r)
+        self._rebalance()
+
+    def run(self) -> tuple[dict, list[RequestTiming]]:
+        while self.pending or self.waiting or self.running or self.parked:
+            self._arrive()
+            if not self.waiting and not self.running and not self.parked:
+                self.t = self.pending[0].arrival_time_s
+                continue
+            new = self._admit() if self.waiting else []
+            if new:
+                self._prefill_step(new)  # the new requests' prefill makes their first token; decoders decode one
+                for r in new:  # prefilled, not yet decoding: they compete for a slot (never incumbents)
+                    self.running.remove(r)
+                    self.parked.append(r)
+                    self.last_decode_t[r.request_id] = self.t
+                self._retire()
+            elif self.running:
+                self._decode()
+                self._retire()
+            else:
+                self._rebalance()  # only parked requests are left (KV) or waiting ones that do not fit: decode some
+                if not self.running:
+                    raise LenpredError("parked simulation stalled: waiting requests do not fit and none decode")
+        timings = [RequestTiming(i, r.arrival_time_s, self.first_token[i], self.finish[i], r.output_len,
+                                 self.preemptions[i], r.prompt_id) for i, r in sorted(self.by_id.items())]
+        return summarize(timings), timings

