@@ -522,6 +522,13 @@ def schedule_vllm_serve(
     vllm_cpus: Optional[str] = typer.Option(None, help="CPUs vllm serve is pinned to, e.g. 0 \\[default: not pinned]."),
     proxy_cpus: Optional[str] = typer.Option(None, help="CPUs lenpred serve and the load generator are pinned to, "
                                              "e.g. 1 \\[default: not pinned]."),
+    ignore_eos: bool = typer.Option(False, "--ignore-eos", help="Force each request to its benchmark length "
+                                    "(max_tokens = true length + ignore_eos): a diagnostic, labelled so \\[default: "
+                                    "natural EOS]."),
+    max_tokens: Optional[int] = typer.Option(None, help="Cap sent with natural EOS (tokens) \\[default: the "
+                                             "request's benchmark cap]."),
+    temperature: float = typer.Option(0.0, help="Sampling temperature with natural EOS (above 0: a per-request "
+                                      "seed, the same in every mode)."),
     data_dir: Optional[str] = DATA_DIR,
     out: str = typer.Option(SCHED_OUT, help="Output directory (resumes per run)."),
 ):
@@ -531,7 +538,8 @@ def schedule_vllm_serve(
 
     cfg = VLLMServeConfig(num_requests=num_requests, draws=draws, seed=seed, max_output_len=max_output_len,
                           max_num_seqs=max_num_seqs, rate_per_s=rate, load=load, port=port, proxy_port=proxy_port,
-                          predictor=predictor, data_dir=data_dir, vllm_cpus=vllm_cpus, proxy_cpus=proxy_cpus, out=out)
+                          predictor=predictor, data_dir=data_dir, vllm_cpus=vllm_cpus, proxy_cpus=proxy_cpus, out=out,
+                          ignore_eos=ignore_eos, max_tokens=max_tokens, temperature=temperature)
     paths = save_serve_report(run_vllm_serve(cfg), out)
     typer.echo(paths["md"].read_text())
     typer.echo(f"wrote {out}/vllm_serve.json, {', '.join(str(p) for p in paths.values())}")
