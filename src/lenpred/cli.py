@@ -476,11 +476,21 @@ def serve(
     port: int = typer.Option(8001, help="Port to listen on."),
     predictor: Optional[str] = typer.Option(None, help="Saved predictor directory \\[default: the one shipped]."),
     threads: int = typer.Option(1, help="torch threads for predictions (leave the other cores to the engine)."),
+    max_connections: int = typer.Option(1024, help="Upstream connections at most (keep it above the engine's "
+                                        "concurrency); waits are recorded."),
+    default_max_tokens: int = typer.Option(1024, help="max_tokens sent when a request has none (tokens)."),
+    batch_window_ms: float = typer.Option(2.0, help="How long the idle predictor waits for a batch to fill (ms)."),
+    max_batch_tokens: int = typer.Option(8192, help="Prompt tokens per prediction batch."),
+    truncated: bool = typer.Option(True, "--truncated/--full-prefill", help="Stop the predictor's forward at the "
+                                   "layer it reads (hidden-state-only predictors)."),
 ):
     """OpenAI-compatible proxy: predicts each request's output length and forwards it with vLLM's `priority`."""
     from lenpred.serve import serve as run_proxy
+    from lenpred.serve_batching import BatchConfig
 
-    run_proxy(upstream, host, port, predictor, threads)
+    batch = BatchConfig(window_ms=batch_window_ms, max_batch_tokens=max_batch_tokens)
+    run_proxy(upstream, host, port, predictor, threads, max_connections=max_connections,
+              default_max_tokens=default_max_tokens, batch=batch, truncated=truncated)
 
 
 @schedule_app.command("vllm-offline")
