@@ -307,11 +307,281 @@ def test_cap_and_non_finite_numbers_are_read_as_the_upstream_reads_them(stack):
     for cap in (50, 50.0, "50"):
         r = client.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": cap})
         assert predictor.calls[-1][1] == 50 and r.headers["x-lenpred-priority"] == "50", cap
-    for cap in (50.5, "fifty", True, -3):  # not an integer the upstream takes: no cap
-        client.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": cap})
-        assert predictor.calls[-1][1] is None, cap
+    n = len(up.received)
+    for cap in (50.5, "fifty", True, -3, 0):  # not a positive whole number: one clear 400, nothing predicted or sent
+        calls = len(predictor.calls)
+        r = client.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": cap})
+        assert r.status_code == 400 and "max_tokens" in r.json()["error"]["message"], cap
+        assert r.json()["error"]["param"] == "max_tokens" and len(predictor.calls) == calls
+    assert len(up.received) == n
     raw = b'{"messages": [{"role": "user", "content": "a"}], "temperature": 1e400}'
     r = client.post("/v1/chat/completions", content=raw, headers={"content-type": "application/json"})
     # forwarded as the client's bytes, unprioritised (this stub upstream then fails to echo inf: its 500 comes back)
     assert "inf or nan" in r.headers["x-lenpred-skipped"] and "x-lenpred-priority" not in r.headers
     assert up.received[-1]["temperature"] == float("inf") and "priority" not in up.received[-1]
+
+
+# ------------------------------------------------------------------ disconnects, pool, ids, default cap, metrics
+
+
+class Watching(Upstream):
+    """An upstream that also records disconnects: ``slow`` bodies (non-streaming) wait until the client leaves;
+    streams whose client leaves before the end set ``stream_aborted``; ``hold`` streams stay open until
+    ``hold_count`` streams are open at once."""
+
+    def __init__(self, hold_count: int = 0):
+        super().__init__()
+        self.disconnected_at = threading.Event()
+        self.stream_aborted = threading.Event()
+        self.open_streams = self.max_open = 0
+        self.hold_count = hold_count
+
+    async def chat(self, request):
+        import asyncio
+
+        body = await request.json()
+        if body.get("model") == "slow":
+            self.received.append(body)
+            self.headers.append(dict(request.headers))
+            for _ in range(1000):
+                if await request.is_disconnected():
+                    self.disconnected_at.set()
+                    return JSONResponse({})
+                await asyncio.sleep(0.01)
+            return JSONResponse({"late": True})
+        if body.get("model") == "hold":
+            self.received.append(body)
+            self.open_streams += 1
+            self.max_open = max(self.max_open, self.open_streams)
+
+            async def held():
+                try:
+                    yield b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n'
+                    for _ in range(2000):  # until every stream is open at once (or 20 s)
+                        if self.max_open >= self.hold_count:
+                            break
+                        await asyncio.sleep(0.01)
+                    yield b"data: [DONE]\n\n"
+                finally:
+                    self.open_streams -= 1
+            return StreamingResponse(held(), media_type="text/event-stream")
+        if body.get("stream"):
+            self.received.append(body)
+
+            async def events():
+                done = False
+                try:
+                    yield b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n'
+                    while not self.release.is_set():
+                        await asyncio.sleep(0.01)
+                    yield b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":7}}\n\n'
+                    yield b"data: [DONE]\n\n"
+                    done = True
+                finally:
+                    if not done:
+                        self.stream_aborted.set()
+            return StreamingResponse(events(), media_type="text/event-stream")
+        self.received.append(body)
+        self.headers.append(dict(request.headers))
+        return JSONResponse({"echo": body, "usage": {"completion_tokens": 12}})
+
+
+class BlockingPredictor(StubPredictor):
+    """The stub, blocked until ``go`` is set (a prediction in progress when the client leaves)."""
+
+    def __init__(self):
+        super().__init__()
+        self.go, self.started = threading.Event(), threading.Event()
+
+    def __call__(self, prompts, max_tokens):
+        self.started.set()
+        self.go.wait(20)
+        return super().__call__(prompts, max_tokens)
+
+
+def test_a_non_streaming_client_that_leaves_aborts_the_upstream_request_within_1_s():
+    up = Watching()
+    with _Server(up.app()) as up_url:
+        app = create_app(up_url, StubPredictor())
+        with _Server(app) as url:
+            with httpx.Client(base_url=url, timeout=0.5) as client, pytest.raises(httpx.ReadTimeout):
+                client.post("/v1/chat/completions", json={"model": "slow", "messages": [{"role": "user",
+                                                                                          "content": "a"}]})
+            assert up.disconnected_at.wait(1.0)  # the upstream saw the client go within 1 s
+            m = app.state.metrics
+            for _ in range(100):
+                if m.value("lenpred_proxy_cancellations_total", stage="waiting_upstream") == 1:
+                    break
+                time.sleep(0.01)
+            assert m.value("lenpred_proxy_cancellations_total", stage="waiting_upstream") == 1
+            assert m.value("lenpred_proxy_requests_total", path="/v1/chat/completions", outcome="cancelled") == 1
+
+
+def test_a_client_that_leaves_while_predicted_is_never_sent_upstream():
+    up, predictor = Watching(), BlockingPredictor()
+    with _Server(up.app()) as up_url:
+        app = create_app(up_url, predictor)
+        with _Server(app) as url:
+            with httpx.Client(base_url=url, timeout=0.5) as client, pytest.raises(httpx.ReadTimeout):
+                client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "a b"}]})
+            assert predictor.started.is_set()
+            m = app.state.metrics
+            for _ in range(200):
+                if m.value("lenpred_proxy_cancellations_total", stage="predicting") == 1:
+                    break
+                time.sleep(0.01)
+            predictor.go.set()
+            assert m.value("lenpred_proxy_cancellations_total", stage="predicting") == 1
+            with httpx.Client(base_url=url, timeout=10) as client:  # the worker goes on with the next request
+                assert client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "a"}]}
+                                   ).status_code == 200
+    assert len(up.received) == 1 and up.received[0]["messages"][0]["content"] == "a"
+
+
+def test_a_streaming_client_that_leaves_aborts_the_stream():
+    up = Watching()
+    with _Server(up.app()) as up_url:
+        app = create_app(up_url, StubPredictor())
+        with _Server(app) as url, httpx.Client(base_url=url, timeout=10) as client:
+            body = {"messages": [{"role": "user", "content": "hi"}], "stream": True}
+            with client.stream("POST", "/v1/chat/completions", json=body) as r:
+                next(r.iter_raw())
+            assert up.stream_aborted.wait(5)
+            m = app.state.metrics
+            for _ in range(100):
+                if m.value("lenpred_proxy_cancellations_total", stage="streaming") == 1:
+                    break
+                time.sleep(0.01)
+            assert m.value("lenpred_proxy_cancellations_total", stage="streaming") == 1
+            assert m.value("lenpred_proxy_upstream_in_flight") == 0  # the connection went back
+
+
+def test_150_concurrent_streams_all_reach_the_upstream_without_a_pool_wait():
+    import asyncio
+
+    up = Watching(hold_count=150)
+    with _Server(up.app()) as up_url, _Server(create_app(up_url, StubPredictor())) as url:
+        async def one(client):
+            body = {"model": "hold", "messages": [{"role": "user", "content": "a"}], "stream": True}
+            async with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
+                text = b"".join([c async for c in r.aiter_raw()])
+                return r.status_code, r.headers["x-lenpred-pool-wait-ms"], text
+
+        async def run():
+            limits = httpx.Limits(max_connections=200, max_keepalive_connections=200)
+            async with httpx.AsyncClient(timeout=60, limits=limits) as client:
+                return await asyncio.gather(*(one(client) for _ in range(150)))
+
+        results = asyncio.run(run())
+    assert up.max_open == 150  # all 150 were open upstream at once: none waited for a connection
+    assert all(status == 200 and text.endswith(b"data: [DONE]\n\n") for status, _, text in results)
+
+
+def test_a_pool_wait_is_recorded():
+    up = Upstream()
+    up.release.set()
+    with _Server(up.app()) as up_url:
+        app = create_app(up_url, StubPredictor(), max_connections=1)
+        with _Server(app) as url, httpx.Client(base_url=url, timeout=10) as client:
+            body = {"messages": [{"role": "user", "content": "hi"}], "stream": True}
+            up.release.clear()
+            with client.stream("POST", "/v1/chat/completions", json=body) as first:  # holds the one connection
+                chunks = first.iter_raw()
+                next(chunks)
+                threading.Timer(0.2, up.release.set).start()  # the first stream ends 0.2 s later
+                with httpx.Client(base_url=url, timeout=10) as other:
+                    r = other.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "a"}]})
+                b"".join(chunks)
+            assert float(r.headers["x-lenpred-pool-wait-ms"]) > 0
+            assert app.state.metrics.value("lenpred_proxy_pool_wait_seconds_count") == 2
+            assert app.state.metrics.value("lenpred_proxy_pool_wait_seconds_sum") > 0
+
+
+def test_every_attempt_gets_its_own_upstream_id_and_the_client_id_is_kept():
+    up = Watching()
+    with _Server(up.app()) as up_url, _Server(create_app(up_url, StubPredictor())) as url:
+        with httpx.Client(base_url=url, timeout=10) as client:
+            body = {"messages": [{"role": "user", "content": "a"}], "request_id": "req-7"}
+            rs = [client.post("/v1/chat/completions", json=body, headers={"x-request-id": "req-7"}) for _ in range(2)]
+            plain = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "a"}]})
+    ids = [h["x-request-id"] for h in up.headers]
+    assert len(set(ids)) == 3 and all(i.startswith("req-7-") for i in ids[:2]) and ids[2].startswith("lenpred-")
+    assert [b.get("request_id") for b in up.received] == [ids[0], ids[1], None]  # body id replaced too
+    assert [r.headers["x-lenpred-upstream-request-id"] for r in rs] == ids[:2]
+    assert all(r.headers["x-lenpred-client-request-id"] == "req-7" for r in rs)
+    assert "x-lenpred-client-request-id" not in plain.headers
+
+
+def test_a_missing_or_null_cap_gets_the_default_forwarded_and_recorded():
+    up, predictor = Watching(), StubPredictor()
+    with _Server(up.app()) as up_url:
+        app = create_app(up_url, predictor, default_max_tokens=24)
+        with _Server(app) as url, httpx.Client(base_url=url, timeout=10) as client:
+            msgs = [{"role": "user", "content": "one two three"}]
+            for extra in ({}, {"max_tokens": None}, {"max_tokens": None, "max_completion_tokens": None}):
+                r = client.post("/v1/chat/completions", json={"messages": msgs, **extra})
+                assert up.received[-1]["max_tokens"] == 24 and predictor.calls[-1][1] == 24
+                assert r.headers["x-lenpred-default-max-tokens"] == "24" and up.received[-1]["priority"] == 24
+            r = client.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 100})
+            assert "x-lenpred-default-max-tokens" not in r.headers and up.received[-1]["max_tokens"] == 100
+            assert app.state.metrics.value("lenpred_proxy_default_max_tokens_total") == 3
+
+
+def test_health_and_metrics_count_outcomes_predictions_and_observed_tokens():
+    up = Watching()
+    up.release.set()
+    with _Server(up.app()) as up_url:
+        app = create_app(up_url, StubPredictor())
+        with _Server(app) as url, httpx.Client(base_url=url, timeout=10) as client:
+            assert client.get("/health").json()["status"] == "ok"
+            msgs = [{"role": "user", "content": "one two"}]  # the stub predicts 20.4
+            client.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 64})  # usage: 12 tokens
+            with client.stream("POST", "/v1/chat/completions", json={"messages": msgs, "stream": True}) as r:
+                r.read()  # usage chunk: 7 tokens
+            client.post("/v1/chat/completions", json={"messages": msgs, "n": 3})
+            text = client.get("/metrics").text
+    m = app.state.metrics
+    assert m.value("lenpred_proxy_requests_total", path="/v1/chat/completions", outcome="forwarded") == 2
+    assert m.value("lenpred_proxy_requests_total", path="/v1/chat/completions", outcome="refused") == 1
+    assert m.value("lenpred_proxy_predicted_output_tokens_sum") == pytest.approx(40.8)
+    assert m.value("lenpred_proxy_observed_output_tokens_sum") == 19
+    assert m.value("lenpred_proxy_prediction_abs_error_tokens_sum") == pytest.approx(8.4 + 13.4)
+    assert m.value("lenpred_proxy_prediction_batch_size_count") == 2
+    assert m.value("lenpred_proxy_prediction_seconds_count") == 2
+    assert "lenpred_proxy_pool_wait_seconds_bucket" in text and "# TYPE lenpred_proxy_requests_total counter" in text
+
+
+def test_queued_requests_are_predicted_together_in_one_batch():
+    """While one batch runs, the requests that arrive queue up and form the next batch (one call)."""
+    import asyncio
+
+    from lenpred.serve_batching import BatchConfig, FunctionService, PredictionBatcher
+
+    class Recording(FunctionService):
+        def __init__(self):
+            super().__init__(lambda prompts, cap: float(len(prompts[0])))
+            self.batches, self.go = [], threading.Event()
+
+        def predict_batch(self, items):
+            self.batches.append(len(items))
+            self.go.wait(10)
+            return super().predict_batch(items)
+
+    async def run():
+        service = Recording()
+        batcher = PredictionBatcher(service, BatchConfig(window_ms=0, max_batch_tokens=10))
+        await batcher.start()
+        first = asyncio.ensure_future(batcher.predict(service.prepare(["a"], None)))
+        while not service.batches:
+            await asyncio.sleep(0.001)
+        waiting = [asyncio.ensure_future(batcher.predict(service.prepare(["x" * k], None))) for k in (2, 3, 4)]
+        dropped = asyncio.ensure_future(batcher.predict(service.prepare(["zz"], None)))
+        await asyncio.sleep(0.01)
+        dropped.cancel()  # its client left before its batch started: not predicted
+        service.go.set()
+        values = [await first] + [await w for w in waiting]
+        await batcher.stop()
+        return service.batches, values
+
+    batches, values = asyncio.run(run())
+    assert batches == [1, 3] and values == [1.0, 2.0, 3.0, 4.0]

@@ -89,9 +89,15 @@ def test_load_requests_per_mode_and_bodies():
     assert [r.prediction_cap for r in fcfs] == [256, 256]
     with pytest.raises(LenpredError, match="unknown mode"):
         load_requests(reqs, "sjf", [0, 0], messages)
-    body = request_body(LoadRequest(1, messages["p1"], 40, 0.0, 7), "m")
+    body = request_body(LoadRequest(1, messages["p1"], 40, 0.0, 7), "m", ignore_eos=True)
     assert body["priority"] == 7 and body["ignore_eos"] is True and body["max_tokens"] == 40 and body["stream"]
     assert "priority" not in request_body(LoadRequest(1, messages["p1"], 40, 0.0, None), "m")
+    # natural EOS: the benchmark cap (or the run's) as max_tokens, no cap header, a per-request seed when sampling
+    natural = load_requests(reqs, "predicted", [0, 0], messages, ignore_eos=False, seed=3)
+    assert [(r.max_tokens, r.prediction_cap, r.extra_body) for r in natural] == [
+        (256, None, {"seed": 3_000_000}), (256, None, {"seed": 3_000_001})]
+    assert [r.max_tokens for r in load_requests(reqs, "fcfs", [0, 0], messages, False, 64)] == [64, 64]
+    assert "ignore_eos" not in request_body(natural[0], "m")
 
 
 def test_parse_sse_line():
@@ -236,3 +242,39 @@ def test_run3_pins_the_load_generator_after_reading_both_cpu_sets():
     finally:
         os.sched_setaffinity(0, set(have))
     assert pin_load_generator(VLLMServeConfig()) == [None, None] and os.sched_getaffinity(0) == set(have)
+
+
+def test_serve_report_natural_eos_labels_pairs_and_counts():
+    """Run 3's report from stored replays (no servers): JCT / TTFT from the planned time over `ok` requests, paired
+    cuts vs FCFS, outcome counts, the natural-EOS label in the Markdown."""
+    from lenpred.scheduling.vllm_runs import _serve_report, serve_markdown
+
+    reqs = [_req(0, 30, {}), _req(1, 10, {})]
+
+    def row(i, finish, first, outcome="ok", tokens=20, expected=None):
+        return {"request_id": i, "arrival_s": float(i), "sent_s": float(i), "status": 200, "outcome": outcome,
+                "first_token_s": first, "finish_s": finish, "prompt_tokens": 10, "completion_tokens": tokens,
+                "finish_reason": "stop", "expected": expected, "predict_ms": 5.0}
+
+    # JCT per mode: fcfs (4, 6) → 5; predicted (2, 4) → 3; oracle (2, 2) → 2, the same in both draws
+    modes = {"fcfs": [row(0, 4.0, 2.0), row(1, 7.0, 3.0)],
+             "predicted": [row(0, 2.0, 1.0, expected=25.0), row(1, 5.0, 2.0, expected=14.0)],
+             "oracle": [row(0, 2.0, 1.0), row(1, 3.0, 2.0), ]}
+    partial = {"runs": {f"{d}/{m}": rows for d in (0, 1) for m, rows in modes.items()}}
+    partial["runs"]["1/oracle"] = modes["oracle"] + []
+    cfg = VLLMServeConfig(draws=2, bootstrap_resamples=50)
+    report = _serve_report(cfg, partial, [reqs, reqs], 0.5)
+    assert report["rows"]["fcfs"]["mean_jct_s"][0] == 5.0 and report["rows"]["oracle"]["mean_jct_s"][0] == 2.0
+    assert report["jct_reduction_vs_fcfs"]["predicted"][0] == pytest.approx(1 - 3 / 5)
+    assert report["ttft_reduction_vs_fcfs"]["predicted"][0] == pytest.approx(1 - 1.0 / 2.0)  # TTFT (1, 1) vs (2, 2)
+    assert report["gain_share_predicted"][0] == pytest.approx(2 / 3)
+    c = report["checks"]
+    assert c["proxy_mae_tokens"] == pytest.approx((5 + 4) / 2)  # vs the benchmark's 30 and 10
+    assert c["proxy_mae_observed_tokens"] == pytest.approx((5 + 6) / 2)  # vs the 20 tokens generated here
+    assert c["outcomes"]["ok"] == 12 and c["achieved_rate_per_s"] == 1.0 and c["predict_ms_p99"] == 5.0
+    md = serve_markdown(report)
+    assert md.startswith("# Real run 3, natural EOS:") and "TTFT cut vs FCFS" in md and "planned send time" in md
+    # a no-content request is counted and kept out of the latency statistics
+    partial["runs"]["0/fcfs"] = [row(0, 4.0, 2.0), row(1, 9.0, None, "no_content", 0)]
+    report = _serve_report(cfg, partial, [reqs, reqs], 0.5)
+    assert report["runs"]["fcfs"][0]["mean_jct_s"] == 4.0 and report["checks"]["outcomes"]["no_content"] == 1

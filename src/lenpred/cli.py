@@ -476,11 +476,21 @@ def serve(
     port: int = typer.Option(8001, help="Port to listen on."),
     predictor: Optional[str] = typer.Option(None, help="Saved predictor directory \\[default: the one shipped]."),
     threads: int = typer.Option(1, help="torch threads for predictions (leave the other cores to the engine)."),
+    max_connections: int = typer.Option(1024, help="Upstream connections at most (keep it above the engine's "
+                                        "concurrency); waits are recorded."),
+    default_max_tokens: int = typer.Option(1024, help="max_tokens sent when a request has none (tokens)."),
+    batch_window_ms: float = typer.Option(2.0, help="How long the idle predictor waits for a batch to fill (ms)."),
+    max_batch_tokens: int = typer.Option(8192, help="Prompt tokens per prediction batch."),
+    truncated: bool = typer.Option(True, "--truncated/--full-prefill", help="Stop the predictor's forward at the "
+                                   "layer it reads (hidden-state-only predictors)."),
 ):
     """OpenAI-compatible proxy: predicts each request's output length and forwards it with vLLM's `priority`."""
     from lenpred.serve import serve as run_proxy
+    from lenpred.serve_batching import BatchConfig
 
-    run_proxy(upstream, host, port, predictor, threads)
+    batch = BatchConfig(window_ms=batch_window_ms, max_batch_tokens=max_batch_tokens)
+    run_proxy(upstream, host, port, predictor, threads, max_connections=max_connections,
+              default_max_tokens=default_max_tokens, batch=batch, truncated=truncated)
 
 
 @schedule_app.command("vllm-offline")
@@ -522,6 +532,13 @@ def schedule_vllm_serve(
     vllm_cpus: Optional[str] = typer.Option(None, help="CPUs vllm serve is pinned to, e.g. 0 \\[default: not pinned]."),
     proxy_cpus: Optional[str] = typer.Option(None, help="CPUs lenpred serve and the load generator are pinned to, "
                                              "e.g. 1 \\[default: not pinned]."),
+    ignore_eos: bool = typer.Option(False, "--ignore-eos", help="Force each request to its benchmark length "
+                                    "(max_tokens = true length + ignore_eos): a diagnostic, labelled so \\[default: "
+                                    "natural EOS]."),
+    max_tokens: Optional[int] = typer.Option(None, help="Cap sent with natural EOS (tokens) \\[default: the "
+                                             "request's benchmark cap]."),
+    temperature: float = typer.Option(0.0, help="Sampling temperature with natural EOS (above 0: a per-request "
+                                      "seed, the same in every mode)."),
     data_dir: Optional[str] = DATA_DIR,
     out: str = typer.Option(SCHED_OUT, help="Output directory (resumes per run)."),
 ):
@@ -531,7 +548,8 @@ def schedule_vllm_serve(
 
     cfg = VLLMServeConfig(num_requests=num_requests, draws=draws, seed=seed, max_output_len=max_output_len,
                           max_num_seqs=max_num_seqs, rate_per_s=rate, load=load, port=port, proxy_port=proxy_port,
-                          predictor=predictor, data_dir=data_dir, vllm_cpus=vllm_cpus, proxy_cpus=proxy_cpus, out=out)
+                          predictor=predictor, data_dir=data_dir, vllm_cpus=vllm_cpus, proxy_cpus=proxy_cpus, out=out,
+                          ignore_eos=ignore_eos, max_tokens=max_tokens, temperature=temperature)
     paths = save_serve_report(run_vllm_serve(cfg), out)
     typer.echo(paths["md"].read_text())
     typer.echo(f"wrote {out}/vllm_serve.json, {', '.join(str(p) for p in paths.values())}")

@@ -199,7 +199,39 @@ class LengthPredictor:
             self._attach_signals(requests, batch_tokens, progress)
         return self._predict_requests(requests)
 
-    def _requests(self, prompts, max_new_tokens: int | None, scenario: str | None) -> list:
+    def prepare(self, prompts: Iterable[str | list[dict[str, str]]], max_new_tokens: int | None = None,
+                scenario: str | None = None, tokenizer=None) -> list:
+        """Tokenise prompts into :class:`lenpred.predictors.Request` objects for :meth:`predict_prepared` (what
+        :meth:`predict` does first), without touching the model: a server runs it in the request's own thread.
+
+        Args:
+            tokenizer: a copy of the backbone's tokenizer to use (``None``: the backbone's). A fast tokenizer is
+                not safe to share between threads (``split_special_tokens`` is set on it per call), so concurrent
+                callers pass one copy per thread.
+
+        Raises:
+            LenpredError: not fitted / loaded, a bad prompt, or a prompt that does not fit the context window.
+        """
+        return self._requests(prompts, max_new_tokens, scenario, tokenizer)
+
+    def predict_prepared(self, requests: list, batch_tokens: int = 4096, truncated: bool = True) -> list[LengthPrediction]:
+        """Predict :meth:`prepare`'s requests in one go; with ``truncated`` a predictor that reads one layer's hidden
+        states only runs the truncated forward (:mod:`lenpred.truncated`: no later layers, no LM head), which gives
+        :meth:`predict`'s predictions. Other predictors run :meth:`predict`'s path.
+
+        Raises:
+            LenpredError: as :meth:`predict`.
+        """
+        from lenpred.truncated import attach_truncated_signals, truncated_plan
+
+        plan = truncated_plan(self) if truncated else None
+        if plan is not None:
+            attach_truncated_signals(self.backbone_, requests, plan, batch_tokens)
+        elif "signals" in self.predictor_.inputs:
+            self._attach_signals(requests, batch_tokens, False)
+        return self._predict_requests(requests)
+
+    def _requests(self, prompts, max_new_tokens: int | None, scenario: str | None, tokenizer=None) -> list:
         """Prompts -> :class:`lenpred.predictors.Request` through the one prompt path (:mod:`lenpred.prompts`)."""
         from lenpred.evaluation.data import prompt_text
         from lenpred.predictors import Request
@@ -207,7 +239,7 @@ class LengthPredictor:
 
         if not hasattr(self, "predictor_"):
             raise LenpredError("this LengthPredictor is not fitted: call fit(bench) or LengthPredictor.from_pretrained")
-        tok, window = self.backbone_.tokenizer, self.backbone_.context_window
+        tok, window = tokenizer or self.backbone_.tokenizer, self.backbone_.context_window
         requests = []
         for i, p in enumerate(prompts):
             try:

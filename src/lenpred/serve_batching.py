@@ -1,0 +1,248 @@
+"""Predictions for ``lenpred serve`` off the request path's critical section: each request tokenises its prompt in
+its own thread (:meth:`PredictionService.prepare`, no lock), then waits for one worker that predicts whatever has
+queued up in micro-batches (:class:`PredictionBatcher`).
+
+The worker takes the queue head, waits a short collection window (``window_ms``) if the batch is not full yet,
+then takes queued requests in arrival order while they fit ``max_batch_tokens`` prompt tokens and
+``max_batch_size`` requests, and predicts them in one call (:meth:`PredictionService.predict_batch`) on its own
+thread, so the event loop keeps streaming other responses. Requests that arrive while a batch runs form the next
+one. A request whose client went away before its batch started is dropped from the queue; one inside a running
+batch has its result discarded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
+
+from lenpred.errors import ContextWindowError, LenpredError
+
+
+@dataclass
+class BatchConfig:
+    """Micro-batching of predictions.
+
+    Attributes:
+        window_ms: how long the idle worker waits after a request arrives for others to join its batch (ms). Short:
+            it is added to a lone request's latency; under load the batch forms while the previous one runs.
+        max_batch_tokens: prompt tokens per batch (the forward's cost grows with them; the service pads within
+            groups of similar length).
+        max_batch_size: requests per batch.
+    """
+
+    window_ms: float = 2.0
+    max_batch_tokens: int = 8192
+    max_batch_size: int = 64
+
+    def __post_init__(self):
+        if not self.window_ms >= 0:
+            raise LenpredError(f"--batch-window-ms must be >= 0, got {self.window_ms}")
+        if self.max_batch_tokens < 1 or self.max_batch_size < 1:
+            raise LenpredError(f"--max-batch-tokens and --max-batch-size must be >= 1, got {self.max_batch_tokens} "
+                               f"and {self.max_batch_size}")
+
+
+@dataclass
+class Prepared:
+    """A request ready for prediction: what the service needs (``payload``) and its size.
+
+    Attributes:
+        payload: service-specific (tokenised requests, or the raw prompts for a plain function).
+        num_tokens: prompt tokens (0 when unknown), for the batch-token limit.
+    """
+
+    payload: Any
+    num_tokens: int = 0
+
+
+class PredictionService(Protocol):
+    """What :class:`PredictionBatcher` drives."""
+
+    def prepare(self, prompts: list, cap: int | None) -> Prepared:
+        """Tokenise (any thread, concurrently; no shared mutable state). Raises ``LenpredError``."""
+
+    def predict_batch(self, items: list[Prepared]) -> list[float]:
+        """Expected output tokens per item (the worker thread only). Raises ``LenpredError``."""
+
+
+class FunctionService:
+    """A plain ``predict(prompts, cap) -> expected tokens`` function as a service (tests, custom predictors): no
+    tokenising, each item predicted by its own call."""
+
+    def __init__(self, predict: Callable[[list, int | None], float]):
+        self.predict = predict
+
+    def prepare(self, prompts: list, cap: int | None) -> Prepared:
+        return Prepared((prompts, cap))
+
+    def predict_batch(self, items: list[Prepared]) -> list[float]:
+        return [self.predict(*item.payload) for item in items]
+
+
+class LengthPredictorService:
+    """A loaded :class:`lenpred.LengthPredictor` as a service: the request's prompts tokenised with a per-thread
+    copy of the tokenizer; a batch predicted in one :meth:`~lenpred.LengthPredictor.predict_prepared` call
+    (truncated forward for hidden-state-only predictors). A request's value is its largest prompt's ``expected``
+    (a completions list of prompts).
+
+    A cap that does not fit the predictor's context window next to the prompt (clients often send a large
+    ``max_tokens`` to an upstream with a longer window) is not an error: the prediction is made uncapped and then
+    clipped to the cap.
+    """
+
+    def __init__(self, predictor, truncated: bool = True, batch_tokens: int = 4096):
+        self.predictor, self.truncated, self.batch_tokens = predictor, truncated, batch_tokens
+        self._local = threading.local()
+
+    def _tokenizer(self):
+        import copy
+
+        tok = getattr(self._local, "tokenizer", None)
+        if tok is None:
+            tok = self._local.tokenizer = copy.deepcopy(self.predictor.backbone_.tokenizer)
+        return tok
+
+    def prepare(self, prompts: list, cap: int | None) -> Prepared:
+        tok = self._tokenizer()
+        try:
+            requests, clip = self.predictor.prepare(prompts, cap, tokenizer=tok), None
+        except ContextWindowError:
+            if cap is None:
+                raise
+            requests, clip = self.predictor.prepare(prompts, None, tokenizer=tok), float(cap)
+        return Prepared((requests, clip), sum(r.num_prompt_tokens for r in requests))
+
+    def predict_batch(self, items: list[Prepared]) -> list[float]:
+        flat = [r for item in items for r in item.payload[0]]
+        predictions = iter(self.predictor.predict_prepared(flat, self.batch_tokens, self.truncated))
+        out = []
+        for item in items:
+            requests, clip = item.payload
+            value = max(next(predictions).expected for _ in requests)
+            out.append(value if clip is None else min(value, clip))
+        return out
+
+
+class _Item:
+    __slots__ = ("prepared", "future", "queued_s")
+
+    def __init__(self, prepared: Prepared, future: asyncio.Future):
+        self.prepared, self.future, self.queued_s = prepared, future, time.perf_counter()
+
+
+class PredictionBatcher:
+    """One worker predicting queued requests in micro-batches (see the module docstring).
+
+    Call :meth:`start` inside the event loop (the app's lifespan), :meth:`predict` per request, :meth:`stop` at
+    shutdown. ``metrics`` (a :class:`lenpred.serve_metrics.ProxyMetrics`) records batch sizes, batch times and the
+    queue length.
+    """
+
+    def __init__(self, service: PredictionService, cfg: BatchConfig | None = None, metrics=None):
+        self.service, self.cfg, self.metrics = service, cfg or BatchConfig(), metrics
+        self._queue: collections.deque[_Item] = collections.deque()
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+        self._executor = None
+
+    @property
+    def queued(self) -> int:
+        """Requests waiting for a batch."""
+        return len(self._queue)
+
+    @property
+    def running(self) -> bool:
+        """Whether the worker is alive."""
+        return self._task is not None and not self._task.done()
+
+    async def start(self) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self._wake = asyncio.Event()
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="lenpred-predict")
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+        for item in self._queue:
+            item.future.cancel()
+        self._queue.clear()
+
+    async def predict(self, prepared: Prepared) -> float:
+        """Queue one request and wait for its value (expected output tokens). Cancelling the caller drops it.
+
+        Raises:
+            LenpredError: its prediction failed (another request's failure in the same batch does not fail it).
+        """
+        future = asyncio.get_running_loop().create_future()
+        self._queue.append(_Item(prepared, future))
+        self._gauge()
+        self._wake.set()
+        return await future
+
+    def _gauge(self) -> None:
+        if self.metrics is not None:
+            self.metrics.queue.set(len(self._queue))
+
+    def _take(self) -> list[_Item]:
+        """The next batch: queued items in order while they fit (at least one); cancelled ones dropped."""
+        batch, tokens = [], 0
+        while self._queue and len(batch) < self.cfg.max_batch_size:
+            item = self._queue[0]
+            if item.future.done():  # its client went away
+                self._queue.popleft()
+                continue
+            if batch and tokens + item.prepared.num_tokens > self.cfg.max_batch_tokens:
+                break
+            batch.append(self._queue.popleft())
+            tokens += item.prepared.num_tokens
+        self._gauge()
+        return batch
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            while not self._queue:
+                self._wake.clear()
+                await self._wake.wait()
+            if self.cfg.window_ms > 0 and len(self._queue) < self.cfg.max_batch_size:
+                await asyncio.sleep(self.cfg.window_ms / 1e3)
+            batch = self._take()
+            if not batch:
+                continue
+            started = time.perf_counter()
+            values = await self._call(loop, batch)
+            if self.metrics is not None:
+                self.metrics.batch_s.observe(time.perf_counter() - started)
+                self.metrics.batch_size.observe(len(batch))
+            if isinstance(values, LenpredError):  # isolate the request that failed: predict each alone
+                values = [values] if len(batch) == 1 else [await self._call(loop, [item]) for item in batch]
+                values = [v if isinstance(v, LenpredError) else v[0] for v in values]
+            for item, value in zip(batch, values):
+                if item.future.done():
+                    continue
+                if isinstance(value, LenpredError):
+                    item.future.set_exception(value)
+                else:
+                    item.future.set_result(value)
+
+    async def _call(self, loop, batch: list[_Item]) -> list[float] | LenpredError:
+        """The service's values for a batch, or the error it raised (any exception becomes a ``LenpredError``, so a
+        bug in one batch never stops the worker)."""
+        try:
+            return await loop.run_in_executor(self._executor, self.service.predict_batch, [i.prepared for i in batch])
+        except LenpredError as exc:
+            return exc
+        except Exception as exc:  # noqa: BLE001 - reported to the requests, the worker goes on
+            return LenpredError(f"the prediction failed ({type(exc).__name__}: {exc})")

@@ -1,0 +1,73 @@
+"""The truncated prefill (forward stopped at the predictor's layer, no LM head) gives the full path's hidden states
+and LengthPredictor.predict's predictions: on the tiny model, and (slow) on the shipped predictor."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from lenpred.pipeline import LengthPredictor
+from lenpred.signals import extract_signals
+from lenpred.truncated import truncated_hidden_states, truncated_plan
+
+PROMPTS = ["hello world", "write a long poem about sea please", [{"role": "user", "content": "what is two"},
+                                                                  {"role": "assistant", "content": "sum"},
+                                                                  {"role": "user", "content": "solve problem python"}]]
+
+
+def _fitted(backbone, method: str, layer: int) -> LengthPredictor:
+    """A LengthPredictor on the tiny model with a head fitted (3 epochs) on the full path's features."""
+    from lenpred.predictors import make_predictor
+
+    lp = LengthPredictor(method, "tiny", layers=(layer,))
+    lp.backbone_, lp.margin_, lp.card_ = backbone, 1.5, {}
+    lp.config_ = {"layers": [layer], "semantic": False}
+    lp.predictor_ = make_predictor(method, layer=layer, head={"epochs": 3, "num_bins": 4})
+    train = lp.prepare(PROMPTS * 4, 16)
+    lp._attach_signals(train, 4096, False)
+    lp.predictor_.fit(train, np.arange(len(train), dtype=np.float64) + 1.0)
+    return lp
+
+
+@pytest.mark.parametrize("layer", [1, 2])
+def test_truncated_states_equal_the_full_forward(tiny_backbone, one_torch_thread, layer):
+    ids = [r.token_ids for r in _fitted(tiny_backbone, "last", layer).prepare(PROMPTS)]
+    full = extract_signals(tiny_backbone, ids, [layer], semantic=False)
+    cut = truncated_hidden_states(tiny_backbone, ids, layer)
+    for f, c, i in zip(full, cut, ids):
+        assert c.shape == (len(i), 32) and c.dtype == torch.float32
+        torch.testing.assert_close(c, f.layer(layer), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("method,layer", [("last", 1), ("mean", 2), ("max", 1)])
+def test_truncated_predictions_equal_predict(tiny_backbone, one_torch_thread, method, layer):
+    lp = _fitted(tiny_backbone, method, layer)
+    assert truncated_plan(lp).layer == layer
+    want = lp.predict(PROMPTS, 16)
+    got = lp.predict_prepared(lp.prepare(PROMPTS, 16))
+    for w, g in zip(want, got):
+        assert g.expected == pytest.approx(w.expected, abs=1e-4) and g.high == pytest.approx(w.high, abs=1e-4)
+        assert g.num_prompt_tokens == w.num_prompt_tokens
+
+
+def test_plan_is_none_for_predictors_that_read_more(tiny_backbone, one_torch_thread):
+    lp = _fitted(tiny_backbone, "last", 1)
+    lp.config_ = {"layers": [1], "semantic": True}
+    assert truncated_plan(lp) is None
+    egtp = _fitted(tiny_backbone, "egtp", 1)  # entropy weights: the LM head is needed
+    assert truncated_plan(egtp) is None
+    got = egtp.predict_prepared(egtp.prepare(PROMPTS, 16))  # the full path then runs
+    assert [g.expected for g in got] == pytest.approx([w.expected for w in egtp.predict(PROMPTS, 16)])
+
+
+@pytest.mark.slow
+def test_shipped_predictor_truncated_equals_predict():
+    lp = LengthPredictor.from_pretrained(threads=1)
+    plan = truncated_plan(lp)
+    assert plan is not None and (plan.layer, plan.num_layers) == (15, 30)
+    prompts = ["What is the capital of France?", "Write a long story about a dragon who learns to sing.",
+               [{"role": "user", "content": "Solve 12 * 7 step by step."}]]
+    want = lp.predict(prompts, 256)
+    got = lp.predict_prepared(lp.prepare(prompts, 256))
+    assert [g.expected for g in got] == pytest.approx([w.expected for w in want], abs=1e-3)
