@@ -17,6 +17,7 @@ way to lift that on GPU).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -72,6 +73,24 @@ def capture_plan(scheduled: list[ScheduledRequest], plp_steps: tuple[int, ...] =
     return out
 
 
+def scheduled_requests(scheduler_output, prompt_lengths: dict[str, int]) -> list[ScheduledRequest]:
+    """The step's requests with their computed / scheduled / prompt token counts, from vLLM's ``SchedulerOutput``
+    (new requests carry their prompt; cached ones are looked up in ``prompt_lengths``, filled as they arrive)."""
+    out = []
+    for new in scheduler_output.scheduled_new_reqs:
+        n = len(new.prompt_token_ids) if new.prompt_token_ids is not None else int(new.prompt_embeds.shape[0])
+        prompt_lengths[new.req_id] = n
+        out.append(ScheduledRequest(new.req_id, new.num_computed_tokens,
+                                    scheduler_output.num_scheduled_tokens[new.req_id], n))
+    cached = scheduler_output.scheduled_cached_reqs
+    for rid, computed in zip(cached.req_ids, cached.num_computed_tokens):
+        if rid in prompt_lengths:
+            out.append(ScheduledRequest(rid, computed, scheduler_output.num_scheduled_tokens[rid], prompt_lengths[rid]))
+    for rid in scheduler_output.finished_req_ids:
+        prompt_lengths.pop(rid, None)
+    return out
+
+
 def last_rows(query_start_loc: torch.Tensor, num_reqs: int) -> torch.Tensor:
     """``(num_reqs,)`` int64: each request's last row in the flattened batch, ``query_start_loc[1:] − 1``."""
     return query_start_loc[1:num_reqs + 1].to(torch.long) - 1
@@ -99,13 +118,16 @@ class LayerCapture:
     Args:
         layers: the model's decoder layers (``model.model.layers``).
         indices: hidden-state indices ``1..L`` to capture (``i`` hooks decoder layer ``i − 1``; 0, the embeddings,
-            and ``L`` after the final norm are not hooked: see :func:`decoder_layers`).
+            is not hooked; ``L`` is the last layer's residual stream *before* the final norm, which transformers'
+            ``hidden_states[L]`` applies: predictors on the last index are refused by the plug-in).
+        query_start_loc: a callable returning the running forward's ``query_start_loc`` (default: vLLM's forward
+            context).
 
     After a forward, :attr:`states` maps each index to a ``(num_reqs, hidden_size)`` float32 tensor (cleared by
     :meth:`take`). Cost: one ``index_select`` and one add of ``num_reqs`` rows per hooked layer.
     """
 
-    def __init__(self, layers, indices: tuple[int, ...]):
+    def __init__(self, layers, indices: tuple[int, ...], query_start_loc=None):
         bad = [i for i in indices if not 1 <= i <= len(layers)]
         if bad:
             raise LenpredError(f"hidden-state index {bad[0]} cannot be captured from a {len(layers)}-layer model: "
@@ -113,11 +135,14 @@ class LayerCapture:
         self.indices = tuple(sorted(set(indices)))
         self.states: dict[int, torch.Tensor] = {}
         self.num_calls = 0  # forwards that captured something (a counter the tests read)
+        self.hook_s = 0.0  # wall time spent inside the hooks (the capture's cost in the forward)
+        self._query_start_loc = query_start_loc or _query_start_loc  # injectable: tests run without vLLM
         self._handles = [layers[i - 1].register_forward_hook(self._hook(i)) for i in self.indices]
 
     def _hook(self, index: int):
         def hook(module, args, output):
-            qsl = _query_start_loc()
+            t0 = time.perf_counter()
+            qsl = self._query_start_loc()
             if qsl is None:
                 return
             hidden, residual = output if isinstance(output, tuple) else (output, None)
@@ -129,6 +154,7 @@ class LayerCapture:
             self.states[index] = state.float()
             if index == self.indices[0]:
                 self.num_calls += 1
+            self.hook_s += time.perf_counter() - t0
         return hook
 
     def take(self) -> dict[int, torch.Tensor]:

@@ -13,6 +13,7 @@ ENGINE_POLICIES = ("observe", "fcfs", "sjf", "srpt")
 prefill on arrival, parked decoding (:mod:`lenpred.serving.parked`)."""
 
 KEY = "lenpred"
+RANK_BY = ("prediction", "priority")
 
 
 @dataclass
@@ -30,6 +31,10 @@ class EngineConfig:
         plp: refresh the remaining-length estimate with the predictor's PLP head from decode states captured at its
             steps (``srpt`` only; without it, or with ``False``, the static distribution conditioned on the tokens
             generated so far).
+        rank_by: ``prediction`` (the engine's own, default) or ``priority``: rank by each request's ``priority`` field
+            as its predicted output length in tokens (remaining = priority − generated) — for a router or proxy that
+            predicts upstream, and for oracle runs (priority = the recorded length); the engine still predicts and
+            logs its own.
         log_path: append one JSON line per finished request (predictions, observed length, times) to this file;
             ``None``: no log. Holds no prompt or response text.
         log_states: also write each request's captured prefill state (``(d,)`` floats) into its log line — a
@@ -43,6 +48,7 @@ class EngineConfig:
     max_idle_s: float | None = 60.0
     switch_margin_tokens: float = 16.0
     plp: bool = True
+    rank_by: str = "prediction"
     log_path: str | None = None
     log_states: bool = False
 
@@ -51,6 +57,8 @@ class EngineConfig:
             raise LenpredError(f"lenpred policy '{self.policy}' is unknown; valid: {', '.join(ENGINE_POLICIES)}")
         if not isinstance(self.decode_slots, int) or self.decode_slots < 1:
             raise LenpredError(f"lenpred decode_slots must be an integer >= 1, got {self.decode_slots!r}")
+        if self.rank_by not in RANK_BY:
+            raise LenpredError(f"lenpred rank_by '{self.rank_by}' is unknown; valid: {', '.join(RANK_BY)}")
         if self.max_idle_s is not None and self.max_idle_s < 0 or self.switch_margin_tokens < 0:
             raise LenpredError("lenpred max_idle_s and switch_margin_tokens must be >= 0")
 
@@ -112,6 +120,10 @@ def check_served_model(predictor, vllm_config) -> None:
     predictor.check_model_revision(local_model_revision(path), str(path), "the lenpred predictor")
     hf = vllm_config.model_config.hf_config
     width = len(predictor.predictor_.head_.mean_)
-    if int(hf.hidden_size) != width or predictor.engine_layer > int(hf.num_hidden_layers):
-        raise LenpredError(f"the predictor reads {width}-wide states at layer {predictor.engine_layer}; the served model "
-                           f"has hidden size {hf.hidden_size} and {hf.num_hidden_layers} layers")
+    layer, depth = predictor.engine_layer, int(hf.num_hidden_layers)
+    if int(hf.hidden_size) != width:
+        raise LenpredError(f"the predictor reads {width}-wide states; the served model's hidden size is {hf.hidden_size}")
+    if not 1 <= layer < depth:
+        raise LenpredError(f"the predictor reads hidden-state index {layer}; the plug-in captures decoder-layer outputs "
+                           f"1..{depth - 1} of this {depth}-layer model (the last index holds the final norm's output, "
+                           "which the hooks do not see): train the predictor on an intermediate layer")

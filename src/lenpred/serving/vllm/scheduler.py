@@ -105,9 +105,14 @@ class LenpredScheduler(Scheduler):
                                  "kv_parked": 0, "head_s": 0.0}
         self._lp_decoding: set[str] = set()
         self._lp_last_decode: dict[str, float] = {}
+        self._lp_client_priority: dict[str, int] = {}
         self._lp_log = open(cfg.log_path, "a", buffering=1) if cfg.log_path else None  # noqa: SIM115 - engine lifetime
 
     # ------------------------------------------------------------------ predictions
+
+    def add_request(self, request) -> None:
+        self._lp_client_priority[request.request_id] = request.priority  # before the policy overwrites it
+        super().add_request(request)
 
     def update_from_output(self, scheduler_output, model_runner_output):
         states = getattr(model_runner_output, STATES_ATTR, None)
@@ -190,14 +195,17 @@ class LenpredScheduler(Scheduler):
         return output
 
     def _lenpred_slot(self, request, now: float) -> SlotRequest:
-        p = self.lenpred_predictions.get(request.request_id)
-        generated = request.num_output_tokens
-        decoding = request.request_id in self._lp_decoding
-        last = self._lp_last_decode.get(request.request_id, now)
-        return SlotRequest(request.request_id, request.arrival_time,
-                           p.expected if p is not None else math.inf,
-                           p.remaining(generated) if p is not None else math.inf, decoding,
-                           0.0 if decoding else now - last,
+        rid, generated = request.request_id, request.num_output_tokens
+        p = self.lenpred_predictions.get(rid)
+        if self.lenpred_config.rank_by == "priority":
+            total = float(self._lp_client_priority.get(rid, math.inf))
+            remaining = max(total - generated, 0.0)
+        else:
+            total = p.expected if p is not None else math.inf
+            remaining = p.remaining(generated) if p is not None else math.inf
+        decoding = rid in self._lp_decoding
+        last = self._lp_last_decode.get(rid, now)
+        return SlotRequest(rid, request.arrival_time, total, remaining, decoding, 0.0 if decoding else now - last,
                            request.num_computed_tokens % self.block_size == 0)
 
     def _lenpred_park(self) -> list:
@@ -239,6 +247,7 @@ class LenpredScheduler(Scheduler):
         rid = request.request_id
         self._lp_last_decode.pop(rid, None)
         self._lp_decoding.discard(rid)
+        client_priority = self._lp_client_priority.pop(rid, None)
         p = self.lenpred_predictions.pop(rid, None)
         if p is None:
             return kv_params, ec_params
@@ -249,6 +258,7 @@ class LenpredScheduler(Scheduler):
                 "request_id": rid, **public, "num_output_tokens": request.num_output_tokens,
                 "finish_reason": None if reason is None else str(reason), "arrival_time": request.arrival_time,
                 "num_preemptions": request.num_preemptions, "policy": self.lenpred_config.policy,
+                "client_priority": client_priority,
                 **({} if p.state is None else {"state": p.state.tolist()})}) + "\n")
         if kv_params is None:
             kv_params = {"lenpred": public}

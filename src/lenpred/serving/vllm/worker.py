@@ -14,33 +14,17 @@ is the same one-line subclass (:func:`gpu_worker_cls`; untested here: no GPU; ne
 from __future__ import annotations
 
 import copy
+import time
 
 import numpy as np
 
 from lenpred.errors import LenpredError
-from lenpred.serving.vllm.capture import LayerCapture, ScheduledRequest, capture_plan, decoder_layers
+from lenpred.serving.vllm.capture import (LayerCapture, ScheduledRequest, capture_plan, decoder_layers,
+                                          scheduled_requests)
 from lenpred.serving.vllm.config import EngineConfig, check_served_model, load_head
 
 STATES_ATTR = "lenpred_states"
 """``{request_id: {"step": int, "states": {hidden-state index: (d,) float32 ndarray}}}`` on a ModelRunnerOutput."""
-
-
-def scheduled_requests(scheduler_output, prompt_lengths: dict[str, int]) -> list[ScheduledRequest]:
-    """The step's requests with their computed / scheduled / prompt token counts, from vLLM's ``SchedulerOutput``
-    (new requests carry their prompt; cached ones are looked up in ``prompt_lengths``, filled as they arrive)."""
-    out = []
-    for new in scheduler_output.scheduled_new_reqs:
-        n = len(new.prompt_token_ids) if new.prompt_token_ids is not None else int(new.prompt_embeds.shape[0])
-        prompt_lengths[new.req_id] = n
-        out.append(ScheduledRequest(new.req_id, new.num_computed_tokens,
-                                    scheduler_output.num_scheduled_tokens[new.req_id], n))
-    cached = scheduler_output.scheduled_cached_reqs
-    for rid, computed in zip(cached.req_ids, cached.num_computed_tokens):
-        if rid in prompt_lengths:
-            out.append(ScheduledRequest(rid, computed, scheduler_output.num_scheduled_tokens[rid], prompt_lengths[rid]))
-    for rid in scheduler_output.finished_req_ids:
-        prompt_lengths.pop(rid, None)
-    return out
 
 
 class CaptureMixin:
@@ -67,17 +51,44 @@ class CaptureMixin:
         self._lenpred_capture = LayerCapture(decoder_layers(self.model_runner.get_model()), tuple(indices))
         self._lenpred_prompt_lengths: dict[str, int] = {}
         self._lenpred_pending: dict | None = None
+        self._lenpred_stats_path = f"{cfg.log_path}.worker.json" if cfg.log_path else None
+        self.lenpred_stats = {"steps": 0, "step_s": 0.0, "plugin_s": 0.0, "hook_s": 0.0, "captured": 0}
 
     def execute_model(self, scheduler_output):
+        t0 = time.perf_counter()
         scheduled = scheduled_requests(scheduler_output, self._lenpred_prompt_lengths)
+        t1 = time.perf_counter()
         output = super().execute_model(scheduler_output)
+        t2 = time.perf_counter()
         states = self._lenpred_capture.take()
         if states:
             self._lenpred_pending = self._collect(scheduled, states)
-        return self._attach(output) if output is not None else None
+        output = self._attach(output) if output is not None else None
+        self._lenpred_count(t0, t1, t2)
+        return output
 
     def sample_tokens(self, grammar_output):
-        return self._attach(super().sample_tokens(grammar_output))
+        t0 = time.perf_counter()
+        output = super().sample_tokens(grammar_output)
+        t1 = time.perf_counter()
+        output = self._attach(output)
+        stats = self.lenpred_stats
+        stats["step_s"] += time.perf_counter() - t0
+        stats["plugin_s"] += time.perf_counter() - t1
+        return output
+
+    def _lenpred_count(self, t0: float, t1: float, t2: float) -> None:
+        """Wall time of the step and of lenpred's part of it (outside the forward; the hooks' time inside it is
+        ``LayerCapture.hook_s``); written to ``<log_path>.worker.json`` every 256 steps when logging."""
+        stats, now = self.lenpred_stats, time.perf_counter()
+        stats["steps"] += 1
+        stats["step_s"] += now - t0
+        stats["plugin_s"] += (t1 - t0) + (now - t2)
+        stats["hook_s"] = self._lenpred_capture.hook_s
+        if self._lenpred_stats_path and stats["steps"] % 256 == 0:
+            from lenpred.io import write_json
+
+            write_json(self._lenpred_stats_path, stats)
 
     def _collect(self, scheduled: list[ScheduledRequest], states: dict) -> dict:
         """Rows of the captured states → ``{request_id: {"step", "states"}}`` for the planned targets."""
@@ -88,6 +99,7 @@ class CaptureMixin:
             row = order.get(target.request_id)
             if row is None or row >= num_rows:
                 continue
+            self.lenpred_stats["captured"] += 1
             out[target.request_id] = {"step": target.step,
                                       "states": {i: s[row].numpy().astype(np.float32) for i, s in states.items()}}
         return out
@@ -115,8 +127,14 @@ class LenpredCPUWorker(CaptureMixin, _cpu_worker_base()):
 
 
 def gpu_worker_cls():
-    """The GPU worker with lenpred's capture (the same mixin; untested here — no GPU on this project's machines).
-    Use it as ``--worker-cls lenpred.serving.vllm.worker.LenpredGPUWorker`` after ``import`` makes it exist."""
+    """The GPU worker with lenpred's capture: the same mixin over vLLM's GPU ``Worker`` (untested here: this
+    project's machines have no GPU). ``--worker-cls lenpred.serving.vllm.worker.LenpredGPUWorker`` resolves to it."""
     from vllm.v1.worker.gpu_worker import Worker
 
     return type("LenpredGPUWorker", (CaptureMixin, Worker), {"__module__": __name__})
+
+
+def __getattr__(name: str):
+    if name == "LenpredGPUWorker":  # built on first use: importing the GPU worker on a CPU build is not free
+        return gpu_worker_cls()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

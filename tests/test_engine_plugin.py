@@ -1,0 +1,134 @@
+"""The vLLM plug-in's engine-independent parts, without vLLM: which rows are captured, the hooks on a fake layer,
+the settings, and predictions from captured states equal the full ``LengthPredictor.predict`` (tiny model)."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from lenpred.errors import LenpredError
+from lenpred.pipeline import LengthPredictor
+from lenpred.serving.vllm.capture import (CaptureTarget, LayerCapture, ScheduledRequest, capture_plan, last_rows)
+from lenpred.serving.vllm.config import EngineConfig
+
+
+def test_capture_plan_keeps_the_last_prompt_token_and_plp_steps():
+    P = 10
+    scheduled = [ScheduledRequest("whole", 0, P, P),  # whole prefill in one step
+                 ScheduledRequest("chunk1", 0, 6, P),  # chunked: first chunk (not yet the last token)
+                 ScheduledRequest("chunk2", 6, 4, P),  # second chunk computes token 10 = the last prompt token
+                 ScheduledRequest("cached", 8, 2, P),  # prefix-cache hit of 8 tokens
+                 ScheduledRequest("t1", P, 1, P),  # decode step consuming generated token 1
+                 ScheduledRequest("t8", P + 7, 1, P),  # consumes generated token 8
+                 ScheduledRequest("t9", P + 8, 1, P)]
+    assert capture_plan(scheduled, plp_steps=(0, 8, 16)) == [
+        CaptureTarget("whole", 0), CaptureTarget("chunk2", 0), CaptureTarget("cached", 0), CaptureTarget("t8", 8)]
+    assert [t.request_id for t in capture_plan(scheduled)] == ["whole", "chunk2", "cached"]
+
+
+def test_last_rows_from_query_start_loc():
+    # three requests of 4, 1 and 3 tokens: rows 3, 4, 7
+    assert last_rows(torch.tensor([0, 4, 5, 8], dtype=torch.int32), 3).tolist() == [3, 4, 7]
+
+
+class _FusedLayer(torch.nn.Module):
+    """Returns (hidden, residual) like vLLM's decoder layers: the stream is their sum."""
+
+    def forward(self, x):
+        return x * 2, x + 1
+
+
+def test_layer_capture_sums_hidden_and_residual_at_each_last_row():
+    layers = [_FusedLayer(), _FusedLayer()]
+    qsl = torch.tensor([0, 2, 5])
+    cap = LayerCapture(layers, (2,), query_start_loc=lambda: qsl)
+    x = torch.arange(10, dtype=torch.float32).reshape(5, 2)
+    layers[1](x)
+    states = cap.take()
+    # rows 1 and 4: 2x + (x + 1) = 3x + 1
+    np.testing.assert_allclose(states[2].numpy(), 3 * x[[1, 4]].numpy() + 1)
+    assert cap.take() == {} and cap.num_calls == 1
+    cap.remove()
+    layers[1](x)
+    assert cap.take() == {}
+    with pytest.raises(LenpredError, match="cannot be captured from a 2-layer model"):
+        LayerCapture(layers, (3,))
+    none = LayerCapture(layers, (1,), query_start_loc=lambda: None)  # dummy / profiling runs: nothing kept
+    layers[0](x)
+    assert none.take() == {}
+
+
+def test_scheduled_requests_reads_new_and_cached_requests():
+    from lenpred.serving.vllm.capture import scheduled_requests
+
+    out = SimpleNamespace(
+        scheduled_new_reqs=[SimpleNamespace(req_id="a", prompt_token_ids=[1, 2, 3], num_computed_tokens=0)],
+        scheduled_cached_reqs=SimpleNamespace(req_ids=["b", "a"], num_computed_tokens=[7, 3]),
+        num_scheduled_tokens={"a": 3, "b": 1}, finished_req_ids={"c"})
+    lengths = {"b": 5, "c": 4}
+    got = scheduled_requests(out, lengths)
+    assert got == [ScheduledRequest("a", 0, 3, 3), ScheduledRequest("b", 7, 1, 5), ScheduledRequest("a", 3, 3, 3)]
+    assert lengths == {"a": 3, "b": 5}  # finished requests forgotten
+
+
+def test_engine_config_refuses_unknown_keys_and_values():
+    ok = EngineConfig.from_vllm(SimpleNamespace(additional_config={"lenpred": {"policy": "srpt", "decode_slots": 2}}))
+    assert ok.policy == "srpt" and ok.decode_slots == 2
+    assert EngineConfig.from_vllm(SimpleNamespace(additional_config=None)) == EngineConfig()
+    with pytest.raises(LenpredError, match=r"unknown lenpred setting\(s\) slots in --additional-config; valid: predictor, policy"):
+        EngineConfig.from_vllm(SimpleNamespace(additional_config={"lenpred": {"slots": 2}}))
+    with pytest.raises(LenpredError, match="policy 'lifo' is unknown; valid: observe, fcfs, sjf, srpt"):
+        EngineConfig(policy="lifo")
+    with pytest.raises(LenpredError, match="decode_slots must be an integer >= 1"):
+        EngineConfig(decode_slots=0)
+    assert EngineConfig.from_vllm(SimpleNamespace(additional_config={"lenpred": ok.to_json()[12:-1]})) == ok
+
+
+@pytest.fixture(scope="module")
+def fitted_last(tiny_model_dir, tmp_path_factory):
+    from typer.testing import CliRunner
+
+    from conftest import make_tiny_data_dir
+    from lenpred.cli import app
+
+    root = tmp_path_factory.mktemp("engine")
+    data = make_tiny_data_dir(root / "data")
+    r = CliRunner().invoke(app, ["bench", "build", "--out", str(root / "bench"), "--preset", "tiny", "--model",
+                                 str(tiny_model_dir), "--engine", "transformers", "--data-dir", str(data), "--seed", "5"])
+    assert r.exit_code == 0, r.output
+    return LengthPredictor("last", str(tiny_model_dir), layers=(1,), coverage=0.5, epochs=3).fit(
+        root / "bench", data_dir=str(data), cache=str(root / "cache"))
+
+
+def test_predict_states_equals_predict_without_loading_the_model(fitted_last, tmp_path):
+    from lenpred.prompts import prepare_prompt
+
+    prompts = ["write a long poem about sea", "what is the sum of two and three"]
+    assert fitted_last.engine_layer == 1
+    backbone = fitted_last.backbone_
+    with torch.no_grad():
+        states = np.stack([backbone.model(torch.tensor([prepare_prompt(backbone.tokenizer, p).token_ids]),
+                                          output_hidden_states=True).hidden_states[1][0, -1].numpy() for p in prompts])
+    head = LengthPredictor.from_pretrained(fitted_last.save_pretrained(tmp_path / "p"), load_model=False)
+    assert not hasattr(head, "backbone_")  # the engine path holds no model: no second forward pass exists
+    full = fitted_last.predict(prompts, max_new_tokens=20)
+    lengths = [p.num_prompt_tokens for p in full]
+    from_states = head.predict_states(states, lengths, [20, 20])
+    for a, b in zip(from_states, full):
+        assert a.to_dict(True) == b.to_dict(True)
+    with pytest.raises(LenpredError, match=r"predict_states needs \(2, 32\) states, got \(2, 3\)"):
+        head.predict_states(states[:, :3], lengths, [20, 20])
+
+
+def test_predictors_that_pool_many_tokens_are_refused_by_the_plugin(fitted_last, tmp_path):
+    from lenpred.serving.vllm.config import load_head
+
+    fitted_last.method = "estp"  # what load_head sees of a pooling predictor
+    try:
+        assert fitted_last.engine_layer is None
+        with pytest.raises(LenpredError, match="reads more than one last-token state"):
+            fitted_last.predict_states(np.zeros((1, 32), np.float32), [3], [5])
+    finally:
+        fitted_last.method = "last"
+    assert load_head(EngineConfig()).engine_layer == 15  # the shipped predictor: last@15
