@@ -191,6 +191,15 @@ def _output_logits(model, hidden: torch.Tensor, vocab_head: tuple | None = None)
     return logits
 
 
+def default_layers(num_layers: int) -> tuple[int, ...]:
+    """Hidden-state indices extracted when none are given: half, three quarters and all of the depth,
+    ``(L // 2, 3 * L // 4, L)`` (distinct, sorted). SmolLM2's 30 layers give ``(15, 22, 30)``, the layers the
+    shipped predictor and the committed results were chosen from; Gemma 3 270M's 18 give ``(9, 13, 18)``.
+    (TRAIL and the signal-probing literature find the length signal in middle-to-late layers; the final layer is
+    what EGTP / ESTP pool.)"""
+    return tuple(sorted({num_layers // 2, 3 * num_layers // 4, num_layers}))
+
+
 def resolve_layers(layers, num_layers: int) -> tuple[int, ...]:
     """Hidden-state indices with negatives counted from the end (-1 -> ``num_layers``), sorted, unique."""
     return tuple(sorted({l + num_layers + 1 if l < 0 else l for l in layers}))
