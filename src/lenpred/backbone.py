@@ -377,7 +377,8 @@ def load_backbone(model_id: str = DEFAULT_MODEL, attn_implementation: str = "sdp
         model_id: default alias, ``.gguf`` file, local directory, package shipping a GGUF, or hub id (see
             :func:`resolve_model`).
         attn_implementation: ``"sdpa"`` (fast; the signals module switches only the last layer to
-            eager when it needs attention weights) or ``"eager"``.
+            eager when it needs attention weights) or ``"eager"``. A model that soft-caps attention logits (Gemma 2)
+            always gets ``"eager"``: SDPA cannot soft-cap.
         num_threads: torch intra-op threads; ``None`` keeps torch's default.
 
     Raises:
@@ -396,6 +397,8 @@ def load_backbone(model_id: str = DEFAULT_MODEL, attn_implementation: str = "sdp
     model_dir, revision = resolve_model(model_id)
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        if attn_implementation == "sdpa" and _attention_softcapping(model_dir):
+            attn_implementation = "eager"  # Gemma 2: SDPA cannot soft-cap attention logits (transformers refuses it)
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
                                                      attn_implementation=attn_implementation)
     except (OSError, ValueError, KeyError, SafetensorError) as exc:  # SafetensorError: a truncated weights file
@@ -405,6 +408,16 @@ def load_backbone(model_id: str = DEFAULT_MODEL, attn_implementation: str = "sdp
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return Backbone(model=model, tokenizer=tokenizer, model_id=model_id, model_dir=model_dir, revision=revision)
+
+
+def _attention_softcapping(model_dir: Path) -> bool:
+    """Whether the model soft-caps its attention logits (``attn_logit_softcapping``, Gemma 2), which SDPA cannot."""
+    try:
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    return bool(text.get("attn_logit_softcapping"))
 
 
 def eos_token_ids(model_dir: str | os.PathLike, tokenizer: Any) -> tuple[int, ...]:
