@@ -104,9 +104,15 @@ def test_predictor_round_trip_takes_model_and_layers_from_the_benchmark(arch, ar
     assert all(0 <= p.low <= p.median <= p.high <= 16 for p in before)
 
 
-def test_another_model_than_the_benchmarks_is_refused(arch, arch_bench, tiny_model_dir, tmp_path):
+def test_train_takes_the_benchmarks_model_and_refuses_another(arch, arch_bench, tiny_model_dir, tmp_path):
     name, path, backbone = arch
     bench, data, root = arch_bench
+    common = ["--data-dir", str(data), "--cache", str(root / "cache")]
+    r = runner.invoke(app, ["train", "--bench", str(bench), "--out", str(tmp_path / "ok"), "--method", "mean",
+                            "--epochs", "2", *common])  # no --model, no --layers: the benchmark's model, its depth
+    assert r.exit_code == 0, r.output
+    config = json.loads((tmp_path / "ok" / "config.json").read_text())
+    assert config["model_id"] == str(path) and config["settings"]["layers"] is None and config["layers"][0] in (1, 2)
     r = runner.invoke(app, ["train", "--bench", str(bench), "--out", str(tmp_path / "p"), "--model",
                             str(tiny_model_dir), "--data-dir", str(data), "--cache", str(root / "cache")])
     assert r.exit_code == 2 and len(r.stderr.strip().splitlines()) == 1
