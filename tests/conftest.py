@@ -121,7 +121,7 @@ def write_tiny_gguf(path: Path, seed: int = 0):
     n_head, n_kv, d = 4, 2, 32
     torch.manual_seed(seed)
     config = LlamaConfig(vocab_size=len(tokens), hidden_size=d, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=n_head, num_key_value_heads=n_kv, max_position_embeddings=64,
+                         num_attention_heads=n_head, num_key_value_heads=n_kv, max_position_embeddings=256,
                          bos_token_id=256, eos_token_id=258, tie_word_embeddings=False, rms_norm_eps=1e-5)
     model = LlamaForCausalLM(config).eval()
 
@@ -130,7 +130,7 @@ def write_tiny_gguf(path: Path, seed: int = 0):
 
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_name("tiny-llama")
-    writer.add_context_length(64)
+    writer.add_context_length(256)
     writer.add_embedding_length(d)
     writer.add_block_count(2)
     writer.add_feed_forward_length(64)
