@@ -519,7 +519,7 @@ def test_capped_scenarios_are_named():
 
     rows = [{"scenario": "longseq", "split": "all", "truncated": 0.95, "responses": 20},
             {"scenario": "longseq", "split": "train", "truncated": 1.0, "responses": 5},  # per split: not read
-            {"scenario": "rl", "split": "all", "truncated": 0.85, "responses": 40}]
+            {"scenario": "rl", "split": "all", "truncated": 0.75, "responses": 40}]
     (message,) = capped_warnings(rows)
     assert message.startswith("scenario 'longseq': 95 % of its 20 responses hit max_new_tokens: the model rarely stops")
-    assert capped_warnings(rows, share=0.8)[1].startswith("scenario 'rl': 85 %")
+    assert capped_warnings(rows, share=0.7)[1].startswith("scenario 'rl': 75 %")

@@ -93,8 +93,9 @@ def card_markdown(rows: list[dict], title: str, note: str = "", prompt_files: li
     return "\n".join(lines) + "\n" + ("\n" + prompt_files_markdown(prompt_files) if prompt_files else "")
 
 
-CAPPED_SHARE = 0.9
-"""A scenario whose responses hit ``max_new_tokens`` this often (or more) is warned about (:func:`capped_warnings`)."""
+CAPPED_SHARE = 0.8
+"""A scenario whose responses hit ``max_new_tokens`` this often (or more) is warned about (:func:`capped_warnings`):
+the committed SmolLM2 benchmarks peak at 41 % (RL), Gemma 3 270M (a base model) capped 7 of 8 chat replies at 128."""
 
 
 def capped_warnings(rows: list[dict], share: float = CAPPED_SHARE) -> list[str]:
