@@ -185,20 +185,23 @@ def test_gguf_naming_mistakes_are_one_line_errors(tiny_gguf, tmp_path):
     assert "\n" not in str(info.value)
 
 
-def test_bench_build_train_predict_on_a_gguf_file(tiny_gguf, tmp_path):
-    """The issue's acceptance path on a tiny scale: `bench build --model X.gguf`, `train` with no --model and no
-    --layers, `predict --predictor`."""
+def test_bench_build_train_predict_on_a_gguf_file(tiny_gguf, tmp_path, monkeypatch):
+    """The issue's acceptance path on a tiny scale: `bench build --model X.gguf` (a relative path, recorded
+    absolute), `train` from another directory with no --model and no --layers, `predict --predictor`."""
     gguf, _ = tiny_gguf
     data = make_tiny_data_dir(tmp_path / "data")
     bench, out = tmp_path / "bench", tmp_path / "pred"
-    r = runner.invoke(app, ["bench", "build", "--out", str(bench), "--preset", "tiny", "--model", str(gguf),
+    monkeypatch.chdir(tmp_path)
+    r = runner.invoke(app, ["bench", "build", "--out", str(bench), "--preset", "tiny", "--model", f"g/{gguf.name}",
                             "--engine", "transformers", "--data-dir", str(data), "--seed", "5"])
     assert r.exit_code == 0, r.output
-    assert json.loads((bench / "bench.json").read_text())["model_revision"] == file_sha256(gguf)[:16]
+    manifest = json.loads((bench / "bench.json").read_text())
+    assert manifest["model_id"] == str(gguf.resolve()) and manifest["model_revision"] == file_sha256(gguf)[:16]
+    monkeypatch.chdir(data)
     r = runner.invoke(app, ["train", "--bench", str(bench), "--out", str(out), "--method", "last", "--epochs", "2",
                             "--data-dir", str(data), "--cache", str(tmp_path / "signals")])
     assert r.exit_code == 0, r.output
-    assert json.loads((out / "config.json").read_text())["model_id"] == str(gguf)
+    assert json.loads((out / "config.json").read_text())["model_id"] == str(gguf.resolve())
     r = runner.invoke(app, ["predict", "--predictor", str(out), "write a poem"])
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["num_prompt_tokens"] > 0

@@ -369,6 +369,15 @@ def resolve_model(model_id: str = DEFAULT_MODEL) -> tuple[Path, str]:
     return local, local.name[:16]
 
 
+def recorded_model_name(model_id: str) -> str:
+    """The name a benchmark or predictor records for a model: an existing local path made absolute (so the record
+    works from another directory), any other name (alias, package, hub id) as given."""
+    if model_id in _PACKAGED_GGUF:
+        return model_id
+    path = Path(model_id).expanduser()
+    return str(path.resolve()) if path.exists() else model_id
+
+
 def load_backbone(model_id: str = DEFAULT_MODEL, attn_implementation: str = "sdpa",
                   num_threads: int | None = None) -> Backbone:
     """Load a causal LM and its tokenizer for prefill-signal extraction.

@@ -120,6 +120,7 @@ class LengthPredictor:
             LenpredError: unknown method, a predictor that reads the model's self-report (PiA cannot predict new
                 prompts without generating), bad settings, or any benchmark / data error.
         """
+        from lenpred.backbone import recorded_model_name
         from lenpred.bench.build import read_manifest
         from lenpred.evaluation.run import EvalConfig, prepare_run
         from lenpred.evaluation.tune import tune_and_refit
@@ -141,9 +142,9 @@ class LengthPredictor:
         manifest = read_manifest(bench)
         self.config_ = {
             "method": self.method, "params": self.predictor_.params, "chosen_on_validation": run.chosen,
-            "model_id": self.backbone_.model_id, "model_revision": self.backbone_.revision, "layers": self._layers_read(),
-            "semantic": self._needs_attention(), "template_rule": _template_rule(), "coverage": self.coverage,
-            "interval_margin": self.margin_, "training_benchmark": {
+            "model_id": recorded_model_name(self.backbone_.model_id), "model_revision": self.backbone_.revision,
+            "layers": self._layers_read(), "semantic": self._needs_attention(), "template_rule": _template_rule(),
+            "coverage": self.coverage, "interval_margin": self.margin_, "training_benchmark": {
                 "name": Path(bench).name, "plan_fingerprint": manifest["plan_fingerprint"],
                 "num_records": prepared.table.num_rows, "dropped_duplicates": data.dropped_duplicates},
             "lenpred_version": _version()}

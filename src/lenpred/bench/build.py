@@ -268,7 +268,7 @@ def build_benchmark(config: BenchConfig, out_dir: str | Path, engine: str = "aut
             the engine cannot load the model or refuses to start, a data file holds bad text (the message
             names the file and record), or the limits do not fit the model's context window.
     """
-    from lenpred.backbone import eos_token_ids, resolve_model
+    from lenpred.backbone import eos_token_ids, recorded_model_name, resolve_model
     from lenpred.engines import model_context_window
 
     out = Path(out_dir)
@@ -289,7 +289,8 @@ def build_benchmark(config: BenchConfig, out_dir: str | Path, engine: str = "aut
     plan, skipped = make_plan(config, tokenizer, data_dir, context_window=model_context_window(str(model_dir)))
     fingerprint = plan_fingerprint(plan)
     stop_ids = eos_token_ids(model_dir, tokenizer)
-    manifest = {"config": config.to_dict(), "plan_fingerprint": fingerprint, "model_id": config.model,
+    manifest = {"config": config.to_dict(), "plan_fingerprint": fingerprint,
+                "model_id": recorded_model_name(config.model),
                 "model_revision": revision, "shard_size": config.shard_size, "num_prompts": len(plan),
                 "num_requests": sum(len(p.seeds) for p in plan), "skipped_long_prompts": skipped,
                 "stop_token_ids": list(stop_ids)}
