@@ -179,6 +179,8 @@ def test_gguf_naming_mistakes_are_one_line_errors(tiny_gguf, tmp_path):
     (tmp_path / "weights.bin").write_bytes(b"x")
     with pytest.raises(LenpredError, match="is not a .gguf file"):
         resolve_model(str(tmp_path / "weights.bin"))
+    with pytest.raises(LenpredError, match="model path .*moved.gguf does not exist"):
+        resolve_model(str(tmp_path / "moved.gguf"))
     (tmp_path / "bad.gguf").write_bytes(b"not a gguf")
     with pytest.raises(LenpredError, match="transformers cannot load .*bad.gguf") as info:
         resolve_model(str(tmp_path / "bad.gguf"))

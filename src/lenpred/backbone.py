@@ -353,6 +353,9 @@ def resolve_model(model_id: str = DEFAULT_MODEL) -> tuple[Path, str]:
             raise LenpredError(f"model directory {path} has no config.json and no .gguf file: point --model at a "
                                "directory written by save_pretrained, a GGUF file, or use a hub id")
         return convert_gguf(gguf)
+    if model_id.endswith(".gguf") or model_id.startswith(("/", "./", "../", "~")):
+        raise LenpredError(f"model path {path} does not exist: pass an existing .gguf file or model directory (a "
+                           "benchmark or predictor records the path it was made with)")
     if "/" not in model_id and (gguf := packaged_gguf_path(model_id)) is not None:
         return convert_gguf(gguf)
     try:
