@@ -146,6 +146,9 @@ def test_a_gguf_file_directory_and_package_are_one_model(tiny_gguf, tmp_path, mo
     assert backbone.tokenizer("hello")["input_ids"] == [104, 101, 108, 108, 111]
 
     assert resolve_model(str(gguf.parent)) == (model_dir, revision)  # the directory holding it: same cache entry
+    renamed = tmp_path / "renamed.gguf"
+    shutil.copy(gguf, renamed)
+    assert resolve_model(str(renamed)) == (model_dir, revision)  # another name for the same file: reused
     pkgs = tmp_path / "site"
     (pkgs / "tiny_gguf_pkg" / "data").mkdir(parents=True)
     (pkgs / "tiny_gguf_pkg" / "__init__.py").write_text("raise ImportError('never imported')\n")

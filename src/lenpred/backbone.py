@@ -95,7 +95,11 @@ def _assembled_gguf(package: str) -> Path | None:
 
     Raises:
         LenpredError: the assembly fails (a chunk package missing, a checksum that does not match)."""
-    module = importlib.import_module(package)  # only packages without a GGUF file are imported
+    try:
+        module = importlib.import_module(package)  # only packages without a GGUF file are imported
+    except Exception as exc:  # noqa: BLE001 - whatever a third-party __init__ raises, it is not a usable model
+        raise LenpredError(f"package '{package}' holds no .gguf file and cannot be imported ({type(exc).__name__}: "
+                           f"{exc}): pass a model directory, a .gguf file or a hub id") from None
     assemble = getattr(module, "assemble", None)
     if not callable(assemble):
         return None
@@ -253,7 +257,7 @@ def convert_gguf(model: str | os.PathLike = DEFAULT_MODEL) -> tuple[Path, str]:
     The directory (``$LENPRED_CACHE/models/<name>-<sha16>``) is keyed by the GGUF's SHA-256 and written atomically
     with a marker listing its files and their SHA-256 digests; a partial, stale, truncated or corrupt cache (see
     :func:`check_conversion`) is rebuilt, with a log line saying why. The same file reached by another name (path,
-    directory or package) maps to the same revision.
+    directory or package) maps to the same revision, and an intact conversion of it under another name is reused.
 
     Returns:
         ``(model_dir, revision)`` where ``revision`` is the GGUF sha256's first 16 hex digits.
@@ -274,6 +278,9 @@ def convert_gguf(model: str | os.PathLike = DEFAULT_MODEL) -> tuple[Path, str]:
     problem = check_conversion(out_dir, gguf_sha)
     if problem is None:
         return out_dir, revision
+    for other in sorted((cache_dir() / "models").glob(f"*-{revision}")):  # the same file converted under another name
+        if other != out_dir and check_conversion(other, gguf_sha) is None:
+            return other, revision
     if out_dir.exists():
         logger.warning("lenpred: the cached model %s %s: converting %s again (about a minute)", out_dir, problem,
                        gguf.name)
