@@ -113,6 +113,28 @@ def load_requests(rows, messages, arrivals, mode: str, tag: str):
     return out
 
 
+def _non_streaming(url: str, messages, row) -> dict:
+    """One non-streaming chat request: what the response carries (the plug-in's prediction rides in
+    ``kv_transfer_params``)."""
+    import httpx
+
+    body = {"model": "lenpred-model", "messages": messages[row["request"].prompt_id], "max_tokens": 16,
+            "temperature": 0.0}
+    out = httpx.post(url + "/v1/chat/completions", json=body, timeout=600).json()
+    return {"kv_transfer_params": out.get("kv_transfer_params"), "usage": out.get("usage")}
+
+
+def _check_ports_free(*ports: int) -> None:
+    """Refuse to start when a port is taken (a server left from an earlier run would answer the health check and
+    take the measurement)."""
+    import socket
+
+    for port in ports:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                raise SystemExit(f"127.0.0.1:{port} is in use (a server from an earlier run?): stop it first")
+
+
 def read_log(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
 
@@ -136,6 +158,7 @@ def run(args) -> dict:
     if client_cpus:
         os.sched_setaffinity(0, client_cpus)
     for mode in args.modes.split(","):
+        _check_ports_free(PORT, PORT + 1)
         todo = [(rate, d) for rate in args.rates for d in range(args.draws)
                 if f"{mode}/{rate}/{d}" not in partial["runs"]]
         if not todo:
@@ -159,6 +182,7 @@ def run(args) -> dict:
         with _Servers(commands, urls, logs, 900, cpus=cpus):
             warm = load_requests(draws[0][:2], messages, [0, 0], mode, f"warm-{mode}-")
             run_replay(url, warm, "lenpred-model")
+            partial.setdefault("non_streaming_example", {})[mode] = _non_streaming(url, messages, draws[0][0])
             for rate, d in todo:
                 tag = f"{mode}-{rate}-{d}-"
                 arrivals = arrival_times(args.num_requests, "poisson", rate, seed=args.seed + d)
@@ -172,7 +196,7 @@ def run(args) -> dict:
                 print(f"{mode} rate {rate} draw {d}: {ok}/{len(results)} ok, "
                       f"mean JCT {np.mean([r['jct_s'] for r in results if r['outcome'] == 'ok']):.2f} s, "
                       f"{time.time() - t:.0f} s", flush=True)
-    return partial
+    return partial, draws
 
 
 def main() -> None:
@@ -193,10 +217,27 @@ def main() -> None:
     os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-    run(args)
+    from lenpred.io import write_json
+
+    partial, draws = run(args)
+    rep = report(args, partial, draws)
+    write_json(Path(args.out) / "in_engine.json", rep)
+    md = markdown(rep)
+    (Path(args.out) / "in_engine.md").write_text(md)
+    print(md)
+
+
+def _exit_on_sigterm() -> None:
+    """SIGTERM (``timeout``, ``kill``) exits through Python, so vLLM's and the servers' clean-up runs and no engine
+    process is left behind to load the next measurement."""
+    import signal
+    import sys
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
 
 if __name__ == "__main__":
+    _exit_on_sigterm()
     main()
 
 
@@ -270,6 +311,10 @@ def report(args, partial: dict, draws) -> dict:
             for s in sums:
                 for k, v in s["finish_reasons"].items():
                     cell["finish_reasons"][k] = cell["finish_reasons"].get(k, 0) + v
+            recorded = [{row["request"].request_id: row["oracle"] for row in rows} for rows in draws]
+            ok = [(x["completion_tokens"], recorded[d][x["request_id"]]) for d, r in enumerate(runs)
+                  for x in r["results"] if x["outcome"] == "ok"]
+            cell["share_reproducing_recorded_length"] = float(np.mean([a == b for a, b in ok])) if ok else None
             logs = [x for r in runs for x in r["plugin_log"]]
             if logs:
                 err = [abs(x["expected"] - x["num_output_tokens"]) for x in logs]

@@ -85,5 +85,15 @@ def main() -> None:
                                              "median_paired_ratio")}, indent=1))
 
 
+def _exit_on_sigterm() -> None:
+    """SIGTERM (``timeout``, ``kill``) exits through Python, so vLLM's and the servers' clean-up runs and no engine
+    process is left behind to load the next measurement."""
+    import signal
+    import sys
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+
 if __name__ == "__main__":
+    _exit_on_sigterm()
     main()

@@ -39,6 +39,137 @@ def make_tiny_model_dir(path: Path, seed: int = 0) -> Path:
     return path
 
 
+BYTE_LEVEL_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+"""Ids 256, 257, 258 after the 256 byte symbols of :func:`byte_level_tokenizer`."""
+CHATML_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                   "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def byte_level_tokenizer(chat_template: bool):
+    """A byte-level BPE tokenizer without merges: byte ``b`` is token ``b``, then :data:`BYTE_LEVEL_SPECIALS`
+    (BOS = pad = ``<|endoftext|>``, EOS = ``<|im_end|>``); what every model family's tokenizer class in transformers
+    5 reads back unchanged (Qwen2's rebuilds a word-level vocabulary wrongly)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    vocab = {bytes_to_unicode()[b]: b for b in range(256)} | {t: 256 + i for i, t in enumerate(BYTE_LEVEL_SPECIALS)}
+    tok = Tokenizer(models.BPE(vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|im_end|>",
+                                   pad_token="<|endoftext|>", additional_special_tokens=["<|im_start|>"])
+    if chat_template:
+        fast.chat_template = CHATML_TEMPLATE
+    return fast
+
+
+ARCHITECTURES = ("qwen2", "gemma3", "gemma2")
+"""Tiny random models of other families than the default Llama (:func:`make_tiny_arch_dir`)."""
+
+
+def make_tiny_arch_dir(path: Path, arch: str, seed: int = 0) -> Path:
+    """Save a 2-layer random model of another family (hidden 32, 4 heads, 2 KV heads, head_dim 8, 256 positions) and
+    a :func:`byte_level_tokenizer` to ``path``:
+
+    * ``qwen2``: biases in q/k/v, untied output head, the chat template;
+    * ``gemma3``: no chat template (the base-model prompt rule), a sliding window of 4 tokens on layer 0 (full
+      attention on layer 1), tied and sqrt(d)-scaled embeddings, q/k norms;
+    * ``gemma2``: soft-capping of the attention logits (10) and of the final logits (5, strong enough to change the
+      entropy), sliding window 4, the chat template.
+    """
+    import torch
+    from transformers import (Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig, Qwen2Config,
+                              Qwen2ForCausalLM)
+
+    fast = byte_level_tokenizer(chat_template=arch != "gemma3")
+    common = dict(vocab_size=256 + len(BYTE_LEVEL_SPECIALS), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, bos_token_id=256,
+                  eos_token_id=258, pad_token_id=256)
+    torch.manual_seed(seed)
+    if arch == "qwen2":
+        model = Qwen2ForCausalLM(Qwen2Config(**common, tie_word_embeddings=False))
+    elif arch == "gemma3":
+        model = Gemma3ForCausalLM(Gemma3TextConfig(**common, head_dim=8, sliding_window=4, query_pre_attn_scalar=8,
+                                                   layer_types=["sliding_attention", "full_attention"]))
+    elif arch == "gemma2":
+        model = Gemma2ForCausalLM(Gemma2Config(**common, head_dim=8, sliding_window=4, query_pre_attn_scalar=8,
+                                               attn_logit_softcapping=10.0, final_logit_softcapping=5.0))
+    else:
+        raise ValueError(f"unknown tiny architecture {arch}; valid: {', '.join(ARCHITECTURES)}")
+    with torch.no_grad():  # random init is near zero: scale up so entropy and attention are far from uniform
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(8.0)
+    model.save_pretrained(path)
+    fast.save_pretrained(path)
+    return path
+
+
+def write_tiny_gguf(path: Path, seed: int = 0):
+    """Write a 2-layer random Llama as an F32 GGUF file with a byte-level BPE vocabulary (the 256 byte symbols, no
+    merges, then three control tokens), the way llama.cpp's converter lays it out (q / k rows permuted for its rope
+    layout), the vocabulary of :func:`byte_level_tokenizer`. Returns ``(path, model)``: the HF model whose weights the file holds, to compare against.
+    """
+    import gguf
+    import numpy as np
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    tokens = [bytes_to_unicode()[b] for b in range(256)] + list(BYTE_LEVEL_SPECIALS)
+    n_head, n_kv, d = 4, 2, 32
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=len(tokens), hidden_size=d, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=n_head, num_key_value_heads=n_kv, max_position_embeddings=256,
+                         bos_token_id=256, eos_token_id=258, tie_word_embeddings=False, rms_norm_eps=1e-5)
+    model = LlamaForCausalLM(config).eval()
+
+    def permute(w, heads):  # llama.cpp convert_hf_to_gguf.LlamaModel.permute
+        return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_name("tiny-llama")
+    writer.add_context_length(256)
+    writer.add_embedding_length(d)
+    writer.add_block_count(2)
+    writer.add_feed_forward_length(64)
+    writer.add_head_count(n_head)
+    writer.add_head_count_kv(n_kv)
+    writer.add_rope_dimension_count(d // n_head)
+    writer.add_rope_freq_base(config.rope_parameters["rope_theta"] if getattr(config, "rope_parameters", None)
+                              else config.rope_theta)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(tokens)
+    writer.add_token_types([gguf.TokenType.NORMAL] * 256 + [gguf.TokenType.CONTROL] * len(BYTE_LEVEL_SPECIALS))
+    writer.add_token_scores([0.0] * len(tokens))  # no merges: transformers derives none from single bytes
+    writer.add_bos_token_id(256)
+    writer.add_eos_token_id(258)
+    sd = {k: v.detach().numpy().astype(np.float32) for k, v in model.state_dict().items()}
+    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+             "lm_head.weight": "output.weight"}
+    for i in range(2):
+        for hf, gg in (("input_layernorm", "attn_norm"), ("self_attn.q_proj", "attn_q"), ("self_attn.k_proj", "attn_k"),
+                       ("self_attn.v_proj", "attn_v"), ("self_attn.o_proj", "attn_output"),
+                       ("post_attention_layernorm", "ffn_norm"), ("mlp.gate_proj", "ffn_gate"),
+                       ("mlp.up_proj", "ffn_up"), ("mlp.down_proj", "ffn_down")):
+            names[f"model.layers.{i}.{hf}.weight"] = f"blk.{i}.{gg}.weight"
+    for hf, gg in names.items():
+        w = sd[hf]
+        if hf.endswith("q_proj.weight"):
+            w = permute(w, n_head)
+        elif hf.endswith("k_proj.weight"):
+            w = permute(w, n_kv)
+        writer.add_tensor(gg, np.ascontiguousarray(w))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path, model
+
+
 def make_tiny_encoder_dir(path: Path, seed: int = 0) -> Path:
     """Save a random BERT (hidden 32, 2 layers, 2 heads, 64 positions) and a WordPiece tokenizer to ``path``
     (a stand-in for the packaged MiniLM proxy encoder)."""

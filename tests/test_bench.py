@@ -512,3 +512,14 @@ def test_cli_passes_vllm_memory_and_thread_options(tiny_model_dir, tiny_data_dir
     assert seen[1][2] == VLLMOptions(kv_cache_space_gib=None)  # 0: let vLLM size the cache
     r = CliRunner().invoke(app, [*args, "--gpu-memory-utilization", "2"])
     assert r.exit_code == 2 and "error: gpu_memory_utilization (--gpu-memory-utilization) must be in (0, 1]" in r.stderr
+
+
+def test_capped_scenarios_are_named():
+    from lenpred.bench.card import capped_warnings
+
+    rows = [{"scenario": "longseq", "split": "all", "truncated": 0.95, "responses": 20},
+            {"scenario": "longseq", "split": "train", "truncated": 1.0, "responses": 5},  # per split: not read
+            {"scenario": "rl", "split": "all", "truncated": 0.75, "responses": 40}]
+    (message,) = capped_warnings(rows)
+    assert message.startswith("scenario 'longseq': 95 % of its 20 responses hit max_new_tokens: the model rarely stops")
+    assert capped_warnings(rows, share=0.7)[1].startswith("scenario 'rl': 75 %")

@@ -25,6 +25,18 @@ def test_conformal_margin_hand_value():
     assert interval_coverage(low, high, y) == 0.5
 
 
+def test_too_few_calibration_samples_degrade_with_a_warning(caplog):
+    low, high = np.array([0.0, 5.0, 0.0, 0.0]), np.array([10.0, 10.0, 10.0, 10.0])
+    y = np.array([9.0, 3.0, 15.0, 3.0])  # scores -1, 2, 5, -3: 4 samples, 90 % needs 9
+    with caplog.at_level("WARNING", logger="lenpred.intervals"):
+        assert conformal_margin(low, high, y, 0.9, strict=False) == 5.0  # the largest score
+    assert "4 calibration samples are too few for 90 % coverage (need at least 9)" in caplog.text
+    assert "guarantee 80 %" in caplog.text  # n / (n + 1)
+    assert conformal_margin(low[:1], high[:1], y[:1], 0.8, strict=False) == -1.0  # one sample: its own score
+    with pytest.raises(LenpredError, match="validation split is empty; 80% coverage needs at least 4"):
+        conformal_margin(low[:0], high[:0], y[:0], 0.8, strict=False)
+
+
 def test_conformal_interval_reaches_its_coverage_on_exchangeable_data():
     rng = np.random.default_rng(0)
     y = rng.exponential(100, 4000)

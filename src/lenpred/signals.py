@@ -15,7 +15,8 @@ One forward pass per batch gives, for every prompt token ``i``:
 
 Cost control: attention weights exist only in eager attention; we register an attention function
 (transformers' ``AttentionInterface``) that runs SDPA in every layer but the last and eager in the
-last, so the extra cost is one layer's ``(B, heads, n, n)`` softmax. Logits are never materialised
+last, so the extra cost is one layer's ``(B, heads, n, n)`` softmax (a model that soft-caps attention logits,
+Gemma 2, runs eager in every layer: SDPA cannot soft-cap). Logits are never materialised
 for the whole batch: entropy is computed from the final hidden states in chunks through
 ``lm_head`` (a 262k-token vocabulary would need gigabytes otherwise).
 
@@ -160,14 +161,15 @@ def _register_attention() -> None:
 
     def attention(module, query, key, value, attention_mask, **kwargs):
         capture = getattr(module, "_lenpred_capture", False)
-        if not capture:
+        if not capture and kwargs.get("softcap") is None:  # SDPA cannot soft-cap logits (Gemma 2): eager does
             return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
         eager = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
         if eager is None:
             raise LenpredError(f"{type(module).__name__} has no eager attention: semantic_score needs a model "
                                "whose modeling file defines eager_attention_forward")
         out, weights = eager(module, query, key, value, attention_mask, **kwargs)
-        module._lenpred_weights = weights
+        if capture:
+            module._lenpred_weights = weights
         return out, weights
 
     AttentionInterface.register(_ATTN_NAME, attention)
@@ -189,6 +191,15 @@ def _output_logits(model, hidden: torch.Tensor, vocab_head: tuple | None = None)
     if cap:  # Gemma 2/3: tanh soft-capping of the output logits
         logits = torch.tanh(logits / cap) * cap
     return logits
+
+
+def default_layers(num_layers: int) -> tuple[int, ...]:
+    """Hidden-state indices extracted when none are given: half, three quarters and all of the depth,
+    ``(L // 2, 3 * L // 4, L)`` (distinct, sorted). SmolLM2's 30 layers give ``(15, 22, 30)``, the layers the
+    shipped predictor and the committed results were chosen from; Gemma 3 270M's 18 give ``(9, 13, 18)``.
+    (TRAIL and the signal-probing literature find the length signal in middle-to-late layers; the final layer is
+    what EGTP / ESTP pool.)"""
+    return tuple(sorted({num_layers // 2, 3 * num_layers // 4, num_layers}))
 
 
 def resolve_layers(layers, num_layers: int) -> tuple[int, ...]:

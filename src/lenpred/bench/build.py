@@ -108,6 +108,29 @@ def read_manifest(bench_dir: str | Path) -> dict:
     return manifest
 
 
+def benchmark_model(bench_dir: str | Path, model: str | None = None) -> str:
+    """The model to read a benchmark with: ``model`` when given, else the one ``bench.json`` records (``model_id``,
+    the name it was built with: alias, path, package or hub id). Pair it with :func:`check_benchmark_model` once the
+    model is loaded.
+
+    Raises:
+        LenpredError: ``bench.json`` is unreadable (see :func:`read_manifest`)."""
+    return model if model is not None else str(read_manifest(bench_dir)["model_id"])
+
+
+def check_benchmark_model(bench_dir: str | Path, model_id: str, revision: str) -> None:
+    """Refuse a model whose revision is not the one the benchmark was sampled from: its prefill signals would not
+    belong to the recorded responses (a model with the same tokenizer would otherwise train silently).
+
+    Raises:
+        LenpredError: one line naming both models and revisions."""
+    manifest = read_manifest(bench_dir)
+    if manifest["model_revision"] != revision:
+        raise LenpredError(f"{bench_dir} was sampled from {manifest['model_id']} revision {manifest['model_revision']}, "
+                           f"but the model given is {model_id} revision {revision}: drop --model to use the "
+                           "benchmark's model, or build a benchmark with this one (`lenpred bench build --model ...`)")
+
+
 def read_shard_meta(path: Path) -> dict:
     """The lenpred metadata of a shard file (read from the footer only).
 
@@ -237,14 +260,15 @@ def build_benchmark(config: BenchConfig, out_dir: str | Path, engine: str = "aut
         vllm_options: memory and thread settings of the vLLM engine.
 
     Returns:
-        ``out_dir``.
+        ``out_dir``. A scenario whose responses almost all hit ``max_new_tokens`` is warned about (a log line,
+        :func:`lenpred.bench.card.warn_if_capped`).
 
     Raises:
         LenpredError: the directory holds another plan or model, a shard or ``bench.json`` is corrupt,
             the engine cannot load the model or refuses to start, a data file holds bad text (the message
             names the file and record), or the limits do not fit the model's context window.
     """
-    from lenpred.backbone import eos_token_ids, resolve_model
+    from lenpred.backbone import eos_token_ids, recorded_model_name, resolve_model
     from lenpred.engines import model_context_window
 
     out = Path(out_dir)
@@ -265,7 +289,8 @@ def build_benchmark(config: BenchConfig, out_dir: str | Path, engine: str = "aut
     plan, skipped = make_plan(config, tokenizer, data_dir, context_window=model_context_window(str(model_dir)))
     fingerprint = plan_fingerprint(plan)
     stop_ids = eos_token_ids(model_dir, tokenizer)
-    manifest = {"config": config.to_dict(), "plan_fingerprint": fingerprint, "model_id": config.model,
+    manifest = {"config": config.to_dict(), "plan_fingerprint": fingerprint,
+                "model_id": recorded_model_name(config.model),
                 "model_revision": revision, "shard_size": config.shard_size, "num_prompts": len(plan),
                 "num_requests": sum(len(p.seeds) for p in plan), "skipped_long_prompts": skipped,
                 "stop_token_ids": list(stop_ids)}
@@ -298,6 +323,10 @@ def build_benchmark(config: BenchConfig, out_dir: str | Path, engine: str = "aut
         write_json(out / "bench.json", manifest)
     if sampler is not None:
         _sample_shards(sampler, shards, todo, out, fingerprint, config.model, revision)
+    if _shard_files(out):
+        from lenpred.bench.card import warn_if_capped
+
+        warn_if_capped(out)  # a model that never stops makes a benchmark of caps: say so now
     return out
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,8 @@ import pyarrow as pa
 from lenpred.bench.build import load_records, read_manifest
 from lenpred.bench.plan import SPLITS
 from lenpred.io import atomic_path
+
+logger = logging.getLogger(__name__)
 
 
 def _spread(prompt_ids: np.ndarray, lengths: np.ndarray) -> tuple[float | None, float | None, int]:
@@ -90,6 +93,33 @@ def card_markdown(rows: list[dict], title: str, note: str = "", prompt_files: li
     return "\n".join(lines) + "\n" + ("\n" + prompt_files_markdown(prompt_files) if prompt_files else "")
 
 
+CAPPED_SHARE = 0.8
+"""A scenario whose responses hit ``max_new_tokens`` this often (or more) is warned about (:func:`capped_warnings`):
+the committed SmolLM2 benchmarks peak at 41 % (RL), Gemma 3 270M (a base model) capped 7 of 8 chat replies at 128."""
+
+
+def capped_warnings(rows: list[dict], share: float = CAPPED_SHARE) -> list[str]:
+    """One message per scenario whose responses (all splits) are almost all capped (``truncated >= share``): the
+    model rarely stops, so its lengths are the cap and a predictor learns nothing but the cap. A base model without
+    a chat template (e.g. gemma-3-270m) seldom emits EOS after the blank-line prompt; a larger ``max_new_tokens`` or
+    an instruction-tuned model helps.
+
+    Args:
+        rows: :func:`card_stats` rows (those with ``split == "all"`` are read)."""
+    return [f"scenario '{r['scenario']}': {100 * r['truncated']:.0f} % of its {r['responses']} responses hit "
+            "max_new_tokens: the model rarely stops, so lengths will be the cap (raise max_new_tokens, or use a model "
+            "that ends its turn, e.g. an instruction-tuned one)"
+            for r in rows if r["split"] == "all" and r["truncated"] >= share]
+
+
+def warn_if_capped(bench_dir: str | Path, rows: list[dict] | None = None) -> list[str]:
+    """Log :func:`capped_warnings` of a benchmark (one ``lenpred: warning`` line each) and return them."""
+    messages = capped_warnings(card_stats(bench_dir) if rows is None else rows)
+    for m in messages:
+        logger.warning("lenpred: %s: %s", Path(bench_dir).name, m)
+    return messages
+
+
 def write_card(bench_dir: str | Path) -> dict[str, Path]:
     """Write ``CARD.md``, ``card.json`` and ``card.png`` (length histograms per scenario) into the benchmark dir.
 
@@ -107,6 +137,7 @@ def write_card(bench_dir: str | Path) -> dict[str, Path]:
     t = load_records(bench_dir)
     manifest = read_manifest(bench_dir)
     rows = card_stats(bench_dir, t)
+    capped = warn_if_capped(bench_dir, rows)
     scen = np.asarray(t.column("scenario").to_pylist())
     y = np.asarray(t.column("num_output_tokens").to_pylist())
     scenarios = sorted(set(scen))
@@ -125,6 +156,7 @@ def write_card(bench_dir: str | Path) -> dict[str, Path]:
     planned = manifest["num_requests"]
     note = (f"**Incomplete: {t.num_rows} of {planned} planned responses** (finish it with `lenpred bench build`)."
             if t.num_rows < planned else "")
+    note = "\n\n".join([note, *(f"**Warning: {m}.**" for m in capped)]).strip()
     contents = {"md": card_markdown(rows, f"{bench_dir.name}: responses of {manifest['model_id']} "
                                           f"(revision {manifest['model_revision']})", note,
                                    manifest.get("prompt_files")),

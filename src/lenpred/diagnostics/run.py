@@ -38,7 +38,7 @@ class DiagnoseConfig:
         bootstrap_resamples: prompt-clustered bootstrap resamples.
     """
 
-    model: str = "smollm2-135m-instruct"
+    model: str | None = None  # None: the model the benchmark was sampled from (bench.json)
     bench: str = "benchmarks/smollm2-forelen"
     data_dir: str | None = None
     cache: str | None = None

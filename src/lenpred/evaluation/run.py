@@ -23,12 +23,15 @@ class EvalConfig:
     """Settings of ``lenpred evaluate`` / ``lenpred demo``.
 
     Attributes:
-        model: backbone (default: the packaged SmolLM2-135M-Instruct).
+        model: backbone (alias, ``.gguf`` file, directory, package or hub id; :func:`lenpred.backbone.resolve_model`);
+            ``None``: the model the benchmark was sampled from (its ``bench.json``). A model of another revision than
+            the benchmark's is refused.
         bench: benchmark directory (built by ``lenpred bench build``).
         data_dir: prompt data sets (``None``: ``$LENPRED_DATA_DIR`` or ``../shared/datasets``).
         out: where results.json / results.md / results.png go.
         cache: signal cache directory (``None``: under ``$LENPRED_CACHE``).
         layers: hidden-state indices extracted in full; every pooled head searches all of them on validation.
+            ``None``: :func:`lenpred.signals.default_layers` of the model's depth (15, 22, 30 on SmolLM2).
         methods: predictors to run, by registry name, in table order.
         seeds: seeds of the learned predictors; hyper-parameters are chosen with the first.
         lambda1_grid, alpha_grid: ESTP's extra search (lambda2 fixed at 1: only the ratio and alpha matter up to the
@@ -50,12 +53,12 @@ class EvalConfig:
         bootstrap_resamples: prompt-clustered bootstrap resamples for the 95 % intervals.
     """
 
-    model: str = "smollm2-135m-instruct"
+    model: str | None = None
     bench: str = "benchmarks/smollm2-forelen"
     data_dir: str | None = None
     out: str = "results/evaluate"
     cache: str | None = None
-    layers: tuple[int, ...] = (15, 22, -1)
+    layers: tuple[int, ...] | None = None
     methods: tuple[str, ...] = ALL_METHODS
     seeds: tuple[int, ...] = (0, 1, 2)
     lambda1_grid: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0)
@@ -115,8 +118,10 @@ def check_output_paths(cfg: EvalConfig) -> None:
 
 
 def _check_layers(cfg: EvalConfig, num_layers: int) -> tuple[int, ...]:
-    from lenpred.signals import resolve_layers
+    from lenpred.signals import default_layers, resolve_layers
 
+    if cfg.layers is None:
+        return default_layers(num_layers)
     if any(not -num_layers - 1 <= l <= num_layers for l in cfg.layers):
         raise LenpredError(f"--layers must lie in -{num_layers + 1}..{num_layers} for this model ({num_layers} "
                            f"layers), got {list(cfg.layers)}")
@@ -165,15 +170,22 @@ class PreparedRun:
 def prepare_run(cfg: EvalConfig, needs: set[str], backbone=None) -> PreparedRun:
     """Records (checked before the model loads) → backbone → requests → the inputs ``needs`` names → tuning context.
 
-    The one loading path of ``lenpred evaluate``, ``LengthPredictor.fit`` and the choice scripts.
+    The one loading path of ``lenpred evaluate``, ``LengthPredictor.fit`` and the choice scripts. The model is
+    ``cfg.model`` or the benchmark's own (:func:`lenpred.bench.build.benchmark_model`), and must be the revision the
+    benchmark was sampled from.
+
+    Raises:
+        LenpredError: a broken benchmark, a model of another revision than the benchmark's, bad layers, or any
+            input provider's error.
     """
     from lenpred.backbone import load_backbone
-    from lenpred.bench.build import load_records
+    from lenpred.bench.build import benchmark_model, check_benchmark_model, load_records
     from lenpred.evaluation.data import load_eval_data
     from lenpred.inputs import provide_inputs
 
     table = load_records(cfg.bench)  # a missing or broken benchmark fails before the model loads
-    backbone = backbone or load_backbone(cfg.model, num_threads=cfg.threads)
+    backbone = backbone or load_backbone(benchmark_model(cfg.bench, cfg.model), num_threads=cfg.threads)
+    check_benchmark_model(cfg.bench, backbone.model_id, backbone.revision)
     layers = _check_layers(cfg, backbone.num_layers)
     data = load_eval_data(cfg.bench, backbone.tokenizer, cfg.data_dir, table)
     values, timing = provide_inputs(needs, backbone, data, {"layers": layers, "cache": cfg.cache, "bench": cfg.bench})
@@ -192,7 +204,7 @@ def run_evaluate(cfg: EvalConfig, console=None, title: str = "output-length pred
     console = console or Console(width=max(Console().width, 160))
     check_output_paths(cfg)
     t_start = time.perf_counter()
-    console.print(f"loading {cfg.model} and {cfg.bench} …")
+    console.print(f"loading {cfg.model or 'the benchmark model'} and {cfg.bench} …")
     needs = {i for m in cfg.methods for i in PREDICTORS[m].inputs}
     run = prepare_run(cfg, needs)
     backbone, data, layers, ctx = run.backbone, run.data, run.layers, run.ctx
@@ -209,7 +221,8 @@ def run_evaluate(cfg: EvalConfig, console=None, title: str = "output-length pred
                            data.cols["prompt_id"][test], data.censored[test], "scenario_median", EXTERNAL_BASELINES,
                            cfg.bootstrap_resamples)
     overhead = _overhead(backbone, data, layers) if "signals" in needs else None
-    report = {**scores, "config": asdict(cfg), "model_revision": backbone.revision, "overhead": overhead,
+    resolved = {"model": cfg.model or backbone.model_id, "layers": list(layers) if cfg.layers is None else cfg.layers}
+    report = {**scores, "config": {**asdict(cfg), **resolved}, "model_revision": backbone.revision, "overhead": overhead,
               "tuning": {m: {"chosen": r.chosen, "num_candidates": len(r.sweep), "sweep": r.sweep,
                              "diagnostics": r.diagnostics} for m, r in runs.items()},
               "timing_s": {"wall": time.perf_counter() - t_start, **run.timing,

@@ -45,7 +45,7 @@ SCENARIOS = ("longseq", "reasoning", "rl", "overall")
 class ProgressiveConfig:
     """Settings of ``lenpred progressive`` (see the module docstring); ``head``: PLP / TRAIL head overrides."""
 
-    model: str = "smollm2-135m-instruct"
+    model: str | None = None  # None: the model the benchmark was sampled from (bench.json)
     bench: str = "benchmarks/smollm2-forelen"
     out: str = "results/progressive"
     data_dir: str | None = None
@@ -59,7 +59,7 @@ class ProgressiveConfig:
     trail_layers: tuple[int, ...] = TRAIL_LAYERS
     prompt_candidates: tuple = PROMPT_CANDIDATES
     static: tuple = ("last", 15)  # the best static predictor of lenpred evaluate (pooler, layer)
-    signal_layers: tuple[int, ...] = (15, 22, -1)  # the prompt-signal cache of lenpred evaluate (one extraction)
+    signal_layers: tuple[int, ...] | None = None  # the prompt-signal cache of lenpred evaluate (default_layers)
 
 
 def build_rows(data, decode, prompt_features: np.ndarray, plp_layer: int, trail_layers: tuple[int, ...],
