@@ -86,7 +86,8 @@ class FunctionService:
 class LengthPredictorService:
     """A loaded :class:`lenpred.LengthPredictor` as a service: the request's prompts tokenised with a per-thread
     copy of the tokenizer; a batch predicted in one :meth:`~lenpred.LengthPredictor.predict_prepared` call
-    (truncated forward for hidden-state-only predictors). A request's value is its largest prompt's ``expected``
+    (truncated forward for hidden-state-only predictors, the chat template's shared prefix computed once:
+    :class:`lenpred.truncated.PrefixCache`). A request's value is its largest prompt's ``expected``
     (a completions list of prompts).
 
     A cap that does not fit the predictor's context window next to the prompt (clients often send a large
@@ -94,8 +95,11 @@ class LengthPredictorService:
     clipped to the cap.
     """
 
-    def __init__(self, predictor, truncated: bool = True, batch_tokens: int = 4096):
+    def __init__(self, predictor, truncated: bool = True, batch_tokens: int = 4096, prefix_cache: bool = True):
+        from lenpred.truncated import PrefixCache
+
         self.predictor, self.truncated, self.batch_tokens = predictor, truncated, batch_tokens
+        self.prefix_cache = PrefixCache() if prefix_cache and truncated else None  # the worker thread's only
         self._local = threading.local()
 
     def _tokenizer(self):
@@ -118,7 +122,7 @@ class LengthPredictorService:
 
     def predict_batch(self, items: list[Prepared]) -> list[float]:
         flat = [r for item in items for r in item.payload[0]]
-        predictions = iter(self.predictor.predict_prepared(flat, self.batch_tokens, self.truncated))
+        predictions = iter(self.predictor.predict_prepared(flat, self.batch_tokens, self.truncated, self.prefix_cache))
         out = []
         for item in items:
             requests, clip = item.payload
