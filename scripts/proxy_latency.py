@@ -1,6 +1,6 @@
 """What `lenpred serve` adds to a request's latency, before and after batched, truncated predictions.
 
-Usage: flock /tmp/lenpred-cpu.lock python scripts/proxy_latency.py [--before main] [--rounds 20,6,3]
+Usage: flock /tmp/lenpred-cpu.lock python scripts/proxy_latency.py [--before 09b1c3b] [--rounds 20,6,3]
        [--proxy-cpus 1 --client-cpus 0] [--out results/serve/proxy_latency.json]
 
 A local OpenAI-style upstream (Starlette under uvicorn, in this process) records when each request reaches it and
@@ -240,7 +240,8 @@ def markdown(report: dict) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--before", default="main", help="git revision of the 'before' serve.py")
+    ap.add_argument("--before", default="09b1c3b",
+                    help="git revision of the 'before' serve.py (09b1c3b: the last with one prediction at a time)")
     ap.add_argument("--rounds", default="20,6,3", help="bursts at 1, 8 and 32 concurrent requests")
     ap.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "datasets"))
     ap.add_argument("--proxy-cpus", default=None, help="CPU ids of the proxy process, e.g. 1")
