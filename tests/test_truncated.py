@@ -91,3 +91,20 @@ def test_shipped_predictor_truncated_equals_predict():
     cache = PrefixCache()
     got = lp.predict_prepared(lp.prepare(prompts, 256), prefix_cache=cache)  # SmolLM2's system prompt, cached
     assert [g.expected for g in got] == pytest.approx(want, abs=1e-3) and len(cache._entries) == 1
+
+
+def test_the_proxy_service_tokenises_concurrently_like_serially(tiny_backbone, one_torch_thread):
+    """Copies of the tokenizer from a pool (a fast tokenizer is not safe to share: split_special_tokens is set on it
+    per call); more threads than copies; the batch gives predict's values."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from lenpred.serve_batching import LengthPredictorService
+
+    lp = _fitted(tiny_backbone, "last", 2)
+    service = LengthPredictorService(lp, tokenizers=2)
+    prompts = PROMPTS * 8
+    with ThreadPoolExecutor(6) as pool:
+        got = list(pool.map(lambda p: service.prepare([p], 16), prompts))
+    assert [g.payload[0][0].token_ids for g in got] == [r.token_ids for r in lp.prepare(prompts, 16)]
+    want = [p.expected for p in lp.predict(PROMPTS, 16)]
+    assert service.predict_batch(got[:3]) == pytest.approx(want, abs=1e-4)
