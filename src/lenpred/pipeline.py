@@ -221,10 +221,12 @@ class LengthPredictor:
         """
         return self._requests(prompts, max_new_tokens, scenario, tokenizer)
 
-    def predict_prepared(self, requests: list, batch_tokens: int = 4096, truncated: bool = True) -> list[LengthPrediction]:
+    def predict_prepared(self, requests: list, batch_tokens: int = 4096, truncated: bool = True,
+                         prefix_cache=None) -> list[LengthPrediction]:
         """Predict :meth:`prepare`'s requests in one go; with ``truncated`` a predictor that reads one layer's hidden
         states only runs the truncated forward (:mod:`lenpred.truncated`: no later layers, no LM head), which gives
-        :meth:`predict`'s predictions. Other predictors run :meth:`predict`'s path.
+        :meth:`predict`'s predictions. Other predictors run :meth:`predict`'s path. ``prefix_cache`` (a
+        :class:`lenpred.truncated.PrefixCache`, truncated path only): the template's fixed prefix is computed once.
 
         Raises:
             LenpredError: as :meth:`predict`.
@@ -233,7 +235,7 @@ class LengthPredictor:
 
         plan = truncated_plan(self) if truncated else None
         if plan is not None:
-            attach_truncated_signals(self.backbone_, requests, plan, batch_tokens)
+            attach_truncated_signals(self.backbone_, requests, plan, batch_tokens, prefix_cache)
         elif "signals" in self.predictor_.inputs:
             self._attach_signals(requests, batch_tokens, False)
         return self._predict_requests(requests)

@@ -565,7 +565,9 @@ def serve(upstream: str, host: str = "127.0.0.1", port: int = 8001, predictor: s
     how = f"truncated forward to layer {plan.layer} of {plan.num_layers}" if plan else "full prefill"
     print(f"lenpred serve: {model.method} predictor loaded ({how}); listening on http://{host}:{port}, forwarding to "
           f"{upstream_root(upstream)} with a priority per request (Ctrl-C stops)", flush=True)
-    app = create_app(upstream, LengthPredictorService(model, truncated), timeout_s=timeout_s,
+    service = LengthPredictorService(model, truncated)
+    service.warm_up()
+    app = create_app(upstream, service, timeout_s=timeout_s,
                      max_connections=max_connections, default_max_tokens=default_max_tokens, batch=batch)
     # uvicorn's own connection cap stays off (limit_concurrency=None): queueing is the engine's job
     uvicorn.run(app, host=host, port=port, log_level="warning", backlog=4096)

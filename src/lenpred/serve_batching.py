@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
@@ -84,9 +83,10 @@ class FunctionService:
 
 
 class LengthPredictorService:
-    """A loaded :class:`lenpred.LengthPredictor` as a service: the request's prompts tokenised with a per-thread
-    copy of the tokenizer; a batch predicted in one :meth:`~lenpred.LengthPredictor.predict_prepared` call
-    (truncated forward for hidden-state-only predictors). A request's value is its largest prompt's ``expected``
+    """A loaded :class:`lenpred.LengthPredictor` as a service: the request's prompts tokenised with a copy of the
+    tokenizer that no other thread uses meanwhile (taken from a pool of copies, never waited for); a batch predicted in one :meth:`~lenpred.LengthPredictor.predict_prepared` call
+    (truncated forward for hidden-state-only predictors, the chat template's shared prefix computed once:
+    :class:`lenpred.truncated.PrefixCache`). A request's value is its largest prompt's ``expected``
     (a completions list of prompts).
 
     A cap that does not fit the predictor's context window next to the prompt (clients often send a large
@@ -94,31 +94,50 @@ class LengthPredictorService:
     clipped to the cap.
     """
 
-    def __init__(self, predictor, truncated: bool = True, batch_tokens: int = 4096):
-        self.predictor, self.truncated, self.batch_tokens = predictor, truncated, batch_tokens
-        self._local = threading.local()
+    def __init__(self, predictor, truncated: bool = True, batch_tokens: int = 4096, prefix_cache: bool = True,
+                 tokenizers: int = 4):
+        import queue
 
-    def _tokenizer(self):
+        from lenpred.truncated import PrefixCache
+
+        self.predictor, self.truncated, self.batch_tokens = predictor, truncated, batch_tokens
+        self.prefix_cache = PrefixCache() if prefix_cache and truncated else None  # the worker thread's only
+        # copies of the tokenizer, one per concurrent tokenisation: made up front (a copy of SmolLM2's takes ~0.3 s),
+        # more only when more requests tokenise at once than there are copies (each then kept)
+        self._tokenizers: queue.SimpleQueue = queue.SimpleQueue()
+        for _ in range(tokenizers):
+            self._tokenizers.put(self._copy())
+
+    def _copy(self):
         import copy
 
-        tok = getattr(self._local, "tokenizer", None)
-        if tok is None:
-            tok = self._local.tokenizer = copy.deepcopy(self.predictor.backbone_.tokenizer)
-        return tok
+        return copy.deepcopy(self.predictor.backbone_.tokenizer)
 
     def prepare(self, prompts: list, cap: int | None) -> Prepared:
-        tok = self._tokenizer()
+        import queue
+
         try:
-            requests, clip = self.predictor.prepare(prompts, cap, tokenizer=tok), None
-        except ContextWindowError:
-            if cap is None:
-                raise
-            requests, clip = self.predictor.prepare(prompts, None, tokenizer=tok), float(cap)
+            tok = self._tokenizers.get_nowait()
+        except queue.Empty:
+            tok = self._copy()
+        try:
+            try:
+                requests, clip = self.predictor.prepare(prompts, cap, tokenizer=tok), None
+            except ContextWindowError:
+                if cap is None:
+                    raise
+                requests, clip = self.predictor.prepare(prompts, None, tokenizer=tok), float(cap)
+        finally:
+            self._tokenizers.put(tok)
         return Prepared((requests, clip), sum(r.num_prompt_tokens for r in requests))
+
+    def warm_up(self) -> None:
+        """One prediction, so the first request does not pay torch's first-call costs."""
+        self.predict_batch([self.prepare(["Hello."], 16)])
 
     def predict_batch(self, items: list[Prepared]) -> list[float]:
         flat = [r for item in items for r in item.payload[0]]
-        predictions = iter(self.predictor.predict_prepared(flat, self.batch_tokens, self.truncated))
+        predictions = iter(self.predictor.predict_prepared(flat, self.batch_tokens, self.truncated, self.prefix_cache))
         out = []
         for item in items:
             requests, clip = item.payload

@@ -8,6 +8,10 @@ truncated pass captures decoder layer ``l − 1``'s output with a forward hook a
 raises; nothing after it runs), applying the final norm for ``l = L``. ``l = 0`` is not supported (some models scale
 their embeddings inside the forward): :func:`truncated_plan` returns ``None`` and the full path runs.
 
+The chat template's fixed prefix (SmolLM2's default system prompt and the user header: most of a short chat
+prompt) is the same for every request: :class:`PrefixCache` computes its keys and values once, and each batch then
+runs only the rest of its prompts after it (right-padded, positions continuing from the prefix).
+
 Cost on SmolLM2-135M (30 layers) for ``last@15``: layers 0–14 of 30 and no 49k-vocabulary head, against the full
 path's 30 layers and the head over every prompt position (for the entropy): measured by ``scripts/proxy_latency.py``.
 The predictions equal :meth:`lenpred.LengthPredictor.predict`'s (tested on the tiny model and, marked ``slow``, on
@@ -58,8 +62,76 @@ def truncated_plan(predictor) -> TruncatedPlan | None:
     return TruncatedPlan(layer, num_layers)
 
 
+def _forward_until(decoder, layer: int, **inputs) -> torch.Tensor:
+    """Run ``decoder`` on ``inputs`` and return decoder layer ``layer − 1``'s output ``(B, n, d)``; nothing after it
+    runs (the capture hook raises)."""
+    captured: dict[str, torch.Tensor] = {}
+
+    def capture(module, args, output):
+        captured["h"] = output[0] if isinstance(output, tuple) else output
+        raise _Stop
+
+    handle = decoder.layers[layer - 1].register_forward_hook(capture)
+    try:
+        decoder(**inputs)
+    except _Stop:
+        pass
+    finally:
+        handle.remove()
+    return captured["h"]
+
+
+def _cache_inputs(decoder, cache, positions: torch.Tensor) -> dict:
+    """The cache keyword arguments of this transformers version: ``cache`` (5.x) or ``past_key_values`` with
+    ``cache_position`` (4.x)."""
+    import inspect
+
+    params = inspect.signature(decoder.forward).parameters
+    if "cache" in params:
+        return {"cache": cache}
+    return {"past_key_values": cache} | ({"cache_position": positions} if "cache_position" in params else {})
+
+
+def supports_prefix_cache(model) -> bool:
+    """Whether the shared-prefix KV cache is safe: every layer attends to the full context (no sliding windows,
+    which transformers caches differently per layer)."""
+    cfg = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
+    types = getattr(cfg, "layer_types", None)
+    return not getattr(cfg, "sliding_window", None) and (types is None or set(types) <= {"full_attention"})
+
+
+class PrefixCache:
+    """Keys and values (layers ``0..layer−1``) and the hidden states at ``layer`` of token prefixes every request
+    shares (the chat template's fixed prefix: system prompt and role header), computed once per prefix; the few
+    most recent prefixes are kept."""
+
+    def __init__(self, max_entries: int = 4):
+        import collections
+
+        self.max_entries = max_entries
+        self._entries: collections.OrderedDict = collections.OrderedDict()
+
+    def get(self, decoder, prefix: tuple[int, ...], layer: int) -> tuple[list, torch.Tensor]:
+        """``([(keys, values) per layer, each (1, kv_heads, P, head_dim)], hidden (P, d) before any final norm)``."""
+        from transformers import DynamicCache
+
+        key = (prefix, layer)
+        if key not in self._entries:
+            cache = DynamicCache()
+            ids = torch.tensor([prefix])
+            positions = torch.arange(len(prefix))
+            hidden = _forward_until(decoder, layer, input_ids=ids, position_ids=positions[None], use_cache=True,
+                                    **_cache_inputs(decoder, cache, positions))
+            self._entries[key] = ([(l.keys, l.values) for l in cache.layers[:layer]], hidden[0])
+            while len(self._entries) > self.max_entries:
+                self._entries.popitem(last=False)
+        self._entries.move_to_end(key)
+        return self._entries[key]
+
+
 @torch.inference_mode()
-def truncated_hidden_states(backbone, batch_token_ids: list[list[int]], layer: int) -> list[torch.Tensor]:
+def truncated_hidden_states(backbone, batch_token_ids: list[list[int]], layer: int, prefix_len: int = 0,
+                            prefix_cache: PrefixCache | None = None) -> list[torch.Tensor]:
     """Hidden states at index ``layer`` of each prompt, from a forward that stops there.
 
     Args:
@@ -68,6 +140,11 @@ def truncated_hidden_states(backbone, batch_token_ids: list[list[int]], layer: i
         batch_token_ids: chat-formatted prompts (token ids), any lengths; left-padded together as
             :func:`lenpred.signals.extract_signals` pads them (so the states match its, per prompt).
         layer: hidden-state index ``1..L``.
+        prefix_len, prefix_cache: when every prompt starts with the same ``prefix_len`` tokens (and has at least one
+            more) and the model supports it (:func:`supports_prefix_cache`), the prefix's keys and values come from
+            ``prefix_cache`` and only the rest of each prompt is computed (right-padded after the cached prefix,
+            positions continuing from it). Causal attention makes the prefix's states independent of what follows,
+            so the result is the same up to float rounding (tested to 1e-5).
 
     Returns:
         One ``(n_i, d)`` float32 tensor per prompt (its own tokens, no padding), in input order.
@@ -84,38 +161,57 @@ def truncated_hidden_states(backbone, batch_token_ids: list[list[int]], layer: i
         raise LenpredError(f"the truncated pass reads hidden-state index 1..{num_layers}, got {layer}")
     for ids in batch_token_ids:
         check_fits(len(ids), 0, backbone.context_window)
-    input_ids, mask = left_pad(batch_token_ids, backbone.tokenizer.pad_token_id)
-    captured: dict[str, torch.Tensor] = {}
-
-    def capture(module, args, output):
-        captured["h"] = output[0] if isinstance(output, tuple) else output
-        raise _Stop
-
-    handle = decoder.layers[layer - 1].register_forward_hook(capture)
-    try:
-        decoder(input_ids=input_ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
-                use_cache=False)
-    except _Stop:
-        pass
-    finally:
-        handle.remove()
-    hidden = captured["h"]  # (B, n, d)
+    prefix = tuple(batch_token_ids[0][:prefix_len])
+    if (prefix_cache is not None and prefix_len > 0 and supports_prefix_cache(backbone.model)
+            and all(len(ids) > prefix_len and tuple(ids[:prefix_len]) == prefix for ids in batch_token_ids)):
+        states = _after_prefix(backbone, decoder, batch_token_ids, layer, prefix, prefix_cache)
+    else:
+        input_ids, mask = left_pad(batch_token_ids, backbone.tokenizer.pad_token_id)
+        hidden = _forward_until(decoder, layer, input_ids=input_ids, attention_mask=mask,
+                                position_ids=(mask.cumsum(-1) - 1).clamp(min=0), use_cache=False)  # (B, n, d)
+        n = hidden.shape[1]
+        states = [hidden[b, n - len(ids):] for b, ids in enumerate(batch_token_ids)]
     if layer == num_layers:
-        hidden = decoder.norm(hidden)
-    hidden = hidden.float()
-    n = hidden.shape[1]
-    return [hidden[b, n - len(ids):] for b, ids in enumerate(batch_token_ids)]
+        states = [decoder.norm(h) for h in states]
+    return [h.float() for h in states]
 
 
-def attach_truncated_signals(backbone, requests: list, plan: TruncatedPlan, batch_tokens: int = 4096) -> None:
+def _after_prefix(backbone, decoder, batch_token_ids, layer: int, prefix: tuple[int, ...],
+                  prefix_cache: PrefixCache) -> list[torch.Tensor]:
+    """:func:`truncated_hidden_states` with the shared prefix's keys and values from the cache (before any norm)."""
+    from transformers import DynamicCache
+
+    kv, prefix_hidden = prefix_cache.get(decoder, prefix, layer)
+    P, B = len(prefix), len(batch_token_ids)
+    rest = [ids[P:] for ids in batch_token_ids]
+    m = max(len(r) for r in rest)
+    input_ids = torch.full((B, m), backbone.tokenizer.pad_token_id, dtype=torch.long)
+    mask = torch.zeros(B, P + m, dtype=torch.long)
+    mask[:, :P] = 1
+    for b, r in enumerate(rest):  # right padding: a prompt's own tokens never see the pads after them
+        input_ids[b, :len(r)] = torch.tensor(r)
+        mask[b, P:P + len(r)] = 1
+    cache = DynamicCache(ddp_cache_data=[(k.expand(B, -1, -1, -1), v.expand(B, -1, -1, -1)) for k, v in kv])
+    positions = P + torch.arange(m)
+    hidden = _forward_until(decoder, layer, input_ids=input_ids, attention_mask=mask, use_cache=True,
+                            position_ids=positions[None].expand(B, -1),
+                            **_cache_inputs(decoder, cache, positions))  # (B, m, d)
+    return [torch.cat([prefix_hidden, hidden[b, :len(r)]]) for b, r in enumerate(rest)]
+
+
+def attach_truncated_signals(backbone, requests: list, plan: TruncatedPlan, batch_tokens: int = 4096,
+                             prefix_cache: PrefixCache | None = None) -> None:
     """Set each request's ``signals`` to a :class:`lenpred.signals.PromptSignals` holding only ``plan.layer``'s
-    states (``(1, n, d)``, views into the batch output) and zero entropies (the poolers of
-    :data:`HIDDEN_ONLY_POOLERS` ignore them), prompts grouped by length into batches of at most ``batch_tokens``
-    padded tokens."""
+    states (``(1, n, d)``) and zero entropies (the poolers of :data:`HIDDEN_ONLY_POOLERS` ignore them), prompts
+    grouped by length into batches of at most ``batch_tokens`` padded tokens. With ``prefix_cache``, the template's
+    fixed prefix (the tokens before the users' content, ``Request.content_span``) is computed once and reused."""
     from lenpred.features import _batches
     from lenpred.signals import PromptSignals
 
     for batch in _batches([r.num_prompt_tokens for r in requests], batch_tokens):
-        states = truncated_hidden_states(backbone, [requests[i].token_ids for i in batch], plan.layer)
+        spans = [requests[i].content_span for i in batch]
+        prefix_len = min(s[0] for s in spans) if all(s is not None for s in spans) else 0
+        states = truncated_hidden_states(backbone, [requests[i].token_ids for i in batch], plan.layer, prefix_len,
+                                         prefix_cache)
         for i, h in zip(batch, states):
             requests[i].signals = PromptSignals(h[None], torch.zeros(h.shape[0]), None, (plan.layer,))

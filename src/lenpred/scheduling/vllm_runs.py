@@ -811,8 +811,9 @@ def serve_markdown(report: dict) -> str:
     lengths = ("each request forced to its true length (max_tokens, ignore_eos)" if forced else
                f"natural EOS (max_tokens {cfg.get('max_tokens') or 'the benchmark cap'}, temperature "
                f"{cfg.get('temperature', 0.0):g})")
+    seeds = f"{cfg['seed']}..{cfg['seed'] + cfg['draws'] - 1}"
     title = (f"# Real run 3, {run_label(forced)}: `vllm serve --scheduling-policy priority` behind `lenpred serve` — "
-             f"{cfg['num_requests']} requests × {cfg['draws']} draws (seeds {cfg['seed']}..{cfg['seed'] + cfg['draws'] - 1}), "
+             f"{cfg['num_requests']} requests × {cfg['draws']} draws (seeds {seeds}), "
              f"Poisson arrivals at {report['rate_per_s']:.3f} req/s, true length ≤ {cfg['max_output_len']}, "
              f"max_num_seqs {cfg['max_num_seqs']}, streaming, {lengths}\n\n")
     tail = (f"requests whose completion tokens ≠ true length: {c['completion_tokens_mismatch']}; " if forced else
@@ -821,11 +822,12 @@ def serve_markdown(report: dict) -> str:
             f"req/s; outcomes {c['outcomes']} (JCT and TTFT over `ok`); finish reasons {c['finish_reasons']}; ")
     # reports from before the load generator stored planned send times measured from the actual send
     since = "; latency from each request's planned send time" if "ignore_eos" in cfg else ""
-    return (title + f"Cells: mean over draws [95 % bootstrap interval over draws]{since}. Every mode goes through the proxy (fcfs: priority 0 sent; predicted: the proxy's prediction; "
-            "oracle: the benchmark's true length sent).\n\n" + markdown(header, rows)
+    return (title + f"Cells: mean over draws [95 % bootstrap interval over draws]{since}. Every mode goes through "
+            "the proxy (fcfs: priority 0 sent; predicted: the proxy's prediction; oracle: the benchmark's true length "
+            "sent).\n\n" + markdown(header, rows)
             + f"\nOracle-gain share of the proxy's predictions: {_cell(report['gain_share_predicted'], 2)}. Proxy "
-              f"prediction MAE {c['proxy_mae_tokens']:.1f} tokens, prediction latency mean {c['predict_ms_mean'] or 0:.0f} ms "
-              f"(p90 {c['predict_ms_p90'] or 0:.0f} ms, in every mode); " + tail
+              f"prediction MAE {c['proxy_mae_tokens']:.1f} tokens, prediction latency mean "
+              f"{c['predict_ms_mean'] or 0:.0f} ms (p90 {c['predict_ms_p90'] or 0:.0f} ms, in every mode); " + tail
             + f"whose prompt tokens differ from the benchmark's: {c['prompt_tokens_mismatch']}.\n")
 
 
