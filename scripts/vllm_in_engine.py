@@ -236,10 +236,6 @@ def _exit_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
 
-if __name__ == "__main__":
-    _exit_on_sigterm()
-    main()
-
 
 def _summary(run: dict) -> dict:
     from lenpred.scheduling.loadgen import summarize_replay
@@ -360,3 +356,8 @@ def markdown(rep: dict) -> str:
                 f"{c.get('simulated_mean_jct_s', float('nan')):.2f} | {c.get('prediction_mae_tokens', float('nan')):.1f} |")
         lines.append("")
     return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    _exit_on_sigterm()
+    main()

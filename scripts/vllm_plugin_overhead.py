@@ -85,15 +85,8 @@ def main() -> None:
                                              "median_paired_ratio")}, indent=1))
 
 
-def _exit_on_sigterm() -> None:
-    """SIGTERM (``timeout``, ``kill``) exits through Python, so vLLM's and the servers' clean-up runs and no engine
-    process is left behind to load the next measurement."""
-    import signal
-    import sys
-
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-
-
 if __name__ == "__main__":
+    from vllm_in_engine import _exit_on_sigterm  # scripts/ is on sys.path when run as a script
+
     _exit_on_sigterm()
     main()

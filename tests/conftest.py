@@ -236,3 +236,18 @@ def make_tiny_data_dir(path: Path) -> Path:
 @pytest.fixture()
 def tiny_data_dir(tmp_path) -> Path:
     return make_tiny_data_dir(tmp_path)
+
+
+@pytest.fixture(scope="session")
+def tiny_bench(tiny_model_dir, tmp_path_factory):
+    """A `tiny`-preset benchmark sampled from the tiny Llama with transformers: ``(bench dir, data dir, root)``."""
+    from typer.testing import CliRunner
+
+    from lenpred.cli import app
+
+    root = tmp_path_factory.mktemp("pipeline")
+    data = make_tiny_data_dir(root / "data")
+    r = CliRunner().invoke(app, ["bench", "build", "--out", str(root / "bench"), "--preset", "tiny", "--model",
+                            str(tiny_model_dir), "--engine", "transformers", "--data-dir", str(data), "--seed", "5"])
+    assert r.exit_code == 0, r.output
+    return root / "bench", data, root

@@ -86,19 +86,10 @@ def test_engine_config_refuses_unknown_keys_and_values():
 
 
 @pytest.fixture(scope="module")
-def fitted_last(tiny_model_dir, tmp_path_factory):
-    from typer.testing import CliRunner
-
-    from conftest import make_tiny_data_dir
-    from lenpred.cli import app
-
-    root = tmp_path_factory.mktemp("engine")
-    data = make_tiny_data_dir(root / "data")
-    r = CliRunner().invoke(app, ["bench", "build", "--out", str(root / "bench"), "--preset", "tiny", "--model",
-                                 str(tiny_model_dir), "--engine", "transformers", "--data-dir", str(data), "--seed", "5"])
-    assert r.exit_code == 0, r.output
+def fitted_last(tiny_bench, tiny_model_dir):
+    bench, data, root = tiny_bench
     return LengthPredictor("last", str(tiny_model_dir), layers=(1,), coverage=0.5, epochs=3).fit(
-        root / "bench", data_dir=str(data), cache=str(root / "cache"))
+        bench, data_dir=str(data), cache=str(root / "cache-layer1"))  # the estp fits cache layers (1, -1)
 
 
 def test_predict_states_equals_predict_without_loading_the_model(fitted_last, tmp_path):

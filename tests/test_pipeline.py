@@ -14,18 +14,6 @@ runner = CliRunner()
 
 
 @pytest.fixture(scope="module")
-def tiny_bench(tiny_model_dir, tmp_path_factory):
-    from conftest import make_tiny_data_dir
-
-    root = tmp_path_factory.mktemp("pipeline")
-    data = make_tiny_data_dir(root / "data")
-    r = runner.invoke(app, ["bench", "build", "--out", str(root / "bench"), "--preset", "tiny", "--model",
-                            str(tiny_model_dir), "--engine", "transformers", "--data-dir", str(data), "--seed", "5"])
-    assert r.exit_code == 0, r.output
-    return root / "bench", data, root
-
-
-@pytest.fixture(scope="module")
 def fitted(tiny_bench, tiny_model_dir):
     bench, data, root = tiny_bench
     return LengthPredictor("estp", str(tiny_model_dir), layers=(1, -1), coverage=0.5, epochs=3).fit(

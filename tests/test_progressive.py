@@ -165,19 +165,12 @@ def test_trail_progressive_first_refresh_is_the_classifier_and_later_ones_are_sm
 
 
 @pytest.fixture(scope="module")
-def tiny_run(tiny_model_dir, tmp_path_factory):
-    from typer.testing import CliRunner
-
-    from conftest import make_tiny_data_dir
-    from lenpred.cli import app
+def tiny_run(tiny_model_dir, tiny_bench, tmp_path_factory):
     from lenpred.progressive.evaluate import ProgressiveConfig, run_progressive
 
+    bench, data, _ = tiny_bench
     root = tmp_path_factory.mktemp("progressive")
-    data = make_tiny_data_dir(root / "data")
-    r = CliRunner().invoke(app, ["bench", "build", "--out", str(root / "bench"), "--preset", "tiny", "--model",
-                                 str(tiny_model_dir), "--engine", "transformers", "--data-dir", str(data), "--seed", "5"])
-    assert r.exit_code == 0, r.output
-    cfg = ProgressiveConfig(model=str(tiny_model_dir), bench=str(root / "bench"), data_dir=str(data),
+    cfg = ProgressiveConfig(model=str(tiny_model_dir), bench=str(bench), data_dir=str(data),
                             out=str(root / "out"), cache=str(root / "cache"), decode_cache=str(root / "dc"), threads=1,
                             head={"epochs": 2}, plp_layers=(2,), trail_layers=(1,), prompt_candidates=(("last", 1),),
                             static=("last", 1), signal_layers=(1, -1), steps=(0, 2, 4))
@@ -230,7 +223,7 @@ def test_length_predictor_start_and_update_use_the_plp_head(tiny_run, tiny_model
     from lenpred.pipeline import LengthPredictor
 
     root, data, cfg, _ = tiny_run
-    lp = LengthPredictor("last", str(tiny_model_dir), layers=(1,), coverage=0.5, epochs=2).fit(root / "bench", data_dir=str(data),
+    lp = LengthPredictor("last", str(tiny_model_dir), layers=(1,), coverage=0.5, epochs=2).fit(cfg.bench, data_dir=str(data),
                                                                                            cache=str(root / "lp-cache"))
     with pytest.raises(LenpredError, match="no progressive head"):
         lp.start(["write a poem"])
