@@ -414,3 +414,14 @@ def read_traffic_log(directory: str | Path) -> TrafficLog:
         columns[name] = (np.asarray(col.to_pylist(), dtype=object) if pa.types.is_string(col.type)
                          else col.to_numpy().astype(np.float64))
     return TrafficLog(columns, flat.astype(np.float32).reshape(-1, dim), parts, skipped, meta0)
+
+
+def predictor_metadata(predictor) -> dict[str, str]:
+    """What a log written for ``predictor`` (a :class:`lenpred.pipeline.LengthPredictor`) records in every part, so
+    that ``lenpred train --traffic`` refuses a log whose features another predictor read: model id and revision,
+    method, layers (JSON) and prompt rule."""
+    import json
+
+    c = predictor.config_
+    return {"model_id": str(c["model_id"]), "model_revision": str(c["model_revision"]), "method": str(c["method"]),
+            "layers": json.dumps(c["layers"]), "template_rule": str(c["template_rule"])}
