@@ -73,6 +73,9 @@ def test_fit_traffic_saves_a_predictor_whose_card_names_its_data(base, tmp_path)
     path = p.save_pretrained(tmp_path / "refit")
     text = (path / "CARD.md").read_text()
     assert "trained on logged traffic" in text and "the earliest 30 train" in text and "refitted from" in text
+    tuned = LengthPredictor().fit_traffic(tmp_path / "log", base=base_dir, finetune=True)
+    assert set(tuned.config_["chosen_on_validation"]["finetuned"]) == {"epochs", "lr"}
+    assert "fine-tuned from" in tuned.save_pretrained(tmp_path / "tuned").joinpath("CARD.md").read_text()
     loaded = LengthPredictor.from_pretrained(path)
     [pred] = loaded.predict(["what is the sum of two and three"], max_new_tokens=16)
     assert 0 <= pred.low <= pred.expected <= pred.high <= 16

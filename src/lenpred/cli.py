@@ -148,6 +148,8 @@ def train(
     calibration_share: float = typer.Option(0.1, help="With --traffic: share of the log (after the training part, "
                                             "in time order) that calibrates the interval."),
     test_share: float = typer.Option(0.2, help="With --traffic: the latest share of the log, scored on the card."),
+    finetune: bool = typer.Option(False, help="With --traffic: train the --base head further instead of refitting "
+                                  "from scratch (epochs / learning rate chosen in time order)."),
     model: str = MODEL,
     data_dir: Optional[str] = DATA_DIR,
     cache: Optional[str] = CACHE,
@@ -168,7 +170,7 @@ def train(
     if any(p.exists() and not p.is_dir() for p in (out_path, *out_path.parents)):  # refused before any work
         raise LenpredError(f"--out {out} is (or lies under) a file: pass a directory")
     if traffic is not None:
-        predictor = LengthPredictor().fit_traffic(traffic, bench, base, calibration_share, test_share,
+        predictor = LengthPredictor().fit_traffic(traffic, bench, base, calibration_share, test_share, finetune,
                                                   data_dir=data_dir, cache=cache, threads=threads)
     else:
         predictor = LengthPredictor(method, model, _ints("--layers", layers), coverage, seed, epochs,
@@ -189,13 +191,15 @@ def traffic_replay(
     data_dir: Optional[str] = DATA_DIR,
     cache: Optional[str] = CACHE,
     seed: int = typer.Option(0, help="Stream order and head seed."),
+    mix_bench: bool = typer.Option(True, "--mix-bench/--no-mix-bench",
+                                   help="Also refit on the logged requests plus the benchmark's train split."),
 ):
     """Replay a shifted stream through the shipped predictor: fixed vs adaptive interval coverage over time, and a
     head refitted on the logged earlier part vs the shipped one on the later part."""
     from lenpred.studies.traffic import TrafficReplayConfig, run_traffic_replay
 
     run_traffic_replay(TrafficReplayConfig(bench=bench, out=out, late=late, predictor=predictor, data_dir=data_dir,
-                                           cache=cache, seed=seed))
+                                           cache=cache, seed=seed, mix_bench=mix_bench))
 
 
 def _read_prompts(prompts: list[str], file: Optional[str]) -> list:

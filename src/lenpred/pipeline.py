@@ -145,14 +145,17 @@ class LengthPredictor:
         return self
 
     def fit_traffic(self, log: str | Path, bench: str | Path | None = None, base: str | Path | None = None,
-                    calibration_share: float = 0.1, test_share: float = 0.2, data_dir: str | None = None,
-                    cache: str | None = None, backbone=None, threads: int | None = None) -> "LengthPredictor":
+                    calibration_share: float = 0.1, test_share: float = 0.2, finetune: bool = False,
+                    data_dir: str | None = None, cache: str | None = None, backbone=None,
+                    threads: int | None = None) -> "LengthPredictor":
         """Refit ``base``'s head on logged traffic (:mod:`lenpred.serving.traffic_log`), optionally mixed with a
         benchmark's train split; no model pass over the log (it holds the head's input features).
 
         The log is split in time (:func:`lenpred.serving.refit.time_split`): the head is trained on the earliest
         requests (plus ``bench``'s train split), its interval calibrated on the next ``calibration_share`` and its
         card scored on the latest ``test_share``, beside ``base`` on the same requests. Censoring as in training.
+        With ``finetune``, ``base``'s head is trained further instead of refitted from scratch (epochs and learning
+        rate chosen on the training part's latest 20 %, :func:`lenpred.serving.refit.choose_finetune`).
         ``base``'s method, layer, model and head hyper-parameters are kept (default: the shipped predictor); the
         settings given to ``__init__`` are replaced by ``base``'s.
 
@@ -162,7 +165,8 @@ class LengthPredictor:
                 pooled-head predictor, too few requests for the shares or the coverage.
         """
         from lenpred.intervals import conformal_margin
-        from lenpred.serving.refit import TrafficRows, fit_head, head_quantiles, rows_from_log, time_split
+        from lenpred.serving.refit import (TrafficRows, choose_finetune, finetune_head, fit_head, head_quantiles,
+                                           rows_from_log, time_split)
         from lenpred.serving.traffic_log import read_traffic_log
 
         base_p = LengthPredictor.from_pretrained(base, backbone=backbone, threads=threads)
@@ -183,14 +187,21 @@ class LengthPredictor:
         self.backbone_ = base_p.backbone_
         params = base_p.predictor_.params
         self.predictor_ = type(base_p.predictor_)(**params)
-        self.predictor_.head_ = fit_head(fit_rows, params["head"], params["seed"])
+        how = {"refit_of": str(base or "shipped predictor")}
+        if finetune:
+            epochs, lr, _ = choose_finetune(base_p.predictor_.head_, fit_rows, self.coverage, seed=params["seed"])
+            head = base_p.predictor_.head_
+            self.predictor_.head_ = finetune_head(head, fit_rows, epochs, lr, params["seed"]) if epochs else head
+            how |= {"finetuned": {"epochs": epochs, "lr": lr}}
+        else:
+            self.predictor_.head_ = fit_head(fit_rows, params["head"], params["seed"])
         _, low, high = head_quantiles(self.predictor_.head_, rows.X[cal], rows.caps[cal], self.coverage)
         self.margin_ = conformal_margin(low, high, rows.y[cal], self.coverage)
         c = traffic_log.columns
         self.config_ = {**{k: v for k, v in base_p.config_.items() if k in ("method", "params", "model_id",
                                                                            "model_revision", "layers", "semantic",
                                                                            "template_rule")},
-                        "chosen_on_validation": {"refit_of": str(base or "shipped predictor")},
+                        "chosen_on_validation": how,
                         "coverage": self.coverage, "interval_margin": self.margin_,
                         "training_benchmark": bench_info,
                         "training_traffic": {
@@ -512,8 +523,11 @@ def _data_lines(config: dict) -> list[str]:
         lines.append(f"* trained on logged traffic `{traffic['log']}`: {traffic['num_records']} finished requests "
                      f"({traffic['parts']} parts, {traffic['features_dtype']} features), split in time: the earliest "
                      f"{traffic['num_train']} train, the next {traffic['num_calibration']} calibrate the interval, the "
-                     f"latest {traffic['num_test']} are scored below; hyper-parameters of "
-                     f"{config['chosen_on_validation'].get('refit_of')}")
+                     f"latest {traffic['num_test']} are scored below; "
+                     + (f"fine-tuned from {config['chosen_on_validation'].get('refit_of')} "
+                        f"({json.dumps(config['chosen_on_validation']['finetuned'])}, chosen on the training part's "
+                        "latest 20 %)" if "finetuned" in config["chosen_on_validation"] else
+                        f"hyper-parameters of {config['chosen_on_validation'].get('refit_of')}"))
     where = "the logged calibration requests" if traffic is not None else "validation"
     lines.append(f"* interval: nominal {config['coverage']:.0%} coverage, split-conformal margin "
                  f"{config['interval_margin']:.1f} tokens (calibrated on {where})")

@@ -94,6 +94,37 @@ def fit_head(rows: TrafficRows, head_params: dict, seed: int = 0):
     return SoftLabelRegressor(HeadConfig(**head_params), seed).fit(rows.X, rows.y, groups, rows.censored, rows.caps)
 
 
+def finetune_head(base_head, rows: TrafficRows, epochs: int, lr: float, seed: int = 0):
+    """A copy of the fitted ``base_head`` trained further on ``rows`` for ``epochs`` at learning rate ``lr``
+    (:class:`lenpred.heads.SoftLabelRegressor` with ``warm_start``: the base's bins and feature scaling are kept)."""
+    from dataclasses import replace
+
+    from lenpred.heads import SoftLabelRegressor
+
+    head = SoftLabelRegressor.from_state(base_head.state())
+    head.config, head.seed, head.warm_start = replace(head.config, epochs=epochs, lr=lr), seed, True
+    _, groups = np.unique(rows.groups.astype(str), return_inverse=True)
+    return head.fit(rows.X, rows.y, groups, rows.censored, rows.caps)
+
+
+FINETUNE_GRID = ((10, 1e-4), (30, 1e-4), (30, 3e-4), (100, 1e-4))  # (epochs, lr), chosen in time order (below)
+
+
+def choose_finetune(base_head, rows: TrafficRows, coverage: float, share: float = 0.2, seed: int = 0,
+                    grid=FINETUNE_GRID) -> tuple[int, float, list[dict]]:
+    """Pick fine-tuning ``(epochs, lr)`` on the stream itself, in time order: fine-tune on the earliest
+    ``1 - share`` of ``rows``, score MAE on the latest ``share``; also scores the base head itself (``epochs`` 0).
+    Returns ``(epochs, lr, sweep)``; ``(0, 0.0)`` when no candidate beats the base head there."""
+    n_val = max(1, int(len(rows) * share))
+    fit_rows, val = rows.take(np.arange(len(rows) - n_val)), rows.take(np.arange(len(rows) - n_val, len(rows)))
+    mae = lambda h: float(np.mean(np.abs(head_quantiles(h, val.X, val.caps, coverage)[0] - val.y)))  # noqa: E731
+    sweep = [{"epochs": 0, "lr": 0.0, "val_mae": mae(base_head)}]
+    for epochs, lr in grid:
+        sweep.append({"epochs": epochs, "lr": lr, "val_mae": mae(finetune_head(base_head, fit_rows, epochs, lr, seed))})
+    best = min(sweep, key=lambda r: r["val_mae"])
+    return best["epochs"], best["lr"], sweep
+
+
 def head_quantiles(head, X: np.ndarray, caps: np.ndarray, coverage: float) -> tuple[np.ndarray, np.ndarray,
                                                                                    np.ndarray]:
     """``(expected, low_raw, high_raw)`` ``(n,)`` tokens of a fitted head on features: the expected capped length

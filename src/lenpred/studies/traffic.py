@@ -38,11 +38,13 @@ class TrafficReplayConfig:
         data_dir, cache: prompt data directory and signal-cache directory (``None``: defaults).
         out: where results go (``results.json``, ``results.md``, ``coverage.png``).
         log_dir: where the replayed traffic log is written (replaced each run; ``None``: under ``$LENPRED_CACHE``).
-        late: the scenario or source whose prompts arrive late (the shift).
+        late: the scenarios or sources (comma-separated) whose prompts arrive late (the shift).
         late_start: the late group's popularity times are ``U(late_start, 1)``.
         spread: how far apart one prompt's samples arrive in the ``recurring`` stream (share of the stream).
         adaptive_window, gamma: :class:`lenpred.serving.adaptive.AdaptiveConfig` settings (gamma for ACI).
         refit_sizes: logged requests (the stream's first n) the learning curve refits on.
+        mix_bench: also refit on the logged requests plus the benchmark's train split (the shipped head's own
+            training data; needs its layer-15 signals, extracted once into the cache).
         bootstrap_resamples: prompt-clustered bootstrap resamples.
         seed: stream order and head seed.
     """
@@ -59,6 +61,7 @@ class TrafficReplayConfig:
     adaptive_window: int = 300
     gamma: float = 0.01
     refit_sizes: tuple[int, ...] = (100, 200, 400, 788)
+    mix_bench: bool = True
     bootstrap_resamples: int = 2000
     seed: int = 0
     streams: tuple[str, ...] = field(default=("recurring", "new-prompts"))
@@ -152,14 +155,16 @@ def run_traffic_replay(cfg: TrafficReplayConfig, console=None) -> dict:
     cols = {"X": X, "y": data.y[test], "censored": data.censored[test], "caps": caps, "expected": expected,
             "low_raw": low_raw, "high_raw": high_raw, "prompt_id": data.cols["prompt_id"][test].astype(str),
             "scenario": data.cols["scenario"][test].astype(str)}
-    cols["source"] = np.array([p.split("/")[0] for p in cols["prompt_id"]])
-    late = (cols["scenario"] == cfg.late) | (cols["source"] == cfg.late)
-    if not late.any():
-        raise LenpredError(f"no test sample is of scenario or source '{cfg.late}': pick one of "
+    cols["source"] = np.array([p.split(":")[0] for p in cols["prompt_id"]])  # prompt ids are <source>:<index>
+    names = {n.strip() for n in cfg.late.split(",")}
+    unknown = names - set(cols["scenario"]) - set(cols["source"])
+    if unknown:
+        raise LenpredError(f"no test sample is of scenario or source {', '.join(sorted(unknown))}: pick from "
                            f"{', '.join(sorted(set(cols['scenario']) | set(cols['source'])))}")
+    late = np.isin(cols["scenario"], list(names)) | np.isin(cols["source"], list(names))
     check = shipped._predict_requests(requests[:8])  # the features-level path serves what predict() serves
     assert np.allclose([p.expected for p in check], expected[:8]), "features-level path differs from predict()"
-    bench_rows = _bench_rows_or_none(shipped, cfg)
+    bench_rows = _bench_rows_or_none(shipped, cfg) if cfg.mix_bench else None
     report = {"config": asdict(cfg), "shipped_margin": shipped.margin_, "num_requests": int(len(test)),
               "late_share": float(late.mean()), "streams": {}}
     for name in cfg.streams:
@@ -242,7 +247,7 @@ def _refits(log, s: dict, shipped, head, bench_rows, earlier, later, cfg: Traffi
     """Shipped vs heads refitted on the earlier part (from the log; with and without the benchmark's train split),
     on the later part: MAE and Kendall tau with paired prompt-clustered intervals; and the learning curve."""
     from lenpred.evaluation.metrics import clustered_bootstrap
-    from lenpred.serving.refit import TrafficRows, fit_head, head_quantiles, rows_from_log
+    from lenpred.serving.refit import TrafficRows, choose_finetune, finetune_head, fit_head, head_quantiles, rows_from_log
 
     rows = rows_from_log(log)  # in finish order = the stream's order here
     params = shipped.predictor_.params
@@ -250,31 +255,42 @@ def _refits(log, s: dict, shipped, head, bench_rows, earlier, later, cfg: Traffi
     ship_pred = s["expected"][later]
     ship_err = np.abs(ship_pred - y)
 
-    def score(fit_rows: TrafficRows) -> tuple[dict, np.ndarray]:
+    def score(fit_rows: TrafficRows, finetune: bool = False) -> tuple[dict, np.ndarray]:
         t = time.perf_counter()
-        new = fit_head(fit_rows, params["head"], params["seed"])
+        extra = {}
+        if finetune:  # epochs / lr chosen on the fit rows' own latest 20 %, in time order
+            epochs, lr, sweep = choose_finetune(head, fit_rows, shipped.coverage, seed=params["seed"])
+            new = finetune_head(head, fit_rows, epochs, lr, params["seed"]) if epochs else head
+            extra = {"chosen": {"epochs": epochs, "lr": lr}, "sweep": sweep}
+        else:
+            new = fit_head(fit_rows, params["head"], params["seed"])
         fit_s = time.perf_counter() - t
         pred = head_quantiles(new, s["X"][later], caps, shipped.coverage)[0]
         err = np.abs(pred - y)
         return {"n_train": len(fit_rows), "fit_s": fit_s, "mae": clustered_bootstrap(err, pid, cfg.bootstrap_resamples),
-                "mae_minus_shipped": clustered_bootstrap(err - ship_err, pid, cfg.bootstrap_resamples)}, pred
+                "mae_minus_shipped": clustered_bootstrap(err - ship_err, pid, cfg.bootstrap_resamples), **extra}, pred
 
     out = {"shipped": {"mae": clustered_bootstrap(ship_err, pid, cfg.bootstrap_resamples)}}
     idx_earlier = np.flatnonzero(earlier)
-    for key, parts in (("refit_traffic", [rows.take(idx_earlier)]),
-                       ("refit_traffic+bench", [rows.take(idx_earlier), bench_rows])):
-        out[key], pred = score(TrafficRows.concat(parts))
+    variants = [("refit_traffic", [rows.take(idx_earlier)], False), ("finetune_traffic", [rows.take(idx_earlier)], True)]
+    if bench_rows is not None:
+        variants.append(("refit_traffic+bench", [rows.take(idx_earlier), bench_rows], False))
+    for key, parts, finetune in variants:
+        out[key], pred = score(TrafficRows.concat(parts), finetune)
         out[key]["kendall_tau"] = paired_tau_bootstrap(y, pred, ship_pred, pid, min(cfg.bootstrap_resamples, 1000),
                                                        cfg.seed)
     curve = []
     for size in cfg.refit_sizes:
         first = idx_earlier[:size]
-        for key, parts in (("traffic", [rows.take(first)]), ("traffic+bench", [rows.take(first), bench_rows])):
-            r, _ = score(TrafficRows.concat(parts))
+        for key, parts, finetune in (("traffic", [rows.take(first)], False), ("finetune", [rows.take(first)], True),
+                                     ("traffic+bench", [rows.take(first), bench_rows], False)):
+            if bench_rows is None and key == "traffic+bench":
+                continue
+            r, _ = score(TrafficRows.concat(parts), finetune)
             curve.append({"logged_requests": int(len(first)), "data": key, **r})
     out["learning_curve"] = curve
     beats = {}
-    for key in ("traffic", "traffic+bench"):
+    for key in sorted({c["data"] for c in curve}):
         ok = [c["logged_requests"] for c in curve if c["data"] == key and c["mae_minus_shipped"][2] < 0]
         beats[key] = ok[0] if ok else None
     out["first_size_that_beats_shipped"] = beats
@@ -310,9 +326,10 @@ def render_markdown(report: dict) -> str:
         lines += [markdown(["interval", "first half", "last half", f"last half, {cfg['late']}", "mean width (last half)"],
                            rows), "On the later part:", ""]
         rows = [["shipped", _fmt(st["shipped"]["mae"]), "–", f"{st['refit_traffic']['kendall_tau']['tau_b']:.3f}", "–"]]
-        for key in ("refit_traffic", "refit_traffic+bench"):
+        for key in [k for k in ("refit_traffic", "finetune_traffic", "refit_traffic+bench") if k in st]:
             r = st[key]
-            rows.append([f"{key} ({r['n_train']} rows)", _fmt(r["mae"]), _fmt(r["mae_minus_shipped"]),
+            how = f", {r['chosen']['epochs']} epochs at lr {r['chosen']['lr']:g}" if "chosen" in r else ""
+            rows.append([f"{key} ({r['n_train']} rows{how})", _fmt(r["mae"]), _fmt(r["mae_minus_shipped"]),
                          f"{r['kendall_tau']['tau_a']:.3f}", _fmt(r["kendall_tau"]["diff"], 3)])
         lines += [markdown(["head", "MAE [95% CI]", "Δ MAE vs shipped", "Kendall tau", "Δ tau vs shipped"], rows),
                   "Learning curve (refit on the stream's first n logged requests, scored on the later part):", ""]
