@@ -82,6 +82,14 @@ def test_time_flush_without_close(tmp_path):
     w.close()
 
 
+def test_a_sidecar_without_its_part_is_the_part_being_written_and_is_skipped(tmp_path):
+    with TrafficLogWriter(TrafficLogConfig(tmp_path)) as w:
+        _log(w, 0)
+    (tmp_path / "part-00000002.parquet.sha256").write_text("00  part-00000002.parquet\n")  # killed between renames
+    log = read_traffic_log(tmp_path)
+    assert log.num_records == 1 and [p.name for p in log.skipped] == ["part-00000002.parquet.sha256"]
+
+
 def test_corrupt_and_unverifiable_parts_refused(tmp_path):
     with TrafficLogWriter(TrafficLogConfig(tmp_path, max_records_per_part=2)) as w:
         for i in range(4):

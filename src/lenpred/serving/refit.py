@@ -117,7 +117,9 @@ def choose_finetune(base_head, rows: TrafficRows, coverage: float, share: float 
     Returns ``(epochs, lr, sweep)``; ``(0, 0.0)`` when no candidate beats the base head there."""
     n_val = max(1, int(len(rows) * share))
     fit_rows, val = rows.take(np.arange(len(rows) - n_val)), rows.take(np.arange(len(rows) - n_val, len(rows)))
-    mae = lambda h: float(np.mean(np.abs(head_quantiles(h, val.X, val.caps, coverage)[0] - val.y)))  # noqa: E731
+    def mae(h) -> float:
+        return float(np.mean(np.abs(head_quantiles(h, val.X, val.caps, coverage)[0] - val.y)))
+
     sweep = [{"epochs": 0, "lr": 0.0, "val_mae": mae(base_head)}]
     for epochs, lr in grid:
         sweep.append({"epochs": epochs, "lr": lr, "val_mae": mae(finetune_head(base_head, fit_rows, epochs, lr, seed))})

@@ -114,7 +114,9 @@ def paired_tau_bootstrap(y: np.ndarray, pred_a: np.ndarray, pred_b: np.ndarray, 
     ids, inverse = np.unique(clusters, return_inverse=True)
     members = [np.flatnonzero(inverse == k) for k in range(len(ids))]
     rng = np.random.default_rng(seed)
-    tau = lambda p, idx: kendalltau(p[idx], y[idx]).statistic  # noqa: E731
+    def tau(p: np.ndarray, idx: np.ndarray) -> float:
+        return kendalltau(p[idx], y[idx]).statistic
+
     diffs = []
     for _ in range(n_resamples):
         idx = np.concatenate([members[k] for k in rng.integers(0, len(ids), len(ids))])
