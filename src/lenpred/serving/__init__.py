@@ -1,1 +1,1 @@
-"""Serving-side pieces: the traffic log, online-adaptive intervals, and (later) policies, simulator and proxies."""
+"""Serving: length-aware decisions and the engine integrations that make them (the vLLM plug-in in ``serving.vllm``)."""
