@@ -289,3 +289,16 @@ def test_regressor_rejects_single_sample():
 def test_predict_before_fit_raises():
     with pytest.raises(LenpredError, match="before fit"):
         SoftLabelRegressor().predict(np.zeros((2, 3)))
+
+
+def test_warm_start_keeps_bins_and_scaling_and_continues_training():
+    from lenpred.heads import HeadConfig, SoftLabelRegressor
+
+    rng = np.random.default_rng(0)
+    X, y = rng.normal(size=(40, 3)).astype(np.float32), rng.integers(1, 100, 40).astype(float)
+    head = SoftLabelRegressor(HeadConfig(num_bins=4, epochs=2), seed=0, warm_start=True).fit(X, y)
+    edges, mean, w0 = head.edges_.copy(), head.mean_.copy(), head.module_.net[0].weight.detach().clone()
+    head.fit(X[:10] + 5, y[:10] * 3)  # other data: bins and scaling stay, the weights move
+    np.testing.assert_array_equal(head.edges_, edges)
+    np.testing.assert_array_equal(head.mean_, mean)
+    assert not torch.equal(head.module_.net[0].weight, w0)

@@ -141,9 +141,21 @@ def progressive(
 @app.command()
 @one_line_errors
 def train(
-    bench: str = typer.Option("benchmarks/smollm2-forelen", help="Benchmark directory to train on."),
-    method: str = typer.Option("estp", help="Predictor to train (see `lenpred evaluate --help` for the list)."),
+    bench: Optional[str] = typer.Option(None, help="Benchmark directory to train on \\[default: "
+                                        "benchmarks/smollm2-forelen]; with --traffic, its train split is mixed into "
+                                        "the logged traffic's training part (none by default)."),
+    method: str = typer.Option("estp", help="Predictor to train (see `lenpred evaluate --help` for the list); with "
+                               "--traffic, the --base predictor's method is kept."),
     out: str = typer.Option(..., help="Directory to save the predictor in (config.json, predictor.safetensors, CARD.md)."),
+    traffic: Optional[str] = typer.Option(None, help="Refit on a traffic log directory (lenpred.serving.traffic_log): "
+                                          "train on its earliest requests, calibrate on the next, score the latest."),
+    base: Optional[str] = typer.Option(None, help="With --traffic: the predictor that served the log (its method, "
+                                       "layer and head settings are kept) \\[default: the shipped predictor]."),
+    calibration_share: float = typer.Option(0.1, help="With --traffic: share of the log (after the training part, "
+                                            "in time order) that calibrates the interval."),
+    test_share: float = typer.Option(0.2, help="With --traffic: the latest share of the log, scored on the card."),
+    finetune: bool = typer.Option(False, help="With --traffic: train the --base head further instead of refitting "
+                                  "from scratch (epochs / learning rate chosen in time order)."),
     model: Optional[str] = BENCH_MODEL,
     data_dir: Optional[str] = DATA_DIR,
     cache: Optional[str] = CACHE,
@@ -154,7 +166,8 @@ def train(
     pool_span: str = POOL_SPAN,
     threads: Optional[int] = THREADS,
 ):
-    """Tune a predictor on a benchmark's validation split, calibrate its interval, score test, and save it."""
+    """Tune a predictor on a benchmark's validation split, calibrate its interval, score test, and save it; or,
+    with --traffic, refit a served predictor's head on its logged traffic."""
     from lenpred.pipeline import LengthPredictor, render_card
 
     if not 0 < coverage < 1:
@@ -162,12 +175,37 @@ def train(
     out_path = Path(out)
     if any(p.exists() and not p.is_dir() for p in (out_path, *out_path.parents)):  # refused before any work
         raise LenpredError(f"--out {out} is (or lies under) a file: pass a directory")
-    predictor = LengthPredictor(method, model, _ints("--layers", layers), coverage, seed, epochs,
-                                pool_span=pool_span)
-    predictor.fit(bench, data_dir=data_dir, cache=cache, threads=threads)
+    if traffic is not None:
+        predictor = LengthPredictor().fit_traffic(traffic, bench, base, calibration_share, test_share, finetune,
+                                                  data_dir=data_dir, cache=cache, threads=threads)
+    else:
+        predictor = LengthPredictor(method, model, _ints("--layers", layers), coverage, seed, epochs,
+                                    pool_span=pool_span)
+        predictor.fit(bench or "benchmarks/smollm2-forelen", data_dir=data_dir, cache=cache, threads=threads)
     path = predictor.save_pretrained(out)
     typer.echo(render_card(predictor.config_, predictor.card_))
     typer.echo(f"saved to {path}")
+
+
+@app.command("traffic-replay")
+@one_line_errors
+def traffic_replay(
+    bench: str = typer.Option("benchmarks/smollm2-forelen", help="Benchmark whose test split is replayed."),
+    out: str = typer.Option("results/traffic", help="Output directory for results.json / .md and coverage.png."),
+    late: str = typer.Option("longseq", help="Scenario or source whose prompts arrive late (the shift)."),
+    predictor: Optional[str] = typer.Option(None, help="Saved predictor serving the stream \\[default: shipped]."),
+    data_dir: Optional[str] = DATA_DIR,
+    cache: Optional[str] = CACHE,
+    seed: int = typer.Option(0, help="Stream order and head seed."),
+    mix_bench: bool = typer.Option(True, "--mix-bench/--no-mix-bench",
+                                   help="Also refit on the logged requests plus the benchmark's train split."),
+):
+    """Replay a shifted stream through the shipped predictor: fixed vs adaptive interval coverage over time, and a
+    head refitted on the logged earlier part vs the shipped one on the later part."""
+    from lenpred.studies.traffic import TrafficReplayConfig, run_traffic_replay
+
+    run_traffic_replay(TrafficReplayConfig(bench=bench, out=out, late=late, predictor=predictor, data_dir=data_dir,
+                                           cache=cache, seed=seed, mix_bench=mix_bench))
 
 
 def _read_prompts(prompts: list[str], file: Optional[str]) -> list:

@@ -188,9 +188,10 @@ class SoftLabelRegressor:
     initialisation and batch order.
     """
 
-    def __init__(self, config: HeadConfig | None = None, seed: int = 0):
+    def __init__(self, config: HeadConfig | None = None, seed: int = 0, warm_start: bool = False):
         self.config = config or HeadConfig()
         self.seed = seed
+        self.warm_start = warm_start  # scikit-learn's meaning: a second fit continues from the fitted state
 
     def fit(self, X: np.ndarray, y: np.ndarray, groups: np.ndarray | None = None, censored: np.ndarray | None = None,
             caps: np.ndarray | None = None, sample_weight: np.ndarray | None = None) -> "SoftLabelRegressor":
@@ -204,6 +205,8 @@ class SoftLabelRegressor:
         ``max_new_tokens`` (``inf``: none); see the module docstring for how they enter the loss.
         ``sample_weight`` ``(n,)`` (optional, > 0): each sample's weight in the loss (PLP: ``1 / steps`` of its
         rollout, so every rollout weighs the same); a group's row weighs the sum of its samples' weights.
+        With ``warm_start`` and a fitted head, training continues from its weights, keeping its bins and feature
+        scaling (fine-tuning on new data, e.g. logged traffic; ``config.epochs`` / ``lr`` set the schedule).
 
         Raises:
             LenpredError: shapes disagree, fewer than 2 samples, or a capped sample without a finite cap.
@@ -223,12 +226,15 @@ class SoftLabelRegressor:
         cfg = self.config
         gen = torch.Generator().manual_seed(self.seed)
         torch.manual_seed(self.seed)  # nn.Linear init draws from the global generator
-        self.edges_ = length_bin_edges(y, cfg.num_bins, cfg.binning, caps[censored], censored)
-        self.centres_ = bin_centres(y, self.edges_)
-        self.mean_, self.std_ = X.mean(0), X.std(0) + 1e-6
-        self.length_scale_ = float(y.std() + 1e-6)
+        if not (self.warm_start and hasattr(self, "module_")):
+            self.edges_ = length_bin_edges(y, cfg.num_bins, cfg.binning, caps[censored], censored)
+            self.centres_ = bin_centres(y, self.edges_)
+            self.mean_, self.std_ = X.mean(0), X.std(0) + 1e-6
+            self.length_scale_ = float(y.std() + 1e-6)
+            self.module_ = DistributionHead(X.shape[1], len(self.centres_), cfg.dropout)
+        elif X.shape[1] != len(self.mean_):
+            raise LenpredError(f"warm start: X has {X.shape[1]} features, the fitted head reads {len(self.mean_)}")
         K = len(self.centres_)
-        self.module_ = DistributionHead(X.shape[1], K, cfg.dropout)
         q = soft_labels(torch.from_numpy(assign_bins(y, self.edges_)), K, cfg.tau)
         q[torch.from_numpy(censored)] = 0.0  # a capped sample's label is the censored term, not a bin
         _, first, inverse = np.unique(np.arange(n) if groups is None else np.asarray(groups),

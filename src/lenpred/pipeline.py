@@ -158,6 +158,77 @@ class LengthPredictor:
         self.card_ = self._test_card(data)
         return self
 
+    def fit_traffic(self, log: str | Path, bench: str | Path | None = None, base: str | Path | None = None,
+                    calibration_share: float = 0.1, test_share: float = 0.2, finetune: bool = False,
+                    data_dir: str | None = None, cache: str | None = None, backbone=None,
+                    threads: int | None = None) -> "LengthPredictor":
+        """Refit ``base``'s head on logged traffic (:mod:`lenpred.serving.traffic_log`), optionally mixed with a
+        benchmark's train split; no model pass over the log (it holds the head's input features).
+
+        The log is split in time (:func:`lenpred.serving.refit.time_split`): the head is trained on the earliest
+        requests (plus ``bench``'s train split), its interval calibrated on the next ``calibration_share`` and its
+        card scored on the latest ``test_share``, beside ``base`` on the same requests. Censoring as in training.
+        With ``finetune``, ``base``'s head is trained further instead of refitted from scratch (epochs and learning
+        rate chosen on the training part's latest 20 %, :func:`lenpred.serving.refit.choose_finetune`).
+        ``base``'s method, layer, model and head hyper-parameters are kept (default: the shipped predictor); the
+        settings given to ``__init__`` are replaced by ``base``'s.
+
+        Raises:
+            LenpredError: an unreadable or corrupt log (:func:`lenpred.serving.traffic_log.read_traffic_log`), a log
+                written for another model revision / layer / feature width than ``base``, a ``base`` that is not a
+                pooled-head predictor, too few requests for the shares or the coverage.
+        """
+        from lenpred.intervals import conformal_margin
+        from lenpred.serving.refit import (TrafficRows, choose_finetune, finetune_head, fit_head, head_quantiles,
+                                           rows_from_log, time_split)
+        from lenpred.serving.traffic_log import read_traffic_log
+
+        base_p = LengthPredictor.from_pretrained(base, backbone=backbone, threads=threads)
+        if not hasattr(base_p.predictor_, "head_") or not hasattr(base_p.predictor_, "features"):
+            raise LenpredError(f"the base predictor's method '{base_p.method}' is not a pooled head: refit on traffic "
+                               "needs one (last, mean, egtp, estp, ...)")
+        traffic_log = read_traffic_log(log)
+        _check_log_matches(traffic_log, base_p, log)
+        rows = rows_from_log(traffic_log)
+        train, cal, test = time_split(len(rows), calibration_share, test_share)
+        parts = [rows.take(train)]
+        bench_info = None
+        if bench is not None:
+            bench_rows, bench_info = _bench_rows(base_p, bench, data_dir, cache)
+            parts.append(bench_rows)
+        fit_rows = TrafficRows.concat(parts)
+        self.__dict__.update({k: v for k, v in base_p.__dict__.items() if not k.endswith("_")})  # base's settings
+        self.backbone_ = base_p.backbone_
+        params = base_p.predictor_.params
+        self.predictor_ = type(base_p.predictor_)(**params)
+        how = {"refit_of": str(base or "shipped predictor")}
+        if finetune:
+            epochs, lr, _ = choose_finetune(base_p.predictor_.head_, fit_rows, self.coverage, seed=params["seed"])
+            head = base_p.predictor_.head_
+            self.predictor_.head_ = finetune_head(head, fit_rows, epochs, lr, params["seed"]) if epochs else head
+            how |= {"finetuned": {"epochs": epochs, "lr": lr}}
+        else:
+            self.predictor_.head_ = fit_head(fit_rows, params["head"], params["seed"])
+        _, low, high = head_quantiles(self.predictor_.head_, rows.X[cal], rows.caps[cal], self.coverage)
+        self.margin_ = conformal_margin(low, high, rows.y[cal], self.coverage)
+        c = traffic_log.columns
+        self.config_ = {**{k: v for k, v in base_p.config_.items() if k in ("method", "params", "model_id",
+                                                                           "model_revision", "layers", "semantic",
+                                                                           "template_rule")},
+                        "chosen_on_validation": how,
+                        "coverage": self.coverage, "interval_margin": self.margin_,
+                        "training_benchmark": bench_info,
+                        "training_traffic": {
+                            "log": str(log), "num_records": len(rows), "parts": len(traffic_log.parts),
+                            "features_dtype": traffic_log.metadata["features_dtype"],
+                            "first_finish_time_s": float(np.nanmin(c["finish_time_s"])),
+                            "last_finish_time_s": float(np.nanmax(c["finish_time_s"])),
+                            "num_train": len(train), "num_calibration": len(cal), "num_test": len(test),
+                            "split": "time-ordered: train earliest, calibrate next, score latest"},
+                        "lenpred_version": _version()}
+        self.card_ = _traffic_card(self.predictor_.head_, base_p, rows.take(test), self.margin_, self.coverage)
+        return self
+
     def _layers_read(self) -> list[int]:
         layer = self.predictor_.params.get("layer")
         return [] if layer is None else [int(layer)]
@@ -455,24 +526,112 @@ class LengthPredictor:
                                "signals differ; retrain with `lenpred train --model ...`")
 
 
+def _check_log_matches(traffic_log, base: "LengthPredictor", path) -> None:
+    """A log's features must be what ``base`` reads: same width, and (when the writer recorded them) the same model
+    revision, method and layers."""
+    meta, width = traffic_log.metadata, len(base.predictor_.head_.mean_)
+    if int(meta["feature_dim"]) != width:
+        raise LenpredError(f"traffic log {path} holds {meta['feature_dim']}-wide features, the base predictor reads "
+                           f"{width}: log the base predictor's features, or pass the --base it was served with")
+    for key, mine in (("model_revision", base.config_["model_revision"]), ("method", base.method),
+                      ("layers", json.dumps(base.config_["layers"]))):
+        if key in meta and meta[key] != str(mine):
+            raise LenpredError(f"traffic log {path} was written for {key} {meta[key]}, the base predictor has {mine}: "
+                               "pass the --base predictor that served the logged traffic")
+
+
+def _bench_rows(base: "LengthPredictor", bench, data_dir, cache):
+    """``(TrafficRows, info)``: ``bench``'s train split pooled as ``base`` pools (signals from the signal cache)."""
+    from lenpred.bench.build import read_manifest
+    from lenpred.evaluation.data import load_eval_data
+    from lenpred.features import extract_cached
+    from lenpred.inputs.signals import signal_cache_path
+    from lenpred.serving.refit import TrafficRows
+
+    layers = tuple(base.config_["layers"])
+    data = load_eval_data(bench, base.backbone_.tokenizer, data_dir)
+    train = data.index["train"]
+    ids = list(dict.fromkeys(data.cols["prompt_id"][train].tolist()))
+    cache = Path(cache) if cache else signal_cache_path(base.backbone_, bench, layers)
+    signals = extract_cached(base.backbone_, {p: data.by_prompt[p].token_ids for p in ids}, layers, cache,
+                             semantic=base.config_["semantic"])
+    for p in ids:
+        data.by_prompt[p].signals = signals[p]
+    requests = data.rows("train")
+    rows = TrafficRows(base.predictor_.features(requests), data.y[train], data.censored[train],
+                       data.cols["max_new_tokens"][train].astype(np.float64), data.cols["prompt_id"][train].astype(object),
+                       np.full(len(train), "bench", dtype=object))
+    info = {"name": Path(bench).name, "plan_fingerprint": read_manifest(bench)["plan_fingerprint"],
+            "num_records": len(train), "split": "train", "dropped_duplicates": data.dropped_duplicates}
+    return rows, info
+
+
+def _traffic_card(head, base: "LengthPredictor", test, margin: float, coverage: float) -> dict:
+    """The card of a traffic refit, on the latest logged requests: MAE with a 95 % interval clustered by prompt
+    (SHA-256 where logged), interval coverage and width, and the paired MAE difference to ``base``."""
+    from lenpred.evaluation.metrics import clustered_bootstrap
+    from lenpred.intervals import interval_coverage
+    from lenpred.serving.refit import head_quantiles
+
+    if len(test) < 2:
+        return {}
+    expected, low, high = head_quantiles(head, test.X, test.caps, coverage)
+    base_expected = head_quantiles(base.predictor_.head_, test.X, test.caps, coverage)[0]
+    low, high = np.maximum(low - margin, 0), np.minimum(high + margin, test.caps)
+    err, base_err = np.abs(expected - test.y), np.abs(base_expected - test.y)
+    mae, lo, hi = clustered_bootstrap(err, test.groups.astype(str))
+    diff = clustered_bootstrap(err - base_err, test.groups.astype(str))
+    return {"latest traffic": {"n": len(test), "mae": mae, "mae_ci": [lo, hi],
+                               "interval_coverage": interval_coverage(low, high, test.y),
+                               "mean_interval_width": float(np.mean(high - low)),
+                               "base_mae": float(base_err.mean()), "mae_minus_base": list(diff)}}
+
+
 def render_card(config: dict, card: dict) -> str:
     """The Markdown card of a saved predictor: what it is, how it was trained, its test scores."""
-    bench = config["training_benchmark"]
     lines = [f"# lenpred predictor: {config['method']} on {config['model_id']}", "",
              f"* model revision `{config['model_revision']}`, layers {config['layers']}, prompt rule "
-             f"`{config['template_rule']}`, lenpred {config['lenpred_version']}",
-             f"* trained on `{bench['name']}` (plan `{bench['plan_fingerprint']}`, {bench['num_records']} records; "
-             f"duplicates across splits dropped: {bench['dropped_duplicates']}), hyper-parameters chosen on its "
-             f"validation split: `{json.dumps({k: v for k, v in config['chosen_on_validation'].items()})}`",
-             f"* interval: nominal {config['coverage']:.0%} coverage, split-conformal margin "
-             f"{config['interval_margin']:.1f} tokens (calibrated on validation)", "",
+             f"`{config['template_rule']}`, lenpred {config['lenpred_version']}", *_data_lines(config), "",
              "| test group | samples | MAE (tokens) | 95 % CI | interval coverage | mean interval width |",
              "|---|---:|---:|---:|---:|---:|"]
     for g, c in card.items():
         ci = "–" if c["mae_ci"][0] is None else f"[{c['mae_ci'][0]:.1f}, {c['mae_ci'][1]:.1f}]"
         lines.append(f"| {g} | {c['n']} | {c['mae']:.1f} | {ci} | {c['interval_coverage']:.3f} | "
                      f"{c['mean_interval_width']:.0f} |")
+    for g, c in card.items():
+        if "base_mae" in c:
+            d = c["mae_minus_base"]
+            ci = "" if d[1] is None else f" [{d[1]:+.1f}, {d[2]:+.1f}]"
+            lines.append(f"\nOn the {g} ({c['n']} requests) the predictor it was refitted from has MAE "
+                         f"{c['base_mae']:.1f}: difference {d[0]:+.1f}{ci} tokens (paired, prompt-clustered 95 % interval).")
     return "\n".join(lines) + "\n"
+
+
+def _data_lines(config: dict) -> list[str]:
+    """The card's lines on where a predictor's training data came from: a benchmark, logged traffic, or both."""
+    bench, traffic = config.get("training_benchmark"), config.get("training_traffic")
+    lines = []
+    if bench is not None:
+        what = f"`{bench['name']}` (plan `{bench['plan_fingerprint']}`, {bench['num_records']} records"
+        if traffic is None:
+            lines.append(f"* trained on {what}; duplicates across splits dropped: {bench['dropped_duplicates']}), "
+                         f"hyper-parameters chosen on its validation split: "
+                         f"`{json.dumps({k: v for k, v in config['chosen_on_validation'].items()})}`")
+        else:
+            lines.append(f"* mixed into training: benchmark {what} of its {bench.get('split', 'train')} split)")
+    if traffic is not None:
+        lines.append(f"* trained on logged traffic `{traffic['log']}`: {traffic['num_records']} finished requests "
+                     f"({traffic['parts']} parts, {traffic['features_dtype']} features), split in time: the earliest "
+                     f"{traffic['num_train']} train, the next {traffic['num_calibration']} calibrate the interval, the "
+                     f"latest {traffic['num_test']} are scored below; "
+                     + (f"fine-tuned from {config['chosen_on_validation'].get('refit_of')} "
+                        f"({json.dumps(config['chosen_on_validation']['finetuned'])}, chosen on the training part's "
+                        "latest 20 %)" if "finetuned" in config["chosen_on_validation"] else
+                        f"hyper-parameters of {config['chosen_on_validation'].get('refit_of')}"))
+    where = "the logged calibration requests" if traffic is not None else "validation"
+    lines.append(f"* interval: nominal {config['coverage']:.0%} coverage, split-conformal margin "
+                 f"{config['interval_margin']:.1f} tokens (calibrated on {where})")
+    return lines
 
 
 def _template_rule() -> str:

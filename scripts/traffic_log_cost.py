@@ -1,0 +1,69 @@
+"""What learning from traffic costs: traffic-log bytes per request, `record()` overhead per request, the log's
+background write time per request, and the refit time for 1,000 / 10,000 logged requests.
+
+Run under the CPU lock (numbers quoted in the README come from it):
+
+    flock /tmp/lenpred-cpu.lock python scripts/traffic_log_cost.py
+
+Features are synthetic (Gaussian, the shipped predictor's width 576; real hidden states compress about as
+badly, see results/traffic/results.md for the replayed log's bytes per request); the refit uses the shipped
+head's hyper-parameters (150 epochs) and 25 % capped requests. Writes results/traffic/cost.json.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+
+def log_cost(dtype: str, n: int = 20000, dim: int = 576) -> dict:
+    from lenpred.serving.traffic_log import TrafficLogConfig, TrafficLogWriter
+
+    rng = np.random.default_rng(0)
+    feats = rng.normal(0, 1, (n, dim)).astype(np.float32)  # every row distinct (repeats would compress)
+    with tempfile.TemporaryDirectory() as d:
+        w = TrafficLogWriter(TrafficLogConfig(d, features_dtype=dtype, max_records_per_part=4096, max_part_age_s=3600))
+        t0 = time.perf_counter()
+        for i in range(n):
+            w.record(feats[i], 100.0, 20.0, 300.0, 120, "stop", 512, 1.7e9 + i, 1.7e9 + i + 0.1, 1.7e9 + i + 2,
+                     low_raw=30.0, high_raw=280.0, num_prompt_tokens=80, prompt_sha256="ab" * 32, group="chat")
+        record_s = time.perf_counter() - t0
+        w._stop.set()
+        w._wake.set()
+        w._thread.join()  # no background flush from here on: time the writes on this thread
+        t1 = time.perf_counter()
+        w.flush()
+        write_s = time.perf_counter() - t1
+        size = sum(p.stat().st_size for p in Path(d).iterdir())
+    return {"features_dtype": dtype, "num_requests": n, "record_us_per_request": 1e6 * record_s / n,
+            "write_us_per_request": 1e6 * write_s / n, "bytes_per_request": size / n}
+
+
+def refit_cost(n: int, dim: int = 576) -> dict:
+    from lenpred.serving.refit import TrafficRows, fit_head
+
+    rng = np.random.default_rng(n)
+    y = np.minimum(np.round(rng.lognormal(5, 1, n)), 512)
+    rows = TrafficRows(rng.normal(0, 1, (n, dim)).astype(np.float32), y, y >= 512, np.full(n, 512.0),
+                       np.array([f"r{i}" for i in range(n)], dtype=object), np.full(n, "traffic", dtype=object))
+    t = time.perf_counter()
+    fit_head(rows, {"epochs": 150, "binning": "log"}, 0)
+    return {"num_requests": n, "epochs": 150, "refit_s": time.perf_counter() - t}
+
+
+def main() -> None:
+    from lenpred.io import write_json
+
+    out = {"torch_threads": torch.get_num_threads(), "log": [log_cost("float16"), log_cost("float32")],
+           "refit": [refit_cost(1000), refit_cost(10000)]}
+    write_json(Path("results/traffic/cost.json"), out)
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,137 @@
+"""What a serving path (``lenpred serve``, the vLLM in-engine plug-in) calls to learn from its traffic: one object
+that serves the interval (fixed or online-adaptive) and, when switched on, logs every finished request.
+
+Integration (both are off by default; the serving paths expose ``--traffic-log DIR`` and
+``--adaptive-interval aci|rolling``)::
+
+    from lenpred.serving.online import OnlineLearning
+    from lenpred.serving.adaptive import AdaptiveConfig
+    from lenpred.serving.traffic_log import TrafficLogConfig
+
+    online = OnlineLearning(predictor, log=TrafficLogConfig("traffic/") if args.traffic_log else None,
+                            adaptive=AdaptiveConfig(method="aci") if args.adaptive_interval else None)
+    # at prediction time, from the features the head read (the proxy: prompt_features; the plug-in: its hook's
+    # pooled state), no extra model pass:
+    served = online.predict(features, max_new_tokens=cap, group=route_tag)      # -> list[ServedPrediction]
+    # when request i finishes:
+    online.finished(served[i], num_output_tokens, finish_reason, arrival_time_s, first_token_time_s, finish_time_s)
+    ...
+    online.close()                                                               # flushes the log
+
+Thread safety: :meth:`OnlineLearning.finished` and :meth:`OnlineLearning.predict` take one lock (the adaptive
+state is shared); the log's disk writes happen on its own thread.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from lenpred.errors import LenpredError
+
+
+@dataclass
+class ServedPrediction:
+    """One request's prediction as served, with what its outcome needs to be logged and learned from.
+
+    Attributes:
+        features: ``(d,)`` float32, the head's input.
+        expected: expected output tokens (capped).
+        low, high: the interval served, tokens (adaptive margin when on, else the predictor's fixed one).
+        low_raw, high_raw: the head's quantiles before any margin.
+        max_new_tokens: the cap (``None``: uncapped).
+        group: the Mondrian group key (route / client tag), or ``None``.
+        prompt_sha256, num_prompt_tokens: optional, logged as given.
+    """
+
+    features: np.ndarray
+    expected: float
+    low: float
+    high: float
+    low_raw: float
+    high_raw: float
+    max_new_tokens: int | None = None
+    group: str | None = None
+    prompt_sha256: str | None = None
+    num_prompt_tokens: int | None = None
+
+
+def prompt_features(predictor, prompts: list, max_new_tokens: int | None = None) -> np.ndarray:
+    """The head's input ``(n, d)`` float32 for prompts, from the predictor's own prefill pass (the proxy's path;
+    the same pass ``LengthPredictor.predict`` runs)."""
+    requests = predictor._requests(prompts, max_new_tokens, None)
+    predictor._attach_signals(requests, 4096, False)
+    return predictor.predictor_.features(requests)
+
+
+class OnlineLearning:
+    """A served predictor's interval (fixed or adaptive) and traffic log.
+
+    Args:
+        predictor: a pooled-head :class:`lenpred.pipeline.LengthPredictor` (the shipped one reads ``last@15``).
+        log: switch the traffic log on (``None``: off, the default).
+        adaptive: switch the online-adaptive margin on (``None``: the predictor's fixed calibrated margin);
+            ``initial_margin`` defaults to the predictor's margin and ``coverage`` to its coverage.
+
+    Raises:
+        LenpredError: a predictor without a pooled head.
+    """
+
+    def __init__(self, predictor, log=None, adaptive=None):
+        from dataclasses import replace
+
+        from lenpred.serving.adaptive import AdaptiveInterval
+        from lenpred.serving.traffic_log import TrafficLogWriter, predictor_metadata
+
+        if not hasattr(predictor.predictor_, "head_"):
+            raise LenpredError(f"online learning needs a pooled-head predictor, '{predictor.method}' is not one")
+        self.predictor, self.coverage, self.margin = predictor, predictor.coverage, predictor.margin_
+        if adaptive is not None:
+            adaptive = replace(adaptive, coverage=predictor.coverage,
+                               initial_margin=adaptive.initial_margin or predictor.margin_)
+        self.adaptive = None if adaptive is None else AdaptiveInterval(adaptive)
+        if log is not None:
+            log = replace(log, metadata={**predictor_metadata(predictor), **log.metadata})
+        self.log = None if log is None else TrafficLogWriter(log)
+        self._lock = threading.Lock()
+
+    def predict(self, features: np.ndarray, max_new_tokens: int | None = None, group: str | None = None,
+                prompt_sha256: list[str | None] | None = None,
+                num_prompt_tokens: list[int | None] | None = None) -> list[ServedPrediction]:
+        """Predictions for ``(n, d)`` features (one head call; microseconds per request)."""
+        from lenpred.serving.adaptive import adapted_interval
+        from lenpred.serving.refit import head_quantiles
+
+        X = np.atleast_2d(np.asarray(features, np.float32))
+        n = len(X)
+        caps = np.full(n, np.inf if max_new_tokens is None else float(max_new_tokens))
+        expected, low_raw, high_raw = head_quantiles(self.predictor.predictor_.head_, X, caps, self.coverage)
+        out = []
+        with self._lock:
+            for i in range(n):
+                lo, hi = (self.adaptive.interval(low_raw[i], high_raw[i], group, max_new_tokens) if self.adaptive
+                          else adapted_interval(low_raw[i], high_raw[i], self.margin, max_new_tokens))
+                out.append(ServedPrediction(X[i], float(expected[i]), lo, hi, float(low_raw[i]), float(high_raw[i]),
+                                            max_new_tokens, group, None if prompt_sha256 is None else prompt_sha256[i],
+                                            None if num_prompt_tokens is None else num_prompt_tokens[i]))
+        return out
+
+    def finished(self, served: ServedPrediction, num_output_tokens: int, finish_reason: str, arrival_time_s: float,
+                 first_token_time_s: float | None, finish_time_s: float) -> None:
+        """A request finished: update the adaptive margin (if on) and log the row (if on)."""
+        with self._lock:
+            if self.adaptive is not None:
+                self.adaptive.update(served.low_raw, served.high_raw, num_output_tokens, served.group)
+        if self.log is not None:
+            self.log.record(served.features, served.expected, served.low, served.high, num_output_tokens,
+                            finish_reason, served.max_new_tokens, arrival_time_s, first_token_time_s, finish_time_s,
+                            low_raw=served.low_raw, high_raw=served.high_raw,
+                            num_prompt_tokens=served.num_prompt_tokens, prompt_sha256=served.prompt_sha256,
+                            group=served.group)
+
+    def close(self) -> None:
+        """Flush and close the log (if on)."""
+        if self.log is not None:
+            self.log.close()

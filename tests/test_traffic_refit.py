@@ -1,0 +1,117 @@
+"""Refit on logged traffic: time split by hand, `LengthPredictor.fit_traffic` / `lenpred train --traffic` on the tiny
+model (saved like any predictor, card says where its data came from), refusals, and the serving-side API."""
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from lenpred.cli import app
+from lenpred.errors import LenpredError
+from lenpred.pipeline import LengthPredictor
+from lenpred.serving.adaptive import AdaptiveConfig
+from lenpred.serving.online import OnlineLearning, prompt_features
+from lenpred.serving.refit import time_split
+from lenpred.serving.traffic_log import TrafficLogConfig, TrafficLogWriter, read_traffic_log
+
+runner = CliRunner()
+
+
+def test_time_split_by_hand():
+    train, cal, test = time_split(10, 0.1, 0.2)  # 2 test (latest), 1 calibration, 7 train (earliest)
+    assert train.tolist() == list(range(7)) and cal.tolist() == [7] and test.tolist() == [8, 9]
+    with pytest.raises(LenpredError, match="sum below 1"):
+        time_split(10, 0.5, 0.5)
+    with pytest.raises(LenpredError, match="leave 1 for training"):
+        time_split(3, 0.34, 0.34)
+
+
+@pytest.fixture(scope="module")
+def base(tiny_model_dir, tmp_path_factory):
+    from conftest import make_tiny_data_dir
+
+    root = tmp_path_factory.mktemp("traffic")
+    data = make_tiny_data_dir(root / "data")
+    r = runner.invoke(app, ["bench", "build", "--out", str(root / "bench"), "--preset", "tiny", "--model",
+                            str(tiny_model_dir), "--engine", "transformers", "--data-dir", str(data), "--seed", "5"])
+    assert r.exit_code == 0, r.output
+    p = LengthPredictor("last", str(tiny_model_dir), layers=(1,), coverage=0.5, epochs=3).fit(
+        root / "bench", data_dir=str(data), cache=str(root / "cache"))
+    return p, p.save_pretrained(root / "base"), root
+
+
+def _write_log(base_p, directory, n=60, seed=0):
+    """A log the base predictor would have written: its features of short prompts, outcomes made up (2 prompts
+    alternate; every 4th request capped at 16)."""
+    prompts = ["write a long poem about sea", "what is the sum of two and three"]
+    feats = prompt_features(base_p, prompts, max_new_tokens=16)
+    online = OnlineLearning(base_p, log=TrafficLogConfig(directory, max_records_per_part=16),
+                            adaptive=AdaptiveConfig(method="rolling", min_scores=5))
+    rng = np.random.default_rng(seed)
+    for i in range(n):
+        served = online.predict(feats[i % 2], max_new_tokens=16, group=f"route{i % 2}",
+                                prompt_sha256=[f"{i % 2:064x}"])[0]
+        y = 16 if i % 4 == 3 else int(rng.integers(2 + 6 * (i % 2), 8 + 6 * (i % 2)))
+        online.finished(served, y, "length" if y == 16 else "stop", 1000.0 + i, 1000.1 + i, 1001.0 + i)
+    online.close()
+    return feats
+
+
+def test_fit_traffic_saves_a_predictor_whose_card_names_its_data(base, tmp_path):
+    base_p, base_dir, _ = base
+    _write_log(base_p, tmp_path / "log")
+    log = read_traffic_log(tmp_path / "log")
+    assert log.num_records == 60 and len(log.parts) >= 4 and log.metadata["method"] == "last"  # <= 16 rows a part
+    assert set(log.columns["group"]) == {"route0", "route1"} and log.censored.sum() == 15
+    p = LengthPredictor().fit_traffic(tmp_path / "log", base=base_dir, calibration_share=0.25, test_share=0.25)
+    t = p.config_["training_traffic"]
+    assert (t["num_train"], t["num_calibration"], t["num_test"], t["parts"]) == (30, 15, 15, len(log.parts))
+    assert p.config_["training_benchmark"] is None and p.method == "last" and p.coverage == 0.5
+    card = p.card_["latest traffic"]
+    assert card["n"] == 15 and 0 <= card["interval_coverage"] <= 1 and len(card["mae_minus_base"]) == 3
+    path = p.save_pretrained(tmp_path / "refit")
+    text = (path / "CARD.md").read_text()
+    assert "trained on logged traffic" in text and "the earliest 30 train" in text and "refitted from" in text
+    tuned = LengthPredictor().fit_traffic(tmp_path / "log", base=base_dir, finetune=True)
+    assert set(tuned.config_["chosen_on_validation"]["finetuned"]) == {"epochs", "lr"}
+    assert "fine-tuned from" in tuned.save_pretrained(tmp_path / "tuned").joinpath("CARD.md").read_text()
+    loaded = LengthPredictor.from_pretrained(path)
+    [pred] = loaded.predict(["what is the sum of two and three"], max_new_tokens=16)
+    assert 0 <= pred.low <= pred.expected <= pred.high <= 16
+
+
+def test_train_traffic_cli_mixes_a_benchmark(base, tmp_path):
+    base_p, base_dir, root = base
+    _write_log(base_p, tmp_path / "log")
+    r = runner.invoke(app, ["train", "--traffic", str(tmp_path / "log"), "--base", str(base_dir), "--bench",
+                            str(root / "bench"), "--data-dir", str(root / "data"), "--cache", str(root / "cache-traffic"),
+                            "--out", str(tmp_path / "p")])
+    assert r.exit_code == 0, r.output
+    config = json.loads((tmp_path / "p" / "config.json").read_text())
+    assert config["training_benchmark"]["split"] == "train" and config["training_traffic"]["num_train"] == 42
+    assert "mixed into training: benchmark" in (tmp_path / "p" / "CARD.md").read_text()
+
+
+def test_logs_of_another_predictor_are_refused(base, tmp_path):
+    base_p, base_dir, _ = base
+    with TrafficLogWriter(TrafficLogConfig(tmp_path / "wide")) as w:
+        for i in range(20):
+            w.record(np.zeros(3), 1, 0, 2, 1, "stop", None, 0, None, float(i))
+    with pytest.raises(LenpredError, match="3-wide features"):
+        LengthPredictor().fit_traffic(tmp_path / "wide", base=base_dir)
+    d = len(base_p.predictor_.head_.mean_)
+    with TrafficLogWriter(TrafficLogConfig(tmp_path / "rev", metadata={"model_revision": "other"})) as w:
+        for i in range(20):
+            w.record(np.zeros(d), 1, 0, 2, 1, "stop", None, 0, None, float(i))
+    with pytest.raises(LenpredError, match="model_revision other"):
+        LengthPredictor().fit_traffic(tmp_path / "rev", base=base_dir)
+
+
+def test_online_fixed_interval_is_the_predictors(base):
+    base_p, _, _ = base
+    prompts = ["write a long poem about sea"]
+    [served] = OnlineLearning(base_p).predict(prompt_features(base_p, prompts, 16), max_new_tokens=16)
+    [pred] = base_p.predict(prompts, max_new_tokens=16)
+    assert served.expected == pytest.approx(pred.expected) and served.low == pytest.approx(pred.low)
+    assert served.high == pytest.approx(pred.high)
