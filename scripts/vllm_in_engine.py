@@ -148,8 +148,9 @@ def run(args) -> dict:
 
     out = Path(args.out)
     partial_path = out / "in_engine_runs.json"
-    settings = {k: v for k, v in vars(args).items() if k not in ("out", "modes")}
+    settings = {k: v for k, v in vars(args).items() if k not in ("out", "modes", "draws")}  # draw d: seed + d
     partial = json.loads(partial_path.read_text()) if partial_path.exists() else {"settings": settings, "runs": {}}
+    partial["settings"].pop("draws", None)  # files from before draws left the settings
     if partial["settings"] != settings:
         raise SystemExit(f"{partial_path} holds runs with other settings: delete it or use another --out")
     draws, messages = workload(args)
