@@ -32,7 +32,7 @@ def served(tmp_path_factory):
     os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
     log = tmp_path_factory.mktemp("vllm") / "requests.jsonl"
     cfg = EngineConfig(policy="srpt", decode_slots=1, switch_margin_tokens=0, plp=False, log_path=str(log),
-                       log_states=True)
+                       log_states=True, traffic_log=str(log.parent / "traffic"), adaptive_interval="aci")
     backbone = load_backbone()
     ids = [chat_token_ids(backbone.tokenizer, p) for p in PROMPTS]
     assert len(ids[2]) > CHUNK
@@ -46,13 +46,13 @@ def served(tmp_path_factory):
     runs = [llm.generate([{"prompt_token_ids": i} for i in ids], params, use_tqdm=False) for _ in range(2)]
     del llm
     lines = [json.loads(x) for x in log.read_text().splitlines()]
-    return runs, lines, ids, backbone
+    return runs, lines, ids, backbone, log.parent / "traffic"
 
 
 def test_captured_states_equal_transformers_with_chunked_prefill_and_prefix_cache(served):
     import torch
 
-    runs, lines, ids, backbone = served
+    runs, lines, ids, backbone, _ = served
     assert len(lines) == 2 * len(PROMPTS)
     assert runs[1][2].num_cached_tokens > 0  # the second run's LONG prompt hit the prefix cache
     with torch.no_grad():
@@ -70,7 +70,7 @@ def test_captured_states_equal_transformers_with_chunked_prefill_and_prefix_cach
 def test_predictions_equal_length_predictor(served):
     from lenpred import LengthPredictor
 
-    runs, _, _, backbone = served
+    runs, _, _, backbone, _ = served
     reference = LengthPredictor.from_pretrained(backbone=backbone).predict(PROMPTS, max_new_tokens=CAP)
     for out, ref in zip(runs[0], reference):
         got = out.kv_transfer_params["lenpred"]
@@ -79,9 +79,21 @@ def test_predictions_equal_length_predictor(served):
 
 
 def test_scheduler_decodes_the_shorter_prediction_first(served):
-    runs, lines, _, _ = served
+    runs, lines, _, _, _ = served
     first = [x for x in lines[: len(PROMPTS)]]  # log lines are written as requests finish
     preds = {x["num_prompt_tokens"]: x["expected"] for x in first}
     order = [x["num_prompt_tokens"] for x in first]
     assert order == sorted(order, key=lambda n: preds[n])  # every request ran CAP tokens: finish order = policy's
     assert first[-1]["num_parked_steps"] >= CAP  # the longest prediction waited for both others
+
+
+def test_traffic_log_holds_each_finished_request_with_the_state_the_head_read(served):
+    from lenpred.serving.traffic_log import read_traffic_log
+
+    _, lines, _, _, traffic = served
+    log = read_traffic_log(traffic)  # every part verified against its checksum
+    assert log.num_records == len(lines) == 2 * len(PROMPTS)
+    by_len = {x["num_prompt_tokens"]: np.array(x["state"], np.float32) for x in lines}
+    for n, feats in zip(log.columns["num_prompt_tokens"], log.features):
+        np.testing.assert_allclose(feats, by_len[int(n)], rtol=2e-3, atol=2e-2)  # stored as float16
+    assert set(log.columns["num_output_tokens"].tolist()) == {CAP} and set(log.columns["finish_reason"]) == {"length"}

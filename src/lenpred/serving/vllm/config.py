@@ -37,6 +37,11 @@ class EngineConfig:
             logs its own.
         log_path: append one JSON line per finished request (predictions, observed length, times) to this file;
             ``None``: no log. Holds no prompt or response text.
+        traffic_log: a directory: log every finished request for learning from served traffic
+            (:mod:`lenpred.serving.traffic_log`: the captured state the head read, the prediction, the observed length;
+            rotating checksummed parquet parts, no text); ``None``: off. ``lenpred train --traffic DIR`` refits on it.
+        adaptive_interval: ``aci`` or ``rolling``: the served ``[low, high]`` interval's margin adapts online to the
+            finished requests (:mod:`lenpred.serving.adaptive`); ``None``: the predictor's fixed calibrated margin.
         log_states: also write each request's captured prefill state (``(d,)`` floats) into its log line — a
             diagnostic for comparing with transformers; hidden states can be inverted towards the prompt, so treat
             such a log as sensitive as the prompts themselves.
@@ -50,6 +55,8 @@ class EngineConfig:
     plp: bool = True
     rank_by: str = "prediction"
     log_path: str | None = None
+    traffic_log: str | None = None
+    adaptive_interval: str | None = None
     log_states: bool = False
 
     def __post_init__(self):
@@ -59,6 +66,8 @@ class EngineConfig:
             raise LenpredError(f"lenpred decode_slots must be an integer >= 1, got {self.decode_slots!r}")
         if self.rank_by not in RANK_BY:
             raise LenpredError(f"lenpred rank_by '{self.rank_by}' is unknown; valid: {', '.join(RANK_BY)}")
+        if self.adaptive_interval not in (None, "aci", "rolling"):
+            raise LenpredError(f"lenpred adaptive_interval '{self.adaptive_interval}' is unknown; valid: aci, rolling")
         if self.max_idle_s is not None and self.max_idle_s < 0 or self.switch_margin_tokens < 0:
             raise LenpredError("lenpred max_idle_s and switch_margin_tokens must be >= 0")
 

@@ -14,7 +14,8 @@ schedules with the predictions.
   rounded remaining estimate, for ``--scheduling-policy priority``).
 * **Expose**: a finished request's prediction rides in the response's ``kv_transfer_params`` (``{"lenpred": {...}}``,
   non-streaming responses; a KV connector's own parameters take precedence), and each finished request can be logged
-  as one JSON line (``log_path``). vLLM's ``/metrics`` lives in the API-server process, which never sees the
+  as one JSON line (``log_path``) and into the traffic log for refits (``traffic_log``; :mod:`lenpred.serving.online`,
+  which also adapts the interval online with ``adaptive_interval``). vLLM's ``/metrics`` lives in the API-server process, which never sees the
   scheduler's objects: counters go to the log and to :attr:`LenpredScheduler.lenpred_counters`.
 """
 
@@ -52,6 +53,9 @@ class RequestPrediction:
         probs, values: the bin distribution ``(K,)`` (``None`` for a point predictor).
         plp_step, plp_remaining: the latest PLP estimate (tokens left after ``plp_step`` generated); ``None``: none.
         num_plp_updates, num_parked_steps: counters.
+        state: the captured prefill state (``log_states`` only).
+        served: the :class:`lenpred.serving.online.ServedPrediction` (traffic log / adaptive interval on).
+        first_token_time_s: wall time its prefill ended (its first token), for the traffic log.
     """
 
     expected: float
@@ -69,6 +73,8 @@ class RequestPrediction:
     num_plp_updates: int = 0
     num_parked_steps: int = 0
     state: np.ndarray | None = None
+    served: object = None
+    first_token_time_s: float | None = None
 
     def remaining(self, generated: int) -> float:
         """Tokens still to come after ``generated``: the latest PLP estimate counted down, else the static
@@ -107,6 +113,15 @@ class LenpredScheduler(Scheduler):
         self._lp_last_decode: dict[str, float] = {}
         self._lp_client_priority: dict[str, int] = {}
         self._lp_log = open(cfg.log_path, "a", buffering=1) if cfg.log_path else None  # noqa: SIM115 - engine lifetime
+        self._lp_online = None
+        if cfg.traffic_log or cfg.adaptive_interval:
+            from lenpred.serving.adaptive import AdaptiveConfig
+            from lenpred.serving.online import OnlineLearning
+            from lenpred.serving.traffic_log import TrafficLogConfig
+
+            self._lp_online = OnlineLearning(
+                self.lenpred_predictor, log=TrafficLogConfig(cfg.traffic_log) if cfg.traffic_log else None,
+                adaptive=AdaptiveConfig(method=cfg.adaptive_interval) if cfg.adaptive_interval else None)
 
     # ------------------------------------------------------------------ predictions
 
@@ -138,6 +153,11 @@ class LenpredScheduler(Scheduler):
                     p.expected, p.median, p.low, p.high, r.max_tokens, r.num_prompt_tokens, now,
                     None if p.bin_probs is None else np.asarray(p.bin_probs),
                     None if p.bin_values is None else np.asarray(p.bin_values))
+                if self._lp_online is not None:  # the served interval (adaptive when on) and the log's row
+                    served = self._lp_online.predict(states[rid]["states"][layer], max_new_tokens=r.max_tokens,
+                                                     num_prompt_tokens=[r.num_prompt_tokens])[0]
+                    pred = self.lenpred_predictions[rid]
+                    pred.served, pred.first_token_time_s, pred.low, pred.high = served, time.time(), served.low, served.high
                 self._lp_last_decode[rid] = now
                 if self.lenpred_config.log_states:
                     self.lenpred_predictions[rid].state = states[rid]["states"][layer]
@@ -252,8 +272,11 @@ class LenpredScheduler(Scheduler):
         if p is None:
             return kv_params, ec_params
         public = p.public()
+        reason = request.get_finished_reason()
+        if self._lp_online is not None and p.served is not None:
+            self._lp_online.finished(p.served, request.num_output_tokens, str(reason).lower(), request.arrival_time,
+                                     p.first_token_time_s, time.time())
         if self._lp_log is not None:
-            reason = request.get_finished_reason()
             self._lp_log.write(json.dumps({
                 "request_id": rid, **public, "num_output_tokens": request.num_output_tokens,
                 "finish_reason": None if reason is None else str(reason), "arrival_time": request.arrival_time,
@@ -265,6 +288,8 @@ class LenpredScheduler(Scheduler):
         return kv_params, ec_params
 
     def shutdown(self) -> None:
+        if self._lp_online is not None:
+            self._lp_online.close()
         if self._lp_log is not None:
             self._lp_log.close()
             self._lp_log = None
