@@ -108,7 +108,7 @@ class LenpredScheduler(Scheduler):
         self._lp_plp_layer = self.lenpred_predictor.progressive_info_["plp_layer"] if self._lp_plp else None
         self.lenpred_predictions: dict[str, RequestPrediction] = {}
         self.lenpred_counters = {"predicted": 0, "plp_updates": 0, "parked_request_steps": 0, "promoted": 0,
-                                 "kv_parked": 0, "head_s": 0.0}
+                                 "kv_parked": 0, "head_s": 0.0, "policy_s": 0.0, "steps": 0}
         self._lp_decoding: set[str] = set()
         self._lp_last_decode: dict[str, float] = {}
         self._lp_client_priority: dict[str, int] = {}
@@ -200,7 +200,9 @@ class LenpredScheduler(Scheduler):
     def schedule(self, *args, **kwargs):
         if self.lenpred_config.policy == "observe":
             return super().schedule(*args, **kwargs)
+        t0 = time.perf_counter()
         parked = self._lenpred_park()
+        t1 = time.perf_counter()
         if parked:
             ids = {r.request_id for r in parked}
             self.running = [r for r in self.running if r.request_id not in ids]
@@ -211,8 +213,21 @@ class LenpredScheduler(Scheduler):
             if parked:
                 self.max_num_active_reqs += len(parked)
                 self.running = self.running + parked
+        t2 = time.perf_counter()
         self._lenpred_after_schedule(output, parked)
+        self._lenpred_count(t1 - t0 + time.perf_counter() - t2)
         return output
+
+    def _lenpred_count(self, policy_s: float) -> None:
+        """The policy's own time per step (outside vLLM's scheduler), written with the counters to
+        ``<log_path>.scheduler.json`` every 256 steps when logging."""
+        c = self.lenpred_counters
+        c["steps"] += 1
+        c["policy_s"] += policy_s
+        if self.lenpred_config.log_path and c["steps"] % 256 == 0:
+            from lenpred.io import write_json
+
+            write_json(f"{self.lenpred_config.log_path}.scheduler.json", c)
 
     def _lenpred_slot(self, request, now: float) -> SlotRequest:
         rid, generated = request.request_id, request.num_output_tokens
