@@ -46,22 +46,39 @@ def main() -> None:
     ap.add_argument("--decode-slots", type=int, default=8)
     ap.add_argument("--max-idle-s", type=float, default=None)
     ap.add_argument("--cost-model", default="results/scheduling/cost_transformers.json")
+    ap.add_argument("--prefill-scale", type=float, default=1.0,
+                    help="multiply the cost model's prefill coefficients (p0, p1, p2): < 1 models an engine whose "
+                         "prefill is cheaper relative to decode (a GPU), where prefill on arrival costs less")
+    ap.add_argument("--max-tokens", type=int, default=None, help="clip every cap (and recorded length) to this")
+    ap.add_argument("--prefill-ahead", type=int, default=None, help="parked policies' prefill-ahead bound")
     ap.add_argument("--out", default="results/serving/parked_simulation")
     args = ap.parse_args()
     cost = CostModel.load(args.cost_model)
+    for k in ("p0", "p1", "p2"):
+        cost.coefficients[k] *= args.prefill_scale
     table = load_workload_table(token_ids=False, rebuild=False)
     progressive = progressive_estimates("results/progressive/test_estimates.parquet", table)
     steps = tuple(sorted({t for est in progressive.values() for by in est.values() for t in by}))
     oracle_p = prompt_oracle(table)
     stock = SimConfig(max_num_seqs=args.decode_slots, max_num_batched_tokens=2048)
+    def clip(r) -> None:
+        if args.max_tokens is not None:
+            r.max_new_tokens = min(r.max_new_tokens, args.max_tokens)
+            r.output_len = min(r.output_len, args.max_tokens)
+            r.predictions = {k: min(v, args.max_tokens) for k, v in r.predictions.items()}
+
     first = draw_workload(table, args.num_requests, 0)
+    for r in first:
+        clip(r)
     rate = 0.9 * args.num_requests / simulate(first, make_policy("fcfs"), cost, stock)[0]["makespan_s"]
     rows: dict[str, list[float]] = {}
     for d in range(args.draws):
         reqs = draw_workload(table, args.num_requests, d)
         for r in reqs:
+            clip(r)
             r.predictions["prompt_oracle"] = float(min(oracle_p[r.table_row], r.max_new_tokens))
-            r.predictions |= {m: est[r.table_row][0] for m, est in progressive.items()}  # step-0 estimates
+            r.predictions |= {m: min(est[r.table_row][0], r.max_new_tokens)  # step-0 estimates
+                              for m, est in progressive.items()}
         for arrival in ("all", "poisson"):
             cfg = dataclasses.replace(stock, arrival=arrival, rate_per_s=rate, seed=d)
             parked_cfg = dataclasses.replace(cfg, max_num_seqs=10_000)
@@ -76,7 +93,7 @@ def main() -> None:
                 parked[f"parked_srpt:{m}"] = ("srpt", m, progressive_remaining(
                     progressive[m], countdown_remaining("last"), steps=steps, key=lambda r: r.table_row))
             for name, (policy, pred, remaining) in parked.items():
-                pc = ParkedConfig(policy, pred, args.decode_slots, args.max_idle_s)
+                pc = ParkedConfig(policy, pred, args.decode_slots, args.max_idle_s, prefill_ahead=args.prefill_ahead)
                 runs[name] = simulate_parked(reqs, pc, cost, parked_cfg, remaining)[0]
             for name, s in runs.items():
                 rows.setdefault(f"{arrival}/{name}", []).append(s["mean_jct_s"])

@@ -349,3 +349,16 @@ def test_parked_srpt_parks_a_running_request_and_sjf_does_not():
 
     assert jcts("srpt") == [11, 2.5]
     assert jcts("sjf") == [10, 8.5]
+
+
+def test_parked_prefill_ahead_bounds_the_prefilled_pool():
+    from lenpred.scheduling.simulator import ParkedConfig, simulate_parked
+
+    # one decode slot, at most one request prefilled ahead: t = 1 prefills r0, r1 (r1's one token ends it); r0
+    # decodes; t = 2 prefills r2 beside r0's decode; r0 ends at t = 4 (incumbent); t = 5 prefills r3 beside r2's
+    # decode; r2 ends at t = 6, r3 at t = 7
+    reqs = [req(i, L) for i, L in enumerate(LENGTHS)]
+    cfg = ParkedConfig("sjf", "oracle", decode_slots=1, prefill_ahead=1)
+    _, timings = simulate_parked(reqs, cfg, unit_cost(True), SimConfig(max_num_seqs=8))
+    assert [t.jct_s for t in timings] == [4, 1, 6, 7]
+    assert [t.ttft_s for t in timings] == [1, 1, 2, 5]

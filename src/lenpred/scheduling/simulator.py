@@ -260,6 +260,8 @@ class ParkedConfig:
         decode_slots: requests decoding per step; every other prefilled request is parked (keeps its KV).
         max_idle_s: the starvation guard (seconds parked before promotion; ``None``: off).
         switch_margin_tokens: ``srpt`` hysteresis.
+        prefill_ahead: at most this many prefilled requests wait parked (new arrivals are prefilled, in arrival
+            order, only while fewer do); ``None``: every arrival is prefilled at once.
     """
 
     policy: str = "sjf"
@@ -267,6 +269,7 @@ class ParkedConfig:
     decode_slots: int = 4
     max_idle_s: float | None = 60.0
     switch_margin_tokens: float = 16.0
+    prefill_ahead: int | None = None
 
     @property
     def label(self) -> str:
@@ -323,8 +326,11 @@ class _Parked(_Continuous):
     def _admit(self) -> list:
         budget = self.cfg.max_num_batched_tokens - len(self.running)
         new = []
+        limit = self.cfg.max_num_seqs
+        if self.parked_cfg.prefill_ahead is not None:
+            limit = min(limit, self.parked_cfg.decode_slots + self.parked_cfg.prefill_ahead)
         for w in list(self.waiting):
-            if len(self.running) + len(self.parked) + len(new) >= self.cfg.max_num_seqs:
+            if len(self.running) + len(self.parked) + len(new) >= limit:
                 break
             need = w.num_prompt_tokens
             if need > budget and (self.running or new):

@@ -28,6 +28,10 @@ class EngineConfig:
             (it bounds the *admitted* requests, whose prefill runs on arrival).
         max_idle_s: starvation guard: a parked request idle this long is promoted (``None``: off).
         switch_margin_tokens: ``srpt`` hysteresis in tokens.
+        prefill_ahead: at most this many prefilled requests wait parked; new arrivals are prefilled (in arrival
+            order) only while fewer do (``None``: all, as soon as they fit). Bounds the prefill work done ahead of the
+            decoders, which on an engine whose prefill is expensive relative to decode (a CPU) costs more mean JCT than
+            the ordering gains (README, lenpred inside vLLM); measured in the simulator only.
         plp: refresh the remaining-length estimate with the predictor's PLP head from decode states captured at its
             steps (``srpt`` only; without it, or with ``False``, the static distribution conditioned on the tokens
             generated so far).
@@ -52,6 +56,7 @@ class EngineConfig:
     decode_slots: int = 4
     max_idle_s: float | None = 60.0
     switch_margin_tokens: float = 16.0
+    prefill_ahead: int | None = None
     plp: bool = True
     rank_by: str = "prediction"
     log_path: str | None = None
@@ -66,6 +71,8 @@ class EngineConfig:
             raise LenpredError(f"lenpred decode_slots must be an integer >= 1, got {self.decode_slots!r}")
         if self.rank_by not in RANK_BY:
             raise LenpredError(f"lenpred rank_by '{self.rank_by}' is unknown; valid: {', '.join(RANK_BY)}")
+        if self.prefill_ahead is not None and (not isinstance(self.prefill_ahead, int) or self.prefill_ahead < 0):
+            raise LenpredError(f"lenpred prefill_ahead must be an integer >= 0 or null, got {self.prefill_ahead!r}")
         if self.adaptive_interval not in (None, "aci", "rolling"):
             raise LenpredError(f"lenpred adaptive_interval '{self.adaptive_interval}' is unknown; valid: aci, rolling")
         if self.max_idle_s is not None and self.max_idle_s < 0 or self.switch_margin_tokens < 0:

@@ -203,16 +203,18 @@ class LenpredScheduler(Scheduler):
         t0 = time.perf_counter()
         parked = self._lenpred_park()
         t1 = time.perf_counter()
-        if parked:
-            ids = {r.request_id for r in parked}
-            self.running = [r for r in self.running if r.request_id not in ids]
-            self.max_num_active_reqs -= len(parked)
+        ids = {r.request_id for r in parked}
+        self.running = [r for r in self.running if r.request_id not in ids]
+        limit = self.max_num_active_reqs  # admission counts the parked requests (and the prefill-ahead bound)
+        ahead = self.lenpred_config.prefill_ahead
+        if ahead is not None:
+            limit = min(limit, self.lenpred_config.decode_slots + ahead)
+        self.max_num_active_reqs, saved = max(limit - len(parked), 0), self.max_num_active_reqs
         try:
             output = super().schedule(*args, **kwargs)
         finally:
-            if parked:
-                self.max_num_active_reqs += len(parked)
-                self.running = self.running + parked
+            self.max_num_active_reqs = saved
+            self.running = self.running + parked
         t2 = time.perf_counter()
         self._lenpred_after_schedule(output, parked)
         self._lenpred_count(t1 - t0 + time.perf_counter() - t2)
