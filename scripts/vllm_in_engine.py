@@ -148,9 +148,11 @@ def run(args) -> dict:
 
     out = Path(args.out)
     partial_path = out / "in_engine_runs.json"
-    settings = {k: v for k, v in vars(args).items() if k not in ("out", "modes", "draws")}  # draw d: seed + d
+    # runs are keyed mode/rate/draw (draw d's workload: seed + d), so the modes, rates and draws may grow later
+    settings = {k: v for k, v in vars(args).items() if k not in ("out", "modes", "draws", "rates")}
     partial = json.loads(partial_path.read_text()) if partial_path.exists() else {"settings": settings, "runs": {}}
-    partial["settings"].pop("draws", None)  # files from before draws left the settings
+    for key in ("draws", "rates"):  # files from before these left the settings
+        partial["settings"].pop(key, None)
     if partial["settings"] != settings:
         raise SystemExit(f"{partial_path} holds runs with other settings: delete it or use another --out")
     draws, messages = workload(args)
@@ -158,7 +160,7 @@ def run(args) -> dict:
     vllm_cpus, client_cpus = _cpu_set(args.vllm_cpus, "--vllm-cpus"), _cpu_set(args.client_cpus, "--client-cpus")
     if client_cpus:
         os.sched_setaffinity(0, client_cpus)
-    for mode in args.modes.split(","):
+    for mode in [m for m in args.modes.split(",") if m]:  # --modes "": only the report
         _check_ports_free(PORT, PORT + 1)
         todo = [(rate, d) for rate in args.rates for d in range(args.draws)
                 if f"{mode}/{rate}/{d}" not in partial["runs"]]
@@ -290,7 +292,8 @@ def report(args, partial: dict, draws) -> dict:
     draws), the engine's prediction error, and the simulator's mean JCT for the same draws."""
     from lenpred.scheduling.experiment import draw_bootstrap
 
-    rep: dict = {"settings": partial["settings"], "label": "natural EOS", "rates": {}}
+    rep: dict = {"settings": {**partial["settings"], "draws": args.draws, "rates": args.rates}, "label": "natural EOS",
+                 "rates": {}}
     sim = simulated(args, partial, draws)
     for rate in args.rates:
         per_mode = {}

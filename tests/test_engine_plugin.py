@@ -80,8 +80,15 @@ def test_engine_config_refuses_unknown_keys_and_values():
         EngineConfig.from_vllm(SimpleNamespace(additional_config={"lenpred": {"slots": 2}}))
     with pytest.raises(LenpredError, match="policy 'lifo' is unknown; valid: observe, fcfs, sjf, srpt"):
         EngineConfig(policy="lifo")
-    with pytest.raises(LenpredError, match="decode_slots must be an integer >= 1"):
-        EngineConfig(decode_slots=0)
+    for bad in ({"decode_slots": 0}, {"decode_slots": True}, {"decode_slots": 2.0}):
+        with pytest.raises(LenpredError, match="decode_slots must be an integer >= 1"):
+            EngineConfig(**bad)
+    with pytest.raises(LenpredError, match="max_idle_s must be a number >= 0 or null, got '5'"):
+        EngineConfig(max_idle_s="5")
+    with pytest.raises(LenpredError, match="plp must be true or false, got 'no'"):
+        EngineConfig(plp="no")
+    with pytest.raises(LenpredError, match="adaptive_interval 'ewma' is unknown; valid: None, aci, rolling"):
+        EngineConfig(adaptive_interval="ewma")
     assert EngineConfig.from_vllm(SimpleNamespace(additional_config={"lenpred": ok.to_json()[12:-1]})) == ok
 
 

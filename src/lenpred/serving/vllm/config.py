@@ -65,18 +65,27 @@ class EngineConfig:
     log_states: bool = False
 
     def __post_init__(self):
-        if self.policy not in ENGINE_POLICIES:
-            raise LenpredError(f"lenpred policy '{self.policy}' is unknown; valid: {', '.join(ENGINE_POLICIES)}")
-        if not isinstance(self.decode_slots, int) or self.decode_slots < 1:
-            raise LenpredError(f"lenpred decode_slots must be an integer >= 1, got {self.decode_slots!r}")
-        if self.rank_by not in RANK_BY:
-            raise LenpredError(f"lenpred rank_by '{self.rank_by}' is unknown; valid: {', '.join(RANK_BY)}")
-        if self.prefill_ahead is not None and (not isinstance(self.prefill_ahead, int) or self.prefill_ahead < 0):
-            raise LenpredError(f"lenpred prefill_ahead must be an integer >= 0 or null, got {self.prefill_ahead!r}")
-        if self.adaptive_interval not in (None, "aci", "rolling"):
-            raise LenpredError(f"lenpred adaptive_interval '{self.adaptive_interval}' is unknown; valid: aci, rolling")
-        if self.max_idle_s is not None and self.max_idle_s < 0 or self.switch_margin_tokens < 0:
-            raise LenpredError("lenpred max_idle_s and switch_margin_tokens must be >= 0")
+        def integer(name: str, low: int, none_ok: bool = False) -> None:
+            v = getattr(self, name)
+            if not ((none_ok and v is None) or (isinstance(v, int) and not isinstance(v, bool) and v >= low)):
+                raise LenpredError(f"lenpred {name} must be an integer >= {low}{' or null' if none_ok else ''}, got {v!r}")
+
+        def number(name: str, none_ok: bool = False) -> None:
+            v = getattr(self, name)
+            if not ((none_ok and v is None) or (isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0)):
+                raise LenpredError(f"lenpred {name} must be a number >= 0{' or null' if none_ok else ''}, got {v!r}")
+
+        for name, valid in (("policy", ENGINE_POLICIES), ("rank_by", RANK_BY), ("adaptive_interval", (None, "aci", "rolling"))):
+            if getattr(self, name) not in valid:
+                raise LenpredError(f"lenpred {name} {getattr(self, name)!r} is unknown; valid: "
+                                   f"{', '.join(str(v) for v in valid)}")
+        integer("decode_slots", 1)
+        integer("prefill_ahead", 0, none_ok=True)
+        number("max_idle_s", none_ok=True)
+        number("switch_margin_tokens")
+        for name in ("plp", "log_states"):
+            if not isinstance(getattr(self, name), bool):
+                raise LenpredError(f"lenpred {name} must be true or false, got {getattr(self, name)!r}")
 
     @classmethod
     def from_vllm(cls, vllm_config) -> "EngineConfig":
