@@ -130,3 +130,4 @@ def test_predictors_that_pool_many_tokens_are_refused_by_the_plugin(fitted_last,
     finally:
         fitted_last.method = "last"
     assert load_head(EngineConfig()).engine_layer == 15  # the shipped predictor: last@15
+

@@ -97,3 +97,17 @@ def test_traffic_log_holds_each_finished_request_with_the_state_the_head_read(se
     for n, feats in zip(log.columns["num_prompt_tokens"], log.features):
         np.testing.assert_allclose(feats, by_len[int(n)], rtol=2e-3, atol=2e-2)  # stored as float16
     assert set(log.columns["num_output_tokens"].tolist()) == {CAP} and set(log.columns["finish_reason"]) == {"length"}
+
+
+def test_request_prediction_public_fields_are_plain_python_numbers():
+    import msgspec
+
+    from lenpred.serving.vllm.scheduler import RequestPrediction
+
+    p = RequestPrediction(np.float64(71.26), 63.9, np.float32(12.6), np.float64(151.5), 160, 74, 0.0,
+                          plp_step=np.int64(32), plp_remaining=np.float64(30.44))
+    out = p.public()
+    assert out == {"expected": 71.3, "median": 63.9, "low": 12.6, "high": 151.5, "max_tokens": 160,
+                   "num_prompt_tokens": 74, "plp_step": 32, "plp_remaining": 30.4, "num_plp_updates": 0,
+                   "num_parked_steps": 0}
+    msgspec.msgpack.encode(out)  # what vLLM's output serializer needs (NumPy scalars made it drop the step)

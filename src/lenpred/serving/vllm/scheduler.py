@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -92,7 +92,14 @@ class RequestPrediction:
         """JSON-able fields for the response and the log (rounded to 0.1 token)."""
         keep = ("expected", "median", "low", "high", "max_tokens", "num_prompt_tokens", "plp_step", "plp_remaining",
                 "num_plp_updates", "num_parked_steps")
-        return {k: (round(v, 1) if isinstance(v, float) else v) for k, v in asdict(self).items() if k in keep}
+        def plain(v):  # Python numbers only: vLLM's msgspec output encoder refuses NumPy scalars
+            if isinstance(v, (bool, np.bool_)) or v is None:
+                return None if v is None else bool(v)
+            if isinstance(v, (int, np.integer)):
+                return int(v)
+            return round(float(v), 1)
+
+        return {k: plain(getattr(self, k)) for k in keep}
 
 
 class LenpredScheduler(Scheduler):
@@ -157,7 +164,8 @@ class LenpredScheduler(Scheduler):
                     served = self._lp_online.predict(states[rid]["states"][layer], max_new_tokens=r.max_tokens,
                                                      num_prompt_tokens=[r.num_prompt_tokens])[0]
                     pred = self.lenpred_predictions[rid]
-                    pred.served, pred.first_token_time_s, pred.low, pred.high = served, time.time(), served.low, served.high
+                    pred.served, pred.first_token_time_s = served, time.time()
+                    pred.low, pred.high = float(served.low), float(served.high)
                 self._lp_last_decode[rid] = now
                 if self.lenpred_config.log_states:
                     self.lenpred_predictions[rid].state = states[rid]["states"][layer]
