@@ -312,14 +312,13 @@ class _Parked(_Continuous):
         self.parked: list = []
         self.last_decode_t: dict[int, float] = {}
 
-    def _slot(self, r):
+    def _slot(self, r, decoding: bool):
         from lenpred.serving.parked import SlotRequest
 
         g = self.generated[r.request_id]
         p = self.parked_cfg.predictor
         total = r.predictions[p] if p is not None else np.inf
         left = self.remaining_fn(r, g) if self.remaining_fn is not None else np.inf
-        decoding = any(x is r for x in self.running)
         return SlotRequest(str(r.request_id), r.arrival_time_s, float(total), float(left), decoding,
                            0.0 if decoding else self.t - self.last_decode_t[r.request_id])
 
@@ -347,8 +346,9 @@ class _Parked(_Continuous):
         if not pool:
             return
         c = self.parked_cfg
-        decision = choose_decoders([self._slot(r) for r in pool], c.policy, c.decode_slots, c.max_idle_s,
-                                   c.switch_margin_tokens)
+        decoding = {r.request_id for r in self.running}
+        decision = choose_decoders([self._slot(r, r.request_id in decoding) for r in pool], c.policy, c.decode_slots,
+                                   c.max_idle_s, c.switch_margin_tokens)
         by_id = {str(r.request_id): r for r in pool}
         for r in self.running:
             self.last_decode_t[r.request_id] = self.t
