@@ -19,11 +19,11 @@ import torch
 
 from lenpred.backbone import load_backbone
 from lenpred.bench.build import load_records
-from lenpred.evaluation.data import load_eval_data
+from lenpred.dataset import load_eval_data
 from lenpred.io import write_json
-from lenpred.progressive.decode_states import (incremental_decode_states, steps_before, teacher_forced_shared_prompt,
+from lenpred.inputs.decode_states import (incremental_decode_states, steps_before, teacher_forced_shared_prompt,
                                                teacher_forced_states)
-from lenpred.progressive.evaluate import DECODE_LAYERS
+from lenpred.studies.progressive import DECODE_LAYERS
 
 
 def main() -> None:

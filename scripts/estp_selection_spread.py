@@ -24,9 +24,9 @@ def main() -> None:
     from scipy.stats import spearmanr
     from tqdm.auto import tqdm
 
-    from lenpred.evaluation.metrics import clustered_bootstrap
-    from lenpred.evaluation.run import EvalConfig, prepare_run
-    from lenpred.evaluation.tune import clipped_predict, fit_predictor, torch_threads
+    from lenpred.metrics import clustered_bootstrap
+    from lenpred.studies.evaluate import EvalConfig, prepare_run
+    from lenpred.tuning import clipped_predict, fit_predictor, torch_threads
     from lenpred.io import write_json
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

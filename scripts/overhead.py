@@ -9,7 +9,7 @@ Same as ``lenpred diagnose --sections overhead``; writes ``results/diagnose/over
 
 import argparse
 
-from lenpred.diagnostics.run import DiagnoseConfig, run_diagnose
+from lenpred.studies.diagnose.run import DiagnoseConfig, run_diagnose
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

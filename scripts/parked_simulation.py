@@ -34,11 +34,11 @@ def prompt_oracle(table) -> np.ndarray:
 
 def main() -> None:
     from lenpred.io import write_json
-    from lenpred.scheduling.cost_model import CostModel
-    from lenpred.scheduling.experiment import draw_bootstrap
-    from lenpred.scheduling.policies import countdown_remaining, make_policy, progressive_remaining
-    from lenpred.scheduling.simulator import ParkedConfig, SimConfig, simulate, simulate_parked
-    from lenpred.scheduling.workload import draw_workload, load_workload_table, progressive_estimates
+    from lenpred.serving.cost_model import CostModel
+    from lenpred.studies.simulate import draw_bootstrap
+    from lenpred.serving.policies import countdown_remaining, make_policy, progressive_remaining
+    from lenpred.serving.simulator import ParkedConfig, SimConfig, simulate, simulate_parked
+    from lenpred.studies.workload import draw_workload, load_workload_table, progressive_estimates
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--draws", type=int, default=10)

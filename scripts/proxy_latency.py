@@ -5,7 +5,7 @@ Usage: flock /tmp/lenpred-cpu.lock python scripts/proxy_latency.py [--before 09b
 
 A local OpenAI-style upstream (Starlette under uvicorn, in this process) records when each request reaches it and
 answers at once with a one-token stream. The proxy runs in its own process with the shipped predictor and one torch
-thread: ``before`` is ``src/lenpred/serve.py`` at git revision ``--before`` (one prediction at a time behind a lock,
+thread: ``before`` is ``src/lenpred/serving/proxy/app.py`` at git revision ``--before`` (one prediction at a time behind a lock,
 full prefill), ``after`` is this checkout's (micro-batched worker, truncated forward). Bursts of 1, 8 and 32
 concurrent short chat requests (Vicuna-bench questions from the data directory) are sent ``--rounds`` times each,
 through the proxy and straight to the upstream.
@@ -74,8 +74,8 @@ def serve_proxy(impl: str, module: str | None, upstream: str, port: int) -> None
         spec.loader.exec_module(old)
         app = old.create_app(upstream, old.predictor_fn(model))
     else:
-        from lenpred.serve import create_app
-        from lenpred.serve_batching import LengthPredictorService
+        from lenpred.serving.proxy.app import create_app
+        from lenpred.serving.proxy.batching import LengthPredictorService
 
         app = create_app(upstream, LengthPredictorService(model))
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
@@ -273,7 +273,7 @@ def main() -> None:
     direct = asyncio.run(measure(url, upstream, prompts, rounds, "direct"))
     with tempfile.TemporaryDirectory() as tmp:
         before = Path(tmp) / "serve_before.py"
-        before.write_text(subprocess.run(["git", "show", f"{args.before}:src/lenpred/serve.py"], cwd=ROOT, check=True,
+        before.write_text(subprocess.run(["git", "show", f"{args.before}:src/lenpred/serving/proxy/app.py"], cwd=ROOT, check=True,
                                          capture_output=True, text=True).stdout)
         report = {"before_revision": subprocess.run(["git", "rev-parse", "--short", args.before], cwd=ROOT,
                                                     capture_output=True, text=True).stdout.strip(),

@@ -43,7 +43,7 @@ def workload(args):
 
     from lenpred.bench.build import read_manifest
     from lenpred.bench.sources import prompt_messages
-    from lenpred.scheduling.workload import draw_workload, load_workload_table
+    from lenpred.studies.workload import draw_workload, load_workload_table
 
     table = load_workload_table(token_ids=False, rebuild=False)
     bench = Path("benchmarks/smollm2-forelen")
@@ -100,7 +100,7 @@ def server_command(model_dir: str, mode: str, args, log_path: Path) -> list[str]
 
 
 def load_requests(rows, messages, arrivals, mode: str, tag: str):
-    from lenpred.scheduling.loadgen import LoadRequest
+    from lenpred.serving.loadgen import LoadRequest
 
     out = []
     for i, (row, t) in enumerate(zip(rows, arrivals)):
@@ -142,9 +142,9 @@ def read_log(path: Path) -> list[dict]:
 def run(args) -> dict:
     from lenpred.backbone import resolve_model
     from lenpred.io import write_json
-    from lenpred.scheduling.loadgen import run_replay
-    from lenpred.scheduling.simulator import arrival_times
-    from lenpred.scheduling.vllm_runs import _cpu_set, _Servers
+    from lenpred.serving.loadgen import run_replay
+    from lenpred.serving.simulator import arrival_times
+    from lenpred.studies.vllm_runs import _cpu_set, _Servers
 
     out = Path(args.out)
     partial_path = out / "in_engine_runs.json"
@@ -241,7 +241,7 @@ def _exit_on_sigterm() -> None:
 
 
 def _summary(run: dict) -> dict:
-    from lenpred.scheduling.loadgen import summarize_replay
+    from lenpred.serving.loadgen import summarize_replay
 
     return summarize_replay(run["results"])
 
@@ -251,10 +251,10 @@ def simulated(args, partial: dict, draws) -> dict:
     predictions (the parked_sjf run's log), the committed vLLM cost model; mean JCT per mode and draw."""
     import copy
 
-    from lenpred.scheduling.cost_model import CostModel
-    from lenpred.scheduling.policies import make_policy
-    from lenpred.scheduling.simulator import ParkedConfig, SimConfig, _Continuous, _Parked, arrival_times
-    from lenpred.scheduling.policies import countdown_remaining
+    from lenpred.serving.cost_model import CostModel
+    from lenpred.serving.policies import make_policy
+    from lenpred.serving.simulator import ParkedConfig, SimConfig, _Continuous, _Parked, arrival_times
+    from lenpred.serving.policies import countdown_remaining
 
     cost = CostModel.load("results/scheduling/cost_vllm.json")
     out: dict[str, dict[str, list[float]]] = {}
@@ -290,7 +290,7 @@ def simulated(args, partial: dict, draws) -> dict:
 def report(args, partial: dict, draws) -> dict:
     """Per mode and rate: summaries per draw, means, paired JCT cuts vs fcfs and oracle-gain shares (bootstrap over
     draws), the engine's prediction error, and the simulator's mean JCT for the same draws."""
-    from lenpred.scheduling.experiment import draw_bootstrap
+    from lenpred.studies.simulate import draw_bootstrap
 
     rep: dict = {"settings": {**partial["settings"], "draws": args.draws, "rates": args.rates}, "label": "natural EOS",
                  "rates": {}}

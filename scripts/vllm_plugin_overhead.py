@@ -48,7 +48,7 @@ def main() -> None:
     from vllm import SamplingParams
 
     from lenpred.backbone import resolve_model
-    from lenpred.scheduling.workload import draw_workload, load_workload_table
+    from lenpred.studies.workload import draw_workload, load_workload_table
 
     model_dir, _ = resolve_model()
     table = load_workload_table(rebuild=False)

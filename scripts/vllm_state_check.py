@@ -29,7 +29,7 @@ def main() -> None:
     from lenpred import LengthPredictor
     from lenpred.backbone import load_backbone
     from lenpred.io import write_json
-    from lenpred.scheduling.workload import draw_workload, load_workload_table
+    from lenpred.studies.workload import draw_workload, load_workload_table
     from lenpred.serving.vllm.config import EngineConfig
 
     backbone = load_backbone()

@@ -90,7 +90,7 @@ def test_changed_data_directory_is_detected(tiny_model_dir, tiny_data_dir, tmp_p
 
 def test_evaluate_every_method_on_tiny_model(tiny_model_dir, tiny_encoder_dir, tiny_data_dir, tmp_path, monkeypatch):
     """The full comparison on a tiny model: every registered method, 2 seeds, oracle floor, reports."""
-    from lenpred.evaluation.run import ALL_METHODS
+    from lenpred.studies.evaluate import ALL_METHODS
 
     monkeypatch.setenv("LENPRED_CACHE", str(tmp_path / "lenpred-cache"))
     bench = tmp_path / "bench"

@@ -1,4 +1,4 @@
-"""lenpred.diagnostics: hand-worked values for the pure functions, the pruned-entropy option of extract_signals on a
+"""lenpred.studies.diagnose: hand-worked values for the pure functions, the pruned-entropy option of extract_signals on a
 tiny model, and `lenpred diagnose` end to end on a tiny benchmark."""
 
 import json
@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from lenpred.diagnostics.ablation import candidate
-from lenpred.diagnostics.attribution import correlations
-from lenpred.diagnostics.entropy import entropy_agreement, frequent_vocabulary, pruned_entropy, with_entropy
-from lenpred.diagnostics.misalignment import (TokenWeightTally, bottom_half, misalignment_shares, top_fraction,
+from lenpred.studies.diagnose.ablation import candidate
+from lenpred.studies.diagnose.attribution import correlations
+from lenpred.studies.diagnose.entropy import entropy_agreement, frequent_vocabulary, pruned_entropy, with_entropy
+from lenpred.studies.diagnose.misalignment import (TokenWeightTally, bottom_half, misalignment_shares, top_fraction,
                                               top_token_share, within_prompt_percentile)
-from lenpred.diagnostics.overhead import breakdown
+from lenpred.studies.diagnose.overhead import breakdown
 from lenpred.errors import LenpredError
 from lenpred.signals import PromptSignals, token_entropy_from_logits
 

@@ -1,9 +1,9 @@
 import pytest
 import torch
 
-import lenpred.features as features
+import lenpred.inputs.cache as features
 from lenpred.errors import LenpredError
-from lenpred.features import _batches, extract_cached, measure_overhead, tensors_sha256
+from lenpred.inputs.cache import _batches, extract_cached, measure_overhead, tensors_sha256
 from lenpred.signals import extract_signals
 
 PROMPTS = {"a:0": [2, 10, 11, 3], "a:1": [2, 12, 13, 14, 15, 3], "b:0": [2, 16, 3], "b:1": [2, 17, 18, 19, 3],

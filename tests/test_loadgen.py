@@ -19,7 +19,7 @@ from starlette.applications import Starlette  # noqa: E402
 from starlette.responses import JSONResponse, StreamingResponse  # noqa: E402
 from starlette.routing import Route  # noqa: E402
 
-from lenpred.scheduling.loadgen import (FORCED_LENGTHS, NATURAL_EOS, LoadRequest, LoadResult,  # noqa: E402
+from lenpred.serving.loadgen import (FORCED_LENGTHS, NATURAL_EOS, LoadRequest, LoadResult,  # noqa: E402
                                         carries_output, request_body, run_replay, summarize_replay)
 
 

@@ -1,4 +1,4 @@
-"""Unit tests of lenpred.evaluation.metrics and .report: hand-computed metrics, censoring, bootstrap, tables, files."""
+"""Unit tests of lenpred.metrics and .report: hand-computed metrics, censoring, bootstrap, tables, files."""
 
 import json
 import math
@@ -6,10 +6,10 @@ import math
 import numpy as np
 import pytest
 
-from lenpred.evaluation.metrics import (aggregate_seeds, censored_metrics, clustered_bootstrap, gap_closed,
+from lenpred.metrics import (aggregate_seeds, censored_metrics, clustered_bootstrap, gap_closed,
                                         leave_one_out_median, length_metrics, metrics_by_scenario, oracle_floor,
                                         prompt_mean_mae, score_methods)
-from lenpred.evaluation.report import markdown_table, plot_mae, render_table, save_report
+from lenpred.studies.evaluate_report import markdown_table, plot_mae, render_table, save_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -1,4 +1,4 @@
-"""Tests of lenpred.pia (PiA self-reports: prompt, generation cache, parser, calibration) and the ``pia`` predictor."""
+"""Tests of lenpred.inputs.pia (PiA self-reports: prompt, generation cache, parser, calibration) and the ``pia`` predictor."""
 
 import copy
 import dataclasses
@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-import lenpred.pia as pia
+import lenpred.inputs.pia as pia
 from lenpred.prompts import chat_token_ids
 from lenpred.errors import LenpredError
-from lenpred.pia import (PIA_INSTRUCTION, ask_self_reports, parse_word_count, self_report_messages,
+from lenpred.inputs.pia import (PIA_INSTRUCTION, ask_self_reports, parse_word_count, self_report_messages,
                          tokens_per_word)
 from lenpred.predictors import Predictor, Request, make_predictor
 

@@ -114,7 +114,7 @@ def test_shipped_predictor_predicts_with_the_default_model():
 
 @pytest.mark.slow
 def test_shipped_predictor_updates_remaining_length_during_decoding():
-    from lenpred.progressive.decode_states import teacher_forced_states
+    from lenpred.inputs.decode_states import teacher_forced_states
 
     model = LengthPredictor.from_pretrained()
     layer = model.progressive_info_["plp_layer"]

@@ -6,13 +6,13 @@ import torch
 
 from lenpred.errors import LenpredError
 from lenpred.heads import HeadConfig, SoftLabelRegressor
-from lenpred.progressive.decode_states import (extract_decode_states, incremental_decode_states, steps_before,
+from lenpred.inputs.decode_states import (extract_decode_states, incremental_decode_states, steps_before,
                                                teacher_forced_shared_prompt, teacher_forced_states)
 from lenpred.intervals import conditional_remaining
-from lenpred.progressive.evaluate import oracle_remaining
-from lenpred.progressive.heads import (PLPHead, ProgressiveRows, TrailProgressive, bayes_update, remaining_targets,
+from lenpred.studies.progressive import oracle_remaining
+from lenpred.predictors.progressive import (PLPHead, ProgressiveRows, TrailProgressive, bayes_update, remaining_targets,
                                        transition_prior)
-from lenpred.progressive.online import load_plp, save_plp, start_states, update_batch
+from lenpred.serving.progressive import load_plp, save_plp, start_states, update_batch
 
 
 def test_steps_before_keeps_steps_of_a_running_request():
@@ -166,7 +166,7 @@ def test_trail_progressive_first_refresh_is_the_classifier_and_later_ones_are_sm
 
 @pytest.fixture(scope="module")
 def tiny_run(tiny_model_dir, tiny_bench, tmp_path_factory):
-    from lenpred.progressive.evaluate import ProgressiveConfig, run_progressive
+    from lenpred.studies.progressive import ProgressiveConfig, run_progressive
 
     bench, data, _ = tiny_bench
     root = tmp_path_factory.mktemp("progressive")

@@ -1,4 +1,4 @@
-"""Tests of lenpred.proxy and the text-proxy predictors (ssjf_reg, ssjf_mc, s3).
+"""Tests of lenpred.predictors.text_encoder and the text-proxy predictors (ssjf_reg, ssjf_mc, s3).
 
 A tiny random BERT (hidden 32, 2 layers, 2 heads) with a WordPiece vocabulary is saved to a tmp dir;
 only the test marked ``slow`` loads the packaged all-MiniLM-L6-v2.
@@ -15,7 +15,7 @@ import torch
 from lenpred.errors import LenpredError
 from lenpred.predictors import PREDICTORS, Predictor, Request, distinct_requests, make_predictor
 from lenpred.predictors.proxy import equal_width_centres, equal_width_edges, length_batches
-from lenpred.proxy import load_proxy_encoder, mean_pool, pad_batch, proxy_encoder_dir
+from lenpred.predictors.text_encoder import load_proxy_encoder, mean_pool, pad_batch, proxy_encoder_dir
 
 from conftest import WORDS, make_tiny_encoder_dir
 
@@ -50,7 +50,7 @@ def fast(name: str, encoder_dir: str, **kw):
     return make_predictor(name, **(params | kw))
 
 
-# --- lenpred.proxy -----------------------------------------------------------------------------------------
+# --- lenpred.predictors.text_encoder -----------------------------------------------------------------------------------------
 
 def test_mean_pool_ignores_padding():
     hidden = torch.tensor([[[1.0, 2.0], [3.0, 4.0], [100.0, 100.0]],

@@ -5,10 +5,10 @@ import pyarrow as pa
 import pytest
 
 from lenpred.errors import LenpredError
-from lenpred.scheduling.cost_model import CostModel, run_features
-from lenpred.scheduling.policies import (make_policy, padding_ratio, progressive_remaining, static_batches)
-from lenpred.scheduling.simulator import SimConfig, arrival_times, simulate
-from lenpred.scheduling.workload import WorkloadRequest, draw_workload
+from lenpred.serving.cost_model import CostModel, run_features
+from lenpred.serving.policies import (make_policy, padding_ratio, progressive_remaining, static_batches)
+from lenpred.serving.simulator import SimConfig, arrival_times, simulate
+from lenpred.studies.workload import WorkloadRequest, draw_workload
 
 
 def unit_cost(fused: bool = False) -> CostModel:
@@ -74,7 +74,7 @@ def test_continuous_fcfs_hand_worked():
 def test_srpt_limited_preemption_hand_worked():
     # one slot; r0 (4 tokens) at 0, r1 (1 token) at 1.5. FCFS: r0 ends at 4, r1 prefilled at 5.
     cfg = SimConfig(max_num_seqs=1)
-    from lenpred.scheduling.simulator import _Continuous
+    from lenpred.serving.simulator import _Continuous
 
     def run(policy):
         return _Continuous([req(0, 4), req(1, 1, arrival=1.5)], make_policy(policy), unit_cost(), cfg).run()
@@ -91,7 +91,7 @@ def test_srpt_limited_preemption_hand_worked():
 
 def test_srpt_no_preemption_past_fraction():
     # r0 predicted 2 tokens: after its prefill + 1 decode it has 2 ≥ 0.8·2 → not preemptible
-    from lenpred.scheduling.simulator import _Continuous
+    from lenpred.serving.simulator import _Continuous
 
     run = _Continuous([req(0, 4, pred=2), req(1, 1, arrival=1.5)], make_policy("srpt:est"), unit_cost(),
                       SimConfig(max_num_seqs=1)).run
@@ -104,7 +104,7 @@ def test_aging_promotes_a_starved_request():
     # one slot, SJF by a prediction that ranks r0 last forever; r1..r3 keep arriving shorter. With aging 2 the
     # starved r0 is promoted after 2 steps of waiting and runs before r3.
     reqs = [req(0, 2, arrival=0.5), req(1, 3, pred=1), req(2, 3, pred=1, arrival=0.5), req(3, 3, pred=1, arrival=2.5)]
-    from lenpred.scheduling.simulator import _Continuous
+    from lenpred.serving.simulator import _Continuous
 
     _, plain = _Continuous(reqs, make_policy("sjf:est"), unit_cost(), SimConfig(max_num_seqs=1)).run()
     _, aged = _Continuous(reqs, make_policy("sjf:est", aging_steps=2), unit_cost(), SimConfig(max_num_seqs=1)).run()
@@ -132,7 +132,7 @@ def test_srpt_re_ranks_on_a_progressive_re_prediction():
     # one slot; r0 (4 tokens, first estimate 4) at 0, r1 (1 token, estimate 3) at 1.5. At t = 2 r0 has 2 tokens
     # (< 0.8·4, preemptible). Countdown: r0 has 4 − 2 = 2 left < r1's 3 → r0 keeps running: [4, 5]. A re-prediction
     # at step 2 says r0 is 20 long (18 left) → r0 is preempted, r1 runs 2→3, r0 recomputes 3→4 and ends at 5.
-    from lenpred.scheduling.simulator import _Continuous
+    from lenpred.serving.simulator import _Continuous
 
     reqs = [req(0, 4, pred=4), req(1, 1, pred=3, arrival=1.5)]
     cfg = SimConfig(max_num_seqs=1)
@@ -148,7 +148,7 @@ def test_progressive_estimates_join_on_prompt_and_sample(tmp_path):
     import json
 
     from lenpred.io import write_parquet_checked
-    from lenpred.scheduling.workload import progressive_estimates
+    from lenpred.studies.workload import progressive_estimates
 
     table = pa.table({"prompt_id": ["a", "a", "b"], "sample_index": [0, 1, 0]})
     est = pa.table({"prompt_id": ["b", "a", "a", "a", "zz"], "sample_index": [0, 1, 1, 0, 0], "step": [0, 0, 8, 0, 0],
@@ -237,7 +237,7 @@ def test_workload_table_without_predictor_files(tmp_path, capsys):
     import json
 
     from lenpred.io import file_sha256, stable_hash, write_parquet_checked
-    from lenpred.scheduling.workload import load_workload_table
+    from lenpred.studies.workload import load_workload_table
 
     bench = tmp_path / "bench"
     bench.mkdir()
@@ -273,7 +273,7 @@ def test_generate_static_batch_exact_lengths(tiny_model_dir, one_torch_thread):
     # every row emits exactly its forced length (0 included) before the stop token, whatever the random model says
     from transformers import AutoModelForCausalLM
 
-    from lenpred.scheduling.static_run import generate_static_batch
+    from lenpred.studies.static_run import generate_static_batch
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     prompts = [[2, 7, 8, 9], [2, 10], [2, 11, 12]]
@@ -283,8 +283,8 @@ def test_generate_static_batch_exact_lengths(tiny_model_dir, one_torch_thread):
 
 def test_gain_share_and_report_tables(tmp_path):
     # FCFS 10 s, oracle 4 s, predictor 7 s on every draw: the predictor recovers exactly half the oracle's gain
-    from lenpred.scheduling.experiment import METRICS, SimExperimentConfig, summarize_runs
-    from lenpred.scheduling.report import markdown, simulation_tables
+    from lenpred.studies.simulate import METRICS, SimExperimentConfig, summarize_runs
+    from lenpred.studies.scheduling_report import markdown, simulation_tables
 
     def summary(jct):
         return {m: (jct if m == "mean_jct_s" else 1.0) for m in METRICS} | {"padding_ratio": None}
@@ -303,8 +303,8 @@ def test_gain_share_and_report_tables(tmp_path):
 
 
 def test_simulation_refuses_unknown_predictors_and_arrivals():
-    from lenpred.scheduling.experiment import SimExperimentConfig
-    from lenpred.scheduling.workload import check_predictors
+    from lenpred.studies.simulate import SimExperimentConfig
+    from lenpred.studies.workload import check_predictors
 
     table = pa.table({"output_len": [1, 2], "pred_estp": [1.0, 2.0], "pred_last": [1.0, 2.0]})
     check_predictors(table, ("estp", "last"))
@@ -317,7 +317,7 @@ def test_simulation_refuses_unknown_predictors_and_arrivals():
 
 
 def test_parked_sjf_and_fcfs_hand_worked():
-    from lenpred.scheduling.simulator import ParkedConfig, simulate_parked
+    from lenpred.serving.simulator import ParkedConfig, simulate_parked
 
     # all four prefilled in the first step (t = 1, fused: one forward per step); the 1-token request ends there.
     # One decode slot. SJF by true length then decodes r3 (1 more: t = 2), r2 (2 more: t = 4), r0 (3 more: t = 7)
@@ -335,8 +335,8 @@ def test_parked_sjf_and_fcfs_hand_worked():
 
 
 def test_parked_srpt_parks_a_running_request_and_sjf_does_not():
-    from lenpred.scheduling.policies import countdown_remaining
-    from lenpred.scheduling.simulator import ParkedConfig, _Parked
+    from lenpred.serving.policies import countdown_remaining
+    from lenpred.serving.simulator import ParkedConfig, _Parked
 
     # r0 (10 tokens) from t = 0, r1 (2 tokens) arrives at t = 2.5. Prefill r0 → t = 1; it decodes to t = 3 (the
     # step in which r1 arrives); the step that prefills r1 also decodes r0 (t = 4; r0 4/10, r1 1/2).
@@ -352,7 +352,7 @@ def test_parked_srpt_parks_a_running_request_and_sjf_does_not():
 
 
 def test_parked_prefill_ahead_bounds_the_prefilled_pool():
-    from lenpred.scheduling.simulator import ParkedConfig, simulate_parked
+    from lenpred.serving.simulator import ParkedConfig, simulate_parked
 
     # one decode slot, at most one request prefilled ahead: t = 1 prefills r0, r1 (r1's one token ends it); r0
     # decodes; t = 2 prefills r2 beside r0's decode; r0 ends at t = 4 (incumbent); t = 5 prefills r3 beside r2's

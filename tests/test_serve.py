@@ -20,7 +20,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, StreamingRespon
 from starlette.routing import Route  # noqa: E402
 
 from lenpred.errors import LenpredError  # noqa: E402
-from lenpred.serve import create_app, request_prompts  # noqa: E402
+from lenpred.serving.proxy.app import create_app, request_prompts  # noqa: E402
 
 
 def _free_port() -> int:
@@ -244,7 +244,7 @@ def test_cap_beyond_the_context_window_predicts_uncapped_then_clips():
     """A client's max_tokens larger than the predictor's window next to the prompt: predict without a cap, then
     clip to it (not skipped)."""
     from lenpred.errors import ContextWindowError
-    from lenpred.serve import predictor_fn
+    from lenpred.serving.proxy.app import predictor_fn
 
     class Window:  # a LengthPredictor stand-in: window 100 tokens, prompt = 10 tokens, predicts 80
         calls = []
@@ -555,7 +555,7 @@ def test_queued_requests_are_predicted_together_in_one_batch():
     """While one batch runs, the requests that arrive queue up and form the next batch (one call)."""
     import asyncio
 
-    from lenpred.serve_batching import BatchConfig, FunctionService, PredictionBatcher
+    from lenpred.serving.proxy.batching import BatchConfig, FunctionService, PredictionBatcher
 
     class Recording(FunctionService):
         def __init__(self):

@@ -106,7 +106,7 @@ def test_bad_inputs(tiny_backbone):
 def test_real_model_batch_independence_and_overhead():
     from lenpred.backbone import load_backbone
     from lenpred.prompts import chat_token_ids
-    from lenpred.features import measure_overhead
+    from lenpred.inputs.cache import measure_overhead
 
     bb = load_backbone()
     texts = ["Hi", "Write a long poem about the sea, the sky and the birds that fly over both.", "What is 2+2?"]

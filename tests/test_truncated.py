@@ -98,7 +98,7 @@ def test_the_proxy_service_tokenises_concurrently_like_serially(tiny_backbone, o
     per call); more threads than copies; the batch gives predict's values."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from lenpred.serve_batching import LengthPredictorService
+    from lenpred.serving.proxy.batching import LengthPredictorService
 
     lp = _fitted(tiny_backbone, "last", 2)
     service = LengthPredictorService(lp, tokenizers=2)

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from lenpred.evaluation.data import EvalData
-from lenpred.evaluation.tune import TuningContext, clipped_predict, fit_order, tune_and_refit
+from lenpred.dataset import EvalData
+from lenpred.tuning import TuningContext, clipped_predict, fit_order, tune_and_refit
 from lenpred.predictors import Request, make_predictor
 from lenpred.signals import PromptSignals
 

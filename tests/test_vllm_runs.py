@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 
 from lenpred.errors import LenpredError
-from lenpred.scheduling.cost_model import CostModel
-from lenpred.scheduling.loadgen import LoadRequest, parse_sse_line, request_body
-from lenpred.scheduling.vllm_runs import (StepRecord, VLLMServeConfig, _cpu_set, _Servers, check_priorities, cost_measurements,
+from lenpred.serving.cost_model import CostModel
+from lenpred.serving.loadgen import LoadRequest, parse_sse_line, request_body
+from lenpred.studies.vllm_runs import (StepRecord, VLLMServeConfig, _cpu_set, _Servers, check_priorities, cost_measurements,
                                           load_requests, pin_load_generator, priorities_for, proxy_command,
                                           step_time_s,
                                           vllm_serve_command)
-from lenpred.scheduling.workload import WorkloadRequest
+from lenpred.studies.workload import WorkloadRequest
 
 
 def _req(i, out_len, preds, prompt=10):
@@ -169,7 +169,7 @@ def test_replay_records_stream_timing_usage_and_headers():
     from starlette.responses import StreamingResponse
     from starlette.routing import Route
 
-    from lenpred.scheduling.loadgen import run_replay
+    from lenpred.serving.loadgen import run_replay
 
     seen, caps = [], []
 
@@ -247,7 +247,7 @@ def test_run3_pins_the_load_generator_after_reading_both_cpu_sets():
 def test_serve_report_natural_eos_labels_pairs_and_counts():
     """Run 3's report from stored replays (no servers): JCT / TTFT from the planned time over `ok` requests, paired
     cuts vs FCFS, outcome counts, the natural-EOS label in the Markdown."""
-    from lenpred.scheduling.vllm_runs import _serve_report, serve_markdown
+    from lenpred.studies.vllm_runs import _serve_report, serve_markdown
 
     reqs = [_req(0, 30, {}), _req(1, 10, {})]
 

@@ -12,7 +12,7 @@ from typing import Optional
 import typer
 
 from lenpred.errors import LenpredError
-from lenpred.evaluation.run import ALL_METHODS, DEMO_METHODS
+from lenpred.studies.evaluate import ALL_METHODS, DEMO_METHODS
 
 app = typer.Typer(help="Predict LLM output length from the serving model's own prefill signals.",
                   no_args_is_help=True, pretty_exceptions_enable=False)
@@ -61,7 +61,7 @@ THREADS = typer.Option(None, help="torch threads for the backbone and text encod
 
 
 def _evaluate(title: str, **kwargs) -> None:
-    from lenpred.evaluation.run import EvalConfig, run_evaluate
+    from lenpred.studies.evaluate import EvalConfig, run_evaluate
 
     run_evaluate(EvalConfig(**kwargs), title=title)
 
@@ -132,7 +132,7 @@ def progressive(
     threads: Optional[int] = typer.Option(2, help="torch threads for the backbone (teacher forcing)."),
 ):
     """Progressive remaining-length prediction (PLP, TRAIL-progressive) vs static baselines, per decode step."""
-    from lenpred.progressive.evaluate import ProgressiveConfig, run_progressive
+    from lenpred.studies.progressive import ProgressiveConfig, run_progressive
 
     run_progressive(ProgressiveConfig(model=model, bench=bench, data_dir=data_dir, out=out, cache=cache,
                                       decode_cache=decode_cache, seed=seed, threads=threads))
@@ -399,7 +399,7 @@ def schedule_predictions(
     out: str = typer.Option(f"{SCHED_OUT}/test_predictions.parquet", help="Cached prediction table."),
 ):
     """Predict every test request's length with each saved predictor (cached with a checksum; reruns reuse it)."""
-    from lenpred.scheduling.workload import load_workload_table
+    from lenpred.studies.workload import load_workload_table
 
     table = load_workload_table(out, bench, predictors_dir, _names(predictors), token_ids=False)
     typer.echo(f"{table.num_rows} test requests with predictions of {', '.join(_names(predictors))} in {out}")
@@ -417,7 +417,7 @@ def schedule_calibrate(
     out: str = typer.Option(f"{SCHED_OUT}/cost_transformers.json", help="Cost model JSON."),
 ):
     """Time transformers `generate` on a grid and fit the simulator's cost model (prefill and decode-step time)."""
-    from lenpred.scheduling.static_run import CalibrationConfig, calibrate_transformers
+    from lenpred.studies.static_run import CalibrationConfig, calibrate_transformers
 
     model_ = calibrate_transformers(CalibrationConfig(model, _ints("--batch-sizes", batch_sizes),
                                                       _ints("--prompt-tokens", prompt_tokens),
@@ -444,8 +444,8 @@ def schedule_simulate(
     """Simulate every policy × predictor on many workload draws; table, PNGs and JSON."""
     from rich.console import Console
 
-    from lenpred.scheduling.experiment import SimExperimentConfig, run_simulation
-    from lenpred.scheduling.report import save_simulation_report
+    from lenpred.studies.simulate import SimExperimentConfig, run_simulation
+    from lenpred.studies.scheduling_report import save_simulation_report
 
     cfg = SimExperimentConfig(cost_model, _names(predictors), num_requests, draws, max_num_seqs,
                               max_num_batched_tokens, _names(arrivals), load, cv, aging_steps or None, seed=seed,
@@ -474,8 +474,8 @@ def schedule_run_static(
 
     from rich.console import Console
 
-    from lenpred.scheduling.report import save_static_real_report
-    from lenpred.scheduling.static_run import StaticRunConfig, run_static
+    from lenpred.studies.scheduling_report import save_static_real_report
+    from lenpred.studies.static_run import StaticRunConfig, run_static
 
     report = run_static(StaticRunConfig(model, num_requests, batch_size, max_output_len, seed, _names(groupings),
                                         cost_model, out, threads))
@@ -491,8 +491,8 @@ def schedule_report(out: str = typer.Option(SCHED_OUT, help="Directory holding t
 
     from rich.console import Console
 
-    from lenpred.scheduling.report import save_simulation_report, save_static_real_report
-    from lenpred.scheduling.vllm_runs import save_offline_report, save_serve_report
+    from lenpred.studies.scheduling_report import save_simulation_report, save_static_real_report
+    from lenpred.studies.vllm_runs import save_offline_report, save_serve_report
 
     console, found = Console(width=max(Console().width, 200)), []
 
@@ -530,8 +530,8 @@ def serve(
                                    "layer it reads (hidden-state-only predictors)."),
 ):
     """OpenAI-compatible proxy: predicts each request's output length and forwards it with vLLM's `priority`."""
-    from lenpred.serve import serve as run_proxy
-    from lenpred.serve_batching import BatchConfig
+    from lenpred.serving.proxy.app import serve as run_proxy
+    from lenpred.serving.proxy.batching import BatchConfig
 
     batch = BatchConfig(window_ms=batch_window_ms, max_batch_tokens=max_batch_tokens)
     run_proxy(upstream, host, port, predictor, threads, max_connections=max_connections,
@@ -552,7 +552,7 @@ def schedule_vllm_offline(
 ):
     """Real run 2: vllm.LLM with priority scheduling, FCFS vs SJF by each predictor vs oracle; the vLLM cost model
     and the simulator's replay. Needs vllm (`pip install -e '.\\[vllm]'`); run under the CPU lock."""
-    from lenpred.scheduling.vllm_runs import VLLMOfflineConfig, run_vllm_offline, save_offline_report
+    from lenpred.studies.vllm_runs import VLLMOfflineConfig, run_vllm_offline, save_offline_report
 
     cfg = VLLMOfflineConfig(num_requests=num_requests, draws=draws, seed=seed, max_output_len=max_output_len,
                             max_num_seqs=max_num_seqs, predictors=_names(predictors), fit_draws=fit_draws, out=out)
@@ -589,7 +589,7 @@ def schedule_vllm_serve(
 ):
     """Real run 3: starts vllm serve --scheduling-policy priority and lenpred serve in front (both killed on
     exit), replays Poisson arrivals with streaming requests: FCFS vs predicted vs oracle priority."""
-    from lenpred.scheduling.vllm_runs import VLLMServeConfig, run_vllm_serve, save_serve_report
+    from lenpred.studies.vllm_runs import VLLMServeConfig, run_vllm_serve, save_serve_report
 
     cfg = VLLMServeConfig(num_requests=num_requests, draws=draws, seed=seed, max_output_len=max_output_len,
                           max_num_seqs=max_num_seqs, rate_per_s=rate, load=load, port=port, proxy_port=proxy_port,
@@ -624,7 +624,7 @@ def diagnose(
 ):
     """Diagnostics: entropy/semantic misalignment, gradient attribution, ablations, a cheaper entropy and the
     signals' overhead; writes OUT/REPORT.md (+ PNGs, diagnose.json). Time it under the CPU lock."""
-    from lenpred.diagnostics.run import DiagnoseConfig, run_diagnose
+    from lenpred.studies.diagnose.run import DiagnoseConfig, run_diagnose
 
     skipped = set(_names(skip))
     run_diagnose(DiagnoseConfig(

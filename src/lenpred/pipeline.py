@@ -72,7 +72,7 @@ def raw_quantiles(predictor, requests: list, coverage: float, features: np.ndarr
     ``values`` ``(n, K)``, ``None`` for a point predictor, whose median, low and high are its prediction).
     ``features`` ``(n, d)``: the predictor's input already computed (an engine's captured states), so the requests
     only give their caps."""
-    from lenpred.evaluation.tune import clipped_predict
+    from lenpred.tuning import clipped_predict
     from lenpred.intervals import distribution_quantiles
     from lenpred.predictors import max_new_tokens
 
@@ -106,7 +106,7 @@ class LengthPredictor:
         coverage: nominal share of responses inside ``[low, high]``. A validation split too small for it (fewer
             than ``coverage / (1 - coverage)`` samples) gets the widest calibrated margin and a warning
             (:func:`lenpred.intervals.conformal_margin`).
-        seed, epochs, binning, pool_span, semantic_divisor: see :class:`lenpred.evaluation.run.EvalConfig`.
+        seed, epochs, binning, pool_span, semantic_divisor: see :class:`lenpred.studies.evaluate.EvalConfig`.
     """
 
     def __init__(self, method: str = "estp", model: str | None = None,
@@ -129,8 +129,8 @@ class LengthPredictor:
         """
         from lenpred.backbone import recorded_model_name
         from lenpred.bench.build import read_manifest
-        from lenpred.evaluation.run import EvalConfig, prepare_run
-        from lenpred.evaluation.tune import tune_and_refit
+        from lenpred.studies.evaluate import EvalConfig, prepare_run
+        from lenpred.tuning import tune_and_refit
         from lenpred.intervals import conformal_margin
         from lenpred.predictors import PREDICTORS
 
@@ -239,7 +239,7 @@ class LengthPredictor:
 
     def _test_card(self, data) -> dict:
         """MAE per scenario with 95 % prompt-bootstrap intervals and interval coverage on the test split."""
-        from lenpred.evaluation.metrics import clustered_bootstrap
+        from lenpred.metrics import clustered_bootstrap
         from lenpred.intervals import interval_coverage
 
         test = data.index["test"]
@@ -313,7 +313,7 @@ class LengthPredictor:
 
     def _requests(self, prompts, max_new_tokens: int | None, scenario: str | None, tokenizer=None) -> list:
         """Prompts -> :class:`lenpred.predictors.Request` through the one prompt path (:mod:`lenpred.prompts`)."""
-        from lenpred.evaluation.data import prompt_text
+        from lenpred.dataset import prompt_text
         from lenpred.predictors import Request
         from lenpred.prompts import check_fits, prepare_prompt
 
@@ -341,7 +341,7 @@ class LengthPredictor:
 
         Raises:
             LenpredError: unreadable, or trained on another prompt representation or model revision."""
-        from lenpred.progressive.online import load_plp
+        from lenpred.serving.progressive import load_plp
 
         plp, info = load_plp(path)
         mine = f"{self.method}@{self.predictor_.params.get('layer')}"
@@ -354,12 +354,12 @@ class LengthPredictor:
         return self
 
     def start(self, prompts: Iterable[str | list[dict[str, str]]], max_new_tokens: int | None = None) -> list:
-        """Prefill each prompt and return its online state (:class:`lenpred.progressive.online.RequestState`) with
+        """Prefill each prompt and return its online state (:class:`lenpred.serving.progressive.RequestState`) with
         the first remaining-length estimate (PLP at decode step 0, from the prefill's signals).
 
         Raises:
             LenpredError: no progressive head attached, or a bad prompt."""
-        from lenpred.progressive.online import start_states
+        from lenpred.serving.progressive import start_states
 
         if not hasattr(self, "progressive_"):
             raise LenpredError("this LengthPredictor has no progressive head: attach_progressive('plp.safetensors') "
@@ -374,8 +374,8 @@ class LengthPredictor:
     def update(self, states: list, steps, hidden_states) -> np.ndarray:
         """Re-estimate the remaining tokens of running requests: ``steps`` ``(B,)`` tokens generated, ``hidden_states``
         ``(B, d)`` each current token's hidden state at the layer in ``progressive_info_['plp_layer']``. ``(B,)`` float64 (see
-        :func:`lenpred.progressive.online.update_batch`)."""
-        from lenpred.progressive.online import update_batch
+        :func:`lenpred.serving.progressive.update_batch`)."""
+        from lenpred.serving.progressive import update_batch
 
         if not hasattr(self, "progressive_"):
             raise LenpredError("this LengthPredictor has no progressive head: attach_progressive(...) first")
@@ -384,7 +384,7 @@ class LengthPredictor:
     def _attach_signals(self, requests: list, batch_tokens: int, progress: bool) -> None:
         from tqdm.auto import tqdm
 
-        from lenpred.features import _batches
+        from lenpred.inputs.cache import _batches
         from lenpred.signals import extract_signals
 
         layers = tuple(self.config_["layers"]) or (self.backbone_.num_layers,)
@@ -469,7 +469,7 @@ class LengthPredictor:
                                                       indent=2) + "\n")
             (tmp / CARD_FILE).write_text(render_card(self.config_, self.card_))
             if hasattr(self, "progressive_"):
-                from lenpred.progressive.online import save_plp
+                from lenpred.serving.progressive import save_plp
 
                 save_plp(self.progressive_, tmp / PROGRESSIVE_FILE, self.progressive_info_)
         return Path(path)
@@ -543,8 +543,8 @@ def _check_log_matches(traffic_log, base: "LengthPredictor", path) -> None:
 def _bench_rows(base: "LengthPredictor", bench, data_dir, cache):
     """``(TrafficRows, info)``: ``bench``'s train split pooled as ``base`` pools (signals from the signal cache)."""
     from lenpred.bench.build import read_manifest
-    from lenpred.evaluation.data import load_eval_data
-    from lenpred.features import extract_cached
+    from lenpred.dataset import load_eval_data
+    from lenpred.inputs.cache import extract_cached
     from lenpred.inputs.signals import signal_cache_path
     from lenpred.serving.refit import TrafficRows
 
@@ -569,7 +569,7 @@ def _bench_rows(base: "LengthPredictor", bench, data_dir, cache):
 def _traffic_card(head, base: "LengthPredictor", test, margin: float, coverage: float) -> dict:
     """The card of a traffic refit, on the latest logged requests: MAE with a 95 % interval clustered by prompt
     (SHA-256 where logged), interval coverage and width, and the paired MAE difference to ``base``."""
-    from lenpred.evaluation.metrics import clustered_bootstrap
+    from lenpred.metrics import clustered_bootstrap
     from lenpred.intervals import interval_coverage
     from lenpred.serving.refit import head_quantiles
 

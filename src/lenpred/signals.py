@@ -182,7 +182,7 @@ def _attention_modules(model) -> list[torch.nn.Module]:
 
 def _output_logits(model, hidden: torch.Tensor, vocab_head: tuple | None = None) -> torch.Tensor:
     """Output logits ``(m, V)`` of final-norm states ``(m, d)``; with ``vocab_head = (weight (k, d), bias (k,) or
-    None)`` only those rows (a pruned output head, :mod:`lenpred.diagnostics.entropy`): ``(m, k)``."""
+    None)`` only those rows (a pruned output head, :mod:`lenpred.studies.diagnose.entropy`): ``(m, k)``."""
     if vocab_head is None:
         logits = model.get_output_embeddings()(hidden)
     else:
@@ -232,7 +232,7 @@ def extract_signals(backbone, batch_token_ids: list[list[int]], layers: list[int
         entropy_chunk_tokens: positions per ``lm_head`` chunk when computing entropy.
         entropy_vocab: ``(k,)`` int64 token ids: compute the entropy of the output softmax renormalised over these
             ids only (a pruned output head costing ``k / V`` of the full one; see
-            :mod:`lenpred.diagnostics.entropy`); ``None`` (default): the full vocabulary.
+            :mod:`lenpred.studies.diagnose.entropy`); ``None`` (default): the full vocabulary.
 
     Returns:
         One :class:`PromptSignals` per prompt, in input order, without padding.

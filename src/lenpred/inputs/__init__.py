@@ -28,7 +28,7 @@ def provide_inputs(needs: set[str], backbone, data, settings: dict[str, Any]) ->
     Args:
         needs: input names (union of the chosen predictors' ``inputs``).
         backbone: the serving model.
-        data: a :class:`lenpred.evaluation.data.EvalData`.
+        data: a :class:`lenpred.dataset.EvalData`.
         settings: provider settings (``layers``, ``cache``, ``bench``).
 
     Raises:

@@ -16,7 +16,7 @@ def provide_self_reports(backbone, data, settings: dict[str, Any]) -> dict[str, 
     ``Request.self_report``. Returns ``{"tokens_per_word": ...}`` measured on the training responses (what converts a
     stated word count to tokens)."""
     from lenpred.backbone import cache_dir
-    from lenpred.pia import ask_self_reports, tokens_per_word
+    from lenpred.inputs.pia import ask_self_reports, tokens_per_word
 
     test_ids = list(dict.fromkeys(data.cols["prompt_id"][data.index["test"]]))
     cache = cache_dir() / "self_reports" / f"{Path(settings['bench']).name}-{backbone.revision}.json"

@@ -12,7 +12,7 @@ def signal_cache_path(backbone, bench: str | Path, layers: tuple[int, ...]) -> P
     """Default cache directory of a benchmark's signals: under ``$LENPRED_CACHE/signals``, keyed by the benchmark
     name, the model revision, the layers and the cache format (a new format never mixes with an old one)."""
     from lenpred.backbone import cache_dir
-    from lenpred.features import CACHE_FORMAT
+    from lenpred.inputs.cache import CACHE_FORMAT
     from lenpred.io import stable_hash
 
     return cache_dir() / "signals" / f"{Path(bench).name}-{backbone.revision}-{stable_hash([layers, CACHE_FORMAT], 8)}"
@@ -22,7 +22,7 @@ def signal_cache_path(backbone, bench: str | Path, layers: tuple[int, ...]) -> P
 def provide_signals(backbone, data, settings: dict[str, Any]) -> dict[str, Any]:
     """Extract (or read from the cache) the signals of every prompt at ``settings["layers"]`` and set
     ``Request.signals``. Returns no values."""
-    from lenpred.features import extract_cached
+    from lenpred.inputs.cache import extract_cached
 
     layers = settings["layers"]
     cache = Path(settings["cache"]) if settings.get("cache") else signal_cache_path(backbone, settings["bench"], layers)

@@ -98,7 +98,7 @@ class Predictor:
     def param_grid(cls, ctx: Any) -> list[dict[str, Any]]:
         """Constructor arguments to try on validation (the seed is added by the tuner): a list of dicts.
 
-        ``ctx`` is a :class:`lenpred.evaluation.tune.TuningContext` (layers, grids, settings, and the ``chosen``
+        ``ctx`` is a :class:`lenpred.tuning.TuningContext` (layers, grids, settings, and the ``chosen``
         hyper-parameters of the predictors in ``tune_after``). Default: the constructor's defaults only.
         """
         return [{}]

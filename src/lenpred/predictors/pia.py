@@ -2,8 +2,8 @@
 
 Zheng et al. (2023), *Response Length Perception and Sequence Scheduling: An LLM-Empowered LLM Inference
 Pipeline* (arXiv:2305.13144): the model is asked to print the estimated number of words of its response
-before answering ("Perception in Advance"). The answers come from :func:`lenpred.pia.ask_self_reports`
-and are parsed by :func:`lenpred.pia.parse_word_count`.
+before answering ("Perception in Advance"). The answers come from :func:`lenpred.inputs.pia.ask_self_reports`
+and are parsed by :func:`lenpred.inputs.pia.parse_word_count`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import math
 import numpy as np
 
 from lenpred.errors import LenpredError
-from lenpred.pia import parse_word_count
+from lenpred.inputs.pia import parse_word_count
 from lenpred.predictors import Predictor, register, unique_map
 
 
@@ -24,7 +24,7 @@ class PerceptionInAdvance(Predictor):
     Args:
         tokens_per_word: tokens per whitespace-separated word of the serving model's responses. The default
             1.3 is a typical figure for English text under BPE tokenizers; the evaluation pipeline passes
-            the value measured on the training responses (:func:`lenpred.pia.tokens_per_word`).
+            the value measured on the training responses (:func:`lenpred.inputs.pia.tokens_per_word`).
 
     Attributes (after ``predict``):
         num_predicted_: rows predicted by the last ``predict`` call.
@@ -54,7 +54,7 @@ class PerceptionInAdvance(Predictor):
     def __init__(self, tokens_per_word: float = 1.3):
         if not (isinstance(tokens_per_word, (int, float)) and math.isfinite(tokens_per_word) and tokens_per_word > 0):
             raise LenpredError(f"tokens_per_word must be a positive number, got {tokens_per_word!r}; measure it with "
-                               "lenpred.pia.tokens_per_word on the training responses")
+                               "lenpred.inputs.pia.tokens_per_word on the training responses")
         super().__init__(tokens_per_word=float(tokens_per_word))
 
     def fit(self, requests, y):
@@ -73,7 +73,7 @@ class PerceptionInAdvance(Predictor):
         """
         if requests and all(r.self_report is None for r in requests):
             raise LenpredError("pia needs the model's self-reports: generate them first "
-                               "(lenpred.pia.ask_self_reports) and set Request.self_report")
+                               "(lenpred.inputs.pia.ask_self_reports) and set Request.self_report")
         return unique_map(requests, lambda r: parse_word_count(r.self_report))
 
     def predict(self, requests):

@@ -37,7 +37,7 @@ def request_spans(requests: list, pool_span: str = "after_prefix", semantic_divi
     if pool_span not in POOL_SPANS:
         raise LenpredError(f"unknown pool_span '{pool_span}'; valid: {', '.join(POOL_SPANS)}")
     if any(r.signals is None for r in requests):
-        raise LenpredError("this predictor needs prefill signals: extract them (lenpred.features.extract_cached) "
+        raise LenpredError("this predictor needs prefill signals: extract them (lenpred.inputs.cache.extract_cached) "
                            "and set Request.signals")
     def bounds(r) -> tuple[int, int | None]:
         if pool_span == "all" or r.content_span is None:

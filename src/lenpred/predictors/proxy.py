@@ -9,9 +9,9 @@ Sources:
   Throughput": a DistilBERT proxy fine-tuned to classify the output length into buckets (``s3``).
 
 All three share one architecture: encoder → mean pooling over non-padding tokens
-(:func:`lenpred.proxy.mean_pool`) → one ``nn.Linear(d, k)``; the whole encoder and the head are
+(:func:`lenpred.predictors.text_encoder.mean_pool`) → one ``nn.Linear(d, k)``; the whole encoder and the head are
 fine-tuned. lenpred uses the same packaged encoder for all of them (all-MiniLM-L6-v2, see
-:mod:`lenpred.proxy`) instead of each paper's BERT-base / DistilBERT, so the comparison is about the
+:mod:`lenpred.predictors.text_encoder`) instead of each paper's BERT-base / DistilBERT, so the comparison is about the
 training target, not the encoder size.
 
 Choices the papers leave open (documented here):
@@ -49,7 +49,7 @@ from torch import nn
 from lenpred.errors import LenpredError
 from lenpred.heads import assign_bins, bin_centres, length_bin_edges
 from lenpred.predictors import Predictor, Request, distinct_requests, register
-from lenpred.proxy import DEFAULT_PROXY, ProxyEncoder, load_proxy_encoder, mean_pool, pad_batch
+from lenpred.predictors.text_encoder import DEFAULT_PROXY, ProxyEncoder, load_proxy_encoder, mean_pool, pad_batch
 
 _POOL_BATCHES = 50  # length-sorting pool, in batches
 _PREDICT_BATCH = 64  # prompts per inference batch (sorted by length, so little padding)

@@ -41,8 +41,8 @@ class TrailPredictor(PooledHeadPredictor):
     def features(self, requests: list) -> np.ndarray:
         """``(n, d)`` float32: each request's last-token hidden state at index ``layer``."""
         if any(r.signals is None for r in requests):
-            raise LenpredError("TRAIL needs prefill signals: extract them (lenpred.features.extract_cached) and set "
+            raise LenpredError("TRAIL needs prefill signals: extract them (lenpred.inputs.cache.extract_cached) and set "
                                "Request.signals")
         if any(r.signals.last_token_states is None for r in requests):
-            raise LenpredError("TRAIL needs last_token_states: re-extract the signals (lenpred.features.extract_cached)")
+            raise LenpredError("TRAIL needs last_token_states: re-extract the signals (lenpred.inputs.cache.extract_cached)")
         return np.stack(unique_map(requests, lambda r: r.signals.last_token_states[self.layer].numpy()))

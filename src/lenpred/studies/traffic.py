@@ -135,7 +135,7 @@ def run_traffic_replay(cfg: TrafficReplayConfig, console=None) -> dict:
     the report dict."""
     from rich.console import Console
 
-    from lenpred.evaluation.data import load_eval_data
+    from lenpred.dataset import load_eval_data
     from lenpred.pipeline import LengthPredictor
     from lenpred.serving.refit import head_quantiles
     from lenpred.studies.traffic_data import split_prompt_ids, stream_signals
@@ -248,7 +248,7 @@ def _write_log(s: dict, shipped, cfg: TrafficReplayConfig, name: str):
 def _refits(log, s: dict, shipped, head, bench_rows, earlier, later, cfg: TrafficReplayConfig) -> dict:
     """Shipped vs heads refitted on the earlier part (from the log; with and without the benchmark's train split),
     on the later part: MAE and Kendall tau with paired prompt-clustered intervals; and the learning curve."""
-    from lenpred.evaluation.metrics import clustered_bootstrap
+    from lenpred.metrics import clustered_bootstrap
     from lenpred.serving.refit import TrafficRows, choose_finetune, finetune_head, fit_head, head_quantiles, rows_from_log
 
     rows = rows_from_log(log)  # in finish order = the stream's order here
@@ -308,7 +308,7 @@ def _fmt(ci, digits=1) -> str:
 
 
 def render_markdown(report: dict) -> str:
-    from lenpred.scheduling.report import markdown
+    from lenpred.studies.scheduling_report import markdown
 
     cfg = report["config"]
     lines = [f"# Learning from served traffic: replayed `{Path(cfg['bench']).name}` test split, "

@@ -2,7 +2,7 @@
 
 The shipped predictor (``last@15``) reads one vector per prompt, the final prompt token's hidden state at index 15.
 :func:`stream_signals` extracts the signals of just that layer (no attention), through the one signal cache
-(:func:`lenpred.features.extract_cached`: content-addressed parts, so prompt subsets share one directory, a killed
+(:func:`lenpred.inputs.cache.extract_cached`: content-addressed parts, so prompt subsets share one directory, a killed
 run resumes and a run over more prompts reuses every part already there).
 """
 
@@ -18,14 +18,14 @@ def stream_signals(data, backbone, cache: str | Path | None, prompt_ids: list[st
     """Set ``Request.signals`` (layer :data:`STREAM_LAYERS`, no attention) of ``prompt_ids`` in ``data.by_prompt``.
 
     Args:
-        data: :class:`lenpred.evaluation.data.EvalData`.
+        data: :class:`lenpred.dataset.EvalData`.
         backbone: the loaded model.
         cache: signal-cache directory (``None``: the benchmark's default one for these layers, under
             ``$LENPRED_CACHE/signals``).
         prompt_ids: which prompts (their order fixes the cache parts: keep it stable).
         bench: the benchmark directory (names the default cache).
     """
-    from lenpred.features import extract_cached
+    from lenpred.inputs.cache import extract_cached
     from lenpred.inputs.signals import signal_cache_path
 
     cache = Path(cache) if cache else signal_cache_path(backbone, bench, STREAM_LAYERS)
@@ -48,7 +48,7 @@ def prefetch(bench: str, split: str, chunk: int, num_chunks: int, data_dir: str 
     """Extract chunk ``chunk`` of ``num_chunks`` of ``split``'s prompts into the signal cache (a background job runs
     this chunk by chunk, each under the CPU lock, so no hold is long; rerunning a chunk reads it back)."""
     from lenpred.backbone import load_backbone
-    from lenpred.evaluation.data import load_eval_data
+    from lenpred.dataset import load_eval_data
 
     backbone = load_backbone()
     data = load_eval_data(bench, backbone.tokenizer, data_dir)

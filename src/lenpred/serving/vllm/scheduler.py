@@ -178,7 +178,7 @@ class LenpredScheduler(Scheduler):
                                       and self.lenpred_predictions[rid].plp_state is not None})
 
     def _lenpred_plp_start(self, ids: list[str], states: dict) -> None:
-        from lenpred.progressive.online import start_states
+        from lenpred.serving.progressive import start_states
 
         layer = self.lenpred_predictor.engine_layer
         preds = [self.lenpred_predictions[r] for r in ids]
@@ -189,7 +189,7 @@ class LenpredScheduler(Scheduler):
             p.plp_state, p.plp_step, p.plp_remaining = s, 0, s.remaining
 
     def _lenpred_plp_update(self, states: dict) -> None:
-        from lenpred.progressive.online import update_batch
+        from lenpred.serving.progressive import update_batch
 
         if not states:
             return

@@ -3,8 +3,8 @@ the soft-label width and the CE/MSE mix — each choice on validation, each repo
 prompt-clustered bootstrap against entropy-only pooling.
 
 Every candidate is one registered pooled predictor (``entropy_only``, ``semantic_only``, ``estp``) fitted with
-:func:`lenpred.evaluation.tune.fit_predictor` on train (one torch thread, as ``lenpred evaluate``), scored on
-validation and test with predictions clipped to each request's cap (:func:`lenpred.evaluation.tune.clipped_predict`).
+:func:`lenpred.tuning.fit_predictor` on train (one torch thread, as ``lenpred evaluate``), scored on
+validation and test with predictions clipped to each request's cap (:func:`lenpred.tuning.clipped_predict`).
 ESTP's ``lambda2`` is fixed at 1 and ``lambda1`` varies (only the ratio and ``alpha`` matter: the softmax is scale
 free up to ``alpha``); ``lambda1 / lambda2 = 0`` is entropy-only and ``inf`` semantic-only.
 """
@@ -45,8 +45,8 @@ def run_ablations(data, settings: dict, layers: tuple[int, ...], grid_layer: int
     """
     from tqdm.auto import tqdm
 
-    from lenpred.evaluation.metrics import clustered_bootstrap
-    from lenpred.evaluation.tune import clipped_predict, fit_predictor, torch_threads
+    from lenpred.metrics import clustered_bootstrap
+    from lenpred.tuning import clipped_predict, fit_predictor, torch_threads
 
     train, val, test = data.index["train"], data.index["validation"], data.index["test"]
     train_req, val_req, test_req = data.rows("train"), data.rows("validation"), data.rows("test")

@@ -26,7 +26,7 @@ def _cell(value, digits: int) -> str:
 
 
 def simulation_tables(report: dict) -> dict[str, tuple[list[str], list[list[str]]]]:
-    """``{setting: (header, rows)}`` from :func:`lenpred.scheduling.experiment.run_simulation`'s report; a row's
+    """``{setting: (header, rows)}`` from :func:`lenpred.studies.simulate.run_simulation`'s report; a row's
     cells are draw means with 95 % bootstrap intervals over draws, plus the oracle-gain share for length policies."""
     rows_by_setting: dict[str, list] = {}
     summary = report["summary"]

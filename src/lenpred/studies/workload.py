@@ -97,8 +97,8 @@ def build_workload_table(bench: str | Path = "benchmarks/smollm2-forelen",
                          predictors: tuple[str, ...] = DEFAULT_PREDICTORS, model: str = "smollm2-135m-instruct",
                          threads: int | None = None):
     """Predict every test request's length with each saved predictor, the way ``lenpred evaluate`` scores them
-    (same loading path :func:`lenpred.evaluation.run.prepare_run`, predictions clipped to each request's cap by
-    :func:`lenpred.evaluation.tune.clipped_predict`).
+    (same loading path :func:`lenpred.studies.evaluate.prepare_run`, predictions clipped to each request's cap by
+    :func:`lenpred.tuning.clipped_predict`).
 
     Returns:
         a ``pyarrow.Table``, one row per test sample: the :data:`_COLUMNS` plus ``pred_<name>`` (float64 tokens).
@@ -107,8 +107,8 @@ def build_workload_table(bench: str | Path = "benchmarks/smollm2-forelen",
     """
     import pyarrow as pa
 
-    from lenpred.evaluation.run import EvalConfig, prepare_run
-    from lenpred.evaluation.tune import clipped_predict
+    from lenpred.studies.evaluate import EvalConfig, prepare_run
+    from lenpred.tuning import clipped_predict
     from lenpred.predictors import PREDICTORS, Predictor
 
     predictors_dir = Path(predictors_dir)
@@ -219,7 +219,7 @@ def _prompt_token_ids(bench, model: str, data_dir: str | None, table) -> list[li
 
 def progressive_estimates(path: str | Path, table) -> dict[str, dict[int, dict[int, float]]]:
     """Re-predictions at decode steps for the workload's requests, from ``lenpred progressive``'s
-    ``test_estimates.parquet``, as :func:`lenpred.scheduling.policies.progressive_remaining` reads them.
+    ``test_estimates.parquet``, as :func:`lenpred.serving.policies.progressive_remaining` reads them.
 
     Returns:
         ``{method: {table row: {decode step: predicted total output length in tokens (step + remaining)}}}``

@@ -9,7 +9,7 @@ the content), all from :mod:`lenpred.signals`:
   at every position and the full-vocabulary entropy (EGTP's signals);
 * ``signals_full``: the same plus eager attention in the last layer for the semantic score (ESTP's signals);
 * ``entropy_pruned`` / ``signals_pruned``: the same with the pruned output head (``entropy_vocab``,
-  :mod:`lenpred.diagnostics.entropy`);
+  :mod:`lenpred.studies.diagnose.entropy`);
 * ``pool_head``: pooling + the soft-label head on the extracted signals (timed separately: it does not touch the
   model), added to the signal variants for the end-to-end ratios.
 

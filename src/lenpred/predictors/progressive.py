@@ -2,7 +2,7 @@
 
 Both predict the *remaining* length ``R_t = T - t`` of a request that has generated ``t`` tokens and is still
 running (``t < T``), from the hidden state of its current token at decode step ``t``
-(:mod:`lenpred.progressive.decode_states`).
+(:mod:`lenpred.inputs.decode_states`).
 
 * **PLP** (progressive length prediction; Xie et al., *Predicting LLM Output Length via Entropy-Guided
   Representations*, ICLR 2026): the soft-label distribution head (:class:`lenpred.heads.SoftLabelRegressor`) on

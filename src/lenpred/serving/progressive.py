@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from lenpred.errors import LenpredError
-from lenpred.progressive.heads import PLPHead
+from lenpred.predictors.progressive import PLPHead
 
 
 @dataclass

@@ -157,7 +157,7 @@ class PredictionBatcher:
     """One worker predicting queued requests in micro-batches (see the module docstring).
 
     Call :meth:`start` inside the event loop (the app's lifespan), :meth:`predict` per request, :meth:`stop` at
-    shutdown. ``metrics`` (a :class:`lenpred.serve_metrics.ProxyMetrics`) records batch sizes, batch times and the
+    shutdown. ``metrics`` (a :class:`lenpred.serving.proxy.metrics.ProxyMetrics`) records batch sizes, batch times and the
     queue length.
     """
 

@@ -17,7 +17,7 @@ How run 2 measures (``lenpred schedule vllm-offline``, in the ``.venv-vllm`` env
   every request arrives at 0).
 * Cost model: steps that only decode give ``(batch size, Σ context) → time``; steps that only prefill (the first
   step of a run, and a short calibration phase of prefill-only requests) give ``(prompt lengths) → time``; both go
-  to :meth:`lenpred.scheduling.cost_model.CostModel.fit` with ``fused_prefill=True`` (vLLM prefills new requests
+  to :meth:`lenpred.serving.cost_model.CostModel.fit` with ``fused_prefill=True`` (vLLM prefills new requests
   inside the decode step). The simulator then replays each run and its mean JCT and makespan are compared with the
   measured ones.
 """
@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from lenpred.errors import LenpredError
-from lenpred.scheduling.workload import DEFAULT_PREDICTORS
+from lenpred.studies.workload import DEFAULT_PREDICTORS
 
 MAX_MODEL_LEN = 4096
 MAX_NUM_BATCHED_TOKENS = 8192  # what lenpred.engines.vllm.llm_kwargs gives vLLM: max(max_model_len, 8192)
@@ -177,7 +177,7 @@ def run_priority_workload(engine, requests: list, priorities: list[int]) -> dict
 
     Args:
         engine: ``vllm.LLMEngine`` (``LLM.llm_engine``) with priority scheduling, in-process.
-        requests: :class:`~lenpred.scheduling.workload.WorkloadRequest` with ``prompt_token_ids``.
+        requests: :class:`~lenpred.studies.workload.WorkloadRequest` with ``prompt_token_ids``.
         priorities: from :func:`priorities_for` (one int per request).
 
     Returns:
@@ -245,7 +245,7 @@ def _one_token(r):
 
 
 def _timings(requests: list, run: dict) -> list:
-    from lenpred.scheduling.metrics import RequestTiming
+    from lenpred.serving.metrics import RequestTiming
 
     return [RequestTiming(r.request_id, 0.0, run["first_token_s"][i], run["finish_s"][i],
                           run["num_output_tokens"][i], 0, r.prompt_id) for i, r in enumerate(requests)]
@@ -265,9 +265,9 @@ def run_vllm_offline(cfg: VLLMOfflineConfig, table=None) -> dict:
     from tqdm.auto import tqdm
 
     from lenpred.io import write_json
-    from lenpred.scheduling.cost_model import CostModel, hardware_description
-    from lenpred.scheduling.metrics import summarize
-    from lenpred.scheduling.workload import check_predictors, draw_workload, load_workload_table
+    from lenpred.serving.cost_model import CostModel, hardware_description
+    from lenpred.serving.metrics import summarize
+    from lenpred.studies.workload import check_predictors, draw_workload, load_workload_table
 
     out = Path(cfg.out)
     partial_path = out / "vllm_offline_runs.json"
@@ -317,9 +317,9 @@ def run_vllm_offline(cfg: VLLMOfflineConfig, table=None) -> dict:
 
 
 def _report(cfg: VLLMOfflineConfig, partial: dict, draws: list, cost, summarize) -> dict:
-    from lenpred.scheduling.experiment import draw_bootstrap
-    from lenpred.scheduling.policies import make_policy
-    from lenpred.scheduling.simulator import SimConfig, simulate
+    from lenpred.studies.simulate import draw_bootstrap
+    from lenpred.serving.policies import make_policy
+    from lenpred.serving.simulator import SimConfig, simulate
 
     sim_cfg = SimConfig(batching="continuous", max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
                         arrival="all")
@@ -369,7 +369,7 @@ def _report(cfg: VLLMOfflineConfig, partial: dict, draws: list, cost, summarize)
 
 def offline_markdown(report: dict) -> str:
     """The run-2 tables as Markdown: per policy the draw means [95 % bootstrap interval over draws]."""
-    from lenpred.scheduling.report import _cell, markdown
+    from lenpred.studies.scheduling_report import _cell, markdown
 
     cfg = report["config"]
     header = ["policy", "mean JCT s", "p90 JCT s", "tok/s", "makespan s", "JCT cut vs FCFS", "oracle-gain share",
@@ -409,7 +409,7 @@ def _pct(x) -> str:
 def _save_report(name: str, markdown: str, jct_draw0: dict, out_dir: str | Path, title: str) -> dict[str, Path]:
     """Write ``<name>.md`` and ``<name>_jct_cdf.png`` under ``out_dir`` (the JSON is written by the run)."""
     from lenpred.io import atomic_path
-    from lenpred.scheduling.report import plot_jct_cdf
+    from lenpred.studies.scheduling_report import plot_jct_cdf
 
     out_dir = Path(out_dir)
     paths = {"md": out_dir / f"{name}.md", "cdf": out_dir / f"{name}_jct_cdf.png"}
@@ -612,7 +612,7 @@ class _Servers:
 
 def load_requests(requests: list, mode: str, arrivals, messages: dict[str, list], ignore_eos: bool = True,
                   max_tokens: int | None = None, seed: int | None = None) -> list:
-    """:class:`~lenpred.scheduling.loadgen.LoadRequest` of one mode (:data:`SERVE_MODES`); ``messages`` maps prompt
+    """:class:`~lenpred.serving.loadgen.LoadRequest` of one mode (:data:`SERVE_MODES`); ``messages`` maps prompt
     ids to chat messages.
 
     With ``ignore_eos`` each request's ``max_tokens`` is its true length (forced; the proxy's prediction is clipped
@@ -623,7 +623,7 @@ def load_requests(requests: list, mode: str, arrivals, messages: dict[str, list]
     Raises:
         LenpredError: unknown mode.
     """
-    from lenpred.scheduling.loadgen import LoadRequest
+    from lenpred.serving.loadgen import LoadRequest
 
     if mode not in SERVE_MODES:
         raise LenpredError(f"unknown mode '{mode}': use one of {', '.join(SERVE_MODES)}")
@@ -645,7 +645,7 @@ def _replay_mode(proxy: str, cfg: VLLMServeConfig, requests: list, mode: str, ar
         LenpredError: a request failed, got an HTTP error or was cancelled (a ``no_content`` request, one whose
             model stopped at once, is kept and counted).
     """
-    from lenpred.scheduling.loadgen import run_replay
+    from lenpred.serving.loadgen import run_replay
 
     reqs = load_requests(requests, mode, arrivals, messages, cfg.ignore_eos, cfg.max_tokens,
                          seed if cfg.temperature > 0 and not cfg.ignore_eos else None)
@@ -660,7 +660,7 @@ def _replay_mode(proxy: str, cfg: VLLMServeConfig, requests: list, mode: str, ar
 
 def run_vllm_serve(cfg: VLLMServeConfig, table=None) -> dict:
     """Real run 3: ``vllm serve --scheduling-policy priority`` with ``lenpred serve`` in front, Poisson arrivals
-    replayed with streaming requests (:mod:`lenpred.scheduling.loadgen`), every mode on every draw. Resumes per
+    replayed with streaming requests (:mod:`lenpred.serving.loadgen`), every mode on every draw. Resumes per
     (draw, mode) from ``<out>/vllm_serve_runs.json``; writes ``<out>/vllm_serve.json``.
 
     Raises:
@@ -675,8 +675,8 @@ def run_vllm_serve(cfg: VLLMServeConfig, table=None) -> dict:
     from lenpred.bench.build import read_manifest
     from lenpred.bench.sources import prompt_messages
     from lenpred.io import write_json
-    from lenpred.scheduling.simulator import arrival_times
-    from lenpred.scheduling.workload import draw_workload, load_workload_table
+    from lenpred.serving.simulator import arrival_times
+    from lenpred.studies.workload import draw_workload, load_workload_table
 
     out = Path(cfg.out)
     rate = cfg.rate_per_s
@@ -731,9 +731,9 @@ def _serve_report(cfg: VLLMServeConfig, partial: dict, draws: list, rate: float)
     """Run 3's report: per mode the draws' summaries (JCT, TTFT from the planned send time, over requests that
     produced output), bootstrap intervals over draws, the paired JCT (and, with natural EOS, TTFT) cut vs FCFS, and
     checks (prediction error and latency under the load, outcome counts, achieved arrival rate)."""
-    from lenpred.scheduling.experiment import draw_bootstrap
-    from lenpred.scheduling.loadgen import run_label, summarize_replay
-    from lenpred.scheduling.metrics import RequestTiming, summarize
+    from lenpred.studies.simulate import draw_bootstrap
+    from lenpred.serving.loadgen import run_label, summarize_replay
+    from lenpred.serving.metrics import RequestTiming, summarize
 
     runs: dict[str, list[dict]] = {}
     checks = {"completion_tokens_mismatch": 0, "prompt_tokens_mismatch": 0, "proxy_abs_error": []}
@@ -796,8 +796,8 @@ def _serve_report(cfg: VLLMServeConfig, partial: dict, draws: list, rate: float)
 def serve_markdown(report: dict) -> str:
     """The run-3 table as Markdown, labelled ``natural EOS`` or ``forced lengths (diagnostic)`` (reports from
     before the option are forced-length runs)."""
-    from lenpred.scheduling.loadgen import run_label
-    from lenpred.scheduling.report import _cell, markdown
+    from lenpred.serving.loadgen import run_label
+    from lenpred.studies.scheduling_report import _cell, markdown
 
     cfg = report["config"]
     forced = cfg.get("ignore_eos", True)

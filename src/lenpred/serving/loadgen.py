@@ -34,7 +34,7 @@ import numpy as np
 
 OUTCOMES = ("ok", "no_content", "http_error", "failed", "cancelled")
 NATURAL_EOS, FORCED_LENGTHS = "natural EOS", "forced lengths (diagnostic)"
-# response headers of `lenpred serve` (see lenpred.serve), read when present
+# response headers of `lenpred serve` (see lenpred.serving.proxy.app), read when present
 _HEADERS = {"expected": ("x-lenpred-expected", float), "priority": ("x-lenpred-priority", int),
             "predict_ms": ("x-lenpred-predict-ms", float), "pool_wait_ms": ("x-lenpred-pool-wait-ms", float),
             "skipped": ("x-lenpred-skipped", str)}

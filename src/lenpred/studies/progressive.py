@@ -5,11 +5,11 @@ Rows are (rollout, decode step ``t``) with ``t < T``. Every method predicts the 
 ``t`` (``running``), and the fixed set of rollouts longer than the last step shown (``fixed``: the same rollouts at
 every step, so a falling curve is not just the short ones leaving). Errors are averaged per sample (RL: every
 rollout counts); intervals are the prompt-clustered bootstrap of the static tables
-(:func:`lenpred.evaluation.metrics.clustered_bootstrap`).
+(:func:`lenpred.metrics.clustered_bootstrap`).
 
 Methods:
-    plp: :class:`lenpred.progressive.heads.PLPHead` (prompt representation chosen on validation).
-    trail_progressive: :class:`lenpred.progressive.heads.TrailProgressive` (layer chosen on validation).
+    plp: :class:`lenpred.predictors.progressive.PLPHead` (prompt representation chosen on validation).
+    trail_progressive: :class:`lenpred.predictors.progressive.TrailProgressive` (layer chosen on validation).
     static_minus_t: the best static predictor (``last``, layer 15, as ``lenpred evaluate`` chose) minus ``t``.
     static_conditional: the same head's bin distribution conditioned on ``T > t``: ``E[min(T, cap) - t | T > t]``
         (uses no decode state: what knowing the request is still running is worth).
@@ -29,8 +29,8 @@ import numpy as np
 
 from lenpred.errors import LenpredError
 from lenpred.intervals import conditional_remaining
-from lenpred.progressive.decode_states import DECODE_STEPS
-from lenpred.progressive.heads import PLPHead, ProgressiveRows, TrailProgressive
+from lenpred.inputs.decode_states import DECODE_STEPS
+from lenpred.predictors.progressive import PLPHead, ProgressiveRows, TrailProgressive
 
 PLP_LAYERS = (30, 20)  # the paper's final layer first; 20 was TRAIL's pick on validation
 TRAIL_LAYERS = (10, 15, 20, 25)
@@ -100,7 +100,7 @@ def curve_table(preds: dict[str, np.ndarray], rows: ProgressiveRows, scenarios: 
                 steps: tuple[int, ...], fixed_after: int, n_resamples: int = 2000) -> list[dict]:
     """MAE (with a prompt-clustered 95 % interval) of each method per population, scenario and step; one dict per
     cell: ``population, scenario, step, method, mae, low, high, n``."""
-    from lenpred.evaluation.metrics import clustered_bootstrap
+    from lenpred.metrics import clustered_bootstrap
 
     observed = rows.observed_remaining
     long_enough = rows.length > fixed_after
@@ -124,7 +124,7 @@ def curve_table(preds: dict[str, np.ndarray], rows: ProgressiveRows, scenarios: 
 def paired_difference(a: np.ndarray, b: np.ndarray, rows: ProgressiveRows, mask: np.ndarray,
                       prompt_ids: np.ndarray) -> dict:
     """Paired MAE difference ``a - b`` (tokens, 95 % prompt-clustered interval) over the rows in ``mask``."""
-    from lenpred.evaluation.metrics import clustered_bootstrap
+    from lenpred.metrics import clustered_bootstrap
 
     observed = rows.observed_remaining
     m = mask & np.isfinite(a) & np.isfinite(b)
@@ -175,10 +175,10 @@ def run_progressive(cfg: ProgressiveConfig, console=None) -> dict:
     method on the test split, and write ``results.json``, ``results.md`` and ``curves.png`` under ``cfg.out``."""
     from rich.console import Console
 
-    from lenpred.evaluation.run import EvalConfig, prepare_run
-    from lenpred.evaluation.tune import torch_threads
+    from lenpred.studies.evaluate import EvalConfig, prepare_run
+    from lenpred.tuning import torch_threads
     from lenpred.predictors import make_predictor
-    from lenpred.progressive.decode_states import benchmark_decode_states
+    from lenpred.inputs.decode_states import benchmark_decode_states
     from lenpred.io import write_json
 
     console = console or Console()
@@ -251,7 +251,7 @@ def run_progressive(cfg: ProgressiveConfig, console=None) -> dict:
                      ("plp", "static_conditional")):
             if at.sum() > 1:
                 report["paired"][f"rl/step{t}/{a}-{b}"] = paired_difference(preds[a], preds[b], te, at, prompt_ids)
-    from lenpred.progressive.online import save_plp, update_cost
+    from lenpred.serving.progressive import save_plp, update_cost
 
     report["update_cost_us"] = update_cost(plp, te.prompt_features, te.plp_state, te.step, te.cap)
 

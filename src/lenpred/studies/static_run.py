@@ -102,12 +102,12 @@ class CalibrationConfig:
 
 
 def calibrate_transformers(cfg: CalibrationConfig, console=None):
-    """Time ``generate`` on the grid, fit :class:`~lenpred.scheduling.cost_model.CostModel` and save it (with the
+    """Time ``generate`` on the grid, fit :class:`~lenpred.serving.cost_model.CostModel` and save it (with the
     raw measurements under ``settings["measurements"]``). Returns the model."""
     from tqdm.auto import tqdm
 
     from lenpred.backbone import eos_token_ids, load_backbone
-    from lenpred.scheduling.cost_model import CostModel, hardware_description
+    from lenpred.serving.cost_model import CostModel, hardware_description
 
     backbone = load_backbone(cfg.model, num_threads=cfg.threads)
     stop = eos_token_ids(backbone.model_dir, backbone.tokenizer)
@@ -177,11 +177,11 @@ def run_static(cfg: StaticRunConfig, table=None) -> dict:
 
     from lenpred.backbone import eos_token_ids, load_backbone
     from lenpred.io import write_json
-    from lenpred.scheduling.cost_model import CostModel, hardware_description
-    from lenpred.scheduling.metrics import RequestTiming, summarize
-    from lenpred.scheduling.policies import make_policy, padding_ratio, static_batches
-    from lenpred.scheduling.simulator import simulate_static
-    from lenpred.scheduling.workload import draw_workload, load_workload_table
+    from lenpred.serving.cost_model import CostModel, hardware_description
+    from lenpred.serving.metrics import RequestTiming, summarize
+    from lenpred.serving.policies import make_policy, padding_ratio, static_batches
+    from lenpred.serving.simulator import simulate_static
+    from lenpred.studies.workload import draw_workload, load_workload_table
 
     cost = CostModel.load(cfg.cost_model)
     table = table if table is not None else load_workload_table(rebuild=False)

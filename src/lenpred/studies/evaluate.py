@@ -103,7 +103,7 @@ class EvalConfig:
 def check_output_paths(cfg: EvalConfig) -> None:
     """Refuse, before any work, output and cache paths that are (or lie under) files, or result files that are
     directories."""
-    from lenpred.evaluation.report import report_paths
+    from lenpred.studies.evaluate_report import report_paths
 
     out_dir = Path(cfg.out)
     for option, path in (("--out", out_dir), ("--cache", Path(cfg.cache) if cfg.cache else None)):
@@ -141,8 +141,8 @@ def native_bf16() -> bool:
 
 
 def tuning_context(cfg: EvalConfig, layers: tuple[int, ...], num_layers: int, values: dict):
-    """The :class:`~lenpred.evaluation.tune.TuningContext` of a config."""
-    from lenpred.evaluation.tune import TuningContext
+    """The :class:`~lenpred.tuning.TuningContext` of a config."""
+    from lenpred.tuning import TuningContext
 
     return TuningContext(
         layers=layers, trail_layers=cfg.trail_layers or tuple(range(1, num_layers + 1)),
@@ -180,7 +180,7 @@ def prepare_run(cfg: EvalConfig, needs: set[str], backbone=None) -> PreparedRun:
     """
     from lenpred.backbone import load_backbone
     from lenpred.bench.build import benchmark_model, check_benchmark_model, load_records
-    from lenpred.evaluation.data import load_eval_data
+    from lenpred.dataset import load_eval_data
     from lenpred.inputs import provide_inputs
 
     table = load_records(cfg.bench)  # a missing or broken benchmark fails before the model loads
@@ -197,8 +197,8 @@ def run_evaluate(cfg: EvalConfig, console=None, title: str = "output-length pred
     from rich.console import Console
     from tqdm.auto import tqdm
 
-    from lenpred.evaluation.metrics import score_methods
-    from lenpred.evaluation.tune import fit_order, tune_and_refit
+    from lenpred.metrics import score_methods
+    from lenpred.tuning import fit_order, tune_and_refit
     from lenpred.predictors import PREDICTORS
 
     console = console or Console(width=max(Console().width, 160))
@@ -235,15 +235,15 @@ def run_evaluate(cfg: EvalConfig, console=None, title: str = "output-length pred
 
 
 def _overhead(backbone, data, layers) -> dict:
-    """Signal extraction vs plain prefill on the first 8 test prompts (:func:`lenpred.features.measure_overhead`)."""
-    from lenpred.features import measure_overhead
+    """Signal extraction vs plain prefill on the first 8 test prompts (:func:`lenpred.inputs.cache.measure_overhead`)."""
+    from lenpred.inputs.cache import measure_overhead
 
     prompts = list(dict.fromkeys(data.cols["prompt_id"][data.index["test"]]))[:8]
     return measure_overhead(backbone, [data.by_prompt[p].token_ids for p in prompts], layers)
 
 
 def _print_and_save(report: dict, fitted: dict, cfg: EvalConfig, console, title: str) -> None:
-    from lenpred.evaluation.report import TABLES, render_table, save_report
+    from lenpred.studies.evaluate_report import TABLES, render_table, save_report
     from lenpred.io import atomic_path
 
     results = report["results"]

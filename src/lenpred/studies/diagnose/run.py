@@ -24,7 +24,7 @@ class DiagnoseConfig:
     """Settings of ``lenpred diagnose``.
 
     Attributes:
-        model, bench, data_dir, cache: as in :class:`lenpred.evaluation.run.EvalConfig`.
+        model, bench, data_dir, cache: as in :class:`lenpred.studies.evaluate.EvalConfig`.
         evaluate: the ``lenpred evaluate`` output whose chosen hyper-parameters and fitted predictors are read.
         out: where REPORT.md, the PNGs and the section JSONs go.
         sections: which sections to (re)compute; the others are read from ``out`` if present.
@@ -77,7 +77,7 @@ def _chosen(cfg: DiagnoseConfig) -> dict:
 
 def _scenario_ci(values: np.ndarray, scenarios: np.ndarray, ids: np.ndarray, n_resamples: int) -> dict:
     """Mean of per-prompt values per scenario and overall, with a prompt bootstrap 95 % interval."""
-    from lenpred.evaluation.metrics import clustered_bootstrap
+    from lenpred.metrics import clustered_bootstrap
 
     out = {}
     for g in [*sorted(set(scenarios.tolist())), "overall"]:
@@ -105,7 +105,7 @@ def misalignment_section(data, tokenizer, chosen: dict, n_resamples: int) -> tup
     tally over every distinct prompt (spans of >= 5 tokens). Returns ``(json, arrays for the figure)``."""
     from collections import Counter
 
-    from lenpred.diagnostics.misalignment import (TokenWeightTally, misalignment_shares, top_token_share,
+    from lenpred.studies.diagnose.misalignment import (TokenWeightTally, misalignment_shares, top_token_share,
                                                   within_prompt_percentile)
     from lenpred.pooling import Pooler
     from lenpred.predictors.pooled import request_spans
@@ -166,8 +166,8 @@ def attribution_section(backbone, data, evaluate_dir: str, per_scenario: int, n_
     scenario (first in test order); correlations with entropy and semantic score."""
     from tqdm.auto import tqdm
 
-    from lenpred.diagnostics.attribution import _span, correlations, gradient_attribution
-    from lenpred.evaluation.metrics import clustered_bootstrap
+    from lenpred.studies.diagnose.attribution import _span, correlations, gradient_attribution
+    from lenpred.metrics import clustered_bootstrap
     from lenpred.predictors import Predictor
 
     predictor = Predictor.load(Path(evaluate_dir) / "predictors" / "mean.safetensors")
@@ -215,7 +215,7 @@ class swapped_entropy:
         self.data, self.entropies = data, entropies
 
     def __enter__(self):
-        from lenpred.diagnostics.entropy import with_entropy
+        from lenpred.studies.diagnose.entropy import with_entropy
 
         self.saved = {p: r.signals for p, r in self.data.by_prompt.items()}
         for p, r in self.data.by_prompt.items():
@@ -230,7 +230,7 @@ class swapped_entropy:
 
 def train_vocabulary(data, k: int, vocab_size: int) -> torch.Tensor:
     """The pruned head's vocabulary: the ``k`` ids most frequent in the train split's prompts and responses."""
-    from lenpred.diagnostics.entropy import frequent_vocabulary
+    from lenpred.studies.diagnose.entropy import frequent_vocabulary
 
     train = data.index["train"]
     prompts = {p: data.by_prompt[p].token_ids for p in data.cols["prompt_id"][train]}
@@ -243,9 +243,9 @@ def entropy_section(backbone, data, chosen: dict, ks: tuple[int, ...], seeds: tu
     every ``k`` and score EGTP and ESTP (their chosen settings) with each, paired with full entropy, per seed."""
     from tqdm.auto import tqdm
 
-    from lenpred.diagnostics.entropy import entropy_agreement, pruned_entropy, verify_cached_entropy
-    from lenpred.evaluation.metrics import clustered_bootstrap
-    from lenpred.evaluation.tune import clipped_predict, fit_predictor, torch_threads
+    from lenpred.studies.diagnose.entropy import entropy_agreement, pruned_entropy, verify_cached_entropy
+    from lenpred.metrics import clustered_bootstrap
+    from lenpred.tuning import clipped_predict, fit_predictor, torch_threads
 
     W = backbone.model.get_output_embeddings().weight.detach()
     V = W.shape[0]
@@ -288,9 +288,9 @@ def entropy_section(backbone, data, chosen: dict, ks: tuple[int, ...], seeds: tu
 
 def overhead_section(backbone, data, evaluate_dir: str, k: int, max_batch_tokens: int, repeats: int,
                      batch_sizes=(1, 8, 32), lengths=(128, 512, 2048), layers=(15, 22, 30)) -> dict:
-    """:func:`lenpred.diagnostics.overhead.overhead_grid` with the evaluate run's EGTP and ESTP heads and the pruned
+    """:func:`lenpred.studies.diagnose.overhead.overhead_grid` with the evaluate run's EGTP and ESTP heads and the pruned
     vocabulary of size ``k``, extracting hidden states at ``layers`` (the evaluate run's)."""
-    from lenpred.diagnostics.overhead import breakdown, overhead_grid
+    from lenpred.studies.diagnose.overhead import breakdown, overhead_grid
     from lenpred.predictors import Predictor
 
     predictors = {m: Predictor.load(Path(evaluate_dir) / "predictors" / f"{m}.safetensors") for m in ("egtp", "estp")}
@@ -306,8 +306,8 @@ def run_diagnose(cfg: DiagnoseConfig, console=None) -> dict:
     present. Returns the combined dict."""
     from rich.console import Console
 
-    from lenpred.diagnostics.report import write_report
-    from lenpred.evaluation.run import EvalConfig, prepare_run
+    from lenpred.studies.diagnose.report import write_report
+    from lenpred.studies.evaluate import EvalConfig, prepare_run
     from lenpred.io import write_json
 
     console = console or Console()
@@ -333,7 +333,7 @@ def run_diagnose(cfg: DiagnoseConfig, console=None) -> dict:
                 result = attribution_section(run.backbone, run.data, cfg.evaluate, cfg.attribution_prompts,
                                              cfg.bootstrap_resamples)
             elif section == "ablation":
-                from lenpred.diagnostics.ablation import run_ablations
+                from lenpred.studies.diagnose.ablation import run_ablations
 
                 result = run_ablations(run.data, run.ctx.pooled_settings, run.layers, chosen["estp"]["layer"],
                                        cfg.seeds, n_resamples=cfg.bootstrap_resamples)

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from lenpred.errors import LenpredError
-from lenpred.scheduling.workload import DEFAULT_PREDICTORS
+from lenpred.studies.workload import DEFAULT_PREDICTORS
 
 
 @dataclass
@@ -33,7 +33,7 @@ class SimExperimentConfig:
         out: result directory (``simulation.json``, ``simulation.md``, PNGs).
         progressive: ``lenpred progressive``'s ``test_estimates.parquet``: adds a ``srpt:<method>`` row per
             progressive method (PLP, TRAIL-progressive, the static head conditioned on still running), ranked by
-            the method's latest re-prediction (:func:`~lenpred.scheduling.policies.progressive_remaining`), with
+            the method's latest re-prediction (:func:`~lenpred.serving.policies.progressive_remaining`), with
             TRAIL's preemption limit on its step-0 estimate; ``None`` or a missing file: no such rows.
     """
 
@@ -58,7 +58,7 @@ class SimExperimentConfig:
             raise LenpredError("--draws and --num-requests must be >= 2 (intervals need several draws)")
         if not 0 < self.load:
             raise LenpredError(f"--load must be > 0, got {self.load}")
-        from lenpred.scheduling.simulator import ARRIVALS
+        from lenpred.serving.simulator import ARRIVALS
 
         bad = [a for a in self.arrivals if a not in ARRIVALS]
         if bad:
@@ -91,9 +91,9 @@ def draw_bootstrap(per_draw: dict[str, np.ndarray], stat, n_resamples: int = 200
 
 def _rate(table, cfg: SimExperimentConfig, cost) -> float:
     """Arrival rate (requests/s) = load × FCFS all-at-once throughput of the first draw."""
-    from lenpred.scheduling.policies import make_policy
-    from lenpred.scheduling.simulator import SimConfig, simulate
-    from lenpred.scheduling.workload import draw_workload
+    from lenpred.serving.policies import make_policy
+    from lenpred.serving.simulator import SimConfig, simulate
+    from lenpred.studies.workload import draw_workload
 
     requests = draw_workload(table, cfg.num_requests, cfg.seed)
     summary, _ = simulate(requests, make_policy("fcfs"), cost,
@@ -103,14 +103,14 @@ def _rate(table, cfg: SimExperimentConfig, cost) -> float:
 
 def run_simulation(cfg: SimExperimentConfig, table=None) -> dict:
     """Every continuous-batching policy row under every arrival process and every static-batching grouping, on
-    ``cfg.draws`` workload draws. Returns the report dict (``lenpred.scheduling.report`` renders and saves it):
+    ``cfg.draws`` workload draws. Returns the report dict (``lenpred.studies.scheduling_report`` renders and saves it):
     per row and draw the summary metrics, per-request JCTs of draw 0 (CDF plot), and bootstrap summaries."""
     from tqdm.auto import tqdm
 
-    from lenpred.scheduling.cost_model import CostModel
-    from lenpred.scheduling.policies import countdown_remaining, make_policy, progressive_remaining
-    from lenpred.scheduling.simulator import SimConfig, simulate
-    from lenpred.scheduling.workload import (check_predictors, draw_workload, load_workload_table,
+    from lenpred.serving.cost_model import CostModel
+    from lenpred.serving.policies import countdown_remaining, make_policy, progressive_remaining
+    from lenpred.serving.simulator import SimConfig, simulate
+    from lenpred.studies.workload import (check_predictors, draw_workload, load_workload_table,
                                              progressive_estimates)
 
     cost = CostModel.load(cfg.cost_model)

@@ -175,7 +175,7 @@ def extract_decode_states(backbone, samples: dict[str, tuple[list[int], list[int
                           max_batch_tokens: int = 8192, progress: bool = True) -> DecodeStates:
     """Decode-step states of every sample, from the cache where present, teacher-forcing (and caching) the rest.
 
-    The cache works like the prompt-signal cache (:mod:`lenpred.features`): safetensors parts of ``part_size``
+    The cache works like the prompt-signal cache (:mod:`lenpred.inputs.cache`): safetensors parts of ``part_size``
     samples named by a hash of their ids and token ids, written atomically (a killed run resumes at the first
     missing part), each with a SHA-256 and the key (model revision, layers, steps, prompt rule) checked on read.
 
@@ -195,7 +195,7 @@ def extract_decode_states(backbone, samples: dict[str, tuple[list[int], list[int
     """
     from tqdm.auto import tqdm
 
-    from lenpred.features import _batches, read_part, write_part
+    from lenpred.inputs.cache import _batches, read_part, write_part
 
     cache = Path(cache)
     key = decode_cache_key(backbone, tuple(layers), tuple(steps))
@@ -262,7 +262,7 @@ def decode_cache_path(backbone, bench: str | Path, layers: tuple[int, ...], step
 def benchmark_decode_states(backbone, data, layers: tuple[int, ...], cache: str | Path | None = None,
                             bench: str | Path = "", steps: tuple[int, ...] = DECODE_STEPS,
                             progress: bool = True) -> DecodeStates:
-    """Decode-step states of every kept sample of an :class:`lenpred.evaluation.data.EvalData`, in its row order
+    """Decode-step states of every kept sample of an :class:`lenpred.dataset.EvalData`, in its row order
     (sample id ``<prompt_id>#<sample_index>``), through :func:`extract_decode_states`."""
     samples = {f"{pid}#{k}": (data.by_prompt[pid].token_ids, list(resp))
                for pid, k, resp in zip(data.cols["prompt_id"], data.cols["sample_index"], data.responses)}

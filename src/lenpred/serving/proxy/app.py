@@ -33,13 +33,13 @@ What it does to each request (Starlette app, httpx ``AsyncClient`` to the upstre
   ``best_of``) > 1, as a number or a numeric string (vLLM's priority scheduling with several samples per request has
   crashed its engine).
 * ``GET /health``: the proxy's own state (200 while its prediction worker runs, else 503; JSON with the queue and
-  connection counts); ``GET /metrics``: Prometheus metrics (:mod:`lenpred.serve_metrics`). The upstream's own
+  connection counts); ``GET /metrics``: Prometheus metrics (:mod:`lenpred.serving.proxy.metrics`). The upstream's own
   ``/health`` and ``/metrics`` are on its port.
 * Every other path and method (``/v1/models``, ...) is forwarded as is.
 * Responses are streamed back chunk by chunk (SSE passes through as the upstream writes it) with the upstream's
   status code, headers and body unchanged, errors included.
 
-Predictions run off the request path's critical section (:mod:`lenpred.serve_batching`): each request tokenises in
+Predictions run off the request path's critical section (:mod:`lenpred.serving.proxy.batching`): each request tokenises in
 its own thread, then one worker predicts queued requests in micro-batches, with the truncated forward
 (:mod:`lenpred.truncated`) for predictors that read one layer's hidden states.
 """
@@ -273,7 +273,7 @@ def create_app(upstream: str, predict, client=None, timeout_s: float | None = No
     Args:
         upstream: base URL of the OpenAI-compatible server, e.g. ``http://127.0.0.1:8000`` (paths are appended; a
             trailing ``/v1``, as in an OpenAI client's base URL, is dropped since the paths carry it).
-        predict: a :class:`lenpred.serve_batching.PredictionService` (``LengthPredictorService`` over a loaded
+        predict: a :class:`lenpred.serving.proxy.batching.PredictionService` (``LengthPredictorService`` over a loaded
             ``LengthPredictor``), or a plain :data:`Predict` function (a stub in tests; one call per request).
         client: an ``httpx.AsyncClient`` to send with (tests pass one with a mock transport); default: one made
             at start-up with ``max_connections`` connections and closed at shutdown.
@@ -281,8 +281,8 @@ def create_app(upstream: str, predict, client=None, timeout_s: float | None = No
         max_connections: upstream connections at most; more concurrent requests wait (recorded). Keep it above the
             upstream's concurrency (vLLM's ``--max-num-seqs``, 256 or 1024 by default, plus its queue).
         default_max_tokens: the cap sent when the client gives none (tokens).
-        batch: :class:`lenpred.serve_batching.BatchConfig` (default: its defaults).
-        metrics: a :class:`lenpred.serve_metrics.ProxyMetrics` (default: a new one); also ``app.state.metrics``.
+        batch: :class:`lenpred.serving.proxy.batching.BatchConfig` (default: its defaults).
+        metrics: a :class:`lenpred.serving.proxy.metrics.ProxyMetrics` (default: a new one); also ``app.state.metrics``.
 
     Raises:
         LenpredError: ``max_connections`` or ``default_max_tokens`` below 1.
@@ -295,8 +295,8 @@ def create_app(upstream: str, predict, client=None, timeout_s: float | None = No
     from starlette.responses import JSONResponse, Response, StreamingResponse
     from starlette.routing import Route
 
-    from lenpred.serve_batching import FunctionService, PredictionBatcher
-    from lenpred.serve_metrics import ProxyMetrics
+    from lenpred.serving.proxy.batching import FunctionService, PredictionBatcher
+    from lenpred.serving.proxy.metrics import ProxyMetrics
 
     if max_connections < 1 or default_max_tokens < 1:
         raise LenpredError(f"--max-connections and --default-max-tokens must be >= 1, got {max_connections} and "
@@ -557,7 +557,7 @@ def serve(upstream: str, host: str = "127.0.0.1", port: int = 8001, predictor: s
                                    "free one with --port, or stop that server") from None
             raise LenpredError(f"cannot listen on {host}:{port} ({exc.strerror or exc}): pass another --port or "
                                "--host") from None
-    from lenpred.serve_batching import LengthPredictorService
+    from lenpred.serving.proxy.batching import LengthPredictorService
     from lenpred.truncated import truncated_plan
 
     model = LengthPredictor.from_pretrained(predictor, threads=threads)

@@ -1,7 +1,7 @@
 """Discrete-event simulator of an LLM server: arrivals, a scheduling policy, static or continuous batching, and
-a measured :class:`~lenpred.scheduling.cost_model.CostModel` for the time of each forward.
+a measured :class:`~lenpred.serving.cost_model.CostModel` for the time of each forward.
 
-* **Static batching** (``transformers generate``): batches from :func:`~lenpred.scheduling.policies.static_batches`
+* **Static batching** (``transformers generate``): batches from :func:`~lenpred.serving.policies.static_batches`
   run one after another; a batch starts when the previous one ends and its last member has arrived, prefills every
   row padded to its longest prompt, and decodes until its longest member ends (shorter rows decode padding).
   Every member finishes when the batch does (``generate`` returns the batch at once); its first token exists after
@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from lenpred.errors import LenpredError
-from lenpred.scheduling.metrics import RequestTiming, summarize
-from lenpred.scheduling.policies import Policy, padding_ratio, static_batches
+from lenpred.serving.metrics import RequestTiming, summarize
+from lenpred.serving.policies import Policy, padding_ratio, static_batches
 
 ARRIVALS = ("all", "poisson", "gamma")
 BATCHINGS = ("static", "continuous")
@@ -92,7 +92,7 @@ def with_arrivals(requests: list, cfg: SimConfig) -> list:
 def simulate(requests: list, policy: Policy, cost, cfg: SimConfig) -> tuple[dict, list[RequestTiming]]:
     """Run the workload; returns ``(summary metrics, per-request timings)`` (:func:`metrics.summarize`).
 
-    ``requests`` are :class:`~lenpred.scheduling.workload.WorkloadRequest` (their ``arrival_time_s`` is
+    ``requests`` are :class:`~lenpred.studies.workload.WorkloadRequest` (their ``arrival_time_s`` is
     overwritten by ``cfg``'s arrival process on copies). Output lengths of 0 still take one token slot (the stop
     token is generated).
     """
@@ -286,12 +286,12 @@ def simulate_parked(requests: list, parked: ParkedConfig, cost, cfg: SimConfig,
 
     Args:
         remaining: ``remaining(request, generated) -> tokens`` for ``srpt`` (default: the countdown of the static
-            prediction; :func:`lenpred.scheduling.policies.progressive_remaining` re-ranks at its update steps).
+            prediction; :func:`lenpred.serving.policies.progressive_remaining` re-ranks at its update steps).
 
     Returns:
         ``(summary metrics, per-request timings)`` as :func:`simulate`.
     """
-    from lenpred.scheduling.policies import countdown_remaining
+    from lenpred.serving.policies import countdown_remaining
 
     if parked.policy != "fcfs" and parked.predictor is None:
         raise LenpredError(f"parked {parked.policy} needs a predictor")
@@ -305,7 +305,7 @@ class _Parked(_Continuous):
     """:class:`_Continuous` where ``running`` is the decode set and ``parked`` holds the other prefilled requests."""
 
     def __init__(self, requests: list, parked: ParkedConfig, remaining, cost, cfg: SimConfig):
-        from lenpred.scheduling.policies import make_policy
+        from lenpred.serving.policies import make_policy
 
         super().__init__(requests, make_policy("fcfs"), cost, cfg)  # admission: arrival order
         self.parked_cfg, self.remaining_fn = parked, remaining

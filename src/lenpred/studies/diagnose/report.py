@@ -266,7 +266,7 @@ def closing_md(sections: dict) -> list[str]:
 
 def write_report(out: Path, console=None) -> dict:
     """Read every ``<section>.json`` in ``out``; write ``REPORT.md``, the PNGs and ``diagnose.json``."""
-    from lenpred.diagnostics.run import SECTIONS
+    from lenpred.studies.diagnose.run import SECTIONS
 
     out = Path(out)
     sections = {s: json.loads((out / f"{s}.json").read_text()) for s in SECTIONS if (out / f"{s}.json").is_file()}

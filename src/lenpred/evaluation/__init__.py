@@ -1,1 +1,0 @@
-"""Evaluation of length predictors on a stored benchmark: data, tuning, metrics, reports, and the pipeline."""
