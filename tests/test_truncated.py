@@ -108,3 +108,24 @@ def test_the_proxy_service_tokenises_concurrently_like_serially(tiny_backbone, o
     assert [g.payload[0][0].token_ids for g in got] == [r.token_ids for r in lp.prepare(prompts, 16)]
     want = [p.expected for p in lp.predict(PROMPTS, 16)]
     assert service.predict_batch(got[:3]) == pytest.approx(want, abs=1e-4)
+
+
+def test_the_proxy_service_serves_the_interval_and_features_of_the_same_pass(tiny_backbone, one_torch_thread):
+    """With online learning on, each single-prompt request carries its ServedPrediction: predict's expected value
+    and interval (fixed margin), and the features the head read (what the traffic log stores); a request of several
+    prompts carries none."""
+    from lenpred.serving.online import OnlineLearning, prompt_features
+    from lenpred.serving.proxy.batching import LengthPredictorService
+
+    lp = _fitted(tiny_backbone, "last", 2)
+    service = LengthPredictorService(lp, tokenizers=1, online=OnlineLearning(lp))
+    items = [service.prepare(PROMPTS[:2], 16)] + [service.prepare([p], 16, group="a") for p in PROMPTS]
+    values = service.predict_batch(items)  # the two-prompt request first: the rows of the others shift by two
+    want = lp.predict(PROMPTS, 16)
+    assert values[1:] == pytest.approx([p.expected for p in want], abs=1e-4)
+    for item, p, f in zip(items[1:], want, prompt_features(lp, PROMPTS, 16)):
+        s = item.served
+        assert (s.expected, s.low, s.high) == pytest.approx((p.expected, p.low, p.high), abs=1e-3)
+        assert s.max_new_tokens == 16 and s.group == "a" and s.num_prompt_tokens == item.num_tokens
+        np.testing.assert_allclose(s.features, f, rtol=0, atol=1e-5)
+    assert items[0].served is None

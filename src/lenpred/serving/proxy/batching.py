@@ -52,10 +52,14 @@ class Prepared:
     Attributes:
         payload: service-specific (tokenised requests, or the raw prompts for a plain function).
         num_tokens: prompt tokens (0 when unknown), for the batch-token limit.
+        served: filled by a service that learns from its traffic (:class:`LengthPredictorService` with ``online``)
+            once predicted: the request's :class:`lenpred.serving.online.ServedPrediction` (the interval served and
+            the features to log when it finishes); ``None`` otherwise, and for a request of several prompts.
     """
 
     payload: Any
     num_tokens: int = 0
+    served: Any = None
 
 
 class PredictionService(Protocol):
@@ -92,15 +96,20 @@ class LengthPredictorService:
     A cap that does not fit the predictor's context window next to the prompt (clients often send a large
     ``max_tokens`` to an upstream with a longer window) is not an error: the prediction is made uncapped and then
     clipped to the cap.
+
+    ``online`` (a :class:`lenpred.serving.online.OnlineLearning`): each single-prompt request also gets its
+    :class:`~lenpred.serving.online.ServedPrediction` in :attr:`Prepared.served`, from the features the head read
+    in the same pass (pooling them again costs microseconds; no second forward). ``group`` of
+    :meth:`prepare` is its Mondrian group key.
     """
 
     def __init__(self, predictor, truncated: bool = True, batch_tokens: int = 4096, prefix_cache: bool = True,
-                 tokenizers: int = 4):
+                 tokenizers: int = 4, online=None):
         import queue
 
         from lenpred.truncated import PrefixCache
 
-        self.predictor, self.truncated, self.batch_tokens = predictor, truncated, batch_tokens
+        self.predictor, self.truncated, self.batch_tokens, self.online = predictor, truncated, batch_tokens, online
         self.prefix_cache = PrefixCache() if prefix_cache and truncated else None  # the worker thread's only
         # copies of the tokenizer, one per concurrent tokenisation: made up front (a copy of SmolLM2's takes ~0.3 s),
         # more only when more requests tokenise at once than there are copies (each then kept)
@@ -113,7 +122,7 @@ class LengthPredictorService:
 
         return copy.deepcopy(self.predictor.backbone_.tokenizer)
 
-    def prepare(self, prompts: list, cap: int | None) -> Prepared:
+    def prepare(self, prompts: list, cap: int | None, group: str | None = None) -> Prepared:
         import queue
 
         try:
@@ -129,7 +138,7 @@ class LengthPredictorService:
                 requests, clip = self.predictor.prepare(prompts, None, tokenizer=tok), float(cap)
         finally:
             self._tokenizers.put(tok)
-        return Prepared((requests, clip), sum(r.num_prompt_tokens for r in requests))
+        return Prepared((requests, clip, cap, group), sum(r.num_prompt_tokens for r in requests))
 
     def warm_up(self) -> None:
         """One prediction, so the first request does not pay torch's first-call costs."""
@@ -140,10 +149,22 @@ class LengthPredictorService:
         predictions = iter(self.predictor.predict_prepared(flat, self.batch_tokens, self.truncated, self.prefix_cache))
         out = []
         for item in items:
-            requests, clip = item.payload
+            requests, clip = item.payload[:2]
             value = max(next(predictions).expected for _ in requests)
             out.append(value if clip is None else min(value, clip))
+        if self.online is not None:
+            self._serve(items, self.predictor.predictor_.features(flat))
         return out
+
+    def _serve(self, items: list[Prepared], features) -> None:
+        """Each single-prompt item's served prediction (interval, features to log) from its row of ``features``."""
+        row = 0
+        for item in items:
+            requests, _, cap, group = item.payload
+            if len(requests) == 1:
+                item.served = self.online.predict(features[row:row + 1], max_new_tokens=cap, group=group,
+                                                  num_prompt_tokens=[requests[0].num_prompt_tokens])[0]
+            row += len(requests)
 
 
 class _Item:
