@@ -33,6 +33,8 @@ def test_priorities_are_rounded_predictions_fcfs_is_all_zero():
     assert all(type(p) is int for p in priorities_for(reqs, "sjf:estp"))
     with pytest.raises(LenpredError, match="cannot be run by vLLM's priority field"):
         priorities_for(reqs, "srpt:estp")
+    with pytest.raises(LenpredError, match="valid policies: fcfs, random, sjf, srpt"):
+        priorities_for(reqs, "lifo")
 
 
 def test_check_priorities_enforces_vllms_contract():

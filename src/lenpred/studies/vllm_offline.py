@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from lenpred.errors import LenpredError
+from lenpred.serving.policies import FCFS, SJF, make_policy
 from lenpred.studies.resume import load_resumable
 from lenpred.studies.scheduling_report import interval_cell, markdown, save_markdown_with_cdf
 from lenpred.studies.workload import DEFAULT_PREDICTORS
@@ -48,14 +49,19 @@ def priorities_for(requests: list, policy: str) -> list[int]:
     → each request's rounded predicted length (``oracle``: the true length). Lower runs first.
 
     Raises:
-        LenpredError: another policy name (vLLM's priority field can only express a static order).
+        LenpredError: an unknown policy (the valid ones are listed), or another registered policy (vLLM's
+            priority field can only express these static orders).
     """
-    if policy == "fcfs":
+    try:
+        chosen = make_policy(policy)
+    except LenpredError as exc:
+        raise LenpredError(f"policy '{policy}' cannot be run by vLLM's priority field ({exc}): use fcfs or "
+                           "sjf:<predictor>") from None
+    if type(chosen) is FCFS:
         return [0] * len(requests)
-    name, _, predictor = policy.partition(":")
-    if name != "sjf" or not predictor:
+    if type(chosen) is not SJF:
         raise LenpredError(f"policy '{policy}' cannot be run by vLLM's priority field: use fcfs or sjf:<predictor>")
-    return check_priorities([r.priority(predictor) for r in requests], len(requests))
+    return check_priorities([r.priority(chosen.predictor) for r in requests], len(requests))
 
 
 def check_priorities(priorities, num_prompts: int) -> list[int]:
@@ -318,7 +324,6 @@ def run_vllm_offline(cfg: VLLMOfflineConfig, table=None) -> dict:
 
 def _report(cfg: VLLMOfflineConfig, partial: dict, draws: list, cost, summarize) -> dict:
     from lenpred.studies.simulate import draw_bootstrap
-    from lenpred.serving.policies import make_policy
     from lenpred.serving.simulator import SimConfig, simulate
 
     sim_cfg = SimConfig(batching="continuous", max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
