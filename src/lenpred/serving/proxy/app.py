@@ -47,13 +47,18 @@ its own thread, then one worker predicts queued requests in micro-batches, with 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
 import math
 import time
 import uuid
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from lenpred.errors import ContextWindowError, LenpredError
+
+_log = logging.getLogger(__name__)
 
 PREDICTED_PATHS = ("/v1/chat/completions", "/v1/completions")
 EXPECTED_HEADER, PRIORITY_HEADER, SKIPPED_HEADER = "x-lenpred-expected", "x-lenpred-priority", "x-lenpred-skipped"
@@ -141,14 +146,14 @@ def client_cap(body: dict) -> tuple[str | None, int | None]:
     Raises:
         ValueError: the field is there but not a positive whole number.
     """
-    for field in ("max_completion_tokens", "max_tokens"):
-        value = body.get(field)
+    for name in ("max_completion_tokens", "max_tokens"):
+        value = body.get(name)
         if value is None:
             continue
         cap = _lax_int(value)
         if cap is None or cap < 1:
-            raise ValueError(f"{field} = {json.dumps(value)[:40]} is not a positive whole number of tokens")
-        return field, cap
+            raise ValueError(f"{name} = {json.dumps(value)[:40]} is not a positive whole number of tokens")
+        return name, cap
     return None, None
 
 
@@ -255,19 +260,465 @@ class _Tail:
             pass
         return None
 
+    def finish_reason(self, content_type: str) -> str | None:
+        """The last non-null ``choices[*].finish_reason`` of a JSON body or of the SSE events kept; ``None``."""
+        try:
+            if content_type.startswith("text/event-stream"):
+                for line in reversed(bytes(self.data).split(b"\n")):
+                    if line.startswith(b"data:") and b'"finish_reason"' in line:
+                        reasons = [c.get("finish_reason") for c in json.loads(line[5:]).get("choices") or []]
+                        reasons = [r for r in reasons if r is not None]
+                        if reasons:
+                            return str(reasons[-1])
+            elif content_type.startswith("application/json") and not self.truncated:
+                reasons = [c.get("finish_reason") for c in json.loads(bytes(self.data)).get("choices") or []]
+                reasons = [r for r in reasons if r is not None]
+                return str(reasons[-1]) if reasons else None
+        except (ValueError, TypeError, AttributeError):
+            pass
+        return None
 
-def _upstream_ids(request, body: dict | None) -> tuple[str, str | None]:
+
+def _upstream_ids(request_headers, body: dict | None) -> tuple[str, str | None]:
     """``(upstream id, client id)``: a fresh id for this attempt, from the client's ``X-Request-Id`` header or body
     ``request_id`` (kept as the prefix, so logs join) plus a random suffix."""
-    client_id = request.headers.get("x-request-id")
+    client_id = request_headers.get("x-request-id")
     if client_id is None and body is not None and isinstance(body.get("request_id"), str):
         client_id = body["request_id"]
     suffix = uuid.uuid4().hex
     return (f"{client_id[:100]}-{suffix[:16]}" if client_id else f"lenpred-{suffix}"), client_id
 
 
+@dataclass
+class FinishedRequest:
+    """What the proxy knows about one predicted-path request when it ends (the ``on_finished`` hooks' argument).
+
+    Attributes:
+        request_id: the id sent upstream (``X-Request-Id``; also the response's ``x-lenpred-upstream-request-id``).
+        client_request_id: the client's own id, ``None`` when it sent none.
+        path: ``/v1/chat/completions`` or ``/v1/completions``.
+        outcome: ``forwarded``, ``upstream_error``, ``unreachable`` or ``cancelled`` (the ``requests`` metric's label).
+        expected_tokens: the prediction (expected output tokens, clipped to ``prediction_cap_tokens``); ``None``
+            when the prompt was skipped or the client left while it was predicted.
+        observed_tokens: ``usage.completion_tokens`` of the upstream's answer; ``None`` when it carried no usage
+            (a stream without ``stream_options.include_usage``) or did not complete.
+        finish_reason: the answer's last ``finish_reason`` (``stop``, ``length``, ...); ``None`` when absent.
+        max_tokens: the generation cap sent upstream (the client's, or the proxy's default).
+        prediction_cap_tokens: the cap the prediction was clipped to (``max_tokens`` unless ``x-lenpred-cap``).
+        received_at_s, first_chunk_at_s, finished_at_s: Unix times (``time.time()``, seconds) of the request's
+            arrival, the upstream's first body chunk (``None``: none arrived) and the end.
+    """
+
+    request_id: str
+    client_request_id: str | None
+    path: str
+    outcome: str
+    expected_tokens: float | None
+    observed_tokens: int | None
+    finish_reason: str | None
+    max_tokens: int
+    prediction_cap_tokens: int
+    received_at_s: float
+    first_chunk_at_s: float | None
+    finished_at_s: float
+
+
+FinishedHook = Callable[[FinishedRequest], None]
+"""Called on the event loop when a predicted-path request ends: it must not block (hand slow work to a queue or a
+thread). An exception it raises is logged and does not affect the response."""
+
+
+@dataclass
+class ProxiedRequest:
+    """One predicted-path request on its way through the proxy.
+
+    Attributes:
+        path: the request path.
+        body: the parsed JSON body, as it will be forwarded (``max_tokens``, ``priority``, ``request_id`` set here).
+        headers: headers for the upstream (``content-type``) and the client (``x-lenpred-*``).
+        max_tokens: the generation cap forwarded (tokens).
+        prediction_cap_tokens: the cap of the prediction (tokens).
+        upstream_id, client_id: see :class:`FinishedRequest`.
+        received_at_s: Unix time of its arrival.
+        expected: the prediction in tokens, once made (``None``: none).
+        first_chunk_at_s: Unix time of the upstream's first body chunk.
+    """
+
+    path: str
+    body: dict
+    headers: dict[str, str]
+    max_tokens: int
+    prediction_cap_tokens: int
+    upstream_id: str
+    client_id: str | None
+    received_at_s: float
+    expected: float | None = None
+    first_chunk_at_s: float | None = None
+
+
+@dataclass
+class ProxyState:
+    """Everything the proxy's handlers share (``app.state.proxy``).
+
+    Attributes:
+        upstream: the upstream's root URL (:func:`upstream_root`).
+        service: the prediction service (``prepare`` runs in a thread per request).
+        batcher: the micro-batching prediction worker.
+        metrics: the proxy's Prometheus metrics.
+        max_connections: upstream connections at most (``pool`` and the httpx pool have this size).
+        default_max_tokens: the cap filled in when the client sends none (tokens).
+        timeout_s: upstream read timeout in seconds (``None``: none).
+        client: the ``httpx.AsyncClient``; ``None`` until the lifespan makes one (then it also closes it).
+        on_finished: hooks called with a :class:`FinishedRequest` when a predicted-path request ends.
+        pool: the connection semaphore (waits for a connection happen, and are timed, here).
+    """
+
+    upstream: str
+    service: Any
+    batcher: Any
+    metrics: Any
+    max_connections: int
+    default_max_tokens: int
+    timeout_s: float | None = None
+    client: Any = None
+    on_finished: list[FinishedHook] = field(default_factory=list)
+    pool: asyncio.Semaphore = field(init=False)
+
+    def __post_init__(self):
+        self.pool = asyncio.Semaphore(self.max_connections)
+
+    def count(self, path: str | None, outcome: str) -> None:
+        """Count a predicted-path request's outcome (passthrough requests, ``path=None``, are not counted)."""
+        if path is not None:
+            self.metrics.requests.labels(path, outcome).inc()
+
+    def finished(self, req: ProxiedRequest | None, outcome: str, observed_tokens: int | None = None,
+                 finish_reason: str | None = None) -> None:
+        """Call the ``on_finished`` hooks for ``req`` (nothing for passthrough requests, ``req=None``)."""
+        if req is None or not self.on_finished:
+            return
+        record = FinishedRequest(req.upstream_id, req.client_id, req.path, outcome, req.expected, observed_tokens,
+                                 finish_reason, req.max_tokens, req.prediction_cap_tokens, req.received_at_s,
+                                 req.first_chunk_at_s, time.time())
+        for hook in self.on_finished:
+            try:
+                hook(record)
+            except Exception:  # noqa: BLE001 - a hook never breaks a response
+                _log.exception("lenpred serve: an on_finished hook failed for request %s", req.upstream_id)
+
+
+def _body_response(stream, status_code: int, headers: dict):
+    """A ``StreamingResponse`` without Starlette's own disconnect listener: :class:`_ClientWatch` does that (and
+    aborts the upstream request)."""
+    from starlette.responses import StreamingResponse
+
+    class _Body(StreamingResponse):
+        async def __call__(self, scope, receive, send):
+            await self.stream_response(send)
+
+    return _Body(stream, status_code=status_code, headers=headers)
+
+
+def _gone(state: ProxyState, watch: _ClientWatch, req: ProxiedRequest | None, stage: str):
+    """The client left at ``stage``: stop watching, count it, and answer 499 (nobody reads it; nginx's "client
+    closed request")."""
+    from starlette.responses import Response
+
+    watch.close()
+    state.metrics.cancellations.labels(stage).inc()
+    state.count(req.path if req else None, "cancelled")
+    state.finished(req, "cancelled")
+    return Response(status_code=499)
+
+
+def _refuse(state: ProxyState, path: str, message: str, param: str | None = None):
+    state.count(path, "refused")
+    return _error(400, message, param)
+
+
+def _upstream_headers(request_headers, extra_headers: dict[str, str]) -> list[tuple[str, str]]:
+    """The client's headers without hop-by-hop ones and the proxy's own, with the proxy's ``content-type`` and
+    upstream ``x-request-id`` when given."""
+    headers = [(k, v) for k, v in request_headers.items() if k.lower() not in _DROP_REQUEST]
+    if extra_headers.get("content-type"):
+        headers = [(k, v) for k, v in headers if k.lower() != "content-type"] + [
+            ("content-type", extra_headers["content-type"])]
+    if extra_headers.get(UPSTREAM_ID_HEADER):
+        headers.append(("x-request-id", extra_headers[UPSTREAM_ID_HEADER]))
+    return headers
+
+
+async def forward(state: ProxyState, request, body: bytes, extra_headers: dict[str, str], watch: _ClientWatch,
+                  req: ProxiedRequest | None = None):
+    """Send upstream (one pooled connection, the client watched) and stream the answer back with the upstream's
+    status and headers plus the ``x-lenpred-*`` ones; a 502 when the upstream cannot be reached."""
+    import httpx
+
+    url = state.upstream + request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    upstream_req = state.client.build_request(request.method, url, headers=_upstream_headers(request.headers,
+                                                                                             extra_headers),
+                                              content=body)
+    path = req.path if req else None
+    waited = time.perf_counter()
+    try:
+        await watch.race(state.pool.acquire())
+    except _ClientGone:
+        return _gone(state, watch, req, "waiting_upstream")
+    wait_s = time.perf_counter() - waited
+    state.metrics.pool_wait_s.observe(wait_s)
+    state.metrics.in_flight.inc()
+    release = _Release(state)
+    try:
+        resp = await watch.race(state.client.send(upstream_req, stream=True))
+    except _ClientGone:
+        release()
+        return _gone(state, watch, req, "waiting_upstream")
+    except httpx.HTTPError as exc:
+        release()
+        watch.close()
+        state.count(path, "unreachable")
+        state.finished(req, "unreachable")
+        return _error(502, f"upstream {state.upstream} unreachable ({type(exc).__name__}: {exc}): start it or fix "
+                           "--upstream")
+    except BaseException:
+        release()
+        watch.close()
+        raise
+    out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in _DROP_RESPONSE}
+    out_headers.update({k: v for k, v in extra_headers.items() if k.startswith("x-lenpred")})
+    out_headers[POOL_WAIT_HEADER] = f"{1e3 * wait_s:.1f}"
+    return _body_response(relay(state, resp, watch, release, req), resp.status_code, out_headers)
+
+
+class _Release:
+    """Gives one upstream connection back (pool slot and in-flight gauge) exactly once; callable as a done
+    callback."""
+
+    def __init__(self, state: ProxyState):
+        self.state, self.done = state, False
+
+    def __call__(self, *_):
+        if not self.done:
+            self.done = True
+            self.state.pool.release()
+            self.state.metrics.in_flight.dec()
+
+
+async def relay(state: ProxyState, resp, watch: _ClientWatch, release: _Release, req: ProxiedRequest | None):
+    """The upstream body chunk by chunk, raced against the client leaving; at the end the connection goes back (once
+    the upstream response is closed) and a predicted-path request is counted, its observed tokens recorded and the
+    ``on_finished`` hooks called."""
+    import contextlib
+
+    import httpx
+
+    path = req.path if req else None
+    tail, complete = _Tail(), False
+    try:
+        chunks = resp.aiter_raw()
+        while True:
+            try:
+                chunk = await watch.race(chunks.__anext__())
+            except StopAsyncIteration:
+                break
+            if req is not None and req.first_chunk_at_s is None:
+                req.first_chunk_at_s = time.time()
+            tail.add(chunk)
+            yield chunk
+        complete = True
+    except _ClientGone:
+        state.metrics.cancellations.labels("streaming").inc()
+        state.count(path, "cancelled")
+        state.finished(req, "cancelled")
+    except httpx.HTTPError:  # the upstream broke mid-body: break the client's stream too (not a clean end)
+        state.count(path, "upstream_error")
+        state.finished(req, "upstream_error")
+        raise
+    finally:
+        watch.close()
+        closing = asyncio.ensure_future(resp.aclose())
+        closing.add_done_callback(release)
+        with contextlib.suppress(BaseException):
+            await asyncio.shield(closing)
+    if complete:
+        _record_answer(state, req, resp, tail)
+
+
+def _record_answer(state: ProxyState, req: ProxiedRequest | None, resp, tail: _Tail) -> None:
+    """A complete upstream answer: its outcome, observed tokens and prediction error (metrics), then the hooks."""
+    path = req.path if req else None
+    outcome = "forwarded" if resp.status_code < 400 else "upstream_error"
+    state.count(path, outcome)
+    content_type = resp.headers.get("content-type", "")
+    observed = tail.completion_tokens(content_type) if path is not None else None
+    if observed is not None:
+        state.metrics.observed.observe(observed)
+        if req.expected is not None:
+            state.metrics.abs_error.observe(abs(req.expected - observed))
+    if req is not None and state.on_finished:
+        state.finished(req, outcome, observed, tail.finish_reason(content_type))
+
+
+def parse_predicted(state: ProxyState, path: str, raw: bytes, request_headers) -> ProxiedRequest | Any:
+    """Read a predicted-path request: its JSON body, the generation cap (the default filled in when missing), the
+    prediction's cap (``x-lenpred-cap``) and the ids; or a 400 response (counted as ``refused``) for a body that is
+    not a JSON object, ``n`` / ``best_of`` > 1, or a bad cap.
+
+    Args:
+        state: the proxy's state (default cap, metrics).
+        path: the request path.
+        raw: the request body.
+        request_headers: the client's headers (a mapping with ``get``, case-insensitive as Starlette's).
+    """
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        return _refuse(state, path, f"request body is not valid JSON ({exc}): send a JSON object with 'messages' "
+                                    "(chat) or 'prompt' (completions)")
+    if not isinstance(body, dict):
+        return _refuse(state, path, f"request body is a JSON {type(body).__name__}, not an object: send a JSON "
+                                    "object with 'messages' (chat) or 'prompt' (completions)")
+    if _samples(body) > 1:
+        return _refuse(state, path, f"n / best_of = {_samples(body):g}: lenpred serve forwards a priority, and vLLM's "
+                                    "priority scheduling with more than one sample per request has crashed its "
+                                    "engine; send n = 1 requests (several requests for several samples)", param="n")
+    try:
+        _, cap = client_cap(body)
+    except ValueError as exc:
+        return _refuse(state, path, f"{exc}: send a whole number of tokens >= 1, or leave it out (lenpred serve then "
+                                    f"sends max_tokens = {state.default_max_tokens})", param="max_tokens")
+    headers = {"content-type": "application/json"}
+    if cap is None:
+        cap = body["max_tokens"] = state.default_max_tokens
+        headers[DEFAULT_MAX_TOKENS_HEADER] = str(state.default_max_tokens)
+        state.metrics.default_max_tokens.inc()
+    try:
+        predict_cap = cap if request_headers.get(CAP_HEADER) is None else _header_cap(request_headers[CAP_HEADER])
+    except ValueError as exc:
+        return _refuse(state, path, f"{exc}: send the cap the prediction is clipped to, or leave the header out")
+    upstream_id, client_id = _upstream_ids(request_headers, body)
+    headers[UPSTREAM_ID_HEADER] = upstream_id
+    if client_id is not None:
+        headers[CLIENT_ID_HEADER] = client_id.encode("ascii", "replace").decode()[:200]
+    if "request_id" in body:
+        body["request_id"] = upstream_id
+    return ProxiedRequest(path, body, headers, cap, predict_cap, upstream_id, client_id, time.time())
+
+
+async def predict_priority(state: ProxyState, req: ProxiedRequest, watch: _ClientWatch) -> str | None:
+    """Predict ``req``'s prompts and set its ``priority`` (unless the client sent one) and the prediction headers.
+
+    Returns:
+        Why the prompt was skipped (``None``: predicted).
+
+    Raises:
+        _ClientGone: the client left while it was predicted.
+    """
+    from starlette.concurrency import run_in_threadpool
+
+    prompts, skipped = request_prompts(req.path, req.body)
+    if prompts is None:
+        return skipped
+    started = time.perf_counter()
+    try:
+        prepared = await watch.race(run_in_threadpool(state.service.prepare, prompts, req.prediction_cap_tokens))
+        expected = await watch.race(state.batcher.predict(prepared))
+    except LenpredError as exc:
+        return f"cannot predict: {exc}"
+    elapsed_s = time.perf_counter() - started
+    state.metrics.prediction_s.observe(elapsed_s)
+    req.headers[PREDICT_MS_HEADER] = f"{1e3 * elapsed_s:.1f}"
+    if not math.isfinite(expected):
+        return "prediction is not finite"
+    req.expected = expected
+    state.metrics.predicted.observe(expected)
+    if "priority" not in req.body:
+        req.body["priority"] = int(round(expected))
+    req.headers |= {EXPECTED_HEADER: f"{expected:.1f}", PRIORITY_HEADER: str(req.body["priority"])}
+    return None
+
+
+def encode_body(req: ProxiedRequest, raw: bytes, skipped: str | None) -> bytes:
+    """The body to forward: ``req.body`` as JSON, or the client's bytes when it holds a number JSON cannot carry
+    (e.g. ``1e400`` parsed as inf; the prediction headers are then dropped). Sets ``x-lenpred-skipped``."""
+    try:
+        encoded = json.dumps(req.body, allow_nan=False).encode()
+    except ValueError:
+        skipped = "the body holds a number JSON cannot carry (inf or nan)"
+        req.headers = {k: v for k, v in req.headers.items() if k not in (EXPECTED_HEADER, PRIORITY_HEADER,
+                                                                          DEFAULT_MAX_TOKENS_HEADER)}
+        encoded, req.expected = raw, None
+    if skipped is not None:
+        req.headers[SKIPPED_HEADER] = skipped.encode("ascii", "replace").decode()[:200].replace("\n", " ")
+    return encoded
+
+
+async def predicted_endpoint(request):
+    """``POST /v1/chat/completions`` and ``/v1/completions``: read, predict, set the priority, forward."""
+    state: ProxyState = request.app.state.proxy
+    raw = await request.body()
+    req = parse_predicted(state, request.url.path, raw, request.headers)
+    if not isinstance(req, ProxiedRequest):
+        return req  # refused
+    watch = _ClientWatch(request.receive)
+    try:
+        skipped = await predict_priority(state, req, watch)
+    except _ClientGone:
+        return _gone(state, watch, req, "predicting")
+    encoded = encode_body(req, raw, skipped)
+    return await forward(state, request, encoded, req.headers, watch, req)
+
+
+async def passthrough_endpoint(request):
+    """Every other path and method: forwarded as is (with a fresh upstream request id)."""
+    state: ProxyState = request.app.state.proxy
+    body = await request.body()
+    upstream_id, _ = _upstream_ids(request.headers, None)
+    return await forward(state, request, body, {UPSTREAM_ID_HEADER: upstream_id}, _ClientWatch(request.receive))
+
+
+async def health_endpoint(request):
+    """``GET /health``: 200 while the prediction worker runs (else 503), with the queue and connection counts."""
+    from starlette.responses import JSONResponse
+
+    state: ProxyState = request.app.state.proxy
+    ok = state.batcher.running
+    return JSONResponse({"status": "ok" if ok else "prediction worker stopped",
+                         "prediction_queue": state.batcher.queued,
+                         "upstream_in_flight": int(state.metrics.value("lenpred_proxy_upstream_in_flight")),
+                         "max_connections": state.max_connections, "upstream": state.upstream},
+                        status_code=200 if ok else 503)
+
+
+async def metrics_endpoint(request):
+    """``GET /metrics``: the proxy's Prometheus metrics."""
+    from starlette.responses import Response
+
+    body, content_type = request.app.state.proxy.metrics.render()
+    return Response(body, media_type=content_type)
+
+
+@contextlib.asynccontextmanager
+async def _lifespan(app):
+    """Make the upstream client when none was given (closed at shutdown) and run the prediction worker."""
+    import httpx
+
+    state: ProxyState = app.state.proxy
+    own = state.client is None
+    if own:
+        limits = httpx.Limits(max_connections=state.max_connections, max_keepalive_connections=state.max_connections)
+        state.client = httpx.AsyncClient(timeout=httpx.Timeout(state.timeout_s, connect=10.0), limits=limits)
+    await state.batcher.start()
+    try:
+        yield
+    finally:
+        await state.batcher.stop()
+        if own:
+            await state.client.aclose()
+
+
 def create_app(upstream: str, predict, client=None, timeout_s: float | None = None, max_connections: int = 1024,
-               default_max_tokens: int = 1024, batch=None, metrics=None):
+               default_max_tokens: int = 1024, batch=None, metrics=None, on_finished: tuple[FinishedHook, ...] = ()):
     """The proxy as a Starlette app.
 
     Args:
@@ -283,16 +734,17 @@ def create_app(upstream: str, predict, client=None, timeout_s: float | None = No
         default_max_tokens: the cap sent when the client gives none (tokens).
         batch: :class:`lenpred.serving.proxy.batching.BatchConfig` (default: its defaults).
         metrics: a :class:`lenpred.serving.proxy.metrics.ProxyMetrics` (default: a new one); also ``app.state.metrics``.
+        on_finished: :data:`FinishedHook` functions called when a predicted-path request ends (also
+            ``app.state.proxy.on_finished``, where more can be appended before serving).
+
+    Returns:
+        The app; its state is ``app.state.proxy`` (:class:`ProxyState`), with ``app.state.metrics`` and
+        ``app.state.batcher`` as shortcuts.
 
     Raises:
         LenpredError: ``max_connections`` or ``default_max_tokens`` below 1.
     """
-    import contextlib
-
-    import httpx
     from starlette.applications import Starlette
-    from starlette.concurrency import run_in_threadpool
-    from starlette.responses import JSONResponse, Response, StreamingResponse
     from starlette.routing import Route
 
     from lenpred.serving.proxy.batching import FunctionService, PredictionBatcher
@@ -301,220 +753,16 @@ def create_app(upstream: str, predict, client=None, timeout_s: float | None = No
     if max_connections < 1 or default_max_tokens < 1:
         raise LenpredError(f"--max-connections and --default-max-tokens must be >= 1, got {max_connections} and "
                            f"{default_max_tokens}")
-    upstream = upstream_root(upstream)
     metrics = metrics or ProxyMetrics()
     service = predict if hasattr(predict, "predict_batch") else FunctionService(predict)
-    batcher = PredictionBatcher(service, batch, metrics)
-    state: dict[str, Any] = {"client": client}
-    pool = asyncio.Semaphore(max_connections)  # == the httpx pool's size: waits happen here, where they are timed
-
-    class _Body(StreamingResponse):
-        """Streams without Starlette's own disconnect listener: :class:`_ClientWatch` does that (and aborts the
-        upstream request)."""
-
-        async def __call__(self, scope, receive, send):
-            await self.stream_response(send)
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app):
-        own = state["client"] is None
-        if own:
-            limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-            state["client"] = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=10.0), limits=limits)
-        await batcher.start()
-        try:
-            yield
-        finally:
-            await batcher.stop()
-            if own:
-                await state["client"].aclose()
-
-    def finish(path: str | None, outcome: str) -> None:
-        if path is not None:
-            metrics.requests.labels(path, outcome).inc()
-
-    async def forward(request, body: bytes, extra_headers: dict[str, str], watch: _ClientWatch, path=None,
-                      expected: float | None = None):
-        """Send upstream (one pooled connection, the client watched) and stream the answer back."""
-        headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _DROP_REQUEST]
-        if extra_headers.get("content-type"):
-            headers = [(k, v) for k, v in headers if k.lower() != "content-type"] + [
-                ("content-type", extra_headers["content-type"])]
-        if extra_headers.get(UPSTREAM_ID_HEADER):
-            headers.append(("x-request-id", extra_headers[UPSTREAM_ID_HEADER]))
-        url = upstream + request.url.path + (f"?{request.url.query}" if request.url.query else "")
-        req = state["client"].build_request(request.method, url, headers=headers, content=body)
-        waited = time.perf_counter()
-        try:
-            await watch.race(pool.acquire())
-        except _ClientGone:
-            return gone(watch, path, "waiting_upstream")
-        wait_s = time.perf_counter() - waited
-        metrics.pool_wait_s.observe(wait_s)
-        metrics.in_flight.inc()
-        released = False
-
-        def release(*_):
-            nonlocal released
-            if not released:
-                released = True
-                pool.release()
-                metrics.in_flight.dec()
-
-        try:
-            resp = await watch.race(state["client"].send(req, stream=True))
-        except _ClientGone:
-            release()
-            return gone(watch, path, "waiting_upstream")
-        except httpx.HTTPError as exc:
-            release()
-            watch.close()
-            finish(path, "unreachable")
-            return _error(502, f"upstream {upstream} unreachable ({type(exc).__name__}: {exc}): start it or fix "
-                               "--upstream")
-        except BaseException:
-            release()
-            watch.close()
-            raise
-        out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in _DROP_RESPONSE}
-        out_headers.update({k: v for k, v in extra_headers.items() if k.startswith("x-lenpred")})
-        out_headers[POOL_WAIT_HEADER] = f"{1e3 * wait_s:.1f}"
-        content_type = resp.headers.get("content-type", "")
-
-        async def stream():
-            tail, complete = _Tail(), False
-            try:
-                chunks = resp.aiter_raw()
-                while True:
-                    try:
-                        chunk = await watch.race(chunks.__anext__())
-                    except StopAsyncIteration:
-                        break
-                    tail.add(chunk)
-                    yield chunk
-                complete = True
-            except _ClientGone:
-                metrics.cancellations.labels("streaming").inc()
-                finish(path, "cancelled")
-            except httpx.HTTPError:  # the upstream broke mid-body: break the client's stream too (not a clean end)
-                finish(path, "upstream_error")
-                raise
-            finally:
-                watch.close()
-                closing = asyncio.ensure_future(resp.aclose())
-                closing.add_done_callback(release)
-                with contextlib.suppress(BaseException):
-                    await asyncio.shield(closing)
-            if complete:
-                finish(path, "forwarded" if resp.status_code < 400 else "upstream_error")
-                observed = tail.completion_tokens(content_type) if path is not None else None
-                if observed is not None:
-                    metrics.observed.observe(observed)
-                    if expected is not None:
-                        metrics.abs_error.observe(abs(expected - observed))
-
-        return _Body(stream(), status_code=resp.status_code, headers=out_headers)
-
-    def gone(watch: _ClientWatch, path: str | None, stage: str):
-        watch.close()
-        metrics.cancellations.labels(stage).inc()
-        finish(path, "cancelled")
-        return Response(status_code=499)  # nobody reads it (nginx's "client closed request")
-
-    def refuse(path: str, message: str, param: str | None = None):
-        finish(path, "refused")
-        return _error(400, message, param)
-
-    async def predicted(request):
-        path = request.url.path
-        raw = await request.body()
-        try:
-            body = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
-            return refuse(path, f"request body is not valid JSON ({exc}): send a JSON object with 'messages' (chat) "
-                                "or 'prompt' (completions)")
-        if not isinstance(body, dict):
-            return refuse(path, f"request body is a JSON {type(body).__name__}, not an object: send a JSON object "
-                                "with 'messages' (chat) or 'prompt' (completions)")
-        if _samples(body) > 1:
-            return refuse(path, f"n / best_of = {_samples(body):g}: lenpred serve forwards a priority, and vLLM's "
-                                "priority scheduling with more than one sample per request has crashed its engine; "
-                                "send n = 1 requests (several requests for several samples)", param="n")
-        try:
-            field, cap = client_cap(body)
-        except ValueError as exc:
-            return refuse(path, f"{exc}: send a whole number of tokens >= 1, or leave it out (lenpred serve then "
-                                f"sends max_tokens = {default_max_tokens})", param="max_tokens")
-        headers = {"content-type": "application/json"}
-        if cap is None:
-            cap = body["max_tokens"] = default_max_tokens
-            headers[DEFAULT_MAX_TOKENS_HEADER] = str(default_max_tokens)
-            metrics.default_max_tokens.inc()
-        try:
-            predict_cap = cap if request.headers.get(CAP_HEADER) is None else _header_cap(request.headers[CAP_HEADER])
-        except ValueError as exc:
-            return refuse(path, f"{exc}: send the cap the prediction is clipped to, or leave the header out")
-        upstream_id, client_id = _upstream_ids(request, body)
-        headers[UPSTREAM_ID_HEADER] = upstream_id
-        if client_id is not None:
-            headers[CLIENT_ID_HEADER] = client_id.encode("ascii", "replace").decode()[:200]
-        if "request_id" in body:
-            body["request_id"] = upstream_id
-        watch = _ClientWatch(request.receive)
-        prompts, skipped = request_prompts(path, body)
-        expected = None
-        if prompts is not None:
-            started = time.perf_counter()
-            try:
-                prepared = await watch.race(run_in_threadpool(service.prepare, prompts, predict_cap))
-                expected = await watch.race(batcher.predict(prepared))
-            except _ClientGone:
-                return gone(watch, path, "predicting")
-            except LenpredError as exc:
-                skipped = f"cannot predict: {exc}"
-            else:
-                elapsed_s = time.perf_counter() - started
-                metrics.prediction_s.observe(elapsed_s)
-                headers[PREDICT_MS_HEADER] = f"{1e3 * elapsed_s:.1f}"
-                if not math.isfinite(expected):
-                    skipped, expected = "prediction is not finite", None
-                else:
-                    metrics.predicted.observe(expected)
-                    if "priority" not in body:
-                        body["priority"] = int(round(expected))
-                    headers |= {EXPECTED_HEADER: f"{expected:.1f}", PRIORITY_HEADER: str(body["priority"])}
-        try:
-            encoded = json.dumps(body, allow_nan=False).encode()
-        except ValueError:  # e.g. 1e400 parsed as inf: forward the client's bytes instead of invalid JSON
-            skipped = "the body holds a number JSON cannot carry (inf or nan)"
-            headers = {k: v for k, v in headers.items() if k not in (EXPECTED_HEADER, PRIORITY_HEADER,
-                                                                      DEFAULT_MAX_TOKENS_HEADER)}
-            encoded, expected = raw, None
-        if skipped is not None:
-            headers[SKIPPED_HEADER] = skipped.encode("ascii", "replace").decode()[:200].replace("\n", " ")
-        return await forward(request, encoded, headers, watch, path, expected)
-
-    async def passthrough(request):
-        body = await request.body()
-        upstream_id, _ = _upstream_ids(request, None)
-        return await forward(request, body, {UPSTREAM_ID_HEADER: upstream_id}, _ClientWatch(request.receive))
-
-    async def health(request):
-        ok = batcher.running
-        return JSONResponse({"status": "ok" if ok else "prediction worker stopped", "prediction_queue": batcher.queued,
-                             "upstream_in_flight": int(metrics.value("lenpred_proxy_upstream_in_flight")),
-                             "max_connections": max_connections, "upstream": upstream}, status_code=200 if ok else 503)
-
-    async def metrics_endpoint(request):
-        body, content_type = metrics.render()
-        return Response(body, media_type=content_type)
-
+    state = ProxyState(upstream_root(upstream), service, PredictionBatcher(service, batch, metrics), metrics,
+                       max_connections, default_max_tokens, timeout_s, client, list(on_finished))
     methods = ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"]
-    routes = [Route(p, predicted, methods=["POST"]) for p in PREDICTED_PATHS]
-    routes += [Route("/health", health, methods=["GET"]), Route("/metrics", metrics_endpoint, methods=["GET"])]
-    routes.append(Route("/{path:path}", passthrough, methods=methods))
-    app = Starlette(routes=routes, lifespan=lifespan)
-    app.state.metrics, app.state.batcher = metrics, batcher
+    routes = [Route(p, predicted_endpoint, methods=["POST"]) for p in PREDICTED_PATHS]
+    routes += [Route("/health", health_endpoint, methods=["GET"]), Route("/metrics", metrics_endpoint, methods=["GET"])]
+    routes.append(Route("/{path:path}", passthrough_endpoint, methods=methods))
+    app = Starlette(routes=routes, lifespan=_lifespan)
+    app.state.proxy, app.state.metrics, app.state.batcher = state, metrics, state.batcher
     return app
 
 
