@@ -21,9 +21,10 @@ from starlette.requests import Request  # noqa: E402
 from starlette.responses import JSONResponse, StreamingResponse  # noqa: E402
 from starlette.routing import Route  # noqa: E402
 
-from lenpred.serving.proxy.app import (ProxiedRequest, ProxyState, _Tail, create_app, encode_body,  # noqa: E402
-                                       health_endpoint, parse_predicted)
+from lenpred.serving.proxy.app import create_app, encode_body, health_endpoint, parse_predicted  # noqa: E402
 from lenpred.serving.proxy.metrics import ProxyMetrics  # noqa: E402
+from lenpred.serving.proxy.state import ProxiedRequest, ProxyState  # noqa: E402
+from lenpred.serving.proxy.upstream import ResponseTail  # noqa: E402
 
 
 def _state(**kw) -> ProxyState:
@@ -62,18 +63,19 @@ def test_encode_body_forwards_the_clients_bytes_when_json_cannot_carry_a_number(
     assert encode_body(req, raw, None) == raw and req.expected is None
     assert req.headers == {"x-lenpred-skipped": "the body holds a number JSON cannot carry (inf or nan)"}
     ok = ProxiedRequest("/v1/completions", {"prompt": "a"}, {}, 16, 16, "u", None, 0.0)
-    assert encode_body(ok, b"", "no messages") == b'{"prompt": "a"}' and ok.headers["x-lenpred-skipped"] == "no messages"
+    assert encode_body(ok, b"", "no messages") == b'{"prompt": "a"}'
+    assert ok.headers["x-lenpred-skipped"] == "no messages"
 
 
 def test_tail_reads_the_last_finish_reason():
-    sse = _Tail()
+    sse = ResponseTail()
     sse.add(b'data: {"choices":[{"delta":{"content":"a"},"finish_reason":null}]}\n\n'
             b'data: {"choices":[{"delta":{},"finish_reason":"length"}]}\n\ndata: [DONE]\n\n')
     assert sse.finish_reason("text/event-stream") == "length"
-    body = _Tail()
+    body = ResponseTail()
     body.add(b'{"choices":[{"finish_reason":"stop"}],"usage":{"completion_tokens":4}}')
     assert body.finish_reason("application/json") == "stop" and body.completion_tokens("application/json") == 4
-    assert _Tail().finish_reason("application/json") is None
+    assert ResponseTail().finish_reason("application/json") is None
 
 
 def _free_port() -> int:

@@ -36,41 +36,37 @@ What it does to each request (Starlette app, httpx ``AsyncClient`` to the upstre
   connection counts); ``GET /metrics``: Prometheus metrics (:mod:`lenpred.serving.proxy.metrics`). The upstream's own
   ``/health`` and ``/metrics`` are on its port.
 * Every other path and method (``/v1/models``, ...) is forwarded as is.
+* **When a predicted-path request ends** (answered, upstream error, unreachable, client gone), the
+  ``on_finished`` hooks get a :class:`~lenpred.serving.proxy.state.FinishedRequest`: ids, prediction, observed
+  tokens, finish reason, caps, times (the place for a traffic log).
 * Responses are streamed back chunk by chunk (SSE passes through as the upstream writes it) with the upstream's
   status code, headers and body unchanged, errors included.
 
-Predictions run off the request path's critical section (:mod:`lenpred.serving.proxy.batching`): each request tokenises in
-its own thread, then one worker predicts queued requests in micro-batches, with the truncated forward
+The handlers are module-level functions over one :class:`~lenpred.serving.proxy.state.ProxyState`
+(``app.state.proxy``: upstream client, prediction service and batcher, metrics, settings, hooks); forwarding is
+:mod:`lenpred.serving.proxy.upstream`.
+
+Predictions run off the request path's critical section (:mod:`lenpred.serving.proxy.batching`): each request
+tokenises in its own thread, then one worker predicts queued requests in micro-batches, with the truncated forward
 (:mod:`lenpred.truncated`) for predictors that read one layer's hidden states.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
-import logging
 import math
 import time
 import uuid
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from lenpred.errors import ContextWindowError, LenpredError
-
-_log = logging.getLogger(__name__)
+from lenpred.serving.proxy.state import (CAP_HEADER, CLIENT_ID_HEADER, DEFAULT_MAX_TOKENS_HEADER, EXPECTED_HEADER,
+                                         PREDICT_MS_HEADER, PRIORITY_HEADER, SKIPPED_HEADER, UPSTREAM_ID_HEADER,
+                                         FinishedHook, ProxiedRequest, ProxyState)
+from lenpred.serving.proxy.upstream import ClientGone, ClientWatch, error_response, forward, gone_response
 
 PREDICTED_PATHS = ("/v1/chat/completions", "/v1/completions")
-EXPECTED_HEADER, PRIORITY_HEADER, SKIPPED_HEADER = "x-lenpred-expected", "x-lenpred-priority", "x-lenpred-skipped"
-PREDICT_MS_HEADER = "x-lenpred-predict-ms"  # wall time of the prediction (waiting for the predictor included)
-CAP_HEADER = "x-lenpred-cap"  # request header: the prediction's cap instead of max_tokens (not forwarded)
-POOL_WAIT_HEADER = "x-lenpred-pool-wait-ms"  # time waited for an upstream connection
-DEFAULT_MAX_TOKENS_HEADER = "x-lenpred-default-max-tokens"  # the cap the proxy filled in (absent: the client's)
-UPSTREAM_ID_HEADER, CLIENT_ID_HEADER = "x-lenpred-upstream-request-id", "x-lenpred-client-request-id"
-# hop-by-hop headers (RFC 9110 §7.6.1) and those httpx / uvicorn recompute
-_DROP_REQUEST = {"host", "content-length", "connection", "keep-alive", "transfer-encoding", "upgrade", "te",
-                 "proxy-connection", "accept-encoding", CAP_HEADER, "x-request-id"}
-_DROP_RESPONSE = {"content-length", "connection", "keep-alive", "transfer-encoding", "upgrade", "server", "date"}
 
 Predict = Callable[[list, int | None], float]
 """``predict(prompts, max_tokens) -> expected output tokens``: ``prompts`` is a list of prompts, each a string (one
@@ -92,16 +88,6 @@ def predictor_fn(predictor) -> Predict:
                 raise
         return min(max(p.expected for p in predictor.predict(prompts, None)), float(max_tokens))
     return predict
-
-
-def _error(status: int, message: str, param: str | None = None):
-    """An OpenAI-style error response (``{"error": {"message", "type", "param", "code"}}``); ``type`` is
-    ``invalid_request_error`` for 4xx and ``server_error`` for 5xx."""
-    from starlette.responses import JSONResponse
-
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}},
-                        status_code=status)
 
 
 def _text_content(content: Any) -> Any:
@@ -199,86 +185,6 @@ def upstream_root(upstream: str) -> str:
     return root[:-3] if root.endswith("/v1") else root
 
 
-class _ClientGone(Exception):
-    """The client disconnected while the proxy waited on something for it."""
-
-
-class _ClientWatch:
-    """Watches one request's ASGI ``receive`` channel for ``http.disconnect`` (after the body was read) and races
-    the proxy's awaits against it (:meth:`race`)."""
-
-    def __init__(self, receive):
-        self._task = asyncio.ensure_future(self._wait(receive))
-
-    @staticmethod
-    async def _wait(receive) -> None:
-        while (await receive())["type"] != "http.disconnect":
-            pass
-
-    async def race(self, awaitable):
-        """The awaitable's result, or :class:`_ClientGone` (the awaitable cancelled) when the client leaves first;
-        a result that is ready when both are wins."""
-        work = asyncio.ensure_future(awaitable)
-        try:
-            await asyncio.wait({work, self._task}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            if not work.done():
-                work.cancel()
-        if work.done() and not work.cancelled():
-            return work.result()
-        raise _ClientGone
-
-    def close(self) -> None:
-        self._task.cancel()
-
-
-class _Tail:
-    """The last ``limit`` bytes of a response body, to read the usage from at its end."""
-
-    def __init__(self, limit: int = 1 << 20):
-        self.data, self.limit, self.truncated = bytearray(), limit, False
-
-    def add(self, chunk: bytes) -> None:
-        self.data += chunk
-        if len(self.data) > self.limit:
-            del self.data[:len(self.data) - self.limit]
-            self.truncated = True
-
-    def completion_tokens(self, content_type: str) -> int | None:
-        """``usage.completion_tokens`` of a JSON body, or of the last SSE event that carries a usage; ``None``."""
-        try:
-            if content_type.startswith("text/event-stream"):
-                for line in reversed(bytes(self.data).split(b"\n")):
-                    if line.startswith(b"data:") and b'"usage"' in line:
-                        usage = json.loads(line[5:]).get("usage") or {}
-                        if usage.get("completion_tokens") is not None:
-                            return int(usage["completion_tokens"])
-            elif content_type.startswith("application/json") and not self.truncated:
-                usage = json.loads(bytes(self.data)).get("usage") or {}
-                return None if usage.get("completion_tokens") is None else int(usage["completion_tokens"])
-        except (ValueError, TypeError, AttributeError):
-            pass
-        return None
-
-    def finish_reason(self, content_type: str) -> str | None:
-        """The last non-null ``choices[*].finish_reason`` of a JSON body or of the SSE events kept; ``None``."""
-        try:
-            if content_type.startswith("text/event-stream"):
-                for line in reversed(bytes(self.data).split(b"\n")):
-                    if line.startswith(b"data:") and b'"finish_reason"' in line:
-                        reasons = [c.get("finish_reason") for c in json.loads(line[5:]).get("choices") or []]
-                        reasons = [r for r in reasons if r is not None]
-                        if reasons:
-                            return str(reasons[-1])
-            elif content_type.startswith("application/json") and not self.truncated:
-                reasons = [c.get("finish_reason") for c in json.loads(bytes(self.data)).get("choices") or []]
-                reasons = [r for r in reasons if r is not None]
-                return str(reasons[-1]) if reasons else None
-        except (ValueError, TypeError, AttributeError):
-            pass
-        return None
-
-
 def _upstream_ids(request_headers, body: dict | None) -> tuple[str, str | None]:
     """``(upstream id, client id)``: a fresh id for this attempt, from the client's ``X-Request-Id`` header or body
     ``request_id`` (kept as the prefix, so logs join) plus a random suffix."""
@@ -289,274 +195,9 @@ def _upstream_ids(request_headers, body: dict | None) -> tuple[str, str | None]:
     return (f"{client_id[:100]}-{suffix[:16]}" if client_id else f"lenpred-{suffix}"), client_id
 
 
-@dataclass
-class FinishedRequest:
-    """What the proxy knows about one predicted-path request when it ends (the ``on_finished`` hooks' argument).
-
-    Attributes:
-        request_id: the id sent upstream (``X-Request-Id``; also the response's ``x-lenpred-upstream-request-id``).
-        client_request_id: the client's own id, ``None`` when it sent none.
-        path: ``/v1/chat/completions`` or ``/v1/completions``.
-        outcome: ``forwarded``, ``upstream_error``, ``unreachable`` or ``cancelled`` (the ``requests`` metric's label).
-        expected_tokens: the prediction (expected output tokens, clipped to ``prediction_cap_tokens``); ``None``
-            when the prompt was skipped or the client left while it was predicted.
-        observed_tokens: ``usage.completion_tokens`` of the upstream's answer; ``None`` when it carried no usage
-            (a stream without ``stream_options.include_usage``) or did not complete.
-        finish_reason: the answer's last ``finish_reason`` (``stop``, ``length``, ...); ``None`` when absent.
-        max_tokens: the generation cap sent upstream (the client's, or the proxy's default).
-        prediction_cap_tokens: the cap the prediction was clipped to (``max_tokens`` unless ``x-lenpred-cap``).
-        received_at_s, first_chunk_at_s, finished_at_s: Unix times (``time.time()``, seconds) of the request's
-            arrival, the upstream's first body chunk (``None``: none arrived) and the end.
-    """
-
-    request_id: str
-    client_request_id: str | None
-    path: str
-    outcome: str
-    expected_tokens: float | None
-    observed_tokens: int | None
-    finish_reason: str | None
-    max_tokens: int
-    prediction_cap_tokens: int
-    received_at_s: float
-    first_chunk_at_s: float | None
-    finished_at_s: float
-
-
-FinishedHook = Callable[[FinishedRequest], None]
-"""Called on the event loop when a predicted-path request ends: it must not block (hand slow work to a queue or a
-thread). An exception it raises is logged and does not affect the response."""
-
-
-@dataclass
-class ProxiedRequest:
-    """One predicted-path request on its way through the proxy.
-
-    Attributes:
-        path: the request path.
-        body: the parsed JSON body, as it will be forwarded (``max_tokens``, ``priority``, ``request_id`` set here).
-        headers: headers for the upstream (``content-type``) and the client (``x-lenpred-*``).
-        max_tokens: the generation cap forwarded (tokens).
-        prediction_cap_tokens: the cap of the prediction (tokens).
-        upstream_id, client_id: see :class:`FinishedRequest`.
-        received_at_s: Unix time of its arrival.
-        expected: the prediction in tokens, once made (``None``: none).
-        first_chunk_at_s: Unix time of the upstream's first body chunk.
-    """
-
-    path: str
-    body: dict
-    headers: dict[str, str]
-    max_tokens: int
-    prediction_cap_tokens: int
-    upstream_id: str
-    client_id: str | None
-    received_at_s: float
-    expected: float | None = None
-    first_chunk_at_s: float | None = None
-
-
-@dataclass
-class ProxyState:
-    """Everything the proxy's handlers share (``app.state.proxy``).
-
-    Attributes:
-        upstream: the upstream's root URL (:func:`upstream_root`).
-        service: the prediction service (``prepare`` runs in a thread per request).
-        batcher: the micro-batching prediction worker.
-        metrics: the proxy's Prometheus metrics.
-        max_connections: upstream connections at most (``pool`` and the httpx pool have this size).
-        default_max_tokens: the cap filled in when the client sends none (tokens).
-        timeout_s: upstream read timeout in seconds (``None``: none).
-        client: the ``httpx.AsyncClient``; ``None`` until the lifespan makes one (then it also closes it).
-        on_finished: hooks called with a :class:`FinishedRequest` when a predicted-path request ends.
-        pool: the connection semaphore (waits for a connection happen, and are timed, here).
-    """
-
-    upstream: str
-    service: Any
-    batcher: Any
-    metrics: Any
-    max_connections: int
-    default_max_tokens: int
-    timeout_s: float | None = None
-    client: Any = None
-    on_finished: list[FinishedHook] = field(default_factory=list)
-    pool: asyncio.Semaphore = field(init=False)
-
-    def __post_init__(self):
-        self.pool = asyncio.Semaphore(self.max_connections)
-
-    def count(self, path: str | None, outcome: str) -> None:
-        """Count a predicted-path request's outcome (passthrough requests, ``path=None``, are not counted)."""
-        if path is not None:
-            self.metrics.requests.labels(path, outcome).inc()
-
-    def finished(self, req: ProxiedRequest | None, outcome: str, observed_tokens: int | None = None,
-                 finish_reason: str | None = None) -> None:
-        """Call the ``on_finished`` hooks for ``req`` (nothing for passthrough requests, ``req=None``)."""
-        if req is None or not self.on_finished:
-            return
-        record = FinishedRequest(req.upstream_id, req.client_id, req.path, outcome, req.expected, observed_tokens,
-                                 finish_reason, req.max_tokens, req.prediction_cap_tokens, req.received_at_s,
-                                 req.first_chunk_at_s, time.time())
-        for hook in self.on_finished:
-            try:
-                hook(record)
-            except Exception:  # noqa: BLE001 - a hook never breaks a response
-                _log.exception("lenpred serve: an on_finished hook failed for request %s", req.upstream_id)
-
-
-def _body_response(stream, status_code: int, headers: dict):
-    """A ``StreamingResponse`` without Starlette's own disconnect listener: :class:`_ClientWatch` does that (and
-    aborts the upstream request)."""
-    from starlette.responses import StreamingResponse
-
-    class _Body(StreamingResponse):
-        async def __call__(self, scope, receive, send):
-            await self.stream_response(send)
-
-    return _Body(stream, status_code=status_code, headers=headers)
-
-
-def _gone(state: ProxyState, watch: _ClientWatch, req: ProxiedRequest | None, stage: str):
-    """The client left at ``stage``: stop watching, count it, and answer 499 (nobody reads it; nginx's "client
-    closed request")."""
-    from starlette.responses import Response
-
-    watch.close()
-    state.metrics.cancellations.labels(stage).inc()
-    state.count(req.path if req else None, "cancelled")
-    state.finished(req, "cancelled")
-    return Response(status_code=499)
-
-
 def _refuse(state: ProxyState, path: str, message: str, param: str | None = None):
     state.count(path, "refused")
-    return _error(400, message, param)
-
-
-def _upstream_headers(request_headers, extra_headers: dict[str, str]) -> list[tuple[str, str]]:
-    """The client's headers without hop-by-hop ones and the proxy's own, with the proxy's ``content-type`` and
-    upstream ``x-request-id`` when given."""
-    headers = [(k, v) for k, v in request_headers.items() if k.lower() not in _DROP_REQUEST]
-    if extra_headers.get("content-type"):
-        headers = [(k, v) for k, v in headers if k.lower() != "content-type"] + [
-            ("content-type", extra_headers["content-type"])]
-    if extra_headers.get(UPSTREAM_ID_HEADER):
-        headers.append(("x-request-id", extra_headers[UPSTREAM_ID_HEADER]))
-    return headers
-
-
-async def forward(state: ProxyState, request, body: bytes, extra_headers: dict[str, str], watch: _ClientWatch,
-                  req: ProxiedRequest | None = None):
-    """Send upstream (one pooled connection, the client watched) and stream the answer back with the upstream's
-    status and headers plus the ``x-lenpred-*`` ones; a 502 when the upstream cannot be reached."""
-    import httpx
-
-    url = state.upstream + request.url.path + (f"?{request.url.query}" if request.url.query else "")
-    upstream_req = state.client.build_request(request.method, url, headers=_upstream_headers(request.headers,
-                                                                                             extra_headers),
-                                              content=body)
-    path = req.path if req else None
-    waited = time.perf_counter()
-    try:
-        await watch.race(state.pool.acquire())
-    except _ClientGone:
-        return _gone(state, watch, req, "waiting_upstream")
-    wait_s = time.perf_counter() - waited
-    state.metrics.pool_wait_s.observe(wait_s)
-    state.metrics.in_flight.inc()
-    release = _Release(state)
-    try:
-        resp = await watch.race(state.client.send(upstream_req, stream=True))
-    except _ClientGone:
-        release()
-        return _gone(state, watch, req, "waiting_upstream")
-    except httpx.HTTPError as exc:
-        release()
-        watch.close()
-        state.count(path, "unreachable")
-        state.finished(req, "unreachable")
-        return _error(502, f"upstream {state.upstream} unreachable ({type(exc).__name__}: {exc}): start it or fix "
-                           "--upstream")
-    except BaseException:
-        release()
-        watch.close()
-        raise
-    out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in _DROP_RESPONSE}
-    out_headers.update({k: v for k, v in extra_headers.items() if k.startswith("x-lenpred")})
-    out_headers[POOL_WAIT_HEADER] = f"{1e3 * wait_s:.1f}"
-    return _body_response(relay(state, resp, watch, release, req), resp.status_code, out_headers)
-
-
-class _Release:
-    """Gives one upstream connection back (pool slot and in-flight gauge) exactly once; callable as a done
-    callback."""
-
-    def __init__(self, state: ProxyState):
-        self.state, self.done = state, False
-
-    def __call__(self, *_):
-        if not self.done:
-            self.done = True
-            self.state.pool.release()
-            self.state.metrics.in_flight.dec()
-
-
-async def relay(state: ProxyState, resp, watch: _ClientWatch, release: _Release, req: ProxiedRequest | None):
-    """The upstream body chunk by chunk, raced against the client leaving; at the end the connection goes back (once
-    the upstream response is closed) and a predicted-path request is counted, its observed tokens recorded and the
-    ``on_finished`` hooks called."""
-    import contextlib
-
-    import httpx
-
-    path = req.path if req else None
-    tail, complete = _Tail(), False
-    try:
-        chunks = resp.aiter_raw()
-        while True:
-            try:
-                chunk = await watch.race(chunks.__anext__())
-            except StopAsyncIteration:
-                break
-            if req is not None and req.first_chunk_at_s is None:
-                req.first_chunk_at_s = time.time()
-            tail.add(chunk)
-            yield chunk
-        complete = True
-    except _ClientGone:
-        state.metrics.cancellations.labels("streaming").inc()
-        state.count(path, "cancelled")
-        state.finished(req, "cancelled")
-    except httpx.HTTPError:  # the upstream broke mid-body: break the client's stream too (not a clean end)
-        state.count(path, "upstream_error")
-        state.finished(req, "upstream_error")
-        raise
-    finally:
-        watch.close()
-        closing = asyncio.ensure_future(resp.aclose())
-        closing.add_done_callback(release)
-        with contextlib.suppress(BaseException):
-            await asyncio.shield(closing)
-    if complete:
-        _record_answer(state, req, resp, tail)
-
-
-def _record_answer(state: ProxyState, req: ProxiedRequest | None, resp, tail: _Tail) -> None:
-    """A complete upstream answer: its outcome, observed tokens and prediction error (metrics), then the hooks."""
-    path = req.path if req else None
-    outcome = "forwarded" if resp.status_code < 400 else "upstream_error"
-    state.count(path, outcome)
-    content_type = resp.headers.get("content-type", "")
-    observed = tail.completion_tokens(content_type) if path is not None else None
-    if observed is not None:
-        state.metrics.observed.observe(observed)
-        if req.expected is not None:
-            state.metrics.abs_error.observe(abs(req.expected - observed))
-    if req is not None and state.on_finished:
-        state.finished(req, outcome, observed, tail.finish_reason(content_type))
+    return error_response(400, message, param)
 
 
 def parse_predicted(state: ProxyState, path: str, raw: bytes, request_headers) -> ProxiedRequest | Any:
@@ -605,14 +246,14 @@ def parse_predicted(state: ProxyState, path: str, raw: bytes, request_headers) -
     return ProxiedRequest(path, body, headers, cap, predict_cap, upstream_id, client_id, time.time())
 
 
-async def predict_priority(state: ProxyState, req: ProxiedRequest, watch: _ClientWatch) -> str | None:
+async def predict_priority(state: ProxyState, req: ProxiedRequest, watch: ClientWatch) -> str | None:
     """Predict ``req``'s prompts and set its ``priority`` (unless the client sent one) and the prediction headers.
 
     Returns:
         Why the prompt was skipped (``None``: predicted).
 
     Raises:
-        _ClientGone: the client left while it was predicted.
+        ClientGone: the client left while it was predicted.
     """
     from starlette.concurrency import run_in_threadpool
 
@@ -660,11 +301,11 @@ async def predicted_endpoint(request):
     req = parse_predicted(state, request.url.path, raw, request.headers)
     if not isinstance(req, ProxiedRequest):
         return req  # refused
-    watch = _ClientWatch(request.receive)
+    watch = ClientWatch(request.receive)
     try:
         skipped = await predict_priority(state, req, watch)
-    except _ClientGone:
-        return _gone(state, watch, req, "predicting")
+    except ClientGone:
+        return gone_response(state, watch, req, "predicting")
     encoded = encode_body(req, raw, skipped)
     return await forward(state, request, encoded, req.headers, watch, req)
 
@@ -674,7 +315,7 @@ async def passthrough_endpoint(request):
     state: ProxyState = request.app.state.proxy
     body = await request.body()
     upstream_id, _ = _upstream_ids(request.headers, None)
-    return await forward(state, request, body, {UPSTREAM_ID_HEADER: upstream_id}, _ClientWatch(request.receive))
+    return await forward(state, request, body, {UPSTREAM_ID_HEADER: upstream_id}, ClientWatch(request.receive))
 
 
 async def health_endpoint(request):
