@@ -32,7 +32,7 @@ class VLLMServeConfig:
 
     Attributes:
         num_requests, draws, seed, max_output_len, max_num_seqs, kv_cache_space_gib: as in
-            :class:`VLLMOfflineConfig`.
+            :class:`~lenpred.studies.vllm_offline.VLLMOfflineConfig`.
         rate_per_s: Poisson arrival rate (requests/s); ``None``: ``load`` × the FCFS throughput (requests/s) of
             run 2 (``<out>/vllm_offline.json``).
         load: see ``rate_per_s``.
