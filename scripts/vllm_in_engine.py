@@ -124,17 +124,6 @@ def _non_streaming(url: str, messages, row) -> dict:
     return {"kv_transfer_params": out.get("kv_transfer_params"), "usage": out.get("usage")}
 
 
-def _check_ports_free(*ports: int) -> None:
-    """Refuse to start when a port is taken (a server left from an earlier run would answer the health check and
-    take the measurement)."""
-    import socket
-
-    for port in ports:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                raise SystemExit(f"127.0.0.1:{port} is in use (a server from an earlier run?): stop it first")
-
-
 def read_log(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
 
@@ -144,7 +133,7 @@ def run(args) -> dict:
     from lenpred.io import write_json
     from lenpred.serving.loadgen import run_replay
     from lenpred.serving.simulator import arrival_times
-    from lenpred.studies.vllm_runs import _cpu_set, _Servers
+    from lenpred.serving.supervisor import ServerGroup, check_ports_free, parse_cpu_set
 
     out = Path(args.out)
     partial_path = out / "in_engine_runs.json"
@@ -157,11 +146,12 @@ def run(args) -> dict:
         raise SystemExit(f"{partial_path} holds runs with other settings: delete it or use another --out")
     draws, messages = workload(args)
     model_dir = str(resolve_model()[0])
-    vllm_cpus, client_cpus = _cpu_set(args.vllm_cpus, "--vllm-cpus"), _cpu_set(args.client_cpus, "--client-cpus")
+    vllm_cpus = parse_cpu_set(args.vllm_cpus, "--vllm-cpus")
+    client_cpus = parse_cpu_set(args.client_cpus, "--client-cpus")
     if client_cpus:
         os.sched_setaffinity(0, client_cpus)
     for mode in [m for m in args.modes.split(",") if m]:  # --modes "": only the report
-        _check_ports_free(PORT, PORT + 1)
+        check_ports_free(PORT, PORT + 1)
         todo = [(rate, d) for rate in args.rates for d in range(args.draws)
                 if f"{mode}/{rate}/{d}" not in partial["runs"]]
         if not todo:
@@ -182,7 +172,7 @@ def run(args) -> dict:
             logs.append(out / "logs" / "in_engine_proxy.log")
             cpus.append(client_cpus)
             url = f"http://127.0.0.1:{PORT + 1}"
-        with _Servers(commands, urls, logs, 900, cpus=cpus):
+        with ServerGroup(commands, urls, logs, 900, cpus=cpus):
             warm = load_requests(draws[0][:2], messages, [0, 0], mode, f"warm-{mode}-")
             run_replay(url, warm, "lenpred-model")
             partial.setdefault("non_streaming_example", {})[mode] = _non_streaming(url, messages, draws[0][0])
@@ -228,16 +218,6 @@ def main() -> None:
     md = markdown(rep)
     (Path(args.out) / "in_engine.md").write_text(md)
     print(md)
-
-
-def _exit_on_sigterm() -> None:
-    """SIGTERM (``timeout``, ``kill``) exits through Python, so vLLM's and the servers' clean-up runs and no engine
-    process is left behind to load the next measurement."""
-    import signal
-    import sys
-
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-
 
 
 def _summary(run: dict) -> dict:
@@ -363,5 +343,7 @@ def markdown(rep: dict) -> str:
 
 
 if __name__ == "__main__":
-    _exit_on_sigterm()
+    from lenpred.serving.supervisor import exit_on_sigterm
+
+    exit_on_sigterm()
     main()

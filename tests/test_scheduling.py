@@ -362,3 +362,38 @@ def test_parked_prefill_ahead_bounds_the_prefilled_pool():
     _, timings = simulate_parked(reqs, cfg, unit_cost(True), SimConfig(max_num_seqs=8))
     assert [t.jct_s for t in timings] == [4, 1, 6, 7]
     assert [t.ttft_s for t in timings] == [1, 1, 2, 5]
+
+
+def test_policies_are_registered_classes_and_duplicates_are_refused():
+    from dataclasses import dataclass
+
+    from lenpred.serving.policies import POLICIES, SJF, SRPT, Policy, register
+
+    assert list(POLICIES) == ["fcfs", "random", "sjf", "srpt"] and POLICIES["sjf"] is SJF
+    assert isinstance(make_policy("srpt:est"), SRPT) and make_policy("srpt:est").preemptive
+    assert not make_policy("sjf:est").preemptive and make_policy("sjf:est").remaining is None
+    with pytest.raises(LenpredError, match="policy name 'sjf' is already registered by SJF"):
+        register("sjf")(type("Other", (Policy,), {}))
+    assert POLICIES["sjf"] is SJF  # the first registration stands
+
+    @register("lifo")
+    @dataclass
+    class LIFO(Policy):  # a new policy is one registered class
+        def key(self, request, generated=0):
+            return (-request.arrival_time_s, request.request_id)
+
+    try:
+        reqs = [req(0, 3), req(1, 1, arrival=1.0), req(2, 2, arrival=2.0)]
+        assert [r.request_id for r in sorted(reqs, key=make_policy("lifo").key)] == [2, 1, 0]
+        with pytest.raises(LenpredError, match="valid policies: fcfs, random, sjf, srpt, lifo"):
+            make_policy("nope")
+    finally:
+        del POLICIES["lifo"]
+
+
+def test_srpt_keys_by_remaining_and_preempts_below_c_times_prediction():
+    r = req(0, 10, pred=10)
+    policy = make_policy("srpt:est")
+    assert policy.key(r, 4) == (6.0, r.arrival_time_s, 0)  # countdown: 10 predicted − 4 generated
+    assert policy.preemptible(r, 7) and not policy.preemptible(r, 8)  # 0.8 × 10 = 8
+    assert make_policy("sjf:est").key(r, 4) == (10.0, r.arrival_time_s, 0)  # static: generated is not read

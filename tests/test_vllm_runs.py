@@ -13,10 +13,10 @@ import pytest
 from lenpred.errors import LenpredError
 from lenpred.serving.cost_model import CostModel
 from lenpred.serving.loadgen import LoadRequest, parse_sse_line, request_body
-from lenpred.studies.vllm_runs import (StepRecord, VLLMServeConfig, _cpu_set, _Servers, check_priorities, cost_measurements,
-                                          load_requests, pin_load_generator, priorities_for, proxy_command,
-                                          step_time_s,
-                                          vllm_serve_command)
+from lenpred.serving.supervisor import ServerGroup, check_ports_free, parse_cpu_set
+from lenpred.studies.vllm_offline import StepRecord, check_priorities, cost_measurements, priorities_for, step_time_s
+from lenpred.studies.vllm_serve import (VLLMServeConfig, load_requests, pin_load_generator, proxy_command,
+                                        vllm_serve_command)
 from lenpred.studies.workload import WorkloadRequest
 
 
@@ -33,6 +33,8 @@ def test_priorities_are_rounded_predictions_fcfs_is_all_zero():
     assert all(type(p) is int for p in priorities_for(reqs, "sjf:estp"))
     with pytest.raises(LenpredError, match="cannot be run by vLLM's priority field"):
         priorities_for(reqs, "srpt:estp")
+    with pytest.raises(LenpredError, match="valid policies: fcfs, random, sjf, srpt"):
+        priorities_for(reqs, "lifo")
 
 
 def test_check_priorities_enforces_vllms_contract():
@@ -125,7 +127,7 @@ def _free_port() -> int:
 def test_servers_are_killed_on_exit_even_after_an_error(tmp_path):
     port = _free_port()
     cmd = [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(tmp_path)]
-    servers = _Servers([cmd], [f"http://127.0.0.1:{port}/"], [tmp_path / "log"], timeout_s=30)
+    servers = ServerGroup([cmd], [f"http://127.0.0.1:{port}/"], [tmp_path / "log"], timeout_s=30)
     with pytest.raises(RuntimeError):
         with servers:
             proc = servers.procs[0]
@@ -136,27 +138,27 @@ def test_servers_are_killed_on_exit_even_after_an_error(tmp_path):
 
 def test_cpu_sets_parse_and_pin_the_server(tmp_path):
     have = sorted(os.sched_getaffinity(0))
-    assert _cpu_set(None) is None and _cpu_set(f"{have[0]}") == {have[0]}
-    assert _cpu_set(",".join(map(str, have))) == set(have) and _cpu_set(f"{have[0]}-{have[0]}") == {have[0]}
+    assert parse_cpu_set(None) is None and parse_cpu_set(f"{have[0]}") == {have[0]}
+    assert parse_cpu_set(",".join(map(str, have))) == set(have) and parse_cpu_set(f"{have[0]}-{have[0]}") == {have[0]}
     for bad in ("x", "1-a", "", f"{max(have) + 1}"):
         with pytest.raises(LenpredError):
-            _cpu_set(bad, "vllm_cpus")
+            parse_cpu_set(bad, "vllm_cpus")
     with pytest.raises(LenpredError, match="--proxy-cpus 'x' is not a CPU list"):
         VLLMServeConfig(proxy_cpus="x")
     with pytest.raises(LenpredError, match="the range 3-1 is empty"):
-        _cpu_set("3-1", "--vllm-cpus")
+        parse_cpu_set("3-1", "--vllm-cpus")
     with pytest.raises(LenpredError, match="--draws must be >= 2"):
         VLLMServeConfig(draws=1)
     port = _free_port()
     cmd = [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(tmp_path)]
-    with _Servers([cmd], [f"http://127.0.0.1:{port}/"], [tmp_path / "log"], timeout_s=30, cpus=[{have[-1]}]) as s:
+    with ServerGroup([cmd], [f"http://127.0.0.1:{port}/"], [tmp_path / "log"], timeout_s=30, cpus=[{have[-1]}]) as s:
         assert os.sched_getaffinity(s.procs[0].pid) == {have[-1]}
 
 
 def test_a_server_that_exits_is_reported(tmp_path):
     cmd = [sys.executable, "-c", "import sys; sys.exit(3)"]
     with pytest.raises(LenpredError, match=r"exited \(3\)"):
-        with _Servers([cmd], [f"http://127.0.0.1:{_free_port()}/"], [tmp_path / "log"], timeout_s=30):
+        with ServerGroup([cmd], [f"http://127.0.0.1:{_free_port()}/"], [tmp_path / "log"], timeout_s=30):
             pass
 
 
@@ -247,7 +249,7 @@ def test_run3_pins_the_load_generator_after_reading_both_cpu_sets():
 def test_serve_report_natural_eos_labels_pairs_and_counts():
     """Run 3's report from stored replays (no servers): JCT / TTFT from the planned time over `ok` requests, paired
     cuts vs FCFS, outcome counts, the natural-EOS label in the Markdown."""
-    from lenpred.studies.vllm_runs import _serve_report, serve_markdown
+    from lenpred.studies.vllm_serve import _serve_report, serve_markdown
 
     reqs = [_req(0, 30, {}), _req(1, 10, {})]
 
@@ -278,3 +280,18 @@ def test_serve_report_natural_eos_labels_pairs_and_counts():
     partial["runs"]["0/fcfs"] = [row(0, 4.0, 2.0), row(1, 9.0, None, "no_content", 0)]
     report = _serve_report(cfg, partial, [reqs, reqs], 0.5)
     assert report["runs"]["fcfs"][0]["mean_jct_s"] == 4.0 and report["checks"]["outcomes"]["no_content"] == 1
+
+
+def test_a_busy_port_is_refused_before_anything_starts(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        with pytest.raises(LenpredError, match=f"127.0.0.1:{port} is in use"):
+            check_ports_free(_free_port(), port)
+        cmd = [sys.executable, "-c", "import time; time.sleep(60)"]
+        group = ServerGroup([cmd], [f"http://127.0.0.1:{port}/"], [tmp_path / "log"], timeout_s=5, ports=(port,))
+        with pytest.raises(LenpredError, match="is in use"):
+            group.__enter__()
+        assert group.procs == [] and not (tmp_path / "log").exists()  # nothing was started
+    check_ports_free(port)  # free again once closed

@@ -492,7 +492,8 @@ def schedule_report(out: str = typer.Option(SCHED_OUT, help="Directory holding t
     from rich.console import Console
 
     from lenpred.studies.scheduling_report import save_simulation_report, save_static_real_report
-    from lenpred.studies.vllm_runs import save_offline_report, save_serve_report
+    from lenpred.studies.vllm_offline import save_offline_report
+    from lenpred.studies.vllm_serve import save_serve_report
 
     console, found = Console(width=max(Console().width, 200)), []
 
@@ -552,7 +553,7 @@ def schedule_vllm_offline(
 ):
     """Real run 2: vllm.LLM with priority scheduling, FCFS vs SJF by each predictor vs oracle; the vLLM cost model
     and the simulator's replay. Needs vllm (`pip install -e '.\\[vllm]'`); run under the CPU lock."""
-    from lenpred.studies.vllm_runs import VLLMOfflineConfig, run_vllm_offline, save_offline_report
+    from lenpred.studies.vllm_offline import VLLMOfflineConfig, run_vllm_offline, save_offline_report
 
     cfg = VLLMOfflineConfig(num_requests=num_requests, draws=draws, seed=seed, max_output_len=max_output_len,
                             max_num_seqs=max_num_seqs, predictors=_names(predictors), fit_draws=fit_draws, out=out)
@@ -589,7 +590,7 @@ def schedule_vllm_serve(
 ):
     """Real run 3: starts vllm serve --scheduling-policy priority and lenpred serve in front (both killed on
     exit), replays Poisson arrivals with streaming requests: FCFS vs predicted vs oracle priority."""
-    from lenpred.studies.vllm_runs import VLLMServeConfig, run_vllm_serve, save_serve_report
+    from lenpred.studies.vllm_serve import VLLMServeConfig, run_vllm_serve, save_serve_report
 
     cfg = VLLMServeConfig(num_requests=num_requests, draws=draws, seed=seed, max_output_len=max_output_len,
                           max_num_seqs=max_num_seqs, rate_per_s=rate, load=load, port=port, proxy_port=proxy_port,

@@ -54,8 +54,10 @@ def start_error(exc: BaseException, options: VLLMOptions) -> LenpredError:
                         f"memory ... less than desired', lower {memory}")
 
 
-def _set_cpu_env(options: VLLMOptions) -> None:
-    """Thread layout of the CPU build, read by the engine process it spawns (environment variables)."""
+def set_cpu_env(options: VLLMOptions) -> None:
+    """Set the CPU build's thread layout in ``os.environ`` (read by the engine process vLLM spawns):
+    ``VLLM_CPU_NUM_OF_RESERVED_CPU`` (default ``0``: the model may use every core) and, when set in ``options``,
+    ``VLLM_CPU_OMP_THREADS_BIND``. Changes this process's environment on purpose; nothing is restored."""
     if options.cpu_reserved_cores is not None:
         os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(options.cpu_reserved_cores)
     else:
@@ -102,7 +104,7 @@ class VLLMEngine:
         self.context_window = options.max_model_len or window
         self.stop_token_ids = tuple(stop_token_ids)
         self.options = options
-        _set_cpu_env(options)
+        set_cpu_env(options)
         from vllm import LLM
 
         try:

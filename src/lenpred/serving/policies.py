@@ -1,4 +1,5 @@
-"""Scheduling policies, registered by name, and length-bucketed static batching.
+"""Scheduling policies, one small registered class each (:func:`register`, :func:`make_policy`), and
+length-bucketed static batching.
 
 A policy ranks requests by a key (lower runs first), as vLLM's priority queue does. Registered policies:
 
@@ -18,8 +19,8 @@ ahead of every non-promoted request; promoted requests run among themselves in a
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Callable
+from dataclasses import dataclass, field, fields
+from typing import Callable, ClassVar
 
 import numpy as np
 
@@ -65,28 +66,51 @@ def progressive_remaining(estimates: dict[int, dict[int, float]], fallback: Rema
     return remaining
 
 
+POLICIES: dict[str, type["Policy"]] = {}
+"""Registered policy classes by name, in registration order (:func:`register`)."""
+
+
+def register(name: str):
+    """Class decorator adding a :class:`Policy` subclass to :data:`POLICIES` under ``name`` (its ``name``).
+
+    Raises:
+        LenpredError: ``name`` is already registered (a second class would silently replace the first).
+    """
+    def wrap(cls):
+        if name in POLICIES:
+            raise LenpredError(f"policy name '{name}' is already registered by {POLICIES[name].__qualname__}: "
+                               f"register {cls.__qualname__} under another name")
+        cls.name = name
+        POLICIES[name] = cls
+        return cls
+    return wrap
+
+
 @dataclass
 class Policy:
-    """A ranking of requests (lower key first), optionally preemptive and with aging.
+    """A ranking of requests (lower key first), optionally preemptive and with aging. One registered subclass per
+    policy implements :meth:`key`; build them by name with :func:`make_policy`.
+
+    Class attributes:
+        name: registry name (set by :func:`register`).
+        reads_prediction: the key reads ``request.predictions[predictor]`` (so a spec needs ``name:predictor``).
+        preemptive: a better-ranked waiting request may displace a running one (see :meth:`preemptible`).
+        remaining: remaining-length estimate (only :class:`SRPT` has one; the simulator reads its
+            ``update_steps``).
 
     Attributes:
-        name: registry name (``fcfs``, ``random``, ``sjf``, ``srpt``).
         predictor: the prediction the key reads (``oracle`` = true length); ``None`` for fcfs / random.
-        preemptive: a better-ranked waiting request may displace a running one (see :meth:`preemptible`).
-        aging_steps: vllm-ltr starvation threshold in scheduler steps; ``None`` disables aging.
-        preempt_fraction: TRAIL's ``c``.
-        remaining: remaining-length estimate (srpt); default :func:`countdown_remaining`.
-        seed: for ``random``.
+        aging_steps: vllm-ltr starvation threshold in scheduler steps; ``None`` disables aging (applied by the
+            simulator, not by :meth:`key`).
     """
 
-    name: str
+    name: ClassVar[str] = ""
+    reads_prediction: ClassVar[bool] = False
+    preemptive: ClassVar[bool] = False
+    remaining = None
+
     predictor: str | None = None
-    preemptive: bool = False
     aging_steps: int | None = None
-    preempt_fraction: float = TRAIL_PREEMPT_FRACTION
-    remaining: Remaining | None = None
-    seed: int = 0
-    _random_keys: dict = field(default_factory=dict, repr=False)
 
     @property
     def label(self) -> str:
@@ -95,65 +119,123 @@ class Policy:
         return base + (f"+aging{self.aging_steps}" if self.aging_steps else "")
 
     def key(self, request, generated: int = 0) -> tuple:
-        """Sort key of a request that has generated ``generated`` tokens (arrival and id break ties)."""
-        tie = (request.arrival_time_s, request.request_id)
-        if self.name == "fcfs":
-            return tie
-        if self.name == "random":
-            if request.request_id not in self._random_keys:
-                rng = np.random.default_rng([self.seed, request.request_id])
-                self._random_keys[request.request_id] = float(rng.random())
-            return (self._random_keys[request.request_id], *tie)
-        if self.name == "sjf":
-            return (request.predictions[self.predictor], *tie)
-        return (self.remaining(request, generated), *tie)  # srpt
+        """Sort key of a request that has generated ``generated`` tokens: the policy's rank, then arrival time and
+        request id (ties)."""
+        raise NotImplementedError
+
+    def preemptible(self, request, generated: int) -> bool:
+        """Whether a running request may be displaced now (never, unless the policy is preemptive)."""
+        return False
+
+
+def _tie(request) -> tuple:
+    return (request.arrival_time_s, request.request_id)
+
+
+@register("fcfs")
+@dataclass
+class FCFS(Policy):
+    """First come, first served: arrival time (ties: request id)."""
+
+    def key(self, request, generated: int = 0) -> tuple:
+        return _tie(request)
+
+
+@register("random")
+@dataclass
+class Random(Policy):
+    """A seeded random number per request (a control without length information); the same request keeps its
+    number for the policy's lifetime.
+
+    Attributes:
+        seed: with the request id, seeds each request's number (``np.random.default_rng([seed, request_id])``).
+    """
+
+    seed: int = 0
+    _random_keys: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def key(self, request, generated: int = 0) -> tuple:
+        if request.request_id not in self._random_keys:
+            rng = np.random.default_rng([self.seed, request.request_id])
+            self._random_keys[request.request_id] = float(rng.random())
+        return (self._random_keys[request.request_id], *_tie(request))
+
+
+@register("sjf")
+@dataclass
+class SJF(Policy):
+    """Shortest job first by the predictor's static prediction (SSJF, Qiu et al. 2024); ``oracle`` = true length."""
+
+    reads_prediction: ClassVar[bool] = True
+    predictor: str | None = "oracle"
+
+    def key(self, request, generated: int = 0) -> tuple:
+        return (request.predictions[self.predictor], *_tie(request))
+
+
+@register("srpt")
+@dataclass
+class SRPT(Policy):
+    """Shortest predicted remaining length first with TRAIL's limited preemption (Shahout et al. 2024).
+
+    Attributes:
+        remaining: ``remaining(request, generated) -> tokens``; ``None``: :func:`countdown_remaining` of the
+            predictor.
+        preempt_fraction: TRAIL's ``c``: preemptible while ``generated < c × first prediction``.
+    """
+
+    reads_prediction: ClassVar[bool] = True
+    preemptive: ClassVar[bool] = True
+    predictor: str | None = "oracle"
+    remaining: Remaining | None = None
+    preempt_fraction: float = TRAIL_PREEMPT_FRACTION
+
+    def __post_init__(self):
+        if self.remaining is None:
+            self.remaining = countdown_remaining(self.predictor)
+
+    def key(self, request, generated: int = 0) -> tuple:
+        return (self.remaining(request, generated), *_tie(request))
 
     def preemptible(self, request, generated: int) -> bool:
         """TRAIL's limited preemption: ``generated < c × first prediction``."""
-        return self.preemptive and generated < self.preempt_fraction * request.predictions[self.predictor]
-
-
-def _fcfs(**kw) -> Policy:
-    return Policy("fcfs", aging_steps=kw.get("aging_steps"))
-
-
-def _random(seed: int = 0, **kw) -> Policy:
-    return Policy("random", seed=seed, aging_steps=kw.get("aging_steps"))
-
-
-def _sjf(predictor: str = "oracle", **kw) -> Policy:
-    return Policy("sjf", predictor=predictor, aging_steps=kw.get("aging_steps"))
-
-
-def _srpt(predictor: str = "oracle", remaining: Remaining | None = None,
-          preempt_fraction: float = TRAIL_PREEMPT_FRACTION, **kw) -> Policy:
-    return Policy("srpt", predictor=predictor, preemptive=True, aging_steps=kw.get("aging_steps"),
-                  preempt_fraction=preempt_fraction, remaining=remaining or countdown_remaining(predictor))
-
-
-POLICIES: dict[str, Callable[..., Policy]] = {"fcfs": _fcfs, "random": _random, "sjf": _sjf, "srpt": _srpt}
+        return generated < self.preempt_fraction * request.predictions[self.predictor]
 
 
 def make_policy(spec: str, aging_steps: int | None = None, seed: int = 0, **kw) -> Policy:
-    """A policy from ``name`` or ``name:predictor`` (e.g. ``sjf:estp``, ``srpt:oracle``).
+    """A registered policy from ``name`` or ``name:predictor`` (e.g. ``sjf:estp``, ``srpt:oracle``).
+
+    Args:
+        spec: ``name`` for policies that read no prediction, else ``name:predictor``.
+        aging_steps: vllm-ltr starvation threshold (>= 1 for length policies), ``None``: no aging.
+        seed: the seed of policies that have one (``random``).
+        **kw: further fields of the policy class (``remaining``, ``preempt_fraction`` for ``srpt``); names the
+            class does not have are ignored.
 
     Raises:
-        LenpredError: unknown name (lists the valid ones), a length policy without a predictor, or a predictor on
-            fcfs / random.
+        LenpredError: unknown name (lists the valid ones), a length policy without a predictor, a predictor on
+            fcfs / random, or aging steps below 1.
     """
     name, _, predictor = spec.partition(":")
     if name not in POLICIES:
         raise LenpredError(f"unknown policy '{name}'; valid policies: {', '.join(POLICIES)}")
-    if name in ("fcfs", "random"):
+    cls = POLICIES[name]
+    if not cls.reads_prediction:
         if predictor:
             raise LenpredError(f"policy {name} reads no prediction: write '{name}', not '{spec}'")
-        return POLICIES[name](aging_steps=aging_steps, seed=seed)
+        return _build(cls, aging_steps=aging_steps, seed=seed)
     if not predictor:
         raise LenpredError(f"policy {name} needs a predictor: write '{name}:<predictor>' (e.g. {name}:estp or "
                            f"{name}:oracle)")
     if aging_steps is not None and aging_steps < 1:
         raise LenpredError(f"aging steps must be >= 1 (vllm-ltr uses {VLLM_LTR_AGING_STEPS}), got {aging_steps}")
-    return POLICIES[name](predictor=predictor, aging_steps=aging_steps, **kw)
+    return _build(cls, predictor=predictor, aging_steps=aging_steps, **kw)
+
+
+def _build(cls: type[Policy], **kw) -> Policy:
+    """``cls`` with the keyword arguments that are its init fields (the others are ignored)."""
+    names = {f.name for f in fields(cls) if f.init}
+    return cls(**{k: v for k, v in kw.items() if k in names})
 
 
 def static_batches(requests: list, batch_size: int, policy: Policy) -> list[list]:

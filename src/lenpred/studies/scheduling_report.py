@@ -15,8 +15,9 @@ COLUMNS = (("throughput_tok_s", "tok/s", 1), ("mean_jct_s", "mean JCT s", 1), ("
            ("padding_ratio", "padding", 3))
 
 
-def _cell(value, digits: int) -> str:
-    """``[estimate, low, high]`` → ``"12.3 [10.1, 14.0]"``; a number → itself."""
+def interval_cell(value, digits: int) -> str:
+    """A table cell: ``[estimate, low, high]`` → ``"12.3 [10.1, 14.0]"``; a number → itself with ``digits``
+    decimals; ``None`` → ``"–"``."""
     if value is None:
         return "–"
     if isinstance(value, (list, tuple)):
@@ -33,8 +34,8 @@ def simulation_tables(report: dict) -> dict[str, tuple[list[str], list[list[str]
     for key, row in summary["rows"].items():
         setting, policy = key.rsplit("/", 1)
         cols = [(m, label, d) for m, label, d in COLUMNS if m in row]
-        cells = [policy] + [_cell(row.get(m), d) for m, _, d in cols]
-        cells.append(_cell(summary["gain_share"].get(key), 2) if key in summary["gain_share"] else "–")
+        cells = [policy] + [interval_cell(row.get(m), d) for m, _, d in cols]
+        cells.append(interval_cell(summary["gain_share"].get(key), 2) if key in summary["gain_share"] else "–")
         rows_by_setting.setdefault(setting, [["policy", *(label for _, label, _ in cols), "oracle-gain share"]])
         rows_by_setting[setting].append(cells)
     return {s: (r[0], r[1:]) for s, r in rows_by_setting.items()}
@@ -157,4 +158,16 @@ def save_static_real_report(report: dict, out_dir: str | Path, console=None) -> 
         tmp.write_text(f"# {title}\n\n" + markdown(header, rows))
     plot_padding({g: [r["padding_ratio"]] * 3 for g, r in report["runs"].items()}, paths["png"],
                  "real run 1: padding ratio per grouping")
+    return paths
+
+
+def save_markdown_with_cdf(name: str, text: str, jct_draw0: dict[str, list[float]], out_dir: str | Path,
+                           title: str) -> dict[str, Path]:
+    """Write ``<name>.md`` (``text``) and ``<name>_jct_cdf.png`` (:func:`plot_jct_cdf` of ``jct_draw0``, JCTs in
+    seconds per policy) under ``out_dir``; returns their paths as ``{"md", "cdf"}``."""
+    out_dir = Path(out_dir)
+    paths = {"md": out_dir / f"{name}.md", "cdf": out_dir / f"{name}_jct_cdf.png"}
+    with atomic_path(paths["md"]) as tmp:
+        tmp.write_text(text)
+    plot_jct_cdf(jct_draw0, paths["cdf"], title)
     return paths

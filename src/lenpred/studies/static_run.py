@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from lenpred.errors import LenpredError
+from lenpred.studies.resume import load_resumable
 
 
 class ExactLengthProcessor:
@@ -142,7 +143,8 @@ class StaticRunConfig:
         seed: workload draw seed.
         groupings: ``fcfs`` and ``sjf:<predictor>`` (``sjf:oracle`` = true length) policies that form the batches.
         cost_model: the calibrated transformers cost model (the simulator's prediction of each run).
-        out: result JSON (written after every grouping; a rerun resumes).
+        out: result JSON (written after every grouping; a rerun with the same settings resumes, other settings are
+            refused: :func:`lenpred.studies.resume.load_resumable`).
         threads: torch threads.
     """
 
@@ -169,8 +171,11 @@ def run_static(cfg: StaticRunConfig, table=None) -> dict:
     Returns (and writes to ``cfg.out``) ``{"config", "workload", "hardware", "runs": {grouping: {...}}}`` where
     each run has measured ``wall_s``, ``throughput_tok_s``, ``padding_ratio``, mean / p90 JCT and the simulated
     ``sim_wall_s`` / ``sim_mean_jct_s`` and their relative errors.
+
+    Raises:
+        LenpredError: ``cfg.out`` holds runs made with other settings, or ``generate`` did not produce the forced
+            lengths.
     """
-    import json
     from pathlib import Path
 
     from tqdm.auto import tqdm
@@ -187,9 +192,7 @@ def run_static(cfg: StaticRunConfig, table=None) -> dict:
     table = table if table is not None else load_workload_table(rebuild=False)
     requests = draw_workload(table, cfg.num_requests, cfg.seed, max_output_len=cfg.max_output_len)
     out = Path(cfg.out)
-    report = json.loads(out.read_text()) if out.exists() else {}
-    if report.get("config") != json.loads(json.dumps(asdict(cfg))):
-        report = {"config": asdict(cfg), "runs": {}}
+    report = load_resumable(out, asdict(cfg))
     report["workload"] = {"request_ids_in_table": [r.prompt_id + f"#{i}" for i, r in enumerate(requests)],
                           "output_len": [r.output_len for r in requests],
                           "num_prompt_tokens": [r.num_prompt_tokens for r in requests]}

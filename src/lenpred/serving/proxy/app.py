@@ -36,17 +36,24 @@ What it does to each request (Starlette app, httpx ``AsyncClient`` to the upstre
   connection counts); ``GET /metrics``: Prometheus metrics (:mod:`lenpred.serving.proxy.metrics`). The upstream's own
   ``/health`` and ``/metrics`` are on its port.
 * Every other path and method (``/v1/models``, ...) is forwarded as is.
+* **When a predicted-path request ends** (answered, upstream error, unreachable, client gone), the
+  ``on_finished`` hooks get a :class:`~lenpred.serving.proxy.state.FinishedRequest`: ids, prediction, observed
+  tokens, finish reason, caps, times (the place for a traffic log).
 * Responses are streamed back chunk by chunk (SSE passes through as the upstream writes it) with the upstream's
   status code, headers and body unchanged, errors included.
 
-Predictions run off the request path's critical section (:mod:`lenpred.serving.proxy.batching`): each request tokenises in
-its own thread, then one worker predicts queued requests in micro-batches, with the truncated forward
+The handlers are module-level functions over one :class:`~lenpred.serving.proxy.state.ProxyState`
+(``app.state.proxy``: upstream client, prediction service and batcher, metrics, settings, hooks); forwarding is
+:mod:`lenpred.serving.proxy.upstream`.
+
+Predictions run off the request path's critical section (:mod:`lenpred.serving.proxy.batching`): each request
+tokenises in its own thread, then one worker predicts queued requests in micro-batches, with the truncated forward
 (:mod:`lenpred.truncated`) for predictors that read one layer's hidden states.
 """
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import json
 import math
 import time
@@ -54,18 +61,12 @@ import uuid
 from typing import Any, Callable
 
 from lenpred.errors import ContextWindowError, LenpredError
+from lenpred.serving.proxy.state import (CAP_HEADER, CLIENT_ID_HEADER, DEFAULT_MAX_TOKENS_HEADER, EXPECTED_HEADER,
+                                         PREDICT_MS_HEADER, PRIORITY_HEADER, SKIPPED_HEADER, UPSTREAM_ID_HEADER,
+                                         FinishedHook, ProxiedRequest, ProxyState)
+from lenpred.serving.proxy.upstream import ClientGone, ClientWatch, error_response, forward, gone_response
 
 PREDICTED_PATHS = ("/v1/chat/completions", "/v1/completions")
-EXPECTED_HEADER, PRIORITY_HEADER, SKIPPED_HEADER = "x-lenpred-expected", "x-lenpred-priority", "x-lenpred-skipped"
-PREDICT_MS_HEADER = "x-lenpred-predict-ms"  # wall time of the prediction (waiting for the predictor included)
-CAP_HEADER = "x-lenpred-cap"  # request header: the prediction's cap instead of max_tokens (not forwarded)
-POOL_WAIT_HEADER = "x-lenpred-pool-wait-ms"  # time waited for an upstream connection
-DEFAULT_MAX_TOKENS_HEADER = "x-lenpred-default-max-tokens"  # the cap the proxy filled in (absent: the client's)
-UPSTREAM_ID_HEADER, CLIENT_ID_HEADER = "x-lenpred-upstream-request-id", "x-lenpred-client-request-id"
-# hop-by-hop headers (RFC 9110 §7.6.1) and those httpx / uvicorn recompute
-_DROP_REQUEST = {"host", "content-length", "connection", "keep-alive", "transfer-encoding", "upgrade", "te",
-                 "proxy-connection", "accept-encoding", CAP_HEADER, "x-request-id"}
-_DROP_RESPONSE = {"content-length", "connection", "keep-alive", "transfer-encoding", "upgrade", "server", "date"}
 
 Predict = Callable[[list, int | None], float]
 """``predict(prompts, max_tokens) -> expected output tokens``: ``prompts`` is a list of prompts, each a string (one
@@ -87,16 +88,6 @@ def predictor_fn(predictor) -> Predict:
                 raise
         return min(max(p.expected for p in predictor.predict(prompts, None)), float(max_tokens))
     return predict
-
-
-def _error(status: int, message: str, param: str | None = None):
-    """An OpenAI-style error response (``{"error": {"message", "type", "param", "code"}}``); ``type`` is
-    ``invalid_request_error`` for 4xx and ``server_error`` for 5xx."""
-    from starlette.responses import JSONResponse
-
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}},
-                        status_code=status)
 
 
 def _text_content(content: Any) -> Any:
@@ -141,14 +132,14 @@ def client_cap(body: dict) -> tuple[str | None, int | None]:
     Raises:
         ValueError: the field is there but not a positive whole number.
     """
-    for field in ("max_completion_tokens", "max_tokens"):
-        value = body.get(field)
+    for name in ("max_completion_tokens", "max_tokens"):
+        value = body.get(name)
         if value is None:
             continue
         cap = _lax_int(value)
         if cap is None or cap < 1:
-            raise ValueError(f"{field} = {json.dumps(value)[:40]} is not a positive whole number of tokens")
-        return field, cap
+            raise ValueError(f"{name} = {json.dumps(value)[:40]} is not a positive whole number of tokens")
+        return name, cap
     return None, None
 
 
@@ -194,80 +185,181 @@ def upstream_root(upstream: str) -> str:
     return root[:-3] if root.endswith("/v1") else root
 
 
-class _ClientGone(Exception):
-    """The client disconnected while the proxy waited on something for it."""
-
-
-class _ClientWatch:
-    """Watches one request's ASGI ``receive`` channel for ``http.disconnect`` (after the body was read) and races
-    the proxy's awaits against it (:meth:`race`)."""
-
-    def __init__(self, receive):
-        self._task = asyncio.ensure_future(self._wait(receive))
-
-    @staticmethod
-    async def _wait(receive) -> None:
-        while (await receive())["type"] != "http.disconnect":
-            pass
-
-    async def race(self, awaitable):
-        """The awaitable's result, or :class:`_ClientGone` (the awaitable cancelled) when the client leaves first;
-        a result that is ready when both are wins."""
-        work = asyncio.ensure_future(awaitable)
-        try:
-            await asyncio.wait({work, self._task}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            if not work.done():
-                work.cancel()
-        if work.done() and not work.cancelled():
-            return work.result()
-        raise _ClientGone
-
-    def close(self) -> None:
-        self._task.cancel()
-
-
-class _Tail:
-    """The last ``limit`` bytes of a response body, to read the usage from at its end."""
-
-    def __init__(self, limit: int = 1 << 20):
-        self.data, self.limit, self.truncated = bytearray(), limit, False
-
-    def add(self, chunk: bytes) -> None:
-        self.data += chunk
-        if len(self.data) > self.limit:
-            del self.data[:len(self.data) - self.limit]
-            self.truncated = True
-
-    def completion_tokens(self, content_type: str) -> int | None:
-        """``usage.completion_tokens`` of a JSON body, or of the last SSE event that carries a usage; ``None``."""
-        try:
-            if content_type.startswith("text/event-stream"):
-                for line in reversed(bytes(self.data).split(b"\n")):
-                    if line.startswith(b"data:") and b'"usage"' in line:
-                        usage = json.loads(line[5:]).get("usage") or {}
-                        if usage.get("completion_tokens") is not None:
-                            return int(usage["completion_tokens"])
-            elif content_type.startswith("application/json") and not self.truncated:
-                usage = json.loads(bytes(self.data)).get("usage") or {}
-                return None if usage.get("completion_tokens") is None else int(usage["completion_tokens"])
-        except (ValueError, TypeError, AttributeError):
-            pass
-        return None
-
-
-def _upstream_ids(request, body: dict | None) -> tuple[str, str | None]:
+def _upstream_ids(request_headers, body: dict | None) -> tuple[str, str | None]:
     """``(upstream id, client id)``: a fresh id for this attempt, from the client's ``X-Request-Id`` header or body
     ``request_id`` (kept as the prefix, so logs join) plus a random suffix."""
-    client_id = request.headers.get("x-request-id")
+    client_id = request_headers.get("x-request-id")
     if client_id is None and body is not None and isinstance(body.get("request_id"), str):
         client_id = body["request_id"]
     suffix = uuid.uuid4().hex
     return (f"{client_id[:100]}-{suffix[:16]}" if client_id else f"lenpred-{suffix}"), client_id
 
 
+def _refuse(state: ProxyState, path: str, message: str, param: str | None = None):
+    state.count(path, "refused")
+    return error_response(400, message, param)
+
+
+def parse_predicted(state: ProxyState, path: str, raw: bytes, request_headers) -> ProxiedRequest | Any:
+    """Read a predicted-path request: its JSON body, the generation cap (the default filled in when missing), the
+    prediction's cap (``x-lenpred-cap``) and the ids; or a 400 response (counted as ``refused``) for a body that is
+    not a JSON object, ``n`` / ``best_of`` > 1, or a bad cap.
+
+    Args:
+        state: the proxy's state (default cap, metrics).
+        path: the request path.
+        raw: the request body.
+        request_headers: the client's headers (a mapping with ``get``, case-insensitive as Starlette's).
+    """
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        return _refuse(state, path, f"request body is not valid JSON ({exc}): send a JSON object with 'messages' "
+                                    "(chat) or 'prompt' (completions)")
+    if not isinstance(body, dict):
+        return _refuse(state, path, f"request body is a JSON {type(body).__name__}, not an object: send a JSON "
+                                    "object with 'messages' (chat) or 'prompt' (completions)")
+    if _samples(body) > 1:
+        return _refuse(state, path, f"n / best_of = {_samples(body):g}: lenpred serve forwards a priority, and vLLM's "
+                                    "priority scheduling with more than one sample per request has crashed its "
+                                    "engine; send n = 1 requests (several requests for several samples)", param="n")
+    try:
+        _, cap = client_cap(body)
+    except ValueError as exc:
+        return _refuse(state, path, f"{exc}: send a whole number of tokens >= 1, or leave it out (lenpred serve then "
+                                    f"sends max_tokens = {state.default_max_tokens})", param="max_tokens")
+    headers = {"content-type": "application/json"}
+    if cap is None:
+        cap = body["max_tokens"] = state.default_max_tokens
+        headers[DEFAULT_MAX_TOKENS_HEADER] = str(state.default_max_tokens)
+        state.metrics.default_max_tokens.inc()
+    try:
+        predict_cap = cap if request_headers.get(CAP_HEADER) is None else _header_cap(request_headers[CAP_HEADER])
+    except ValueError as exc:
+        return _refuse(state, path, f"{exc}: send the cap the prediction is clipped to, or leave the header out")
+    upstream_id, client_id = _upstream_ids(request_headers, body)
+    headers[UPSTREAM_ID_HEADER] = upstream_id
+    if client_id is not None:
+        headers[CLIENT_ID_HEADER] = client_id.encode("ascii", "replace").decode()[:200]
+    if "request_id" in body:
+        body["request_id"] = upstream_id
+    return ProxiedRequest(path, body, headers, cap, predict_cap, upstream_id, client_id, time.time())
+
+
+async def predict_priority(state: ProxyState, req: ProxiedRequest, watch: ClientWatch) -> str | None:
+    """Predict ``req``'s prompts and set its ``priority`` (unless the client sent one) and the prediction headers.
+
+    Returns:
+        Why the prompt was skipped (``None``: predicted).
+
+    Raises:
+        ClientGone: the client left while it was predicted.
+    """
+    from starlette.concurrency import run_in_threadpool
+
+    prompts, skipped = request_prompts(req.path, req.body)
+    if prompts is None:
+        return skipped
+    started = time.perf_counter()
+    try:
+        prepared = await watch.race(run_in_threadpool(state.service.prepare, prompts, req.prediction_cap_tokens))
+        expected = await watch.race(state.batcher.predict(prepared))
+    except LenpredError as exc:
+        return f"cannot predict: {exc}"
+    elapsed_s = time.perf_counter() - started
+    state.metrics.prediction_s.observe(elapsed_s)
+    req.headers[PREDICT_MS_HEADER] = f"{1e3 * elapsed_s:.1f}"
+    if not math.isfinite(expected):
+        return "prediction is not finite"
+    req.expected = expected
+    state.metrics.predicted.observe(expected)
+    if "priority" not in req.body:
+        req.body["priority"] = int(round(expected))
+    req.headers |= {EXPECTED_HEADER: f"{expected:.1f}", PRIORITY_HEADER: str(req.body["priority"])}
+    return None
+
+
+def encode_body(req: ProxiedRequest, raw: bytes, skipped: str | None) -> bytes:
+    """The body to forward: ``req.body`` as JSON, or the client's bytes when it holds a number JSON cannot carry
+    (e.g. ``1e400`` parsed as inf; the prediction headers are then dropped). Sets ``x-lenpred-skipped``."""
+    try:
+        encoded = json.dumps(req.body, allow_nan=False).encode()
+    except ValueError:
+        skipped = "the body holds a number JSON cannot carry (inf or nan)"
+        req.headers = {k: v for k, v in req.headers.items() if k not in (EXPECTED_HEADER, PRIORITY_HEADER,
+                                                                          DEFAULT_MAX_TOKENS_HEADER)}
+        encoded, req.expected = raw, None
+    if skipped is not None:
+        req.headers[SKIPPED_HEADER] = skipped.encode("ascii", "replace").decode()[:200].replace("\n", " ")
+    return encoded
+
+
+async def predicted_endpoint(request):
+    """``POST /v1/chat/completions`` and ``/v1/completions``: read, predict, set the priority, forward."""
+    state: ProxyState = request.app.state.proxy
+    raw = await request.body()
+    req = parse_predicted(state, request.url.path, raw, request.headers)
+    if not isinstance(req, ProxiedRequest):
+        return req  # refused
+    watch = ClientWatch(request.receive)
+    try:
+        skipped = await predict_priority(state, req, watch)
+    except ClientGone:
+        return gone_response(state, watch, req, "predicting")
+    encoded = encode_body(req, raw, skipped)
+    return await forward(state, request, encoded, req.headers, watch, req)
+
+
+async def passthrough_endpoint(request):
+    """Every other path and method: forwarded as is (with a fresh upstream request id)."""
+    state: ProxyState = request.app.state.proxy
+    body = await request.body()
+    upstream_id, _ = _upstream_ids(request.headers, None)
+    return await forward(state, request, body, {UPSTREAM_ID_HEADER: upstream_id}, ClientWatch(request.receive))
+
+
+async def health_endpoint(request):
+    """``GET /health``: 200 while the prediction worker runs (else 503), with the queue and connection counts."""
+    from starlette.responses import JSONResponse
+
+    state: ProxyState = request.app.state.proxy
+    ok = state.batcher.running
+    return JSONResponse({"status": "ok" if ok else "prediction worker stopped",
+                         "prediction_queue": state.batcher.queued,
+                         "upstream_in_flight": int(state.metrics.value("lenpred_proxy_upstream_in_flight")),
+                         "max_connections": state.max_connections, "upstream": state.upstream},
+                        status_code=200 if ok else 503)
+
+
+async def metrics_endpoint(request):
+    """``GET /metrics``: the proxy's Prometheus metrics."""
+    from starlette.responses import Response
+
+    body, content_type = request.app.state.proxy.metrics.render()
+    return Response(body, media_type=content_type)
+
+
+@contextlib.asynccontextmanager
+async def _lifespan(app):
+    """Make the upstream client when none was given (closed at shutdown) and run the prediction worker."""
+    import httpx
+
+    state: ProxyState = app.state.proxy
+    own = state.client is None
+    if own:
+        limits = httpx.Limits(max_connections=state.max_connections, max_keepalive_connections=state.max_connections)
+        state.client = httpx.AsyncClient(timeout=httpx.Timeout(state.timeout_s, connect=10.0), limits=limits)
+    await state.batcher.start()
+    try:
+        yield
+    finally:
+        await state.batcher.stop()
+        if own:
+            await state.client.aclose()
+
+
 def create_app(upstream: str, predict, client=None, timeout_s: float | None = None, max_connections: int = 1024,
-               default_max_tokens: int = 1024, batch=None, metrics=None):
+               default_max_tokens: int = 1024, batch=None, metrics=None, on_finished: tuple[FinishedHook, ...] = ()):
     """The proxy as a Starlette app.
 
     Args:
@@ -283,16 +375,17 @@ def create_app(upstream: str, predict, client=None, timeout_s: float | None = No
         default_max_tokens: the cap sent when the client gives none (tokens).
         batch: :class:`lenpred.serving.proxy.batching.BatchConfig` (default: its defaults).
         metrics: a :class:`lenpred.serving.proxy.metrics.ProxyMetrics` (default: a new one); also ``app.state.metrics``.
+        on_finished: :data:`FinishedHook` functions called when a predicted-path request ends (also
+            ``app.state.proxy.on_finished``, where more can be appended before serving).
+
+    Returns:
+        The app; its state is ``app.state.proxy`` (:class:`ProxyState`), with ``app.state.metrics`` and
+        ``app.state.batcher`` as shortcuts.
 
     Raises:
         LenpredError: ``max_connections`` or ``default_max_tokens`` below 1.
     """
-    import contextlib
-
-    import httpx
     from starlette.applications import Starlette
-    from starlette.concurrency import run_in_threadpool
-    from starlette.responses import JSONResponse, Response, StreamingResponse
     from starlette.routing import Route
 
     from lenpred.serving.proxy.batching import FunctionService, PredictionBatcher
@@ -301,220 +394,16 @@ def create_app(upstream: str, predict, client=None, timeout_s: float | None = No
     if max_connections < 1 or default_max_tokens < 1:
         raise LenpredError(f"--max-connections and --default-max-tokens must be >= 1, got {max_connections} and "
                            f"{default_max_tokens}")
-    upstream = upstream_root(upstream)
     metrics = metrics or ProxyMetrics()
     service = predict if hasattr(predict, "predict_batch") else FunctionService(predict)
-    batcher = PredictionBatcher(service, batch, metrics)
-    state: dict[str, Any] = {"client": client}
-    pool = asyncio.Semaphore(max_connections)  # == the httpx pool's size: waits happen here, where they are timed
-
-    class _Body(StreamingResponse):
-        """Streams without Starlette's own disconnect listener: :class:`_ClientWatch` does that (and aborts the
-        upstream request)."""
-
-        async def __call__(self, scope, receive, send):
-            await self.stream_response(send)
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app):
-        own = state["client"] is None
-        if own:
-            limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-            state["client"] = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=10.0), limits=limits)
-        await batcher.start()
-        try:
-            yield
-        finally:
-            await batcher.stop()
-            if own:
-                await state["client"].aclose()
-
-    def finish(path: str | None, outcome: str) -> None:
-        if path is not None:
-            metrics.requests.labels(path, outcome).inc()
-
-    async def forward(request, body: bytes, extra_headers: dict[str, str], watch: _ClientWatch, path=None,
-                      expected: float | None = None):
-        """Send upstream (one pooled connection, the client watched) and stream the answer back."""
-        headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _DROP_REQUEST]
-        if extra_headers.get("content-type"):
-            headers = [(k, v) for k, v in headers if k.lower() != "content-type"] + [
-                ("content-type", extra_headers["content-type"])]
-        if extra_headers.get(UPSTREAM_ID_HEADER):
-            headers.append(("x-request-id", extra_headers[UPSTREAM_ID_HEADER]))
-        url = upstream + request.url.path + (f"?{request.url.query}" if request.url.query else "")
-        req = state["client"].build_request(request.method, url, headers=headers, content=body)
-        waited = time.perf_counter()
-        try:
-            await watch.race(pool.acquire())
-        except _ClientGone:
-            return gone(watch, path, "waiting_upstream")
-        wait_s = time.perf_counter() - waited
-        metrics.pool_wait_s.observe(wait_s)
-        metrics.in_flight.inc()
-        released = False
-
-        def release(*_):
-            nonlocal released
-            if not released:
-                released = True
-                pool.release()
-                metrics.in_flight.dec()
-
-        try:
-            resp = await watch.race(state["client"].send(req, stream=True))
-        except _ClientGone:
-            release()
-            return gone(watch, path, "waiting_upstream")
-        except httpx.HTTPError as exc:
-            release()
-            watch.close()
-            finish(path, "unreachable")
-            return _error(502, f"upstream {upstream} unreachable ({type(exc).__name__}: {exc}): start it or fix "
-                               "--upstream")
-        except BaseException:
-            release()
-            watch.close()
-            raise
-        out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in _DROP_RESPONSE}
-        out_headers.update({k: v for k, v in extra_headers.items() if k.startswith("x-lenpred")})
-        out_headers[POOL_WAIT_HEADER] = f"{1e3 * wait_s:.1f}"
-        content_type = resp.headers.get("content-type", "")
-
-        async def stream():
-            tail, complete = _Tail(), False
-            try:
-                chunks = resp.aiter_raw()
-                while True:
-                    try:
-                        chunk = await watch.race(chunks.__anext__())
-                    except StopAsyncIteration:
-                        break
-                    tail.add(chunk)
-                    yield chunk
-                complete = True
-            except _ClientGone:
-                metrics.cancellations.labels("streaming").inc()
-                finish(path, "cancelled")
-            except httpx.HTTPError:  # the upstream broke mid-body: break the client's stream too (not a clean end)
-                finish(path, "upstream_error")
-                raise
-            finally:
-                watch.close()
-                closing = asyncio.ensure_future(resp.aclose())
-                closing.add_done_callback(release)
-                with contextlib.suppress(BaseException):
-                    await asyncio.shield(closing)
-            if complete:
-                finish(path, "forwarded" if resp.status_code < 400 else "upstream_error")
-                observed = tail.completion_tokens(content_type) if path is not None else None
-                if observed is not None:
-                    metrics.observed.observe(observed)
-                    if expected is not None:
-                        metrics.abs_error.observe(abs(expected - observed))
-
-        return _Body(stream(), status_code=resp.status_code, headers=out_headers)
-
-    def gone(watch: _ClientWatch, path: str | None, stage: str):
-        watch.close()
-        metrics.cancellations.labels(stage).inc()
-        finish(path, "cancelled")
-        return Response(status_code=499)  # nobody reads it (nginx's "client closed request")
-
-    def refuse(path: str, message: str, param: str | None = None):
-        finish(path, "refused")
-        return _error(400, message, param)
-
-    async def predicted(request):
-        path = request.url.path
-        raw = await request.body()
-        try:
-            body = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
-            return refuse(path, f"request body is not valid JSON ({exc}): send a JSON object with 'messages' (chat) "
-                                "or 'prompt' (completions)")
-        if not isinstance(body, dict):
-            return refuse(path, f"request body is a JSON {type(body).__name__}, not an object: send a JSON object "
-                                "with 'messages' (chat) or 'prompt' (completions)")
-        if _samples(body) > 1:
-            return refuse(path, f"n / best_of = {_samples(body):g}: lenpred serve forwards a priority, and vLLM's "
-                                "priority scheduling with more than one sample per request has crashed its engine; "
-                                "send n = 1 requests (several requests for several samples)", param="n")
-        try:
-            field, cap = client_cap(body)
-        except ValueError as exc:
-            return refuse(path, f"{exc}: send a whole number of tokens >= 1, or leave it out (lenpred serve then "
-                                f"sends max_tokens = {default_max_tokens})", param="max_tokens")
-        headers = {"content-type": "application/json"}
-        if cap is None:
-            cap = body["max_tokens"] = default_max_tokens
-            headers[DEFAULT_MAX_TOKENS_HEADER] = str(default_max_tokens)
-            metrics.default_max_tokens.inc()
-        try:
-            predict_cap = cap if request.headers.get(CAP_HEADER) is None else _header_cap(request.headers[CAP_HEADER])
-        except ValueError as exc:
-            return refuse(path, f"{exc}: send the cap the prediction is clipped to, or leave the header out")
-        upstream_id, client_id = _upstream_ids(request, body)
-        headers[UPSTREAM_ID_HEADER] = upstream_id
-        if client_id is not None:
-            headers[CLIENT_ID_HEADER] = client_id.encode("ascii", "replace").decode()[:200]
-        if "request_id" in body:
-            body["request_id"] = upstream_id
-        watch = _ClientWatch(request.receive)
-        prompts, skipped = request_prompts(path, body)
-        expected = None
-        if prompts is not None:
-            started = time.perf_counter()
-            try:
-                prepared = await watch.race(run_in_threadpool(service.prepare, prompts, predict_cap))
-                expected = await watch.race(batcher.predict(prepared))
-            except _ClientGone:
-                return gone(watch, path, "predicting")
-            except LenpredError as exc:
-                skipped = f"cannot predict: {exc}"
-            else:
-                elapsed_s = time.perf_counter() - started
-                metrics.prediction_s.observe(elapsed_s)
-                headers[PREDICT_MS_HEADER] = f"{1e3 * elapsed_s:.1f}"
-                if not math.isfinite(expected):
-                    skipped, expected = "prediction is not finite", None
-                else:
-                    metrics.predicted.observe(expected)
-                    if "priority" not in body:
-                        body["priority"] = int(round(expected))
-                    headers |= {EXPECTED_HEADER: f"{expected:.1f}", PRIORITY_HEADER: str(body["priority"])}
-        try:
-            encoded = json.dumps(body, allow_nan=False).encode()
-        except ValueError:  # e.g. 1e400 parsed as inf: forward the client's bytes instead of invalid JSON
-            skipped = "the body holds a number JSON cannot carry (inf or nan)"
-            headers = {k: v for k, v in headers.items() if k not in (EXPECTED_HEADER, PRIORITY_HEADER,
-                                                                      DEFAULT_MAX_TOKENS_HEADER)}
-            encoded, expected = raw, None
-        if skipped is not None:
-            headers[SKIPPED_HEADER] = skipped.encode("ascii", "replace").decode()[:200].replace("\n", " ")
-        return await forward(request, encoded, headers, watch, path, expected)
-
-    async def passthrough(request):
-        body = await request.body()
-        upstream_id, _ = _upstream_ids(request, None)
-        return await forward(request, body, {UPSTREAM_ID_HEADER: upstream_id}, _ClientWatch(request.receive))
-
-    async def health(request):
-        ok = batcher.running
-        return JSONResponse({"status": "ok" if ok else "prediction worker stopped", "prediction_queue": batcher.queued,
-                             "upstream_in_flight": int(metrics.value("lenpred_proxy_upstream_in_flight")),
-                             "max_connections": max_connections, "upstream": upstream}, status_code=200 if ok else 503)
-
-    async def metrics_endpoint(request):
-        body, content_type = metrics.render()
-        return Response(body, media_type=content_type)
-
+    state = ProxyState(upstream_root(upstream), service, PredictionBatcher(service, batch, metrics), metrics,
+                       max_connections, default_max_tokens, timeout_s, client, list(on_finished))
     methods = ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"]
-    routes = [Route(p, predicted, methods=["POST"]) for p in PREDICTED_PATHS]
-    routes += [Route("/health", health, methods=["GET"]), Route("/metrics", metrics_endpoint, methods=["GET"])]
-    routes.append(Route("/{path:path}", passthrough, methods=methods))
-    app = Starlette(routes=routes, lifespan=lifespan)
-    app.state.metrics, app.state.batcher = metrics, batcher
+    routes = [Route(p, predicted_endpoint, methods=["POST"]) for p in PREDICTED_PATHS]
+    routes += [Route("/health", health_endpoint, methods=["GET"]), Route("/metrics", metrics_endpoint, methods=["GET"])]
+    routes.append(Route("/{path:path}", passthrough_endpoint, methods=methods))
+    app = Starlette(routes=routes, lifespan=_lifespan)
+    app.state.proxy, app.state.metrics, app.state.batcher = state, metrics, state.batcher
     return app
 
 

@@ -1,0 +1,138 @@
+"""What the ``lenpred serve`` handlers share: the proxy's header names, one request on its way through
+(:class:`ProxiedRequest`), what the ``on_finished`` hooks receive when it ends (:class:`FinishedRequest`), and the
+app state (:class:`ProxyState`, ``app.state.proxy``)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+_log = logging.getLogger("lenpred.serving.proxy")
+
+EXPECTED_HEADER, PRIORITY_HEADER, SKIPPED_HEADER = "x-lenpred-expected", "x-lenpred-priority", "x-lenpred-skipped"
+PREDICT_MS_HEADER = "x-lenpred-predict-ms"  # wall time of the prediction (waiting for the predictor included)
+CAP_HEADER = "x-lenpred-cap"  # request header: the prediction's cap instead of max_tokens (not forwarded)
+POOL_WAIT_HEADER = "x-lenpred-pool-wait-ms"  # time waited for an upstream connection
+DEFAULT_MAX_TOKENS_HEADER = "x-lenpred-default-max-tokens"  # the cap the proxy filled in (absent: the client's)
+UPSTREAM_ID_HEADER, CLIENT_ID_HEADER = "x-lenpred-upstream-request-id", "x-lenpred-client-request-id"
+
+
+@dataclass
+class FinishedRequest:
+    """What the proxy knows about one predicted-path request when it ends (the ``on_finished`` hooks' argument).
+
+    Attributes:
+        request_id: the id sent upstream (``X-Request-Id``; also the response's ``x-lenpred-upstream-request-id``).
+        client_request_id: the client's own id, ``None`` when it sent none.
+        path: ``/v1/chat/completions`` or ``/v1/completions``.
+        outcome: ``forwarded``, ``upstream_error``, ``unreachable`` or ``cancelled`` (the ``requests`` metric's label).
+        expected_tokens: the prediction (expected output tokens, clipped to ``prediction_cap_tokens``); ``None``
+            when the prompt was skipped or the client left while it was predicted.
+        observed_tokens: ``usage.completion_tokens`` of the upstream's answer; ``None`` when it carried no usage
+            (a stream without ``stream_options.include_usage``) or did not complete.
+        finish_reason: the answer's last ``finish_reason`` (``stop``, ``length``, ...); ``None`` when absent.
+        max_tokens: the generation cap sent upstream (the client's, or the proxy's default).
+        prediction_cap_tokens: the cap the prediction was clipped to (``max_tokens`` unless ``x-lenpred-cap``).
+        received_at_s, first_chunk_at_s, finished_at_s: Unix times (``time.time()``, seconds) of the request's
+            arrival, the upstream's first body chunk (``None``: none arrived) and the end.
+    """
+
+    request_id: str
+    client_request_id: str | None
+    path: str
+    outcome: str
+    expected_tokens: float | None
+    observed_tokens: int | None
+    finish_reason: str | None
+    max_tokens: int
+    prediction_cap_tokens: int
+    received_at_s: float
+    first_chunk_at_s: float | None
+    finished_at_s: float
+
+
+FinishedHook = Callable[[FinishedRequest], None]
+"""Called on the event loop when a predicted-path request ends: it must not block (hand slow work to a queue or a
+thread). An exception it raises is logged and does not affect the response."""
+
+
+@dataclass
+class ProxiedRequest:
+    """One predicted-path request on its way through the proxy.
+
+    Attributes:
+        path: the request path.
+        body: the parsed JSON body, as it will be forwarded (``max_tokens``, ``priority``, ``request_id`` set here).
+        headers: headers for the upstream (``content-type``) and the client (``x-lenpred-*``).
+        max_tokens: the generation cap forwarded (tokens).
+        prediction_cap_tokens: the cap of the prediction (tokens).
+        upstream_id, client_id: see :class:`FinishedRequest`.
+        received_at_s: Unix time of its arrival.
+        expected: the prediction in tokens, once made (``None``: none).
+        first_chunk_at_s: Unix time of the upstream's first body chunk.
+    """
+
+    path: str
+    body: dict
+    headers: dict[str, str]
+    max_tokens: int
+    prediction_cap_tokens: int
+    upstream_id: str
+    client_id: str | None
+    received_at_s: float
+    expected: float | None = None
+    first_chunk_at_s: float | None = None
+
+
+@dataclass
+class ProxyState:
+    """Everything the proxy's handlers share (``app.state.proxy``).
+
+    Attributes:
+        upstream: the upstream's root URL (:func:`lenpred.serving.proxy.app.upstream_root`).
+        service: the prediction service (``prepare`` runs in a thread per request).
+        batcher: the micro-batching prediction worker.
+        metrics: the proxy's Prometheus metrics.
+        max_connections: upstream connections at most (``pool`` and the httpx pool have this size).
+        default_max_tokens: the cap filled in when the client sends none (tokens).
+        timeout_s: upstream read timeout in seconds (``None``: none).
+        client: the ``httpx.AsyncClient``; ``None`` until the lifespan makes one (then it also closes it).
+        on_finished: hooks called with a :class:`FinishedRequest` when a predicted-path request ends.
+        pool: the connection semaphore (waits for a connection happen, and are timed, here).
+    """
+
+    upstream: str
+    service: Any
+    batcher: Any
+    metrics: Any
+    max_connections: int
+    default_max_tokens: int
+    timeout_s: float | None = None
+    client: Any = None
+    on_finished: list[FinishedHook] = field(default_factory=list)
+    pool: asyncio.Semaphore = field(init=False)
+
+    def __post_init__(self):
+        self.pool = asyncio.Semaphore(self.max_connections)
+
+    def count(self, path: str | None, outcome: str) -> None:
+        """Count a predicted-path request's outcome (passthrough requests, ``path=None``, are not counted)."""
+        if path is not None:
+            self.metrics.requests.labels(path, outcome).inc()
+
+    def finished(self, req: ProxiedRequest | None, outcome: str, observed_tokens: int | None = None,
+                 finish_reason: str | None = None) -> None:
+        """Call the ``on_finished`` hooks for ``req`` (nothing for passthrough requests, ``req=None``)."""
+        if req is None or not self.on_finished:
+            return
+        record = FinishedRequest(req.upstream_id, req.client_id, req.path, outcome, req.expected, observed_tokens,
+                                 finish_reason, req.max_tokens, req.prediction_cap_tokens, req.received_at_s,
+                                 req.first_chunk_at_s, time.time())
+        for hook in self.on_finished:
+            try:
+                hook(record)
+            except Exception:  # noqa: BLE001 - a hook never breaks a response
+                _log.exception("lenpred serve: an on_finished hook failed for request %s", req.upstream_id)

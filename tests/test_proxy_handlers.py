@@ -1,0 +1,148 @@
+"""The ``lenpred serve`` handlers and helpers one by one (no server where none is needed), and the
+``on_finished`` hook's plumbing end to end (a local upstream that reports usage and a finish reason)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+
+httpx = pytest.importorskip("httpx")
+uvicorn = pytest.importorskip("uvicorn")
+pytest.importorskip("starlette")
+
+from starlette.applications import Starlette  # noqa: E402
+from starlette.requests import Request  # noqa: E402
+from starlette.responses import JSONResponse, StreamingResponse  # noqa: E402
+from starlette.routing import Route  # noqa: E402
+
+from lenpred.serving.proxy.app import create_app, encode_body, health_endpoint, parse_predicted  # noqa: E402
+from lenpred.serving.proxy.metrics import ProxyMetrics  # noqa: E402
+from lenpred.serving.proxy.state import ProxiedRequest, ProxyState  # noqa: E402
+from lenpred.serving.proxy.upstream import ResponseTail  # noqa: E402
+
+
+def _state(**kw) -> ProxyState:
+    batcher = SimpleNamespace(running=False, queued=3)
+    return ProxyState("http://up:1", None, batcher, ProxyMetrics(), max_connections=7, default_max_tokens=24, **kw)
+
+
+def test_health_alone_reports_a_stopped_worker_with_503():
+    state = _state()
+    request = Request({"type": "http", "method": "GET", "path": "/health", "headers": [],
+                       "app": SimpleNamespace(state=SimpleNamespace(proxy=state))})
+    response = asyncio.run(health_endpoint(request))
+    assert response.status_code == 503
+    assert json.loads(response.body) == {"status": "prediction worker stopped", "prediction_queue": 3,
+                                         "upstream_in_flight": 0, "max_connections": 7, "upstream": "http://up:1"}
+
+
+def test_parse_predicted_fills_the_cap_takes_the_header_cap_and_rewrites_the_request_id():
+    state = _state()
+    raw = json.dumps({"messages": [{"role": "user", "content": "a"}], "request_id": "mine"}).encode()
+    req = parse_predicted(state, "/v1/chat/completions", raw, {"x-lenpred-cap": "300"})
+    assert isinstance(req, ProxiedRequest)
+    assert req.max_tokens == 24 and req.body["max_tokens"] == 24 and req.prediction_cap_tokens == 300
+    assert req.headers["x-lenpred-default-max-tokens"] == "24"
+    assert req.client_id == "mine" and req.upstream_id.startswith("mine-") and req.body["request_id"] == req.upstream_id
+    assert state.metrics.value("lenpred_proxy_default_max_tokens_total") == 1
+    refused = parse_predicted(state, "/v1/completions", b'{"prompt": "a", "max_tokens": 0}', {})
+    assert refused.status_code == 400 and json.loads(refused.body)["error"]["param"] == "max_tokens"
+    assert state.metrics.value("lenpred_proxy_requests_total", path="/v1/completions", outcome="refused") == 1
+
+
+def test_encode_body_forwards_the_clients_bytes_when_json_cannot_carry_a_number():
+    raw = b'{"prompt": "a", "temperature": 1e400}'
+    req = ProxiedRequest("/v1/completions", json.loads(raw), {"x-lenpred-expected": "3.0", "x-lenpred-priority": "3"},
+                         16, 16, "u", None, 0.0, expected=3.0)
+    assert encode_body(req, raw, None) == raw and req.expected is None
+    assert req.headers == {"x-lenpred-skipped": "the body holds a number JSON cannot carry (inf or nan)"}
+    ok = ProxiedRequest("/v1/completions", {"prompt": "a"}, {}, 16, 16, "u", None, 0.0)
+    assert encode_body(ok, b"", "no messages") == b'{"prompt": "a"}'
+    assert ok.headers["x-lenpred-skipped"] == "no messages"
+
+
+def test_tail_reads_the_last_finish_reason():
+    sse = ResponseTail()
+    sse.add(b'data: {"choices":[{"delta":{"content":"a"},"finish_reason":null}]}\n\n'
+            b'data: {"choices":[{"delta":{},"finish_reason":"length"}]}\n\ndata: [DONE]\n\n')
+    assert sse.finish_reason("text/event-stream") == "length"
+    body = ResponseTail()
+    body.add(b'{"choices":[{"finish_reason":"stop"}],"usage":{"completion_tokens":4}}')
+    assert body.finish_reason("application/json") == "stop" and body.completion_tokens("application/json") == 4
+    assert ResponseTail().finish_reason("application/json") is None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _Server:
+    def __init__(self, app):
+        self.port = _free_port()
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error",
+                                                   lifespan="on"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        for _ in range(500):
+            if self.server.started:
+                return f"http://127.0.0.1:{self.port}"
+            time.sleep(0.01)
+        raise RuntimeError("server did not start")
+
+    def __exit__(self, *exc):
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+async def _chat(request):
+    body = await request.json()
+    if body.get("stream"):
+        async def events():
+            yield b'data: {"choices":[{"delta":{"content":"a"},"finish_reason":null}]}\n\n'
+            yield b'data: {"choices":[{"delta":{},"finish_reason":"stop"}]}\n\n'
+            yield b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2}}\n\ndata: [DONE]\n\n'
+        return StreamingResponse(events(), media_type="text/event-stream")
+    return JSONResponse({"choices": [{"finish_reason": "length"}], "usage": {"completion_tokens": body["max_tokens"]}})
+
+
+def test_on_finished_hooks_get_id_prediction_observed_tokens_reason_cap_and_times():
+    records = []
+
+    def broken(record):
+        raise RuntimeError("a hook bug")
+
+    upstream = Starlette(routes=[Route("/v1/chat/completions", _chat, methods=["POST"])])
+    predict = lambda prompts, cap: 30.4  # noqa: E731
+    with _Server(upstream) as up_url:
+        app = create_app(up_url, predict, on_finished=(broken, records.append))
+        with _Server(app) as url, httpx.Client(base_url=url, timeout=10) as client:
+            t0 = time.time()
+            r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "a"}],
+                                                         "max_tokens": 9}, headers={"x-request-id": "c1"})
+            s = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "b"}],
+                                                         "stream": True}, headers={"x-lenpred-cap": "64"})
+            client.get("/health")  # not a predicted path: no record
+            for _ in range(100):
+                if len(records) == 2:
+                    break
+                time.sleep(0.01)
+    assert r.status_code == 200 and s.status_code == 200  # the broken hook did not break the responses
+    plain, stream = records
+    assert (plain.request_id, plain.client_request_id) == (r.headers["x-lenpred-upstream-request-id"], "c1")
+    assert (plain.outcome, plain.expected_tokens, plain.observed_tokens, plain.finish_reason) == (
+        "forwarded", 30.4, 9, "length")
+    assert (plain.max_tokens, plain.prediction_cap_tokens, plain.path) == (9, 9, "/v1/chat/completions")
+    assert t0 <= plain.received_at_s <= plain.first_chunk_at_s <= plain.finished_at_s <= time.time()
+    assert (stream.observed_tokens, stream.finish_reason, stream.max_tokens, stream.prediction_cap_tokens) == (
+        2, "stop", 1024, 64)
+    assert stream.client_request_id is None and stream.request_id.startswith("lenpred-")
