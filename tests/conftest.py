@@ -216,6 +216,29 @@ def tiny_backbone(tiny_model_dir):
     return load_backbone(str(tiny_model_dir))
 
 
+TINY_PROMPTS = ["hello world", "write a long poem about sea please", [{"role": "user", "content": "what is two"},
+                                                                  {"role": "assistant", "content": "sum"},
+                                                                  {"role": "user", "content": "solve problem python"}]]
+
+
+def fit_tiny_predictor(backbone, method: str, layer: int):
+    """A :class:`lenpred.pipeline.LengthPredictor` on the tiny model, its head fitted (3 epochs, 4 bins) on the full path's features
+    of TINY_PROMPTS; margin 1.5 tokens."""
+    import numpy as np
+
+    from lenpred.pipeline import LengthPredictor
+    from lenpred.predictors import make_predictor
+
+    lp = LengthPredictor(method, "tiny", layers=(layer,))
+    lp.backbone_, lp.margin_, lp.card_ = backbone, 1.5, {}
+    lp.config_ = {"layers": [layer], "semantic": False}
+    lp.predictor_ = make_predictor(method, layer=layer, head={"epochs": 3, "num_bins": 4})
+    train = lp.prepare(TINY_PROMPTS * 4, 16)
+    lp._attach_signals(train, 4096, False)
+    lp.predictor_.fit(train, np.arange(len(train), dtype=np.float64) + 1.0)
+    return lp
+
+
 def make_tiny_data_dir(path: Path) -> Path:
     """A data directory with four small sources in the real files' formats."""
     rows = {

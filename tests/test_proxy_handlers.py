@@ -10,6 +10,7 @@ import threading
 import time
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 httpx = pytest.importorskip("httpx")
@@ -146,3 +147,63 @@ def test_on_finished_hooks_get_id_prediction_observed_tokens_reason_cap_and_time
     assert (stream.observed_tokens, stream.finish_reason, stream.max_tokens, stream.prediction_cap_tokens) == (
         2, "stop", 1024, 64)
     assert stream.client_request_id is None and stream.request_id.startswith("lenpred-")
+
+
+async def _usage_chat(request):
+    """Answers ``hello`` prompts with 7 tokens (stop), others at the cap (length); streams carry no usage."""
+    body = await request.json()
+    if body.get("stream"):
+        async def events():
+            yield b'data: {"choices":[{"delta":{"content":"a"},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n'
+        return StreamingResponse(events(), media_type="text/event-stream")
+    text = json.dumps(body.get("messages") or body.get("prompt"))
+    n, reason = (7, "stop") if "hello" in text else (body["max_tokens"], "length")
+    return JSONResponse({"choices": [{"finish_reason": reason}], "usage": {"completion_tokens": n}})
+
+
+def test_lenpred_serve_logs_answered_requests_with_the_interval_it_served(tiny_backbone, one_torch_thread, tmp_path):
+    """Issue 21 in the proxy: each answered single-prompt request with a usage becomes one traffic-log row holding
+    the features its head read, the prediction and interval served (also in the response headers), the observed
+    length, the finish reason, the cap and its group header; a stream without usage and a two-prompt request
+    teach nothing."""
+    from conftest import TINY_PROMPTS, fit_tiny_predictor
+
+    from lenpred.serving.online import OnlineLearning, prompt_features
+    from lenpred.serving.proxy.app import traffic_hook
+    from lenpred.serving.proxy.batching import LengthPredictorService
+    from lenpred.serving.traffic_log import TrafficLogConfig, read_traffic_log
+
+    lp = fit_tiny_predictor(tiny_backbone, "last", 2)
+    lp.config_ |= {"model_id": "tiny", "model_revision": "r0", "method": "last", "template_rule": "t"}  # the card
+    online = OnlineLearning(lp, log=TrafficLogConfig(str(tmp_path / "log")))
+    calls, hook = [], traffic_hook(online)
+    upstream = Starlette(routes=[Route(p, _usage_chat, methods=["POST"]) for p in ("/v1/chat/completions",
+                                                                                  "/v1/completions")])
+    chat = [[{"role": "user", "content": TINY_PROMPTS[0]}], TINY_PROMPTS[2]]
+    with _Server(upstream) as up_url:
+        app = create_app(up_url, LengthPredictorService(lp, tokenizers=1, online=online), group_header="x-tenant",
+                         on_finished=(lambda r: (hook(r), calls.append(r)),))
+        with _Server(app) as url, httpx.Client(base_url=url, timeout=30) as client:
+            answers = [client.post("/v1/chat/completions", json={"messages": chat[0], "max_tokens": 16},
+                                   headers={"x-tenant": "a"}),
+                       client.post("/v1/chat/completions", json={"messages": chat[1], "max_tokens": 16})]
+            client.post("/v1/chat/completions", json={"messages": chat[0], "max_tokens": 16, "stream": True})
+            client.post("/v1/completions", json={"prompt": ["hello world", "write a poem"], "max_tokens": 16})
+            for _ in range(200):
+                if len(calls) == 4:
+                    break
+                time.sleep(0.01)
+    online.close()
+    log = read_traffic_log(tmp_path / "log")
+    want = lp.predict(chat, 16)
+    assert log.num_records == 2 and [a.status_code for a in answers] == [200, 200]
+    c = log.columns
+    assert list(c["num_output_tokens"]) == [7, 16] and list(c["finish_reason"]) == ["stop", "length"]
+    assert list(log.censored) == [False, True] and list(c["max_new_tokens"]) == [16, 16]
+    assert list(c["group"]) == ["a", None]
+    for i, (a, p) in enumerate(zip(answers, want)):
+        assert (c["expected"][i], c["low"][i], c["high"][i]) == pytest.approx((p.expected, p.low, p.high), abs=1e-3)
+        assert (float(a.headers["x-lenpred-low"]), float(a.headers["x-lenpred-high"])) == pytest.approx(
+            (p.low, p.high), abs=0.051)
+        assert c["arrival_time_s"][i] <= c["first_token_time_s"][i] <= c["finish_time_s"][i]
+    np.testing.assert_allclose(log.features, prompt_features(lp, chat, 16), rtol=0, atol=2e-3)  # float16 rows

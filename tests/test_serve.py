@@ -299,6 +299,10 @@ def test_port_in_use_is_a_one_line_error_before_the_predictor_loads(monkeypatch)
     assert r.exit_code == 2 and "error: predictor load reached" in r.stderr and len(loads) == 1
     r = CliRunner().invoke(app, ["serve", "--upstream", "http://127.0.0.1:9", "--port", "70000"])
     assert r.exit_code == 2 and "error: --port must be in 0..65535, got 70000" in r.stderr and len(loads) == 1
+    r = CliRunner().invoke(app, ["serve", "--upstream", "http://127.0.0.1:9", "--port", str(free),
+                                 "--adaptive-interval", "kalman"])
+    assert r.exit_code == 2 and len(loads) == 1, r.stderr
+    assert "error: unknown --adaptive-interval 'kalman'; valid: aci, rolling" in r.stderr
 
 
 def test_cap_and_non_finite_numbers_are_read_as_the_upstream_reads_them(stack):

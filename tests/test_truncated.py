@@ -11,23 +11,10 @@ from lenpred.pipeline import LengthPredictor
 from lenpred.signals import extract_signals
 from lenpred.truncated import PrefixCache, truncated_hidden_states, truncated_plan
 
-PROMPTS = ["hello world", "write a long poem about sea please", [{"role": "user", "content": "what is two"},
-                                                                  {"role": "assistant", "content": "sum"},
-                                                                  {"role": "user", "content": "solve problem python"}]]
+from conftest import TINY_PROMPTS, fit_tiny_predictor
 
-
-def _fitted(backbone, method: str, layer: int) -> LengthPredictor:
-    """A LengthPredictor on the tiny model with a head fitted (3 epochs) on the full path's features."""
-    from lenpred.predictors import make_predictor
-
-    lp = LengthPredictor(method, "tiny", layers=(layer,))
-    lp.backbone_, lp.margin_, lp.card_ = backbone, 1.5, {}
-    lp.config_ = {"layers": [layer], "semantic": False}
-    lp.predictor_ = make_predictor(method, layer=layer, head={"epochs": 3, "num_bins": 4})
-    train = lp.prepare(PROMPTS * 4, 16)
-    lp._attach_signals(train, 4096, False)
-    lp.predictor_.fit(train, np.arange(len(train), dtype=np.float64) + 1.0)
-    return lp
+PROMPTS = TINY_PROMPTS
+_fitted = fit_tiny_predictor
 
 
 @pytest.mark.parametrize("layer", [1, 2])

@@ -529,6 +529,13 @@ def serve(
     max_batch_tokens: int = typer.Option(8192, help="Prompt tokens per prediction batch."),
     truncated: bool = typer.Option(True, "--truncated/--full-prefill", help="Stop the predictor's forward at the "
                                    "layer it reads (hidden-state-only predictors)."),
+    traffic_log: Optional[str] = typer.Option(None, help="Log every answered request (the head's input features, "
+                                              "the prediction, the observed length; no text) to this directory, "
+                                              "for `lenpred train --traffic` \\[default: off]."),
+    adaptive_interval: Optional[str] = typer.Option(None, help="Adapt the served interval online: aci or rolling "
+                                                    "\\[default: off, the predictor's fixed margin]."),
+    group_header: Optional[str] = typer.Option(None, help="Request header naming the request's group (route, "
+                                               "client): the adaptive interval is calibrated per group."),
 ):
     """OpenAI-compatible proxy: predicts each request's output length and forwards it with vLLM's `priority`."""
     from lenpred.serving.proxy.app import serve as run_proxy
@@ -536,7 +543,8 @@ def serve(
 
     batch = BatchConfig(window_ms=batch_window_ms, max_batch_tokens=max_batch_tokens)
     run_proxy(upstream, host, port, predictor, threads, max_connections=max_connections,
-              default_max_tokens=default_max_tokens, batch=batch, truncated=truncated)
+              default_max_tokens=default_max_tokens, batch=batch, truncated=truncated, traffic_log=traffic_log,
+              adaptive_interval=adaptive_interval, group_header=group_header)
 
 
 @schedule_app.command("vllm-offline")

@@ -38,7 +38,14 @@ What it does to each request (Starlette app, httpx ``AsyncClient`` to the upstre
 * Every other path and method (``/v1/models``, ...) is forwarded as is.
 * **When a predicted-path request ends** (answered, upstream error, unreachable, client gone), the
   ``on_finished`` hooks get a :class:`~lenpred.serving.proxy.state.FinishedRequest`: ids, prediction, observed
-  tokens, finish reason, caps, times (the place for a traffic log).
+  tokens, finish reason, caps, times.
+* **Learning from served traffic** (``serve(traffic_log=..., adaptive_interval=...)``, off by default): the
+  prediction service also serves each single-prompt request's interval, from the features its head read in the
+  same pass, in ``x-lenpred-low`` / ``x-lenpred-high`` (adaptive online with ``adaptive_interval``, per the
+  ``group_header`` value when given), and :func:`traffic_hook` feeds each answered request's observed
+  ``usage.completion_tokens`` to :class:`lenpred.serving.online.OnlineLearning` (the traffic log's row, the
+  adaptive margin's update). A stream logs only when its client asked for the usage
+  (``stream_options.include_usage``); the proxy never changes what the client receives.
 * Responses are streamed back chunk by chunk (SSE passes through as the upstream writes it) with the upstream's
   status code, headers and body unchanged, errors included.
 
@@ -62,8 +69,9 @@ from typing import Any, Callable
 
 from lenpred.errors import ContextWindowError, LenpredError
 from lenpred.serving.proxy.state import (CAP_HEADER, CLIENT_ID_HEADER, DEFAULT_MAX_TOKENS_HEADER, EXPECTED_HEADER,
-                                         PREDICT_MS_HEADER, PRIORITY_HEADER, SKIPPED_HEADER, UPSTREAM_ID_HEADER,
-                                         FinishedHook, ProxiedRequest, ProxyState)
+                                         HIGH_HEADER, LOW_HEADER, PREDICT_MS_HEADER, PRIORITY_HEADER, SKIPPED_HEADER,
+                                         UPSTREAM_ID_HEADER, FinishedHook, FinishedRequest, ProxiedRequest,
+                                         ProxyState)
 from lenpred.serving.proxy.upstream import ClientGone, ClientWatch, error_response, forward, gone_response
 
 PREDICTED_PATHS = ("/v1/chat/completions", "/v1/completions")
@@ -243,7 +251,8 @@ def parse_predicted(state: ProxyState, path: str, raw: bytes, request_headers) -
         headers[CLIENT_ID_HEADER] = client_id.encode("ascii", "replace").decode()[:200]
     if "request_id" in body:
         body["request_id"] = upstream_id
-    return ProxiedRequest(path, body, headers, cap, predict_cap, upstream_id, client_id, time.time())
+    group = request_headers.get(state.group_header) if state.group_header else None
+    return ProxiedRequest(path, body, headers, cap, predict_cap, upstream_id, client_id, time.time(), group=group)
 
 
 async def predict_priority(state: ProxyState, req: ProxiedRequest, watch: ClientWatch) -> str | None:
@@ -262,7 +271,8 @@ async def predict_priority(state: ProxyState, req: ProxiedRequest, watch: Client
         return skipped
     started = time.perf_counter()
     try:
-        prepared = await watch.race(run_in_threadpool(state.service.prepare, prompts, req.prediction_cap_tokens))
+        prepared = await watch.race(run_in_threadpool(state.service.prepare, prompts, req.prediction_cap_tokens,
+                                                      req.group))
         expected = await watch.race(state.batcher.predict(prepared))
     except LenpredError as exc:
         return f"cannot predict: {exc}"
@@ -276,6 +286,9 @@ async def predict_priority(state: ProxyState, req: ProxiedRequest, watch: Client
     if "priority" not in req.body:
         req.body["priority"] = int(round(expected))
     req.headers |= {EXPECTED_HEADER: f"{expected:.1f}", PRIORITY_HEADER: str(req.body["priority"])}
+    req.served = prepared.served
+    if req.served is not None:
+        req.headers |= {LOW_HEADER: f"{req.served.low:.1f}", HIGH_HEADER: f"{req.served.high:.1f}"}
     return None
 
 
@@ -286,9 +299,9 @@ def encode_body(req: ProxiedRequest, raw: bytes, skipped: str | None) -> bytes:
         encoded = json.dumps(req.body, allow_nan=False).encode()
     except ValueError:
         skipped = "the body holds a number JSON cannot carry (inf or nan)"
-        req.headers = {k: v for k, v in req.headers.items() if k not in (EXPECTED_HEADER, PRIORITY_HEADER,
-                                                                          DEFAULT_MAX_TOKENS_HEADER)}
-        encoded, req.expected = raw, None
+        req.headers = {k: v for k, v in req.headers.items() if k not in (EXPECTED_HEADER, PRIORITY_HEADER, LOW_HEADER,
+                                                                          HIGH_HEADER, DEFAULT_MAX_TOKENS_HEADER)}
+        encoded, req.expected, req.served = raw, None, None
     if skipped is not None:
         req.headers[SKIPPED_HEADER] = skipped.encode("ascii", "replace").decode()[:200].replace("\n", " ")
     return encoded
@@ -359,7 +372,8 @@ async def _lifespan(app):
 
 
 def create_app(upstream: str, predict, client=None, timeout_s: float | None = None, max_connections: int = 1024,
-               default_max_tokens: int = 1024, batch=None, metrics=None, on_finished: tuple[FinishedHook, ...] = ()):
+               default_max_tokens: int = 1024, batch=None, metrics=None, on_finished: tuple[FinishedHook, ...] = (),
+               group_header: str | None = None):
     """The proxy as a Starlette app.
 
     Args:
@@ -377,6 +391,8 @@ def create_app(upstream: str, predict, client=None, timeout_s: float | None = No
         metrics: a :class:`lenpred.serving.proxy.metrics.ProxyMetrics` (default: a new one); also ``app.state.metrics``.
         on_finished: :data:`FinishedHook` functions called when a predicted-path request ends (also
             ``app.state.proxy.on_finished``, where more can be appended before serving).
+        group_header: request header whose value is the request's group key, passed to the service's ``prepare``
+            (an adaptive interval per route or client); ``None``: no groups.
 
     Returns:
         The app; its state is ``app.state.proxy`` (:class:`ProxyState`), with ``app.state.metrics`` and
@@ -397,7 +413,7 @@ def create_app(upstream: str, predict, client=None, timeout_s: float | None = No
     metrics = metrics or ProxyMetrics()
     service = predict if hasattr(predict, "predict_batch") else FunctionService(predict)
     state = ProxyState(upstream_root(upstream), service, PredictionBatcher(service, batch, metrics), metrics,
-                       max_connections, default_max_tokens, timeout_s, client, list(on_finished))
+                       max_connections, default_max_tokens, timeout_s, client, list(on_finished), group_header)
     methods = ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"]
     routes = [Route(p, predicted_endpoint, methods=["POST"]) for p in PREDICTED_PATHS]
     routes += [Route("/health", health_endpoint, methods=["GET"]), Route("/metrics", metrics_endpoint, methods=["GET"])]
@@ -407,13 +423,33 @@ def create_app(upstream: str, predict, client=None, timeout_s: float | None = No
     return app
 
 
+def traffic_hook(online) -> FinishedHook:
+    """The ``on_finished`` hook that teaches ``online`` (a :class:`lenpred.serving.online.OnlineLearning`) from
+    each answered request: its served prediction, ``observed_tokens`` (``usage.completion_tokens``), finish reason
+    and times. Requests without a served prediction (several prompts, skipped, online learning off), without a
+    usage, or not answered (upstream error, client gone) teach nothing: their length is unknown. The traffic log's
+    disk writes run on its own thread, so the hook does not block the event loop."""
+
+    def hook(r: FinishedRequest) -> None:
+        if r.served is None or r.observed_tokens is None or r.outcome != "forwarded":
+            return
+        online.finished(r.served, r.observed_tokens, r.finish_reason or "unknown", r.received_at_s,
+                        r.first_chunk_at_s, r.finished_at_s)
+
+    return hook
+
+
 def serve(upstream: str, host: str = "127.0.0.1", port: int = 8001, predictor: str | None = None,
           threads: int | None = 1, timeout_s: float | None = None, max_connections: int = 1024,
-          default_max_tokens: int = 1024, batch=None, truncated: bool = True) -> None:
+          default_max_tokens: int = 1024, batch=None, truncated: bool = True, traffic_log: str | None = None,
+          adaptive_interval: str | None = None, group_header: str | None = None) -> None:
     """Load the predictor and run the proxy with uvicorn until interrupted (the ``lenpred serve`` command).
 
-    ``max_connections``, ``default_max_tokens``, ``batch``: see :func:`create_app`; ``truncated``: the truncated
-    forward for hidden-state-only predictors (:mod:`lenpred.truncated`; off: the full prefill).
+    ``max_connections``, ``default_max_tokens``, ``batch``, ``group_header``: see :func:`create_app`;
+    ``truncated``: the truncated forward for hidden-state-only predictors (:mod:`lenpred.truncated`; off: the full
+    prefill). ``traffic_log`` (a directory: :mod:`lenpred.serving.traffic_log`) and ``adaptive_interval`` (``aci``
+    or ``rolling``: :mod:`lenpred.serving.adaptive`) switch on learning from served traffic (a pooled-head
+    predictor only); the log is flushed when the server stops.
 
     ``host:port`` is checked first, bound once the way uvicorn binds it (IPv6 when ``host`` holds a colon,
     ``SO_REUSEADDR``) and closed, so a port in use fails at once, before the predictor loads.
@@ -436,6 +472,10 @@ def serve(upstream: str, host: str = "127.0.0.1", port: int = 8001, predictor: s
     if max_connections < 1 or default_max_tokens < 1:
         raise LenpredError(f"--max-connections and --default-max-tokens must be >= 1, got {max_connections} and "
                            f"{default_max_tokens}")
+    from lenpred.serving.adaptive import METHODS
+
+    if adaptive_interval is not None and adaptive_interval not in METHODS:
+        raise LenpredError(f"unknown --adaptive-interval '{adaptive_interval}'; valid: {', '.join(METHODS)}")
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -454,9 +494,21 @@ def serve(upstream: str, host: str = "127.0.0.1", port: int = 8001, predictor: s
     how = f"truncated forward to layer {plan.layer} of {plan.num_layers}" if plan else "full prefill"
     print(f"lenpred serve: {model.method} predictor loaded ({how}); listening on http://{host}:{port}, forwarding to "
           f"{upstream_root(upstream)} with a priority per request (Ctrl-C stops)", flush=True)
-    service = LengthPredictorService(model, truncated)
+    online = None
+    if traffic_log or adaptive_interval:
+        from lenpred.serving.adaptive import AdaptiveConfig
+        from lenpred.serving.online import OnlineLearning
+        from lenpred.serving.traffic_log import TrafficLogConfig
+
+        online = OnlineLearning(model, log=TrafficLogConfig(traffic_log) if traffic_log else None,
+                                adaptive=AdaptiveConfig(method=adaptive_interval) if adaptive_interval else None)
+    service = LengthPredictorService(model, truncated, online=online)
     service.warm_up()
-    app = create_app(upstream, service, timeout_s=timeout_s,
-                     max_connections=max_connections, default_max_tokens=default_max_tokens, batch=batch)
-    # uvicorn's own connection cap stays off (limit_concurrency=None): queueing is the engine's job
-    uvicorn.run(app, host=host, port=port, log_level="warning", backlog=4096)
+    app = create_app(upstream, service, timeout_s=timeout_s, max_connections=max_connections,
+                     default_max_tokens=default_max_tokens, batch=batch, group_header=group_header,
+                     on_finished=() if online is None else (traffic_hook(online),))
+    try:  # uvicorn's own connection cap stays off (limit_concurrency=None): queueing is the engine's job
+        uvicorn.run(app, host=host, port=port, log_level="warning", backlog=4096)
+    finally:
+        if online is not None:
+            online.close()

@@ -65,8 +65,9 @@ class Prepared:
 class PredictionService(Protocol):
     """What :class:`PredictionBatcher` drives."""
 
-    def prepare(self, prompts: list, cap: int | None) -> Prepared:
-        """Tokenise (any thread, concurrently; no shared mutable state). Raises ``LenpredError``."""
+    def prepare(self, prompts: list, cap: int | None, group: str | None = None) -> Prepared:
+        """Tokenise (any thread, concurrently; no shared mutable state); ``group``: the request's group key (used
+        by a service that adapts its interval per group). Raises ``LenpredError``."""
 
     def predict_batch(self, items: list[Prepared]) -> list[float]:
         """Expected output tokens per item (the worker thread only). Raises ``LenpredError``."""
@@ -79,7 +80,7 @@ class FunctionService:
     def __init__(self, predict: Callable[[list, int | None], float]):
         self.predict = predict
 
-    def prepare(self, prompts: list, cap: int | None) -> Prepared:
+    def prepare(self, prompts: list, cap: int | None, group: str | None = None) -> Prepared:
         return Prepared((prompts, cap))
 
     def predict_batch(self, items: list[Prepared]) -> list[float]:

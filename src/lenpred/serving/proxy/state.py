@@ -18,6 +18,7 @@ CAP_HEADER = "x-lenpred-cap"  # request header: the prediction's cap instead of 
 POOL_WAIT_HEADER = "x-lenpred-pool-wait-ms"  # time waited for an upstream connection
 DEFAULT_MAX_TOKENS_HEADER = "x-lenpred-default-max-tokens"  # the cap the proxy filled in (absent: the client's)
 UPSTREAM_ID_HEADER, CLIENT_ID_HEADER = "x-lenpred-upstream-request-id", "x-lenpred-client-request-id"
+LOW_HEADER, HIGH_HEADER = "x-lenpred-low", "x-lenpred-high"  # the served interval (online learning on)
 
 
 @dataclass
@@ -38,6 +39,8 @@ class FinishedRequest:
         prediction_cap_tokens: the cap the prediction was clipped to (``max_tokens`` unless ``x-lenpred-cap``).
         received_at_s, first_chunk_at_s, finished_at_s: Unix times (``time.time()``, seconds) of the request's
             arrival, the upstream's first body chunk (``None``: none arrived) and the end.
+        served: the :class:`lenpred.serving.online.ServedPrediction` (interval served, features the head read)
+            when the service learns from its traffic and the request had one prompt; else ``None``.
     """
 
     request_id: str
@@ -52,6 +55,7 @@ class FinishedRequest:
     received_at_s: float
     first_chunk_at_s: float | None
     finished_at_s: float
+    served: Any = None
 
 
 FinishedHook = Callable[[FinishedRequest], None]
@@ -73,6 +77,8 @@ class ProxiedRequest:
         received_at_s: Unix time of its arrival.
         expected: the prediction in tokens, once made (``None``: none).
         first_chunk_at_s: Unix time of the upstream's first body chunk.
+        group: the request's Mondrian group key for an adaptive interval (the ``group_header`` value), or ``None``.
+        served: see :class:`FinishedRequest`.
     """
 
     path: str
@@ -85,6 +91,8 @@ class ProxiedRequest:
     received_at_s: float
     expected: float | None = None
     first_chunk_at_s: float | None = None
+    group: str | None = None
+    served: Any = None
 
 
 @dataclass
@@ -101,6 +109,8 @@ class ProxyState:
         timeout_s: upstream read timeout in seconds (``None``: none).
         client: the ``httpx.AsyncClient``; ``None`` until the lifespan makes one (then it also closes it).
         on_finished: hooks called with a :class:`FinishedRequest` when a predicted-path request ends.
+        group_header: request header whose value is the request's group key (adaptive interval per route or
+            client, Mondrian-style); ``None``: no groups.
         pool: the connection semaphore (waits for a connection happen, and are timed, here).
     """
 
@@ -113,6 +123,7 @@ class ProxyState:
     timeout_s: float | None = None
     client: Any = None
     on_finished: list[FinishedHook] = field(default_factory=list)
+    group_header: str | None = None
     pool: asyncio.Semaphore = field(init=False)
 
     def __post_init__(self):
@@ -130,7 +141,7 @@ class ProxyState:
             return
         record = FinishedRequest(req.upstream_id, req.client_id, req.path, outcome, req.expected, observed_tokens,
                                  finish_reason, req.max_tokens, req.prediction_cap_tokens, req.received_at_s,
-                                 req.first_chunk_at_s, time.time())
+                                 req.first_chunk_at_s, time.time(), req.served)
         for hook in self.on_finished:
             try:
                 hook(record)
