@@ -10,11 +10,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from lenpred.errors import LenpredError
+from lenpred.studies import DEFAULT_BENCH
 
 FLOORS = ("scenario_median", "scenario_prompt_length")
 ALL_METHODS = (*FLOORS, "global_median", "prompt_length", "ssjf_reg", "ssjf_mc", "s3", "pia", "trail", "ltr", "mean",
                "last", "max", "entropy_only", "semantic_only", "egtp", "estp")
 DEMO_METHODS = (*FLOORS, "mean", "last", "egtp", "estp")
+DEMO_DEFAULTS = {"out": "results/demo", "methods": DEMO_METHODS, "seeds": (0,)}
+"""How ``lenpred demo``'s :class:`EvalConfig` differs from ``lenpred evaluate``'s (a few methods, one seed)."""
 EXTERNAL_BASELINES = ("ssjf_reg", "ssjf_mc", "s3", "pia", "trail", "ltr")
 
 
@@ -54,7 +57,7 @@ class EvalConfig:
     """
 
     model: str | None = None
-    bench: str = "benchmarks/smollm2-forelen"
+    bench: str = DEFAULT_BENCH
     data_dir: str | None = None
     out: str = "results/evaluate"
     cache: str | None = None

@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from lenpred.errors import LenpredError
+from lenpred.studies import DEFAULT_BENCH
 from lenpred.intervals import conditional_remaining
 from lenpred.inputs.decode_states import DECODE_STEPS
 from lenpred.predictors.progressive import PLPHead, ProgressiveRows, TrailProgressive
@@ -46,7 +47,7 @@ class ProgressiveConfig:
     """Settings of ``lenpred progressive`` (see the module docstring); ``head``: PLP / TRAIL head overrides."""
 
     model: str | None = None  # None: the model the benchmark was sampled from (bench.json)
-    bench: str = "benchmarks/smollm2-forelen"
+    bench: str = DEFAULT_BENCH
     out: str = "results/progressive"
     data_dir: str | None = None
     cache: str | None = None

@@ -3,13 +3,17 @@ draws, under each arrival process, with a measured cost model; paired bootstrap 
 
 from __future__ import annotations
 
+import logging
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 from lenpred.errors import LenpredError
-from lenpred.studies.workload import DEFAULT_PREDICTORS
+from lenpred.studies import DEFAULT_BENCH
+from lenpred.studies.workload import DEFAULT_PREDICTORS, DEFAULT_PREDICTORS_DIR, DEFAULT_TABLE
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -35,6 +39,9 @@ class SimExperimentConfig:
             progressive method (PLP, TRAIL-progressive, the static head conditioned on still running), ranked by
             the method's latest re-prediction (:func:`~lenpred.serving.policies.progressive_remaining`), with
             TRAIL's preemption limit on its step-0 estimate; ``None`` or a missing file: no such rows.
+        workload: the prediction table of ``lenpred schedule predictions`` (its ``--out``); never rebuilt here.
+        bench, predictors_dir: the benchmark and saved predictors the table must have been built from (its
+            freshness check, :func:`lenpred.studies.workload.load_workload_table`).
     """
 
     cost_model: str = "results/scheduling/cost_transformers.json"
@@ -43,7 +50,7 @@ class SimExperimentConfig:
     draws: int = 20
     max_num_seqs: int = 8
     max_num_batched_tokens: int = 2048
-    arrivals: tuple[str, ...] = ("all", "poisson")
+    arrivals: tuple[str, ...] = ("all", "poisson", "gamma")  # the committed results/scheduling/simulation.json
     load: float = 0.9
     cv: float = 2.0
     aging_steps: int | None = 200
@@ -52,6 +59,9 @@ class SimExperimentConfig:
     out: str = "results/scheduling"
     progressive: str | None = "results/progressive/test_estimates.parquet"
     progressive_methods: tuple[str, ...] = ()  # filled from the file by run_simulation
+    workload: str = str(DEFAULT_TABLE)
+    bench: str = DEFAULT_BENCH
+    predictors_dir: str = DEFAULT_PREDICTORS_DIR
 
     def __post_init__(self):
         if self.draws < 2 or self.num_requests < 2:
@@ -114,15 +124,16 @@ def run_simulation(cfg: SimExperimentConfig, table=None) -> dict:
                                              progressive_estimates)
 
     cost = CostModel.load(cfg.cost_model)
-    table = table if table is not None else load_workload_table(token_ids=False, rebuild=False)
+    table = table if table is not None else load_workload_table(cfg.workload, cfg.bench, cfg.predictors_dir,
+                                                                token_ids=False, rebuild=False)
     check_predictors(table, cfg.predictors)
     progressive = {}
     if cfg.progressive and Path(cfg.progressive).exists():
         progressive = progressive_estimates(cfg.progressive, table)
         cfg = replace(cfg, progressive_methods=tuple(progressive))
     elif cfg.progressive:
-        print(f"no {cfg.progressive}: no srpt rows driven by progressive re-predictions (run `lenpred progressive` "
-              "to write it)")
+        logger.warning("no %s: no srpt rows driven by progressive re-predictions (run `lenpred progressive` to write "
+                       "it)", cfg.progressive)
     steps = tuple(sorted({t for est in progressive.values() for by_step in est.values() for t in by_step}))
     rate = _rate(table, cfg, cost)
     settings = [("continuous", a) for a in cfg.arrivals] + [("static", "all")]

@@ -13,7 +13,10 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from lenpred.backbone import DEFAULT_MODEL
 from lenpred.errors import LenpredError
+from lenpred.studies import DEFAULT_BENCH
+from lenpred.studies.workload import DEFAULT_PREDICTORS_DIR, DEFAULT_TABLE
 
 
 class ExactLengthProcessor:
@@ -91,7 +94,7 @@ class CalibrationConfig:
         out: the cost model JSON.
     """
 
-    model: str = "smollm2-135m-instruct"
+    model: str = DEFAULT_MODEL
     batch_sizes: tuple[int, ...] = (1, 2, 4, 8)
     prompt_tokens: tuple[int, ...] = (32, 128, 512)
     new_tokens: tuple[int, ...] = (1, 64, 256)
@@ -144,9 +147,12 @@ class StaticRunConfig:
         cost_model: the calibrated transformers cost model (the simulator's prediction of each run).
         out: result JSON (written after every grouping; a rerun resumes).
         threads: torch threads.
+        workload: the prediction table of ``lenpred schedule predictions`` (its ``--out``); never rebuilt here.
+        bench, predictors_dir: the benchmark and saved predictors the table was built from (its freshness check;
+            the prompts' token ids are re-read from ``bench``'s data sets).
     """
 
-    model: str = "smollm2-135m-instruct"
+    model: str = DEFAULT_MODEL
     num_requests: int = 48
     batch_size: int = 8
     max_output_len: int = 256
@@ -156,6 +162,9 @@ class StaticRunConfig:
     cost_model: str = "results/scheduling/cost_transformers.json"
     out: str = "results/scheduling/static_real.json"
     threads: int = 2
+    workload: str = str(DEFAULT_TABLE)
+    bench: str = DEFAULT_BENCH
+    predictors_dir: str = DEFAULT_PREDICTORS_DIR
 
     def __post_init__(self):
         if self.num_requests < 1 or self.batch_size < 1 or self.max_output_len < 1:
@@ -184,11 +193,14 @@ def run_static(cfg: StaticRunConfig, table=None) -> dict:
     from lenpred.studies.workload import draw_workload, load_workload_table
 
     cost = CostModel.load(cfg.cost_model)
-    table = table if table is not None else load_workload_table(rebuild=False)
+    table = table if table is not None else load_workload_table(cfg.workload, cfg.bench, cfg.predictors_dir,
+                                                                model=cfg.model, rebuild=False)
     requests = draw_workload(table, cfg.num_requests, cfg.seed, max_output_len=cfg.max_output_len)
     out = Path(cfg.out)
     report = json.loads(out.read_text()) if out.exists() else {}
-    if report.get("config") != json.loads(json.dumps(asdict(cfg))):
+    defaults = json.loads(json.dumps(asdict(StaticRunConfig())))  # a file from before a field existed ran at its default
+    settings = json.loads(json.dumps(asdict(cfg)))
+    if "config" not in report or {**defaults, **report["config"]} != settings:
         report = {"config": asdict(cfg), "runs": {}}
     report["workload"] = {"request_ids_in_table": [r.prompt_id + f"#{i}" for i, r in enumerate(requests)],
                           "output_len": [r.output_len for r in requests],

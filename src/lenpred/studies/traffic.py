@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from lenpred.errors import LenpredError
+from lenpred.studies import DEFAULT_BENCH
 
 
 @dataclass
@@ -49,7 +50,7 @@ class TrafficReplayConfig:
         seed: stream order and head seed.
     """
 
-    bench: str = "benchmarks/smollm2-forelen"
+    bench: str = DEFAULT_BENCH
     predictor: str | None = None
     data_dir: str | None = None
     cache: str | None = None

@@ -32,8 +32,10 @@ from pathlib import Path
 
 import numpy as np
 
+from lenpred.backbone import DEFAULT_MODEL
 from lenpred.errors import LenpredError
-from lenpred.studies.workload import DEFAULT_PREDICTORS
+from lenpred.studies import DEFAULT_BENCH
+from lenpred.studies.workload import DEFAULT_PREDICTORS, DEFAULT_PREDICTORS_DIR, DEFAULT_TABLE
 
 MAX_MODEL_LEN = 4096
 MAX_NUM_BATCHED_TOKENS = 8192  # what lenpred.engines.vllm.llm_kwargs gives vLLM: max(max_model_len, 8192)
@@ -128,9 +130,12 @@ class VLLMOfflineConfig:
         fit_draws: draws whose steps fit the cost model (the rest are held out for the simulator comparison).
         bootstrap_resamples: draw-level bootstrap resamples.
         out: result directory (``vllm_offline.json`` resumes per run; ``.md`` and PNGs beside it).
+        workload: the prediction table of ``lenpred schedule predictions`` (its ``--out``); never rebuilt here.
+        bench, predictors_dir: the benchmark and saved predictors the table was built from (its freshness check;
+            the prompts' token ids are re-read from ``bench``'s data sets).
     """
 
-    model: str = "smollm2-135m-instruct"
+    model: str = DEFAULT_MODEL
     num_requests: int = 32
     draws: int = 4
     seed: int = 0
@@ -142,6 +147,9 @@ class VLLMOfflineConfig:
     fit_draws: int = 1
     bootstrap_resamples: int = 2000
     out: str = "results/scheduling"
+    workload: str = str(DEFAULT_TABLE)
+    bench: str = DEFAULT_BENCH
+    predictors_dir: str = DEFAULT_PREDICTORS_DIR
 
     def policies(self) -> list[str]:
         return ["fcfs", *(f"sjf:{p}" for p in self.predictors), "sjf:oracle"]
@@ -277,7 +285,8 @@ def run_vllm_offline(cfg: VLLMOfflineConfig, table=None) -> dict:
     if same != {k: v for k, v in settings.items() if k in same}:
         raise LenpredError(f"{partial_path} holds runs with other settings: delete it or use another --out")
     partial["config"] = settings
-    table = table if table is not None else load_workload_table(token_ids=True, rebuild=False)
+    table = table if table is not None else load_workload_table(cfg.workload, cfg.bench, cfg.predictors_dir,
+                                                                model=cfg.model, rebuild=False)
     check_predictors(table, cfg.predictors)
     draws = [draw_workload(table, cfg.num_requests, cfg.seed + d, max_output_len=cfg.max_output_len)
              for d in range(cfg.draws)]
@@ -456,9 +465,11 @@ class VLLMServeConfig:
         temperature: sampling temperature with natural EOS (0: greedy, so every mode generates the same tokens up to
             the engine's batch-dependent numerics); above 0 each request also sends ``seed`` = ``seed`` × 10⁶ +
             request id, the same in every mode.
+        workload, bench, predictors_dir: as in :class:`VLLMOfflineConfig`; ``bench`` also names the prompt files
+            whose text is sent.
     """
 
-    model: str = "smollm2-135m-instruct"
+    model: str = DEFAULT_MODEL
     num_requests: int = 32
     draws: int = 2
     seed: int = 0
@@ -479,6 +490,9 @@ class VLLMServeConfig:
     ignore_eos: bool = False
     max_tokens: int | None = None
     temperature: float = 0.0
+    workload: str = str(DEFAULT_TABLE)
+    bench: str = DEFAULT_BENCH
+    predictors_dir: str = DEFAULT_PREDICTORS_DIR
 
     def __post_init__(self):
         if self.draws < 2:
@@ -702,11 +716,11 @@ def run_vllm_serve(cfg: VLLMServeConfig, table=None) -> dict:
         raise LenpredError(f"{partial_path} holds runs at {partial['rate_per_s']:.4f} req/s, not {rate:.4f}: delete "
                            "it, use another --out or pass --rate")
     partial["config"], partial["rate_per_s"] = settings, rate
-    table = table if table is not None else load_workload_table(token_ids=False, rebuild=False)
+    table = table if table is not None else load_workload_table(cfg.workload, cfg.bench, cfg.predictors_dir,
+                                                                token_ids=False, rebuild=False)
     draws = [draw_workload(table, cfg.num_requests, cfg.seed + d, max_output_len=cfg.max_output_len)
              for d in range(cfg.draws)]
-    bench = Path("benchmarks/smollm2-forelen")
-    prompt_files = read_manifest(bench).get("prompt_files")
+    prompt_files = read_manifest(Path(cfg.bench)).get("prompt_files")
     messages = {r.prompt_id: prompt_messages(r.prompt_id, cfg.data_dir, prompt_files) for d in draws for r in d}
     todo = [(d, m) for d in range(cfg.draws) for m in SERVE_MODES if f"{cfg.seed + d}/{m}" not in partial["runs"]]
     if todo:

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from lenpred.errors import LenpredError
+from lenpred.studies import DEFAULT_BENCH
 
 SINK_ALPHAS = (0.25, 0.5, 1.0, 2.0, 4.0)
 SECTIONS = ("misalignment", "attribution", "ablation", "entropy", "overhead")
@@ -39,7 +40,7 @@ class DiagnoseConfig:
     """
 
     model: str | None = None  # None: the model the benchmark was sampled from (bench.json)
-    bench: str = "benchmarks/smollm2-forelen"
+    bench: str = DEFAULT_BENCH
     data_dir: str | None = None
     cache: str | None = None
     evaluate: str = "results/evaluate"
@@ -52,7 +53,7 @@ class DiagnoseConfig:
     max_batch_tokens: int = 4096
     overhead_batch_sizes: tuple[int, ...] = (1, 8, 32)
     overhead_lengths: tuple[int, ...] = (128, 512, 2048)
-    overhead_repeats: int = 3
+    overhead_repeats: int = 2  # the committed results/diagnose/overhead.json ran with 2
     threads: int | None = None
     bootstrap_resamples: int = 2000
 
