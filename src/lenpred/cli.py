@@ -8,6 +8,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import logging
+import sys
 from pathlib import Path
 from typing import Any, Optional
 
@@ -37,10 +39,36 @@ bench_app = typer.Typer(help="Build ForeLen-style benchmarks sampled from a mode
 app.add_typer(bench_app, name="bench")
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Log records as plain lines on whatever ``sys.stderr`` is at the time (a test runner swaps it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.setFormatter(logging.Formatter("%(message)s"))
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value):
+        pass
+
+
+def log_to_stderr() -> None:
+    """Show the package's progress (INFO) and warnings on stderr: the library logs, the CLI shows (idempotent)."""
+    log = logging.getLogger("lenpred")
+    if not any(isinstance(h, _StderrHandler) for h in log.handlers):
+        log.addHandler(_StderrHandler())
+    log.setLevel(logging.INFO)
+
+
 def one_line_errors(fn):
-    """Turn :class:`LenpredError` into ``error: <message>`` on stderr and exit status 2."""
+    """Turn :class:`LenpredError` into ``error: <message>`` on stderr and exit status 2 (and show the package's log
+    records on stderr while the command runs: :func:`log_to_stderr`)."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        log_to_stderr()
         try:
             return fn(*args, **kwargs)
         except LenpredError as exc:
@@ -120,9 +148,11 @@ PREDICTORS_DIR_HELP = "Saved predictors the table was built from (`lenpred evalu
 
 
 def _evaluate(title: str, **kwargs) -> None:
-    from lenpred.studies.evaluate import run_evaluate
+    from rich.console import Console
 
-    run_evaluate(EvalConfig(**kwargs), title=title)
+    from lenpred.studies.evaluate import render_evaluate, run_evaluate
+
+    render_evaluate(run_evaluate(EvalConfig(**kwargs)), Console(width=max(Console().width, 100)), title)
 
 
 @app.command()

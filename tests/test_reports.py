@@ -1,0 +1,63 @@
+"""Typed study reports and their terminal rendering, checked on the committed results."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+
+
+def _report(path: Path):
+    from lenpred.studies.evaluate import EvalReport
+
+    content = json.loads(path.read_text())
+    known = ("config", "model_revision", "overhead", "tuning", "timing_s", "values", "num_samples",
+             "dropped_duplicates", "benchmark_complete", "censored_test_share")
+    scores = {k: v for k, v in content.items() if k != "results" and k not in known}
+    return content, EvalReport(results=content["results"], scores=scores, **{k: content[k] for k in known})
+
+
+@pytest.mark.parametrize("name", ["demo", "evaluate"])
+def test_eval_report_to_dict_is_the_committed_json(name):
+    """``EvalReport.to_dict`` gives back the committed results.json key for key, in order."""
+    content, report = _report(RESULTS / name / "results.json")
+    assert list(report.to_dict()) == list(content)
+    assert json.dumps(report.to_dict()) == json.dumps(content)
+
+
+@pytest.mark.parametrize("name", ["demo", "evaluate"])
+def test_terminal_tables_fit_100_columns(name):
+    """The demo's and evaluate's terminal tables fit 100 columns with no truncated cell, and show the committed
+    numbers as the Markdown file does (demo: ``last`` overall MAE 163.4 [152.2, 175.5], Δ floor -28.2)."""
+    from rich.console import Console
+
+    from lenpred.studies.evaluate import render_evaluate
+
+    _, report = _report(RESULTS / name / "results.json")
+    report.paths = {"json": "r.json", "md": "r.md", "png": "r.png"}
+    console = Console(width=100, record=True)
+    render_evaluate(report, console, name)
+    text = console.export_text()
+    lines = text.splitlines()
+    table_lines = [line for line in lines if line.startswith(" ") or line.startswith(f"{name}:")]
+    assert max(len(line.rstrip()) for line in table_lines) <= 100
+    assert "…" not in "\n".join(table_lines)
+    md = (RESULTS / name / "results.md").read_text()
+    last_overall = report.results["last"]["overall"]
+    mae_cell = f"{last_overall['mae']:.1f}"
+    ci_cell = f"[{last_overall['mae_ci'][0]:.1f}, {last_overall['mae_ci'][1]:.1f}]"
+    assert mae_cell in text and ci_cell in text and ci_cell in md
+    if name == "demo":
+        assert (mae_cell, ci_cell) == ("163.4", "[152.2, 175.5]")
+        assert "-28.2" in text and "[-42.0, -15.5]*" in text
+
+
+def test_terminal_table_refuses_unknown_kind():
+    from lenpred.studies.evaluate_report import render_terminal_table
+
+    results = json.loads((RESULTS / "demo" / "results.json").read_text())["results"]
+    with pytest.raises(ValueError, match="mae, diff"):
+        render_terminal_table(results, "t", kind="detail")
