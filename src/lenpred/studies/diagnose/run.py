@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -303,8 +303,8 @@ def overhead_section(backbone, data, evaluate_dir: str, k: int, max_batch_tokens
 
 
 def run_diagnose(cfg: DiagnoseConfig, console=None) -> dict:
-    """Compute the requested sections, write their JSONs, then REPORT.md + PNGs + diagnose.json from every section
-    present. Returns the combined dict."""
+    """Compute the requested sections, write their JSONs (and the resolved config of the run that computed them,
+    ``config.json``), then REPORT.md + PNGs + diagnose.json from every section present. Returns the combined dict."""
     from rich.console import Console
 
     from lenpred.studies.diagnose.report import write_report
@@ -353,4 +353,5 @@ def run_diagnose(cfg: DiagnoseConfig, console=None) -> dict:
                     np.savez_compressed(f, entropy=fig["entropy"].astype(np.float32),
                                         semantic=fig["semantic"].astype(np.float32),
                                         scenario=fig["scenario"].astype(str))
+        write_json(out / "config.json", {**asdict(cfg), "model_revision": run.backbone.revision})
     return write_report(out, console)
