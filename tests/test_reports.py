@@ -61,3 +61,12 @@ def test_terminal_table_refuses_unknown_kind():
     results = json.loads((RESULTS / "demo" / "results.json").read_text())["results"]
     with pytest.raises(ValueError, match="mae, diff"):
         render_terminal_table(results, "t", kind="detail")
+
+
+def test_sim_report_to_dict_is_the_committed_json():
+    """``SimReport.to_dict`` gives back the committed simulation.json key for key, in order."""
+    from lenpred.studies.simulate import SimReport
+
+    content = json.loads((RESULTS / "scheduling" / "simulation.json").read_text())
+    report = SimReport(**content)
+    assert json.dumps(report.to_dict()) == json.dumps(content)

@@ -225,10 +225,13 @@ def progressive(
     threads: Optional[int] = PROG("threads", help="torch threads for the backbone (teacher forcing)."),
 ):
     """Progressive remaining-length prediction (PLP, TRAIL-progressive) vs static baselines, per decode step."""
-    from lenpred.studies.progressive import run_progressive
+    from rich.console import Console
 
-    run_progressive(ProgressiveConfig(model=model, bench=bench, data_dir=data_dir, out=out, cache=cache,
-                                      decode_cache=decode_cache, seed=seed, threads=threads))
+    from lenpred.studies.progressive import render_progressive, run_progressive
+
+    render_progressive(run_progressive(ProgressiveConfig(model=model, bench=bench, data_dir=data_dir, out=out,
+                                                         cache=cache, decode_cache=decode_cache, seed=seed,
+                                                         threads=threads)), Console())
 
 
 FIT, TRAFFIC_FIT = Defaults(LengthPredictor), Defaults(LengthPredictor.fit_traffic)
@@ -554,7 +557,7 @@ def schedule_simulate(
                               max_num_batched_tokens, _names(arrivals), load, cv, aging_steps or None, seed=seed,
                               out=out, progressive=progressive or None, workload=workload, bench=bench,
                               predictors_dir=predictors_dir)
-    paths = save_simulation_report(run_simulation(cfg), out, Console(width=max(Console().width, 200)))
+    paths = save_simulation_report(run_simulation(cfg).to_dict(), out, Console(width=max(Console().width, 200)))
     typer.echo(f"wrote {', '.join(str(p) for p in paths.values())}")
 
 

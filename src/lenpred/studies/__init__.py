@@ -1,4 +1,6 @@
-"""Studies: each a config + ``run(cfg)`` returning a typed report, rendered and written under ``results/`` by the CLI.
+"""Studies: each a config + ``run(cfg)`` whose report is written under ``results/<command>/`` (with the config that
+made it) and rendered by the CLI (``evaluate``: a typed :class:`~lenpred.studies.evaluate.EvalReport` +
+:func:`~lenpred.studies.evaluate.render_evaluate`; the others still return dicts).
 
 The studies' configs hold the default input and output paths (the library below them takes paths as arguments).
 """

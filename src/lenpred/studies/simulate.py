@@ -87,6 +87,34 @@ class SimExperimentConfig:
         return ["fcfs", "random", *(f"sjf:{p}" for p in [*self.predictors, "oracle"])]
 
 
+@dataclass
+class SimReport:
+    """What :func:`run_simulation` returns; :meth:`to_dict` is the content of ``simulation.json`` (key for key),
+    which :func:`lenpred.studies.scheduling_report.save_simulation_report` renders and writes.
+
+    Attributes:
+        config: the resolved :class:`SimExperimentConfig` (``progressive_methods`` filled), as ``asdict`` gives it.
+        arrival_rate_per_s: the Poisson / Gamma rate (requests/s): ``load`` x the first draw's FCFS throughput.
+        cost_model: the cost model's fields (``asdict`` of :class:`~lenpred.serving.cost_model.CostModel`).
+        runs: ``{"<batching>/<arrival>/<policy label>": [summary per draw]}`` (metrics of
+            :func:`lenpred.serving.metrics.summarize`).
+        jct_draw0: per row, the per-request JCTs (s) of draw 0 (the CDF plot).
+        summary: :func:`summarize_runs` (per-row bootstrap means, oracle-gain shares, padding).
+    """
+
+    config: dict
+    arrival_rate_per_s: float
+    cost_model: dict
+    runs: dict
+    jct_draw0: dict
+    summary: dict
+
+    def to_dict(self) -> dict:
+        """The ``simulation.json`` content, in its key order."""
+        return {"config": self.config, "arrival_rate_per_s": self.arrival_rate_per_s, "cost_model": self.cost_model,
+                "runs": self.runs, "jct_draw0": self.jct_draw0, "summary": self.summary}
+
+
 def draw_bootstrap(per_draw: dict[str, np.ndarray], stat, n_resamples: int = 2000, seed: int = 0,
                    confidence: float = 0.95) -> tuple[float, float, float]:
     """Paired percentile bootstrap over workload draws: every resample picks the same draws for every row, and
@@ -111,10 +139,11 @@ def _rate(table, cfg: SimExperimentConfig, cost) -> float:
     return cfg.load * cfg.num_requests / summary["makespan_s"]
 
 
-def run_simulation(cfg: SimExperimentConfig, table=None) -> dict:
+def run_simulation(cfg: SimExperimentConfig, table=None) -> SimReport:
     """Every continuous-batching policy row under every arrival process and every static-batching grouping, on
-    ``cfg.draws`` workload draws. Returns the report dict (``lenpred.studies.scheduling_report`` renders and saves it):
-    per row and draw the summary metrics, per-request JCTs of draw 0 (CDF plot), and bootstrap summaries."""
+    ``cfg.draws`` workload draws. Returns the :class:`SimReport` (``lenpred.studies.scheduling_report`` renders and
+    saves its :meth:`~SimReport.to_dict`): per row and draw the summary metrics, per-request JCTs of draw 0 (CDF
+    plot), and bootstrap summaries. ``table``: the workload table (``None``: read from ``cfg.workload``)."""
     from tqdm.auto import tqdm
 
     from lenpred.serving.cost_model import CostModel
@@ -163,8 +192,7 @@ def run_simulation(cfg: SimExperimentConfig, table=None) -> dict:
                     if d == 0:
                         jct_draw0[key] = [t.jct_s for t in timings]
                     bar.update()
-    return {"config": asdict(cfg), "arrival_rate_per_s": rate, "cost_model": asdict(cost),
-            "runs": runs, "jct_draw0": jct_draw0, "summary": summarize_runs(runs, cfg)}
+    return SimReport(asdict(cfg), rate, asdict(cost), runs, jct_draw0, summarize_runs(runs, cfg))
 
 
 METRICS = ("throughput_tok_s", "mean_jct_s", "p50_jct_s", "p90_jct_s", "p99_jct_s", "mean_ttft_s",
