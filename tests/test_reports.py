@@ -70,3 +70,18 @@ def test_sim_report_to_dict_is_the_committed_json():
     content = json.loads((RESULTS / "scheduling" / "simulation.json").read_text())
     report = SimReport(**content)
     assert json.dumps(report.to_dict()) == json.dumps(content)
+
+
+def test_traffic_report_to_dict_and_render_are_the_committed_files():
+    """``TrafficReport.to_dict`` is the committed traffic results.json; its rendering is the committed results.md."""
+    from rich.console import Console
+
+    from lenpred.studies.traffic import TrafficReport, render_markdown, render_traffic
+
+    content = json.loads((RESULTS / "traffic" / "results.json").read_text())
+    report = TrafficReport(**content)
+    assert json.dumps(report.to_dict()) == json.dumps(content)
+    assert render_markdown(report.to_dict()) == (RESULTS / "traffic" / "results.md").read_text()
+    console = Console(width=200, record=True)
+    render_traffic(report, console)
+    assert "coverage" in console.export_text()

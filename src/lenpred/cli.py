@@ -305,10 +305,13 @@ def traffic_replay(
 ):
     """Replay a shifted stream through the shipped predictor: fixed vs adaptive interval coverage over time, and a
     head refitted on the logged earlier part vs the shipped one on the later part."""
-    from lenpred.studies.traffic import run_traffic_replay
+    from rich.console import Console
 
-    run_traffic_replay(TrafficReplayConfig(bench=bench, out=out, late=late, predictor=predictor, data_dir=data_dir,
-                                           cache=cache, seed=seed, mix_bench=mix_bench))
+    from lenpred.studies.traffic import render_traffic, run_traffic_replay
+
+    render_traffic(run_traffic_replay(TrafficReplayConfig(bench=bench, out=out, late=late, predictor=predictor,
+                                                          data_dir=data_dir, cache=cache, seed=seed,
+                                                          mix_bench=mix_bench)), Console())
 
 
 def _read_prompts(prompts: list[str], file: Optional[str]) -> list:
