@@ -85,3 +85,22 @@ def test_traffic_report_to_dict_and_render_are_the_committed_files():
     console = Console(width=200, record=True)
     render_traffic(report, console)
     assert "coverage" in console.export_text()
+
+
+def test_diagnose_report_rerenders_the_committed_report(tmp_path):
+    """From the committed section JSONs, the report renders the committed REPORT.md and diagnose.json exactly."""
+    import shutil
+
+    from rich.console import Console
+
+    from lenpred.studies.diagnose.report import write_report
+    from lenpred.studies.diagnose.run import SECTIONS, DiagnoseReport, render_diagnose
+
+    for section in SECTIONS:
+        shutil.copy(RESULTS / "diagnose" / f"{section}.json", tmp_path)
+    report = DiagnoseReport(write_report(tmp_path), tmp_path / "REPORT.md")
+    assert (tmp_path / "REPORT.md").read_text() == (RESULTS / "diagnose" / "REPORT.md").read_text()
+    assert report.to_dict() == json.loads((RESULTS / "diagnose" / "diagnose.json").read_text())
+    console = Console(width=200, record=True)
+    render_diagnose(report, console)
+    assert console.export_text().strip() == f"wrote {tmp_path / 'REPORT.md'} ({', '.join(SECTIONS)})"

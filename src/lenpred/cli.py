@@ -753,16 +753,19 @@ def diagnose(
 ):
     """Diagnostics: entropy/semantic misalignment, gradient attribution, ablations, a cheaper entropy and the
     signals' overhead; writes OUT/REPORT.md (+ PNGs, diagnose.json). Time it under the CPU lock."""
-    from lenpred.studies.diagnose.run import run_diagnose
+    from rich.console import Console
+
+    from lenpred.studies.diagnose.run import render_diagnose, run_diagnose
 
     skipped = set(_names(skip))
-    run_diagnose(DiagnoseConfig(
+    report = run_diagnose(DiagnoseConfig(
         model=model, bench=bench, data_dir=data_dir, cache=cache, evaluate=evaluate_dir, out=out,
         sections=tuple(s for s in _names(sections) if s not in skipped), attribution_prompts=attribution_prompts,
         pruned_ks=_ints("--pruned-ks", pruned_ks), overhead_k=overhead_k, seeds=_ints("--seeds", seeds),
         max_batch_tokens=max_batch_tokens, overhead_repeats=overhead_repeats, threads=threads,
         overhead_batch_sizes=_ints("--overhead-batch-sizes", overhead_batch_sizes),
         overhead_lengths=_ints("--overhead-lengths", overhead_lengths)))
+    render_diagnose(report, Console())
 
 
 if __name__ == "__main__":  # vLLM spawns an engine process: the guard is required

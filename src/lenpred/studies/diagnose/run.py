@@ -6,6 +6,7 @@ JSON present, so sections can be run (or re-run) one at a time.
 from __future__ import annotations
 
 import json
+import logging
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -15,6 +16,8 @@ import torch
 
 from lenpred.errors import LenpredError
 from lenpred.studies import DEFAULT_BENCH
+
+logger = logging.getLogger(__name__)
 
 SINK_ALPHAS = (0.25, 0.5, 1.0, 2.0, 4.0)
 SECTIONS = ("misalignment", "attribution", "ablation", "entropy", "overhead")
@@ -302,16 +305,42 @@ def overhead_section(backbone, data, evaluate_dir: str, k: int, max_batch_tokens
     return result
 
 
-def run_diagnose(cfg: DiagnoseConfig, console=None) -> dict:
-    """Compute the requested sections, write their JSONs (and the resolved config of the run that computed them,
-    ``config.json``), then REPORT.md + PNGs + diagnose.json from every section present. Returns the combined dict."""
-    from rich.console import Console
+@dataclass
+class DiagnoseReport:
+    """What :func:`run_diagnose` returns.
 
+    Attributes:
+        sections: ``{section: its result}`` for every section present in ``out`` (computed now or earlier): the
+            content of ``diagnose.json`` (:meth:`to_dict`), rendered into ``REPORT.md``.
+        report_md: the ``REPORT.md`` written.
+    """
+
+    sections: dict
+    report_md: Path
+
+    def to_dict(self) -> dict:
+        """The ``diagnose.json`` content: one key per section present."""
+        return self.sections
+
+
+def render_diagnose(report: DiagnoseReport, console) -> None:
+    """Print where the report went and which sections it holds on ``console`` (``rich``)."""
+    console.print(f"wrote {report.report_md} ({', '.join(report.sections) or 'no sections'})")
+
+
+def run_diagnose(cfg: DiagnoseConfig) -> DiagnoseReport:
+    """Compute the requested sections, write their JSONs (and the resolved config of the run that computed them,
+    ``config.json``), then REPORT.md + PNGs + diagnose.json from every section present
+    (:func:`lenpred.studies.diagnose.report.write_report`). Progress goes to the ``lenpred`` logger.
+
+    Raises:
+        LenpredError: ``cfg.out`` lies under a file, ``cfg.evaluate`` holds no ``lenpred evaluate`` results, or any
+            loading error of the benchmark.
+    """
     from lenpred.studies.diagnose.report import write_report
     from lenpred.studies.evaluate import EvalConfig, prepare_run
     from lenpred.io import write_json
 
-    console = console or Console()
     out = Path(cfg.out)
     if any(p.exists() and not p.is_dir() for p in (out, *out.parents)):
         raise LenpredError(f"--out {out} is (or lies under) a file: pass a directory")
@@ -326,7 +355,7 @@ def run_diagnose(cfg: DiagnoseConfig, console=None) -> dict:
         run = prepare_run(ecfg, needs)
         final = run.backbone.num_layers
         for section in cfg.sections:
-            console.print(f"diagnose: {section} …")
+            logger.info("diagnose: %s …", section)
             if section == "misalignment":
                 result, figures["misalignment"] = misalignment_section(run.data, run.backbone.tokenizer, chosen,
                                                                        cfg.bootstrap_resamples)
@@ -354,4 +383,4 @@ def run_diagnose(cfg: DiagnoseConfig, console=None) -> dict:
                                         semantic=fig["semantic"].astype(np.float32),
                                         scenario=fig["scenario"].astype(str))
         write_json(out / "config.json", {**asdict(cfg), "model_revision": run.backbone.revision})
-    return write_report(out, console)
+    return DiagnoseReport(write_report(out), out / "REPORT.md")
