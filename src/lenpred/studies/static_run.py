@@ -104,7 +104,7 @@ class CalibrationConfig:
     out: str = "results/scheduling/cost_transformers.json"
 
 
-def calibrate_transformers(cfg: CalibrationConfig, console=None):
+def calibrate_transformers(cfg: CalibrationConfig):
     """Time ``generate`` on the grid, fit :class:`~lenpred.serving.cost_model.CostModel` and save it (with the
     raw measurements under ``settings["measurements"]``). Returns the model."""
     from tqdm.auto import tqdm
