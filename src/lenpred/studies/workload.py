@@ -189,8 +189,8 @@ def load_workload_table(path: str | Path = DEFAULT_TABLE, bench: str | Path = DE
             raise LenpredError(f"{path} was built from another benchmark than {bench} and {missing[0]} is missing: "
                                "run `lenpred evaluate`, then `lenpred schedule predictions`")
         check_predictors(table, predictors)
-        logger.warning("%d predictor file(s) missing (first: %s): using %s as it is (checksum and benchmark match)",
-                       len(missing), missing[0], path)
+        logger.warning("note: %d predictor file(s) missing (first: %s): using %s as it is (checksum and benchmark "
+                       "match)", len(missing), missing[0], path)
     elif table is None or meta.get("fingerprint") != _inputs_fingerprint(bench, Path(predictors_dir), predictors):
         if not rebuild:
             raise LenpredError(f"{path} is missing, corrupt or stale: run `lenpred schedule predictions` to rebuild it")
