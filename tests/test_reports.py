@@ -104,3 +104,19 @@ def test_diagnose_report_rerenders_the_committed_report(tmp_path):
     console = Console(width=200, record=True)
     render_diagnose(report, console)
     assert console.export_text().strip() == f"wrote {tmp_path / 'REPORT.md'} ({', '.join(SECTIONS)})"
+
+
+def test_static_run_report_to_dict_is_the_committed_json():
+    """``StaticRunReport.to_dict`` gives back the committed static_real.json key for key, in order; and a rerun with
+    its config (the input-path fields added since at their defaults) passes the resume rule's comparison."""
+    import dataclasses
+
+    from lenpred.studies.static_run import StaticRunConfig, StaticRunReport
+
+    content = json.loads((RESULTS / "scheduling" / "static_real.json").read_text())
+    assert json.dumps(StaticRunReport(**content).to_dict()) == json.dumps(content)
+    stored = content["config"]
+    assert "workload" not in stored  # made before the field existed
+    rerun = StaticRunConfig(**{**stored, "groupings": tuple(stored["groupings"])})
+    as_stored = lambda cfg: json.loads(json.dumps(dataclasses.asdict(cfg)))  # noqa: E731
+    assert {**as_stored(StaticRunConfig()), **stored} == as_stored(rerun)

@@ -590,7 +590,7 @@ def schedule_run_static(
     report = run_static(StaticRunConfig(model, num_requests, batch_size, max_output_len, seed, _names(groupings),
                                         cost_model, out, threads, workload=workload, bench=bench,
                                         predictors_dir=predictors_dir))
-    paths = save_static_real_report(report, Path(out).parent, Console(width=max(Console().width, 160)))
+    paths = save_static_real_report(report.to_dict(), Path(out).parent, Console(width=max(Console().width, 160)))
     typer.echo(f"wrote {out}, {', '.join(str(p) for p in paths.values())}")
 
 

@@ -171,13 +171,43 @@ class StaticRunConfig:
             raise LenpredError("num_requests, batch_size and max_output_len must be >= 1")
 
 
-def run_static(cfg: StaticRunConfig, table=None) -> dict:
-    """Real run 1: for each grouping, form the static batches, run them with ``generate`` one after another and
-    record each batch's wall time; compare with the simulator's prediction from the cost model.
+@dataclass
+class StaticRunReport:
+    """What :func:`run_static` returns; :meth:`to_dict` is the content of ``cfg.out`` (key for key), which
+    :func:`lenpred.studies.scheduling_report.save_static_real_report` renders.
 
-    Returns (and writes to ``cfg.out``) ``{"config", "workload", "hardware", "runs": {grouping: {...}}}`` where
-    each run has measured ``wall_s``, ``throughput_tok_s``, ``padding_ratio``, mean / p90 JCT and the simulated
-    ``sim_wall_s`` / ``sim_mean_jct_s`` and their relative errors.
+    Attributes:
+        config: the :class:`StaticRunConfig` the runs were made with (as stored: tuples as lists).
+        runs: per grouping: measured ``wall_s``, ``batch_wall_s``, ``throughput_tok_s``, ``padding_ratio``, mean /
+            p90 JCT (s), the simulated ``sim_wall_s`` / ``sim_mean_jct_s`` and their relative errors, the batches'
+            lengths and per-request JCTs.
+        workload: the drawn requests (their table ids, true output lengths and prompt lengths in tokens).
+        hardware: :func:`lenpred.serving.cost_model.hardware_description`.
+        model_revision: the backbone's revision.
+    """
+
+    config: dict
+    runs: dict
+    workload: dict
+    hardware: dict
+    model_revision: str | None
+
+    def to_dict(self) -> dict:
+        """The result JSON's content, in its key order."""
+        return {"config": self.config, "runs": self.runs, "workload": self.workload, "hardware": self.hardware,
+                "model_revision": self.model_revision}
+
+
+def run_static(cfg: StaticRunConfig, table=None) -> StaticRunReport:
+    """Real run 1: for each grouping, form the static batches, run them with ``generate`` one after another and
+    record each batch's wall time; compare with the simulator's prediction from the cost model. The JSON is
+    written to ``cfg.out`` after every grouping (a rerun with the same config resumes).
+
+    Returns:
+        the :class:`StaticRunReport` (``table``: the workload table; ``None``: read from ``cfg.workload``).
+
+    Raises:
+        LenpredError: ``generate`` produced other lengths than the forced ones (another stop-token rule).
     """
     import json
     from pathlib import Path
@@ -236,4 +266,4 @@ def run_static(cfg: StaticRunConfig, table=None) -> dict:
             "batch_lengths": [[r.output_len for r in b] for b in batches],
             "jct_s": [x.jct_s for x in sorted(timings, key=lambda x: x.request_id)]}
         write_json(out, report)
-    return report
+    return StaticRunReport(**report)
