@@ -1,6 +1,6 @@
 """Which soft-label bin placement to use: validation MAE of pooled heads with log-spaced vs equal-mass bins.
 
-Usage: python scripts/binning_choice.py [--bench benchmarks/smollm2-forelen] [--out results/binning_choice.json]
+Usage: python scripts/binning_choice.py [--bench benchmarks/smollm2-forelen] [--out results/scripts/binning_choice.json]
 
 Fits the mean-pooled head and ESTP (lambda1 = alpha = 1) at every layer of the evaluation grid, with each binning,
 on the train split (seed 0) and prints the validation MAE per scenario (predictions clipped to each request's cap,
@@ -22,7 +22,7 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bench", default="benchmarks/smollm2-forelen")
-    ap.add_argument("--out", default="results/binning_choice.json")
+    ap.add_argument("--out", default="results/scripts/binning_choice.json")
     args = ap.parse_args()
     run = prepare_run(EvalConfig(bench=args.bench), {"signals"})
     data, layers = run.data, run.layers

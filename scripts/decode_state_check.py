@@ -3,7 +3,7 @@
 For a few benchmark rollouts (seeded draw, one per scenario and more), compare the hidden states that
 `lenpred progressive` reads (one forward pass over prompt + response, `teacher_forced_states` and the shared-prefix
 variant) with those of a token-by-token decode through the KV cache (`incremental_decode_states`), at every decode
-step of the schedule and every cached layer. Prints and writes `results/progressive/teacher_forcing_check.json`.
+step of the schedule and every cached layer. Prints and writes `results/scripts/progressive/teacher_forcing_check.json`.
 
     python scripts/decode_state_check.py [--n 6] [--seed 0]
 """
@@ -31,7 +31,7 @@ def main() -> None:
     ap.add_argument("--bench", default="benchmarks/smollm2-forelen")
     ap.add_argument("--n", type=int, default=6)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default="results/progressive/teacher_forcing_check.json")
+    ap.add_argument("--out", default="results/scripts/progressive/teacher_forcing_check.json")
     args = ap.parse_args()
     backbone = load_backbone(num_threads=2)
     data = load_eval_data(args.bench, backbone.tokenizer, None, load_records(args.bench))

@@ -1,7 +1,7 @@
 """Sampling throughput of the engines on the same requests (output tokens/s), as one JSON report.
 
 Usage: python scripts/engine_throughput.py --config vllm-eager [--num-requests 64 --max-new-tokens 128
-        --out results/engines.json]
+        --out results/scripts/engines.json]
 
 One engine per process (a vLLM engine holds its worker process until exit); each run adds its entry
 to the JSON report.
@@ -39,7 +39,7 @@ def main() -> None:
     ap.add_argument("--num-requests", type=int, default=64)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--config", choices=sorted(CONFIGS), required=True)
-    ap.add_argument("--out", default="results/engines.json")
+    ap.add_argument("--out", default="results/scripts/engines.json")
     args = ap.parse_args()
 
     from transformers import AutoTokenizer

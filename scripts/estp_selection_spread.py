@@ -1,7 +1,7 @@
 """How much ESTP's test MAE depends on which near-tied candidate wins on validation.
 
 Usage: python scripts/estp_selection_spread.py [--bench benchmarks/smollm2-forelen]
-       [--out results/estp_selection_spread.json] [--within 2.0]
+       [--out results/scripts/estp_selection_spread.json] [--within 2.0]
 
 Fits ESTP (seed 0, the demo's head settings) for every candidate of the demo's grid (layers 15 / 22 / final,
 lambda1 in 0.25..2, alpha in 0.5..4) on the train split and scores validation and test MAE (predictions clipped to
@@ -31,7 +31,7 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bench", default="benchmarks/smollm2-forelen")
-    ap.add_argument("--out", default="results/estp_selection_spread.json")
+    ap.add_argument("--out", default="results/scripts/estp_selection_spread.json")
     ap.add_argument("--within", type=float, default=2.0, help="validation-MAE margin of a near tie (tokens)")
     args = ap.parse_args()
     cfg = EvalConfig(bench=args.bench)

@@ -9,7 +9,9 @@ Same as ``lenpred diagnose --sections overhead``; writes ``results/diagnose/over
 
 import argparse
 
-from lenpred.studies.diagnose.run import DiagnoseConfig, run_diagnose
+from rich.console import Console
+
+from lenpred.studies.diagnose.run import DiagnoseConfig, render_diagnose, run_diagnose
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -19,5 +21,6 @@ if __name__ == "__main__":
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", default="results/diagnose")
     a = ap.parse_args()
-    run_diagnose(DiagnoseConfig(sections=("overhead",), max_batch_tokens=a.max_batch_tokens, overhead_repeats=a.repeats,
-                                overhead_k=a.k, threads=a.threads, out=a.out))
+    report = run_diagnose(DiagnoseConfig(sections=("overhead",), max_batch_tokens=a.max_batch_tokens,
+                                         overhead_repeats=a.repeats, overhead_k=a.k, threads=a.threads, out=a.out))
+    render_diagnose(report, Console())

@@ -7,7 +7,7 @@ oracle (mean length of the prompt's other test samples) and by the recorded leng
 Committed workload table and progressive estimates, the transformers cost model of ``lenpred schedule simulate``
 (same settings: 200 requests per draw, ``max_num_seqs`` 8 = the decode slots, token budget 2048), all-at-once and
 Poisson arrivals at 0.9 × the FCFS throughput. Shares of the oracle's gain are paired bootstraps over draws.
-Output: ``results/serving/parked_simulation.{json,md}``::
+Output: ``results/scripts/serving/parked_simulation.{json,md}``::
 
     python scripts/parked_simulation.py --draws 10
 """
@@ -51,7 +51,7 @@ def main() -> None:
                          "prefill is cheaper relative to decode (a GPU), where prefill on arrival costs less")
     ap.add_argument("--max-tokens", type=int, default=None, help="clip every cap (and recorded length) to this")
     ap.add_argument("--prefill-ahead", type=int, default=None, help="parked policies' prefill-ahead bound")
-    ap.add_argument("--out", default="results/serving/parked_simulation")
+    ap.add_argument("--out", default="results/scripts/serving/parked_simulation")
     args = ap.parse_args()
     cost = CostModel.load(args.cost_model)
     for k in ("p0", "p1", "p2"):

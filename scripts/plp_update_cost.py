@@ -2,7 +2,7 @@
 
 Times `lenpred.serving.progressive.update_batch` for 1 and for 64 running requests (one torch thread, median of
 `--repeats` calls after a warm-up) with the shipped predictor's PLP head and representative inputs, and writes
-`results/progressive/update_cost.json`. Run it on an idle machine (the numbers are wall-clock microseconds).
+`results/scripts/progressive/update_cost.json`. Run it on an idle machine (the numbers are wall-clock microseconds).
 
     python scripts/plp_update_cost.py [--repeats 2000]
 """
@@ -24,7 +24,7 @@ from lenpred.serving.progressive import load_plp, update_cost
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=2000)
-    ap.add_argument("--out", default="results/progressive/update_cost.json")
+    ap.add_argument("--out", default="results/scripts/progressive/update_cost.json")
     args = ap.parse_args()
     torch.set_num_threads(1)
     plp, info = load_plp(Path(DEFAULT_PREDICTOR) / PROGRESSIVE_FILE)

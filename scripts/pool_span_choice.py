@@ -1,7 +1,7 @@
 """What a pooler should read: the users' content only, or everything after the template's fixed prefix (content +
 the template suffix, i.e. the assistant header, whose hidden states depend on the content).
 
-Usage: python scripts/pool_span_choice.py [--bench benchmarks/smollm2-forelen] [--out results/pool_span_choice.json]
+Usage: python scripts/pool_span_choice.py [--bench benchmarks/smollm2-forelen] [--out results/scripts/pool_span_choice.json]
 
 Fits mean / last / entropy_only / ESTP (lambda1 = alpha = 1) heads at layers 15 and 22 with each span on the train
 split (seed 0) and prints validation and test MAE (predictions clipped to each request's cap), plus the paired
@@ -25,7 +25,7 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bench", default="benchmarks/smollm2-forelen")
-    ap.add_argument("--out", default="results/pool_span_choice.json")
+    ap.add_argument("--out", default="results/scripts/pool_span_choice.json")
     args = ap.parse_args()
     data = prepare_run(EvalConfig(bench=args.bench), {"signals"}).data
     train, val, test = (data.index[s] for s in ("train", "validation", "test"))

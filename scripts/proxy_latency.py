@@ -1,7 +1,7 @@
 """What `lenpred serve` adds to a request's latency, before and after batched, truncated predictions.
 
 Usage: flock /tmp/lenpred-cpu.lock python scripts/proxy_latency.py [--before 09b1c3b] [--rounds 20,6,3]
-       [--proxy-cpus 1 --client-cpus 0] [--out results/serve/proxy_latency.json]
+       [--proxy-cpus 1 --client-cpus 0] [--out results/scripts/serve/proxy_latency.json]
 
 A local OpenAI-style upstream (Starlette under uvicorn, in this process) records when each request reaches it and
 answers at once with a one-token stream. The proxy runs in its own process with the shipped predictor and one torch
@@ -246,7 +246,7 @@ def main() -> None:
     ap.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "datasets"))
     ap.add_argument("--proxy-cpus", default=None, help="CPU ids of the proxy process, e.g. 1")
     ap.add_argument("--client-cpus", default=None, help="CPU ids of this process (upstream + client), e.g. 0")
-    ap.add_argument("--out", default="results/serve/proxy_latency.json")
+    ap.add_argument("--out", default="results/scripts/serve/proxy_latency.json")
     ap.add_argument("--serve-proxy", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--module", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--upstream", default=None, help=argparse.SUPPRESS)

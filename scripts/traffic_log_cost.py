@@ -7,7 +7,7 @@ Run under the CPU lock (numbers quoted in the README come from it):
 
 Features are synthetic (Gaussian, the shipped predictor's width 576; real hidden states compress about as
 badly, see results/traffic/results.md for the replayed log's bytes per request); the refit uses the shipped
-head's hyper-parameters (150 epochs) and 25 % capped requests. Writes results/traffic/cost.json.
+head's hyper-parameters (150 epochs) and 25 % capped requests. Writes results/scripts/traffic/cost.json.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def main() -> None:
 
     out = {"torch_threads": torch.get_num_threads(), "log": [log_cost("float16"), log_cost("float32")],
            "refit": [refit_cost(1000), refit_cost(10000)]}
-    write_json(Path("results/traffic/cost.json"), out)
+    write_json(Path("results/scripts/traffic/cost.json"), out)
     print(json.dumps(out, indent=2))
 
 

@@ -16,7 +16,7 @@ draw and rate on it; vLLM pinned to ``--vllm-cpus``, this load generator to ``--
   only if the engine reproduces the recorded sample; ``prompt_oracle_sjf``: by the mean recorded length of the
   prompt's other test samples (the best any prompt-only predictor can do).
 
-Output: ``results/serving/in_engine.{json,md}`` (+ ``in_engine_runs.json``, resumable per run; per-request records
+Output: ``results/scripts/serving/in_engine.{json,md}`` (+ ``in_engine_runs.json``, resumable per run; per-request records
 and the plug-in's request log) and the simulator's numbers for the same draws (``simulate_parked`` with the
 committed vLLM cost model). Run alone, under the CPU lock::
 
@@ -205,7 +205,7 @@ def main() -> None:
     ap.add_argument("--vllm-cpus", default="0")
     ap.add_argument("--client-cpus", default="1")
     ap.add_argument("--modes", default=",".join(MODES))
-    ap.add_argument("--out", default="results/serving")
+    ap.add_argument("--out", default="results/scripts/serving")
     args = ap.parse_args()
     os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
     os.environ.setdefault("OMP_NUM_THREADS", "1")

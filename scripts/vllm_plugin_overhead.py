@@ -4,7 +4,7 @@
 Both engines live in this process (each spawns its own engine core; the idle one waits, after ``--pause-s``: an
 engine that just finished keeps polling for a few seconds and would slow the other on a shared core), in ABBA order,
 so the machine's state drifts equally for both. Every request runs exactly ``--max-tokens`` tokens (``ignore_eos``: equal work is what an
-overhead ratio needs; a diagnostic, not a scheduling result), greedy. Output: ``results/serving/overhead.json``.
+overhead ratio needs; a diagnostic, not a scheduling result), greedy. Output: ``results/scripts/serving/overhead.json``.
 
 Run alone, pinned to one core (the settings of the project's vLLM cost model)::
 
@@ -42,7 +42,7 @@ def main() -> None:
     ap.add_argument("--max-num-seqs", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=6)
     ap.add_argument("--pause-s", type=float, default=10.0)
-    ap.add_argument("--out", default="results/serving/overhead.json")
+    ap.add_argument("--out", default="results/scripts/serving/overhead.json")
     args = ap.parse_args()
     os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
     from vllm import SamplingParams

@@ -1,7 +1,7 @@
 """How close the plug-in's captured states and predictions are to transformers' and ``LengthPredictor.predict``:
 real test-split prompts through ``vllm.LLM`` with the plug-in (chunked prefill of 64-token chunks on, prefix caching
 on, each prompt sent twice so the second hits the cache), states logged, compared with the hidden state transformers
-computes for the same token ids. Output: ``results/serving/state_check.json``::
+computes for the same token ids. Output: ``results/scripts/serving/state_check.json``::
 
     flock /tmp/lenpred-cpu.lock .venv-vllm/bin/python scripts/vllm_state_check.py --num-prompts 24
 """
@@ -20,7 +20,7 @@ import numpy as np
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--num-prompts", type=int, default=24)
-    ap.add_argument("--out", default="results/serving/state_check.json")
+    ap.add_argument("--out", default="results/scripts/serving/state_check.json")
     args = ap.parse_args()
     os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
     import torch

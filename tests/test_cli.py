@@ -68,6 +68,10 @@ def test_bench_build_and_demo_end_to_end_on_tiny_model(tiny_model_dir, tiny_data
     assert (out / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (out / "predictors" / "estp.safetensors").is_file()
     assert "estp" in r.output and "MAE" in r.output
+    # the terminal shows only tables that fit 100 columns, none truncated; results.md holds every table
+    tables = r.stdout.split("oracle floor")[0].splitlines()
+    assert tables and max(len(line.rstrip()) for line in tables) <= 100 and "…" not in r.stdout, r.stdout
+    assert "RMSE" not in "\n".join(tables) and "RMSE" in md
     # a second run reads the signal cache instead of extracting again
     r2 = runner.invoke(app, ["demo", "--model", str(tiny_model_dir), "--bench", str(bench), "--data-dir",
                              str(tiny_data_dir), "--out", str(out), "--cache", str(tmp_path / "cache"),

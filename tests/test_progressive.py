@@ -184,17 +184,26 @@ def test_progressive_run_writes_curves_and_countdown_starts_at_plp(tiny_run):
     out = root / "out"
     assert sorted(p.name for p in out.iterdir()) == ["curves.png", "plp.safetensors", "results.json", "results.md",
                                                      "test_estimates.parquet", "test_estimates.parquet.sha256"]
-    assert json.loads((out / "results.json").read_text())["plp"]["prompt"] == "last@1"
-    cells = {(c["population"], c["scenario"], c["step"], c["method"]): c for c in report["curves"]}
+    written = json.loads((out / "results.json").read_text())
+    assert written["plp"]["prompt"] == report.plp["prompt"] == "last@1"
+    assert list(written) == list(report.to_dict())  # the typed report is the JSON, key for key
+    cells = {(c["population"], c["scenario"], c["step"], c["method"]): c for c in report.curves}
     at0 = [k for k in cells if k[0] == "running" and k[2] == 0 and k[3] == "plp"]
     assert at0
     for k in at0:  # the countdown of PLP's first estimate is PLP itself at step 0
         assert cells[(*k[:3], "countdown")]["mae"] == pytest.approx(cells[k]["mae"])
-    running = [c["n"] for c in report["curves"] if c["population"] == "running" and c["scenario"] == "overall"
+    running = [c["n"] for c in report.curves if c["population"] == "running" and c["scenario"] == "overall"
                and c["method"] == "plp"]
     assert running == sorted(running, reverse=True)  # fewer rollouts run at later steps
-    cost = report["update_cost_us"]
+    cost = report.update_cost_us
     assert cost["batch64_us"] > 0 and cost["batch64_per_request_us"] == pytest.approx(cost["batch64_us"] / 64)
+    from rich.console import Console
+
+    from lenpred.studies.progressive import render_progressive
+
+    console = Console(width=100, record=True)
+    render_progressive(report, console)
+    assert f"PLP update: {cost['batch1_us']:.0f} µs single" in console.export_text()
 
 
 def test_exported_test_estimates_are_the_scored_predictions(tiny_run):
@@ -203,7 +212,7 @@ def test_exported_test_estimates_are_the_scored_predictions(tiny_run):
     root, _, cfg, report = tiny_run
     est = read_parquet_checked(root / "out" / "test_estimates.parquet").to_pydict()
     step, T, cap = (np.array(est[k]) for k in ("step", "output_len", "cap"))
-    assert len(step) == report["num_rows"]["test"] and set(step) <= set(cfg.steps)
+    assert len(step) == report.num_rows["test"] and set(step) <= set(cfg.steps)
     assert (step < np.maximum(T, 1)).all()  # a rollout has a state only at the steps it reached
     for m in ("plp", "trail_progressive", "static_conditional"):
         v = np.array(est[m])
@@ -211,7 +220,7 @@ def test_exported_test_estimates_are_the_scored_predictions(tiny_run):
     # the running-population MAE of the export reproduces the report's overall PLP cell at every step
     observed = np.minimum(T, cap) - step
     for t in cfg.steps:
-        cell = [c for c in report["curves"] if (c["population"], c["scenario"], c["step"], c["method"])
+        cell = [c for c in report.curves if (c["population"], c["scenario"], c["step"], c["method"])
                 == ("running", "overall", t, "plp")]
         if cell and cell[0]["n"]:
             at = step == t

@@ -6,7 +6,7 @@ Generator does not use offset") once a prefill is chunked, so chunked prefill is
 ``if __name__ == "__main__":`` guard (vLLM spawns an engine process).
 
 Measured on 2 CPU cores, 64 real chat requests, 128 max new tokens (``scripts/engine_throughput.py``,
-``results/engines.json``): by default vLLM reserves one core for its scheduler process, leaving the
+``results/scripts/engines.json``): by default vLLM reserves one core for its scheduler process, leaving the
 model one thread (128 output tok/s); ``VLLM_CPU_NUM_OF_RESERVED_CPU=0`` gives it both (211 tok/s),
 so this engine sets that unless the user did. torch.compile (``enforce_eager=False``) added 4 % at
 the price of 2 minutes of start-up, so eager stays the default. The transformers engine: 16 tok/s.

@@ -5,16 +5,22 @@ score → report. Each step is one function of its own module (:mod:`.data`, :mo
 
 from __future__ import annotations
 
+import logging
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from lenpred.errors import LenpredError
+from lenpred.studies import DEFAULT_BENCH
+
+logger = logging.getLogger(__name__)
 
 FLOORS = ("scenario_median", "scenario_prompt_length")
 ALL_METHODS = (*FLOORS, "global_median", "prompt_length", "ssjf_reg", "ssjf_mc", "s3", "pia", "trail", "ltr", "mean",
                "last", "max", "entropy_only", "semantic_only", "egtp", "estp")
 DEMO_METHODS = (*FLOORS, "mean", "last", "egtp", "estp")
+DEMO_DEFAULTS = {"out": "results/demo", "methods": DEMO_METHODS, "seeds": (0,)}
+"""How ``lenpred demo``'s :class:`EvalConfig` differs from ``lenpred evaluate``'s (a few methods, one seed)."""
 EXTERNAL_BASELINES = ("ssjf_reg", "ssjf_mc", "s3", "pia", "trail", "ltr")
 
 
@@ -54,7 +60,7 @@ class EvalConfig:
     """
 
     model: str | None = None
-    bench: str = "benchmarks/smollm2-forelen"
+    bench: str = DEFAULT_BENCH
     data_dir: str | None = None
     out: str = "results/evaluate"
     cache: str | None = None
@@ -192,25 +198,71 @@ def prepare_run(cfg: EvalConfig, needs: set[str], backbone=None) -> PreparedRun:
     return PreparedRun(backbone, data, layers, tuning_context(cfg, layers, backbone.num_layers, values), table, timing)
 
 
-def run_evaluate(cfg: EvalConfig, console=None, title: str = "output-length prediction, test split") -> dict:
-    """Run the evaluation; returns the report dict (also written to ``cfg.out``)."""
-    from rich.console import Console
+@dataclass
+class EvalReport:
+    """What :func:`run_evaluate` returns; :meth:`to_dict` is the content of ``results.json`` (key for key).
+
+    Attributes:
+        results: ``{method: {group: metrics}}``; groups are the scenarios and ``overall``, metrics those of
+            :func:`lenpred.metrics.score_methods` (MAE in tokens with its 95 % interval, paired differences, ...).
+        scores: the rest of ``score_methods``' output, in its order (``best_external``, ``oracle_floor``, ...).
+        config: the resolved :class:`EvalConfig` (``model`` and ``layers`` resolved), as ``asdict`` gives it.
+        model_revision: the backbone's revision (its content hash for local files).
+        overhead: signal extraction vs plain prefill (``None`` when no method reads the signals).
+        tuning: per method ``{"chosen", "num_candidates", "sweep", "diagnostics"}`` (the validation search).
+        timing_s: wall seconds of the whole run, the input providers and each method's fit.
+        values: the tuning context's values (label bins, caps, ...).
+        num_samples: samples per split.
+        dropped_duplicates: duplicate records left out of the splits.
+        benchmark_complete: ``False`` while the benchmark still has shards to sample.
+        censored_test_share: share of test responses stopped by their cap.
+        paths: the files written (``{"json", "md", "png"}``); not part of the JSON.
+    """
+
+    results: dict
+    scores: dict
+    config: dict
+    model_revision: str | None
+    overhead: dict | None
+    tuning: dict
+    timing_s: dict
+    values: dict
+    num_samples: dict
+    dropped_duplicates: int
+    benchmark_complete: bool
+    censored_test_share: float
+    paths: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        """The ``results.json`` content: ``results``, then the other scores, then the run's settings and timings."""
+        return {"results": self.results, **self.scores, "config": self.config, "model_revision": self.model_revision,
+                "overhead": self.overhead, "tuning": self.tuning, "timing_s": self.timing_s, "values": self.values,
+                "num_samples": self.num_samples, "dropped_duplicates": self.dropped_duplicates,
+                "benchmark_complete": self.benchmark_complete, "censored_test_share": self.censored_test_share}
+
+
+def run_evaluate(cfg: EvalConfig) -> EvalReport:
+    """Run the evaluation and write ``cfg.out`` (``results.json`` / ``.md`` / ``.png`` and the fitted predictors);
+    :func:`render_evaluate` prints the report. Progress goes to the ``lenpred`` logger.
+
+    Raises:
+        LenpredError: an output path that cannot be written, a broken benchmark or any input provider's error.
+    """
     from tqdm.auto import tqdm
 
     from lenpred.metrics import score_methods
     from lenpred.tuning import fit_order, tune_and_refit
     from lenpred.predictors import PREDICTORS
 
-    console = console or Console(width=max(Console().width, 160))
     check_output_paths(cfg)
     t_start = time.perf_counter()
-    console.print(f"loading {cfg.model or 'the benchmark model'} and {cfg.bench} …")
+    logger.info("loading %s and %s …", cfg.model or "the benchmark model", cfg.bench)
     needs = {i for m in cfg.methods for i in PREDICTORS[m].inputs}
     run = prepare_run(cfg, needs)
     backbone, data, layers, ctx = run.backbone, run.data, run.layers, run.ctx
     if not data.complete:
-        console.print(f"[yellow]warning: {cfg.bench} is incomplete; finish it with `lenpred bench build` before "
-                      "quoting these numbers[/yellow]")
+        logger.warning("warning: %s is incomplete; finish it with `lenpred bench build` before quoting these numbers",
+                       cfg.bench)
     runs = {}
     with tqdm(fit_order(cfg.methods), desc="train + tune on validation", unit="method") as bar:
         for method in bar:
@@ -222,15 +274,16 @@ def run_evaluate(cfg: EvalConfig, console=None, title: str = "output-length pred
                            cfg.bootstrap_resamples)
     overhead = _overhead(backbone, data, layers) if "signals" in needs else None
     resolved = {"model": cfg.model or backbone.model_id, "layers": list(layers) if cfg.layers is None else cfg.layers}
-    report = {**scores, "config": {**asdict(cfg), **resolved}, "model_revision": backbone.revision, "overhead": overhead,
-              "tuning": {m: {"chosen": r.chosen, "num_candidates": len(r.sweep), "sweep": r.sweep,
-                             "diagnostics": r.diagnostics} for m, r in runs.items()},
-              "timing_s": {"wall": time.perf_counter() - t_start, **run.timing,
-                           "fit": {m: r.fit_s for m, r in runs.items()}},
-              "values": ctx.values, "num_samples": {s: len(i) for s, i in data.index.items()},
-              "dropped_duplicates": data.dropped_duplicates, "benchmark_complete": data.complete,
-              "censored_test_share": float(data.censored[test].mean())}
-    _print_and_save(report, {m: r.fitted for m, r in runs.items()}, cfg, console, title)
+    report = EvalReport(
+        results=scores["results"], scores={k: v for k, v in scores.items() if k != "results"},
+        config={**asdict(cfg), **resolved}, model_revision=backbone.revision, overhead=overhead,
+        tuning={m: {"chosen": r.chosen, "num_candidates": len(r.sweep), "sweep": r.sweep,
+                    "diagnostics": r.diagnostics} for m, r in runs.items()},
+        timing_s={"wall": time.perf_counter() - t_start, **run.timing, "fit": {m: r.fit_s for m, r in runs.items()}},
+        values=ctx.values, num_samples={s: len(i) for s, i in data.index.items()},
+        dropped_duplicates=data.dropped_duplicates, benchmark_complete=data.complete,
+        censored_test_share=float(data.censored[test].mean()))
+    report.paths = _save(report, {m: r.fitted for m, r in runs.items()}, Path(cfg.out))
     return report
 
 
@@ -242,36 +295,49 @@ def _overhead(backbone, data, layers) -> dict:
     return measure_overhead(backbone, [data.by_prompt[p].token_ids for p in prompts], layers)
 
 
-def _print_and_save(report: dict, fitted: dict, cfg: EvalConfig, console, title: str) -> None:
-    from lenpred.studies.evaluate_report import TABLES, render_table, save_report
+def _save(report: EvalReport, fitted: dict, out_dir: Path) -> dict[str, Path]:
+    """Write the fitted predictors (``out_dir/predictors``, replaced whole once every method has run) and the
+    report (:func:`lenpred.studies.evaluate_report.save_report`); returns the report's paths."""
     from lenpred.io import atomic_path
+    from lenpred.studies.evaluate_report import save_report
 
-    results = report["results"]
-    seed_note = f"± std over {len(cfg.seeds)} head seeds" if len(cfg.seeds) > 1 else f"seed {cfg.seeds[0]}"
+    with atomic_path(out_dir / "predictors") as tmp:
+        for method, predictor in fitted.items():
+            predictor.save(tmp / f"{method}.safetensors")
+    content = report.to_dict()
+    return save_report(content["results"], {k: v for k, v in content.items() if k != "results"}, out_dir)
+
+
+def render_evaluate(report: EvalReport, console, title: str = "output-length prediction, test split") -> None:
+    """Print the report on ``console`` (a ``rich`` console): the MAE and floor-difference tables in a form that
+    fits an 80-100 column terminal (:func:`lenpred.studies.evaluate_report.render_terminal_table`), the oracle
+    floor, pooling weights, signal overhead and where every table went (the Markdown file holds them all)."""
+    from lenpred.studies.evaluate_report import render_terminal_table
+
+    n_seeds = len(report.config["seeds"])
+    seed_note = f"± std over {n_seeds} head seeds" if n_seeds > 1 else f"seed {report.config['seeds'][0]}"
     captions = {"mae": f"MAE in tokens ({seed_note}) and its 95 % prompt-bootstrap interval",
-                "diff": "paired MAE differences (method − reference, 95 % CI; * = excludes 0): floor = per-scenario "
-                        "median; best ext. = best external baseline of the group: "
-                        + ", ".join(f"{g} {m}" for g, m in report["best_external"].items()),
-                "detail": "RMSE, Kendall tau, within ±25 %, gap closed to the oracle floor, MAE of uncapped "
-                          "responses, share of capped responses predicted below their cap"}
-    for kind in TABLES:
-        console.print(render_table(results, title=f"{title}: {captions[kind]}", kind=kind))
+                "diff": "paired MAE differences to the per-scenario median floor (method − floor, 95 % CI; * = "
+                        "excludes 0)"}
+    has_diff = any(g.get("diff_floor") is not None for per in report.results.values() for g in per.values())
+    for kind in ("mae", "diff") if has_diff else ("mae",):
+        console.print(render_terminal_table(report.results, title=f"{title}: {captions[kind]}", kind=kind))
+    best = report.scores.get("best_external") or {}
+    if best:
+        console.print("best external baseline per group (its paired differences: the Markdown file): "
+                      + ", ".join(f"{g} {m}" for g, m in best.items()))
     console.print("oracle floor (leave-one-out per-prompt median, prompts with several samples): " + ", ".join(
         f"{g} {f['mae']:.1f} vs per-scenario median {f.get('floor_method_mae', float('nan')):.1f} "
-        f"({f['num_prompts']} prompts)" for g, f in report["oracle_floor"].items()))
-    weights = {m: t["diagnostics"]["top_token_weight"] for m, t in report["tuning"].items()
+        f"({f['num_prompts']} prompts)" for g, f in report.scores["oracle_floor"].items()))
+    weights = {m: t["diagnostics"]["top_token_weight"] for m, t in report.tuning.items()
                if "top_token_weight" in t["diagnostics"]}
     if weights:
         console.print("median weight on the heaviest token: " + ", ".join(f"{m} {w:.3f}" for m, w in weights.items()))
-    if report["overhead"]:
-        o = report["overhead"]
+    if report.overhead:
+        o = report.overhead
         console.print(f"signal extraction vs plain prefill (batch of {o['batch_size']} test prompts, "
                       f"{o['num_prompt_tokens']} tokens): {o['signals_tok_s']:.0f} vs {o['plain_tok_s']:.0f} prompt "
                       f"tok/s (ratio {o['ratio']:.2f})")
-    out_dir = Path(cfg.out)
-    with atomic_path(out_dir / "predictors") as tmp:  # once every method has run; replaces the old folder whole
-        for method, predictor in fitted.items():
-            predictor.save(tmp / f"{method}.safetensors")
-    paths = save_report(results, {k: v for k, v in report.items() if k != "results"}, out_dir)
-    console.print(f"wall time {report['timing_s']['wall']:.0f} s; wrote {paths['json']}, {paths['md']} and "
-                  f"{paths['png']}")
+    paths = report.paths
+    console.print(f"wall time {report.timing_s['wall']:.0f} s; wrote {paths['json']}, {paths['md']} (every table: "
+                  f"RMSE, Kendall tau, ±25 %, gap closed, uncapped MAE, tuning) and {paths['png']}")

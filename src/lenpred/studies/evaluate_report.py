@@ -80,6 +80,45 @@ def render_table(results: dict[str, dict[str, dict]], title: str = "output-lengt
     return table
 
 
+TERMINAL_TABLES = ("mae", "diff")
+"""The kinds printed on the terminal, by :func:`render_terminal_table`; every kind goes to the Markdown file."""
+
+
+def _terminal_cell(kind: str, r: dict) -> str:
+    """One group's cell of a terminal table: the value over its interval (two lines, so six methods x four groups
+    fit 100 columns): ``mae``: MAE (± std over seeds) over its 95 % CI; ``diff``: the paired difference to the
+    per-scenario floor over its CI (``*`` = excludes 0)."""
+    if kind == "mae":
+        return f"{_cell('mae', r)}\n{_fmt_ci(r.get('mae_ci'))}"
+    return _fmt_diff(r.get("diff_floor")).replace(" [", "\n[", 1)
+
+
+def render_terminal_table(results: dict[str, dict[str, dict]], title: str, kind: str = "mae"):
+    """A rich ``Table`` of one :data:`TERMINAL_TABLES` kind that fits an 80-100 column terminal: one column per
+    group (its sample count in the MAE table's header), each cell the value over its interval (:func:`_terminal_cell`). The
+    numbers are those of :func:`markdown_table` (same formatting); the other metrics are left to the Markdown file.
+
+    Raises:
+        ValueError: ``kind`` is not one of :data:`TERMINAL_TABLES`.
+    """
+    from rich import box
+    from rich.table import Table
+
+    if kind not in TERMINAL_TABLES:
+        raise ValueError(f"kind must be one of {', '.join(TERMINAL_TABLES)}, got {kind!r}")
+    groups = list(next(iter(results.values())))
+    first = next(iter(results.values()))
+    label = {"mae": "MAE [95% CI]", "diff": "Δ floor [CI]"}[kind]
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("method", no_wrap=True)
+    for g in groups:
+        count = f" (n={first[g]['n']})" if kind == "mae" else ""  # the counts once, in the MAE table
+        table.add_column(f"{g}{count}\n{label}", justify="right", no_wrap=True)
+    for method, per in results.items():
+        table.add_row(method, *(_terminal_cell(kind, per[g]) for g in groups))
+    return table
+
+
 def markdown_table(results: dict[str, dict[str, dict]], kind: str = "mae") -> str:
     """The same table as Markdown (for the README)."""
     header, rows = table_rows(results, kind)

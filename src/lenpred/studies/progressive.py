@@ -21,6 +21,7 @@ Methods:
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,9 +29,12 @@ from pathlib import Path
 import numpy as np
 
 from lenpred.errors import LenpredError
+from lenpred.studies import DEFAULT_BENCH
 from lenpred.intervals import conditional_remaining
 from lenpred.inputs.decode_states import DECODE_STEPS
 from lenpred.predictors.progressive import PLPHead, ProgressiveRows, TrailProgressive
+
+logger = logging.getLogger(__name__)
 
 PLP_LAYERS = (30, 20)  # the paper's final layer first; 20 was TRAIL's pick on validation
 TRAIL_LAYERS = (10, 15, 20, 25)
@@ -46,7 +50,7 @@ class ProgressiveConfig:
     """Settings of ``lenpred progressive`` (see the module docstring); ``head``: PLP / TRAIL head overrides."""
 
     model: str | None = None  # None: the model the benchmark was sampled from (bench.json)
-    bench: str = "benchmarks/smollm2-forelen"
+    bench: str = DEFAULT_BENCH
     out: str = "results/progressive"
     data_dir: str | None = None
     cache: str | None = None
@@ -170,18 +174,51 @@ def export_test_estimates(path: str | Path, rows: ProgressiveRows, data, preds: 
     write_parquet_checked(table, path)
 
 
-def run_progressive(cfg: ProgressiveConfig, console=None) -> dict:
-    """Extract (or read) the decode states, fit PLP and TRAIL-progressive (choices on validation), score every
-    method on the test split, and write ``results.json``, ``results.md`` and ``curves.png`` under ``cfg.out``."""
-    from rich.console import Console
+@dataclass
+class ProgressiveReport:
+    """What :func:`run_progressive` returns; :meth:`to_dict` is the content of ``results.json`` (key for key).
 
+    Attributes:
+        config: the :class:`ProgressiveConfig` (tuples as lists).
+        model_revision: the backbone's revision.
+        steps: the decode steps ``t`` scored (tokens generated).
+        plp: the PLP prompt representation and decode layer chosen on validation, with the sweep's validation MAEs.
+        trail_progressive: TRAIL-progressive's layer and bin width chosen on validation, with the sweep.
+        curves: one cell per (population, scenario, step, method): remaining-length MAE (tokens) with its 95 %
+            prompt-clustered interval and ``n``.
+        paired: ``{"rl/step<t>/<a>-<b>": {"diff", "low", "high"}}`` paired MAE differences (tokens).
+        update_cost_us: PLP's per-step update cost (µs; ``batch1_us``, ``batch64_us``).
+        timing_s: decode-state extraction and total seconds.
+        num_rows: (rollout, step) rows per split.
+    """
+
+    config: dict
+    model_revision: str | None
+    steps: list
+    plp: dict
+    trail_progressive: dict
+    curves: list
+    paired: dict
+    update_cost_us: dict
+    timing_s: dict
+    num_rows: dict
+
+    def to_dict(self) -> dict:
+        """The ``results.json`` content, in its key order."""
+        return {k: getattr(self, k) for k in ("config", "model_revision", "steps", "plp", "trail_progressive",
+                                              "curves", "paired", "update_cost_us", "timing_s", "num_rows")}
+
+
+def run_progressive(cfg: ProgressiveConfig) -> ProgressiveReport:
+    """Extract (or read) the decode states, fit PLP and TRAIL-progressive (choices on validation), score every
+    method on the test split, and write ``results.json``, ``results.md`` and ``curves.png`` under ``cfg.out``;
+    :func:`render_progressive` prints the report. Progress goes to the ``lenpred`` logger."""
     from lenpred.studies.evaluate import EvalConfig, prepare_run
     from lenpred.tuning import torch_threads
     from lenpred.predictors import make_predictor
     from lenpred.inputs.decode_states import benchmark_decode_states
     from lenpred.io import write_json
 
-    console = console or Console()
     t0 = time.perf_counter()
     run = prepare_run(EvalConfig(model=cfg.model, bench=cfg.bench, data_dir=cfg.data_dir, cache=cfg.cache, threads=cfg.threads,
                                  layers=cfg.signal_layers, methods=(cfg.static[0],)), {"signals"})
@@ -206,8 +243,8 @@ def run_progressive(cfg: ProgressiveConfig, console=None) -> dict:
                 mae = _val_mae(clip_remaining(plp.predict(va.prompt_features, va.plp_state, va.step, va.cap), va), va)
                 sweep.append({"prompt": f"{pooler}@{layer}", "plp_layer": plp_layer, "val_mae": mae, "model": plp,
                               "features": feats})
-                console.print(f"PLP prompt {pooler}@{layer}, decode layer {plp_layer}: validation remaining MAE "
-                              f"{mae:.1f}")
+                logger.info("PLP prompt %s@%s, decode layer %s: validation remaining MAE %.1f", pooler, layer,
+                            plp_layer, mae)
         best = min(sweep, key=lambda s: s["val_mae"])
         plp, feats, plp_layer = best["model"], best["features"], best["plp_layer"]
         report["plp"] = {"prompt": best["prompt"], "plp_layer": plp_layer,
@@ -220,7 +257,7 @@ def run_progressive(cfg: ProgressiveConfig, console=None) -> dict:
             model = TrailProgressive(layer, cfg.head, cfg.seed).fit(tr)
             mae = _val_mae(clip_remaining(model.predict_sequence(va), va), va)
             trail_sweep.append({"layer": layer, "val_mae": mae, "model": model})
-            console.print(f"TRAIL-progressive layer {layer}: validation remaining MAE {mae:.1f}")
+            logger.info("TRAIL-progressive layer %s: validation remaining MAE %.1f", layer, mae)
         trail = min(trail_sweep, key=lambda s: s["val_mae"])["model"]
         report["trail_progressive"] = {"layer": trail.layer, "width": trail.width_,
                                        "sweep": [{k: s[k] for k in ("layer", "val_mae")} for s in trail_sweep]}
@@ -264,8 +301,7 @@ def run_progressive(cfg: ProgressiveConfig, console=None) -> dict:
     write_json(out / "results.json", report)
     _write_markdown(report, out / "results.md")
     _plot(report, out / "curves.png")
-    _print(report, console)
-    return report
+    return ProgressiveReport(**report)
 
 
 def _cell(report: dict, population: str, scenario: str, step: int, method: str) -> dict | None:
@@ -346,9 +382,12 @@ def _plot(report: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def _print(report: dict, console) -> None:
+def render_progressive(report: ProgressiveReport, console) -> None:
+    """Print the report on ``console`` (``rich``): per scenario the remaining-length MAE of every method at
+    t = 0, 32, 64, 128 over the rollouts still running, the paired differences and PLP's update cost."""
     from rich.table import Table
 
+    report = report.to_dict()
     steps = [0, 32, 64, 128]
     for scenario in SCENARIOS:
         table = Table(title=f"remaining-length MAE, {scenario}, rollouts running at t (tokens, 95 % CI)")

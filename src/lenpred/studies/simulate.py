@@ -3,13 +3,17 @@ draws, under each arrival process, with a measured cost model; paired bootstrap 
 
 from __future__ import annotations
 
+import logging
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 from lenpred.errors import LenpredError
-from lenpred.studies.workload import DEFAULT_PREDICTORS
+from lenpred.studies import DEFAULT_BENCH
+from lenpred.studies.workload import DEFAULT_PREDICTORS, DEFAULT_PREDICTORS_DIR, DEFAULT_TABLE
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -35,6 +39,9 @@ class SimExperimentConfig:
             progressive method (PLP, TRAIL-progressive, the static head conditioned on still running), ranked by
             the method's latest re-prediction (:func:`~lenpred.serving.policies.progressive_remaining`), with
             TRAIL's preemption limit on its step-0 estimate; ``None`` or a missing file: no such rows.
+        workload: the prediction table of ``lenpred schedule predictions`` (its ``--out``); never rebuilt here.
+        bench, predictors_dir: the benchmark and saved predictors the table must have been built from (its
+            freshness check, :func:`lenpred.studies.workload.load_workload_table`).
     """
 
     cost_model: str = "results/scheduling/cost_transformers.json"
@@ -43,7 +50,7 @@ class SimExperimentConfig:
     draws: int = 20
     max_num_seqs: int = 8
     max_num_batched_tokens: int = 2048
-    arrivals: tuple[str, ...] = ("all", "poisson")
+    arrivals: tuple[str, ...] = ("all", "poisson", "gamma")  # the committed results/scheduling/simulation.json
     load: float = 0.9
     cv: float = 2.0
     aging_steps: int | None = 200
@@ -52,6 +59,9 @@ class SimExperimentConfig:
     out: str = "results/scheduling"
     progressive: str | None = "results/progressive/test_estimates.parquet"
     progressive_methods: tuple[str, ...] = ()  # filled from the file by run_simulation
+    workload: str = str(DEFAULT_TABLE)
+    bench: str = DEFAULT_BENCH
+    predictors_dir: str = DEFAULT_PREDICTORS_DIR
 
     def __post_init__(self):
         if self.draws < 2 or self.num_requests < 2:
@@ -75,6 +85,34 @@ class SimExperimentConfig:
 
     def static_policies(self) -> list[str]:
         return ["fcfs", "random", *(f"sjf:{p}" for p in [*self.predictors, "oracle"])]
+
+
+@dataclass
+class SimReport:
+    """What :func:`run_simulation` returns; :meth:`to_dict` is the content of ``simulation.json`` (key for key),
+    which :func:`lenpred.studies.scheduling_report.save_simulation_report` renders and writes.
+
+    Attributes:
+        config: the resolved :class:`SimExperimentConfig` (``progressive_methods`` filled), as ``asdict`` gives it.
+        arrival_rate_per_s: the Poisson / Gamma rate (requests/s): ``load`` x the first draw's FCFS throughput.
+        cost_model: the cost model's fields (``asdict`` of :class:`~lenpred.serving.cost_model.CostModel`).
+        runs: ``{"<batching>/<arrival>/<policy label>": [summary per draw]}`` (metrics of
+            :func:`lenpred.serving.metrics.summarize`).
+        jct_draw0: per row, the per-request JCTs (s) of draw 0 (the CDF plot).
+        summary: :func:`summarize_runs` (per-row bootstrap means, oracle-gain shares, padding).
+    """
+
+    config: dict
+    arrival_rate_per_s: float
+    cost_model: dict
+    runs: dict
+    jct_draw0: dict
+    summary: dict
+
+    def to_dict(self) -> dict:
+        """The ``simulation.json`` content, in its key order."""
+        return {"config": self.config, "arrival_rate_per_s": self.arrival_rate_per_s, "cost_model": self.cost_model,
+                "runs": self.runs, "jct_draw0": self.jct_draw0, "summary": self.summary}
 
 
 def draw_bootstrap(per_draw: dict[str, np.ndarray], stat, n_resamples: int = 2000, seed: int = 0,
@@ -101,10 +139,11 @@ def _rate(table, cfg: SimExperimentConfig, cost) -> float:
     return cfg.load * cfg.num_requests / summary["makespan_s"]
 
 
-def run_simulation(cfg: SimExperimentConfig, table=None) -> dict:
+def run_simulation(cfg: SimExperimentConfig, table=None) -> SimReport:
     """Every continuous-batching policy row under every arrival process and every static-batching grouping, on
-    ``cfg.draws`` workload draws. Returns the report dict (``lenpred.studies.scheduling_report`` renders and saves it):
-    per row and draw the summary metrics, per-request JCTs of draw 0 (CDF plot), and bootstrap summaries."""
+    ``cfg.draws`` workload draws. Returns the :class:`SimReport` (``lenpred.studies.scheduling_report`` renders and
+    saves its :meth:`~SimReport.to_dict`): per row and draw the summary metrics, per-request JCTs of draw 0 (CDF
+    plot), and bootstrap summaries. ``table``: the workload table (``None``: read from ``cfg.workload``)."""
     from tqdm.auto import tqdm
 
     from lenpred.serving.cost_model import CostModel
@@ -114,15 +153,16 @@ def run_simulation(cfg: SimExperimentConfig, table=None) -> dict:
                                              progressive_estimates)
 
     cost = CostModel.load(cfg.cost_model)
-    table = table if table is not None else load_workload_table(token_ids=False, rebuild=False)
+    table = table if table is not None else load_workload_table(cfg.workload, cfg.bench, cfg.predictors_dir,
+                                                                token_ids=False, rebuild=False)
     check_predictors(table, cfg.predictors)
     progressive = {}
     if cfg.progressive and Path(cfg.progressive).exists():
         progressive = progressive_estimates(cfg.progressive, table)
         cfg = replace(cfg, progressive_methods=tuple(progressive))
     elif cfg.progressive:
-        print(f"no {cfg.progressive}: no srpt rows driven by progressive re-predictions (run `lenpred progressive` "
-              "to write it)")
+        logger.warning("no %s: no srpt rows driven by progressive re-predictions (run `lenpred progressive` to write "
+                       "it)", cfg.progressive)
     steps = tuple(sorted({t for est in progressive.values() for by_step in est.values() for t in by_step}))
     rate = _rate(table, cfg, cost)
     settings = [("continuous", a) for a in cfg.arrivals] + [("static", "all")]
@@ -152,8 +192,7 @@ def run_simulation(cfg: SimExperimentConfig, table=None) -> dict:
                     if d == 0:
                         jct_draw0[key] = [t.jct_s for t in timings]
                     bar.update()
-    return {"config": asdict(cfg), "arrival_rate_per_s": rate, "cost_model": asdict(cost),
-            "runs": runs, "jct_draw0": jct_draw0, "summary": summarize_runs(runs, cfg)}
+    return SimReport(asdict(cfg), rate, asdict(cost), runs, jct_draw0, summarize_runs(runs, cfg))
 
 
 METRICS = ("throughput_tok_s", "mean_jct_s", "p50_jct_s", "p90_jct_s", "p99_jct_s", "mean_ttft_s",

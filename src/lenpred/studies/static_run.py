@@ -13,8 +13,11 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from lenpred.backbone import DEFAULT_MODEL
 from lenpred.errors import LenpredError
+from lenpred.studies import DEFAULT_BENCH
 from lenpred.studies.resume import load_resumable
+from lenpred.studies.workload import DEFAULT_PREDICTORS_DIR, DEFAULT_TABLE
 
 
 class ExactLengthProcessor:
@@ -92,7 +95,7 @@ class CalibrationConfig:
         out: the cost model JSON.
     """
 
-    model: str = "smollm2-135m-instruct"
+    model: str = DEFAULT_MODEL
     batch_sizes: tuple[int, ...] = (1, 2, 4, 8)
     prompt_tokens: tuple[int, ...] = (32, 128, 512)
     new_tokens: tuple[int, ...] = (1, 64, 256)
@@ -102,7 +105,7 @@ class CalibrationConfig:
     out: str = "results/scheduling/cost_transformers.json"
 
 
-def calibrate_transformers(cfg: CalibrationConfig, console=None):
+def calibrate_transformers(cfg: CalibrationConfig):
     """Time ``generate`` on the grid, fit :class:`~lenpred.serving.cost_model.CostModel` and save it (with the
     raw measurements under ``settings["measurements"]``). Returns the model."""
     from tqdm.auto import tqdm
@@ -146,9 +149,12 @@ class StaticRunConfig:
         out: result JSON (written after every grouping; a rerun with the same settings resumes, other settings are
             refused: :func:`lenpred.studies.resume.load_resumable`).
         threads: torch threads.
+        workload: the prediction table of ``lenpred schedule predictions`` (its ``--out``); never rebuilt here.
+        bench, predictors_dir: the benchmark and saved predictors the table was built from (its freshness check;
+            the prompts' token ids are re-read from ``bench``'s data sets).
     """
 
-    model: str = "smollm2-135m-instruct"
+    model: str = DEFAULT_MODEL
     num_requests: int = 48
     batch_size: int = 8
     max_output_len: int = 256
@@ -158,23 +164,53 @@ class StaticRunConfig:
     cost_model: str = "results/scheduling/cost_transformers.json"
     out: str = "results/scheduling/static_real.json"
     threads: int = 2
+    workload: str = str(DEFAULT_TABLE)
+    bench: str = DEFAULT_BENCH
+    predictors_dir: str = DEFAULT_PREDICTORS_DIR
 
     def __post_init__(self):
         if self.num_requests < 1 or self.batch_size < 1 or self.max_output_len < 1:
             raise LenpredError("num_requests, batch_size and max_output_len must be >= 1")
 
 
-def run_static(cfg: StaticRunConfig, table=None) -> dict:
-    """Real run 1: for each grouping, form the static batches, run them with ``generate`` one after another and
-    record each batch's wall time; compare with the simulator's prediction from the cost model.
+@dataclass
+class StaticRunReport:
+    """What :func:`run_static` returns; :meth:`to_dict` is the content of ``cfg.out`` (key for key), which
+    :func:`lenpred.studies.scheduling_report.save_static_real_report` renders.
 
-    Returns (and writes to ``cfg.out``) ``{"config", "workload", "hardware", "runs": {grouping: {...}}}`` where
-    each run has measured ``wall_s``, ``throughput_tok_s``, ``padding_ratio``, mean / p90 JCT and the simulated
-    ``sim_wall_s`` / ``sim_mean_jct_s`` and their relative errors.
+    Attributes:
+        config: the :class:`StaticRunConfig` the runs were made with (as stored: tuples as lists).
+        runs: per grouping: measured ``wall_s``, ``batch_wall_s``, ``throughput_tok_s``, ``padding_ratio``, mean /
+            p90 JCT (s), the simulated ``sim_wall_s`` / ``sim_mean_jct_s`` and their relative errors, the batches'
+            lengths and per-request JCTs.
+        workload: the drawn requests (their table ids, true output lengths and prompt lengths in tokens).
+        hardware: :func:`lenpred.serving.cost_model.hardware_description`.
+        model_revision: the backbone's revision.
+    """
+
+    config: dict
+    runs: dict
+    workload: dict
+    hardware: dict
+    model_revision: str | None
+
+    def to_dict(self) -> dict:
+        """The result JSON's content, in its key order."""
+        return {"config": self.config, "runs": self.runs, "workload": self.workload, "hardware": self.hardware,
+                "model_revision": self.model_revision}
+
+
+def run_static(cfg: StaticRunConfig, table=None) -> StaticRunReport:
+    """Real run 1: for each grouping, form the static batches, run them with ``generate`` one after another and
+    record each batch's wall time; compare with the simulator's prediction from the cost model. The JSON is
+    written to ``cfg.out`` after every grouping (a rerun with the same config resumes).
+
+    Returns:
+        the :class:`StaticRunReport` (``table``: the workload table; ``None``: read from ``cfg.workload``).
 
     Raises:
-        LenpredError: ``cfg.out`` holds runs made with other settings, or ``generate`` did not produce the forced
-            lengths.
+        LenpredError: ``cfg.out`` holds runs made with other settings, or ``generate`` produced other lengths than
+            the forced ones (another stop-token rule).
     """
     from pathlib import Path
 
@@ -189,10 +225,12 @@ def run_static(cfg: StaticRunConfig, table=None) -> dict:
     from lenpred.studies.workload import draw_workload, load_workload_table
 
     cost = CostModel.load(cfg.cost_model)
-    table = table if table is not None else load_workload_table(rebuild=False)
+    table = table if table is not None else load_workload_table(cfg.workload, cfg.bench, cfg.predictors_dir,
+                                                                model=cfg.model, rebuild=False)
     requests = draw_workload(table, cfg.num_requests, cfg.seed, max_output_len=cfg.max_output_len)
     out = Path(cfg.out)
-    report = load_resumable(out, asdict(cfg))
+    # a file from before a field existed ran at that field's default
+    report = load_resumable(out, asdict(cfg), defaults=asdict(StaticRunConfig()))
     report["workload"] = {"request_ids_in_table": [r.prompt_id + f"#{i}" for i, r in enumerate(requests)],
                           "output_len": [r.output_len for r in requests],
                           "num_prompt_tokens": [r.num_prompt_tokens for r in requests]}
@@ -227,4 +265,4 @@ def run_static(cfg: StaticRunConfig, table=None) -> dict:
             "batch_lengths": [[r.output_len for r in b] for b in batches],
             "jct_s": [x.jct_s for x in sorted(timings, key=lambda x: x.request_id)]}
         write_json(out, report)
-    return report
+    return StaticRunReport(**report)

@@ -19,6 +19,7 @@ request beyond the one prefill the signal cache holds.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -26,6 +27,9 @@ from pathlib import Path
 import numpy as np
 
 from lenpred.errors import LenpredError
+from lenpred.studies import DEFAULT_BENCH
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -49,7 +53,7 @@ class TrafficReplayConfig:
         seed: stream order and head seed.
     """
 
-    bench: str = "benchmarks/smollm2-forelen"
+    bench: str = DEFAULT_BENCH
     predictor: str | None = None
     data_dir: str | None = None
     cache: str | None = None
@@ -130,17 +134,47 @@ def paired_tau_bootstrap(y: np.ndarray, pred_a: np.ndarray, pred_b: np.ndarray, 
 # ----------------------------------------------------------------------------------------------- the study
 
 
-def run_traffic_replay(cfg: TrafficReplayConfig, console=None) -> dict:
-    """Run the study; writes ``results.json``, ``results.md`` and ``coverage.png`` under ``cfg.out`` and returns
-    the report dict."""
-    from rich.console import Console
+@dataclass
+class TrafficReport:
+    """What :func:`run_traffic_replay` returns; :meth:`to_dict` is the content of ``results.json`` (key for key).
 
+    Attributes:
+        config: the :class:`TrafficReplayConfig`, as ``asdict`` gives it.
+        shipped_margin: the served predictor's calibrated interval margin.
+        num_requests: test requests in each stream.
+        late_share: share of the stream whose prompts arrive late (the shift).
+        streams: per stream (``recurring``, ``new-prompts``): interval coverage over time (fixed, ACI, rolling,
+            per-scenario ACI) and the shipped vs refitted heads' MAE on the later part.
+        timing_s: wall seconds of the run.
+    """
+
+    config: dict
+    shipped_margin: float
+    num_requests: int
+    late_share: float
+    streams: dict
+    timing_s: float
+
+    def to_dict(self) -> dict:
+        """The ``results.json`` content, in its key order."""
+        return {k: getattr(self, k) for k in ("config", "shipped_margin", "num_requests", "late_share", "streams",
+                                              "timing_s")}
+
+
+def run_traffic_replay(cfg: TrafficReplayConfig) -> TrafficReport:
+    """Run the study; writes ``results.json``, ``results.md`` and ``coverage.png`` under ``cfg.out`` and returns
+    the :class:`TrafficReport` (:func:`render_traffic` prints its Markdown). Progress goes to the ``lenpred``
+    logger.
+
+    Raises:
+        LenpredError: a served predictor that reads other signals than layer 15's, or a ``late`` name that no test
+            sample has.
+    """
     from lenpred.dataset import load_eval_data
     from lenpred.pipeline import LengthPredictor
     from lenpred.serving.refit import head_quantiles
     from lenpred.studies.traffic_data import split_prompt_ids, stream_signals
 
-    console = console or Console()
     t0 = time.perf_counter()
     shipped = LengthPredictor.from_pretrained(cfg.predictor)
     if shipped.config_["layers"] != [15] or shipped.config_["semantic"]:
@@ -173,11 +207,16 @@ def run_traffic_replay(cfg: TrafficReplayConfig, console=None) -> dict:
         spread = cfg.spread if name == "recurring" else 0.0
         order = shifted_order(cols["prompt_id"], late, cfg.late_start, spread, cfg.seed)
         stream = {k: v[order] for k, v in cols.items()}
-        console.print(f"stream '{name}': {len(order)} requests …")
+        logger.info("stream '%s': %d requests …", name, len(order))
         report["streams"][name] = _serve_stream(stream, shipped, head, bench_rows, cfg, name, late[order])
     report["timing_s"] = time.perf_counter() - t0
-    _save(report, cfg, console)
-    return report
+    _save(report, cfg)
+    return TrafficReport(**report)
+
+
+def render_traffic(report: TrafficReport, console) -> None:
+    """Print the report's Markdown (:func:`render_markdown`, the same text as ``results.md``) on ``console``."""
+    console.print(render_markdown(report.to_dict()))
 
 
 def _bench_rows_or_none(shipped, cfg):
@@ -343,7 +382,7 @@ def render_markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
-def _save(report: dict, cfg: TrafficReplayConfig, console) -> None:
+def _save(report: dict, cfg: TrafficReplayConfig) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -371,4 +410,3 @@ def _save(report: dict, cfg: TrafficReplayConfig, console) -> None:
     with atomic_path(out / "coverage.png") as tmp:
         fig.savefig(tmp, format="png", dpi=120)
     plt.close(fig)
-    console.print(md)

@@ -32,11 +32,13 @@ from pathlib import Path
 
 import numpy as np
 
+from lenpred.backbone import DEFAULT_MODEL
 from lenpred.errors import LenpredError
 from lenpred.serving.policies import FCFS, SJF, make_policy
 from lenpred.studies.resume import load_resumable
 from lenpred.studies.scheduling_report import interval_cell, markdown, save_markdown_with_cdf
-from lenpred.studies.workload import DEFAULT_PREDICTORS
+from lenpred.studies import DEFAULT_BENCH
+from lenpred.studies.workload import DEFAULT_PREDICTORS, DEFAULT_PREDICTORS_DIR, DEFAULT_TABLE
 
 MAX_MODEL_LEN = 4096
 MAX_NUM_BATCHED_TOKENS = 8192  # what lenpred.engines.vllm.llm_kwargs gives vLLM: max(max_model_len, 8192)
@@ -138,9 +140,12 @@ class VLLMOfflineConfig:
         fit_draws: draws whose steps fit the cost model (the rest are held out for the simulator comparison).
         bootstrap_resamples: draw-level bootstrap resamples.
         out: result directory (``vllm_offline.json`` resumes per run; ``.md`` and PNGs beside it).
+        workload: the prediction table of ``lenpred schedule predictions`` (its ``--out``); never rebuilt here.
+        bench, predictors_dir: the benchmark and saved predictors the table was built from (its freshness check;
+            the prompts' token ids are re-read from ``bench``'s data sets).
     """
 
-    model: str = "smollm2-135m-instruct"
+    model: str = DEFAULT_MODEL
     num_requests: int = 32
     draws: int = 4
     seed: int = 0
@@ -152,6 +157,9 @@ class VLLMOfflineConfig:
     fit_draws: int = 1
     bootstrap_resamples: int = 2000
     out: str = "results/scheduling"
+    workload: str = str(DEFAULT_TABLE)
+    bench: str = DEFAULT_BENCH
+    predictors_dir: str = DEFAULT_PREDICTORS_DIR
 
     def policies(self) -> list[str]:
         return ["fcfs", *(f"sjf:{p}" for p in self.predictors), "sjf:oracle"]
@@ -283,7 +291,8 @@ def run_vllm_offline(cfg: VLLMOfflineConfig, table=None) -> dict:
     partial_path = out / "vllm_offline_runs.json"
     settings = json.loads(json.dumps(asdict(cfg)))  # as stored: tuples become lists
     partial = load_resumable(partial_path, settings, ignore=OFFLINE_RESUME_IGNORES)
-    table = table if table is not None else load_workload_table(token_ids=True, rebuild=False)
+    table = table if table is not None else load_workload_table(cfg.workload, cfg.bench, cfg.predictors_dir,
+                                                                model=cfg.model, rebuild=False)
     check_predictors(table, cfg.predictors)
     draws = [draw_workload(table, cfg.num_requests, cfg.seed + d, max_output_len=cfg.max_output_len)
              for d in range(cfg.draws)]

@@ -12,11 +12,14 @@ from pathlib import Path
 
 import numpy as np
 
+from lenpred.backbone import DEFAULT_MODEL
 from lenpred.errors import LenpredError
 from lenpred.serving.supervisor import LOOPBACK, ServerGroup, parse_cpu_set
+from lenpred.studies import DEFAULT_BENCH
 from lenpred.studies.resume import load_resumable
 from lenpred.studies.scheduling_report import interval_cell, markdown, save_markdown_with_cdf
 from lenpred.studies.vllm_offline import MAX_MODEL_LEN, MAX_NUM_BATCHED_TOKENS
+from lenpred.studies.workload import DEFAULT_PREDICTORS_DIR, DEFAULT_TABLE
 
 SERVE_RESUME_IGNORES = ("bootstrap_resamples", "draws", "out", "start_timeout_s", "data_dir")
 """Settings a finished run-3 run does not depend on (runs are keyed ``<seed>/<mode>``, so more draws resume)."""
@@ -49,9 +52,11 @@ class VLLMServeConfig:
         temperature: sampling temperature with natural EOS (0: greedy, so every mode generates the same tokens up to
             the engine's batch-dependent numerics); above 0 each request also sends ``seed`` = ``seed`` × 10⁶ +
             request id, the same in every mode.
+        workload, bench, predictors_dir: as in :class:`~lenpred.studies.vllm_offline.VLLMOfflineConfig`; ``bench``
+            also names the prompt files whose text is sent.
     """
 
-    model: str = "smollm2-135m-instruct"
+    model: str = DEFAULT_MODEL
     num_requests: int = 32
     draws: int = 2
     seed: int = 0
@@ -72,6 +77,9 @@ class VLLMServeConfig:
     ignore_eos: bool = False
     max_tokens: int | None = None
     temperature: float = 0.0
+    workload: str = str(DEFAULT_TABLE)
+    bench: str = DEFAULT_BENCH
+    predictors_dir: str = DEFAULT_PREDICTORS_DIR
 
     def __post_init__(self):
         if self.draws < 2:
@@ -205,11 +213,11 @@ def run_vllm_serve(cfg: VLLMServeConfig, table=None) -> dict:
     made_before = {**asdict(VLLMServeConfig(draws=2)), "ignore_eos": True}
     partial = load_resumable(partial_path, settings, ignore=SERVE_RESUME_IGNORES, defaults=made_before,
                              fingerprint={"rate_per_s": rate})
-    table = table if table is not None else load_workload_table(token_ids=False, rebuild=False)
+    table = table if table is not None else load_workload_table(cfg.workload, cfg.bench, cfg.predictors_dir,
+                                                                token_ids=False, rebuild=False)
     draws = [draw_workload(table, cfg.num_requests, cfg.seed + d, max_output_len=cfg.max_output_len)
              for d in range(cfg.draws)]
-    bench = Path("benchmarks/smollm2-forelen")
-    prompt_files = read_manifest(bench).get("prompt_files")
+    prompt_files = read_manifest(Path(cfg.bench)).get("prompt_files")
     messages = {r.prompt_id: prompt_messages(r.prompt_id, cfg.data_dir, prompt_files) for d in draws for r in d}
     todo = [(d, m) for d in range(cfg.draws) for m in SERVE_MODES if f"{cfg.seed + d}/{m}" not in partial["runs"]]
     if todo:

@@ -9,17 +9,41 @@ ids from the data sets with the tokenizer alone (no model load).
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from lenpred.backbone import DEFAULT_MODEL
 from lenpred.errors import LenpredError
+from lenpred.studies import DEFAULT_BENCH
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_PREDICTORS = ("estp", "egtp", "trail", "ssjf_reg", "last")
 DEFAULT_TABLE = Path("results/scheduling/test_predictions.parquet")
+DEFAULT_PREDICTORS_DIR = "results/evaluate/predictors"
+"""Where ``lenpred evaluate`` (default ``--out``) saves its fitted predictors."""
 _COLUMNS = ("request_index", "prompt_id", "sample_index", "scenario", "num_prompt_tokens", "output_len",
             "max_new_tokens", "censored")
+
+
+@dataclass
+class WorkloadConfig:
+    """Settings of ``lenpred schedule predictions``: which table to build from which inputs.
+
+    Attributes:
+        out: the cached prediction table (Parquet with a checksum), read by the scheduling runs' ``workload``.
+        bench: the benchmark whose test split the table holds.
+        predictors_dir: where ``lenpred evaluate`` saved the fitted predictors (``<evaluate out>/predictors``).
+        predictors: the saved predictors to run on the test split (one ``pred_<name>`` column each).
+    """
+
+    out: str = str(DEFAULT_TABLE)
+    bench: str = DEFAULT_BENCH
+    predictors_dir: str = DEFAULT_PREDICTORS_DIR
+    predictors: tuple[str, ...] = DEFAULT_PREDICTORS
 
 
 @dataclass
@@ -92,9 +116,9 @@ def _inputs_fingerprint(bench: str | Path, predictors_dir: Path, predictors: tup
     return stable_hash({**_bench_key(bench), "files": files})
 
 
-def build_workload_table(bench: str | Path = "benchmarks/smollm2-forelen",
-                         predictors_dir: str | Path = "results/evaluate/predictors",
-                         predictors: tuple[str, ...] = DEFAULT_PREDICTORS, model: str = "smollm2-135m-instruct",
+def build_workload_table(bench: str | Path = DEFAULT_BENCH,
+                         predictors_dir: str | Path = DEFAULT_PREDICTORS_DIR,
+                         predictors: tuple[str, ...] = DEFAULT_PREDICTORS, model: str = DEFAULT_MODEL,
                          threads: int | None = None):
     """Predict every test request's length with each saved predictor, the way ``lenpred evaluate`` scores them
     (same loading path :func:`lenpred.studies.evaluate.prepare_run`, predictions clipped to each request's cap by
@@ -132,16 +156,16 @@ def build_workload_table(bench: str | Path = "benchmarks/smollm2-forelen",
                                           "model_revision": run.backbone.revision})
 
 
-def load_workload_table(path: str | Path = DEFAULT_TABLE, bench: str | Path = "benchmarks/smollm2-forelen",
-                        predictors_dir: str | Path = "results/evaluate/predictors",
+def load_workload_table(path: str | Path = DEFAULT_TABLE, bench: str | Path = DEFAULT_BENCH,
+                        predictors_dir: str | Path = DEFAULT_PREDICTORS_DIR,
                         predictors: tuple[str, ...] = DEFAULT_PREDICTORS, token_ids: bool = True,
-                        data_dir: str | None = None, model: str = "smollm2-135m-instruct", rebuild: bool = True):
+                        data_dir: str | None = None, model: str = DEFAULT_MODEL, rebuild: bool = True):
     """The cached test-prediction table, rebuilt (and re-saved) when missing, corrupt (checksum) or stale (the
     benchmark or a predictor file changed).
 
     When the predictor files are absent (a fresh clone: ``lenpred evaluate`` saves them, git ignores them), the
     committed table is used as it is if its checksum holds, it was built from this benchmark (``bench_fingerprint``)
-    and it has a column for every requested predictor; a note on stderr says so.
+    and it has a column for every requested predictor; a warning is logged (``logging``) saying so.
 
     Args:
         token_ids: attach a ``prompt_token_ids`` column (list<int32>) re-prepared from the data sets with the
@@ -152,8 +176,6 @@ def load_workload_table(path: str | Path = DEFAULT_TABLE, bench: str | Path = "b
         LenpredError: the cache is unusable and ``rebuild`` is ``False``; a predictor file is missing and the table
             cannot stand in for it; a prompt re-tokenises to a different length than the benchmark recorded.
     """
-    import sys
-
     import pyarrow as pa
 
     from lenpred.io import read_parquet_checked, write_parquet_checked
@@ -167,8 +189,8 @@ def load_workload_table(path: str | Path = DEFAULT_TABLE, bench: str | Path = "b
             raise LenpredError(f"{path} was built from another benchmark than {bench} and {missing[0]} is missing: "
                                "run `lenpred evaluate`, then `lenpred schedule predictions`")
         check_predictors(table, predictors)
-        print(f"note: {len(missing)} predictor file(s) missing (first: {missing[0]}): using {path} as it is "
-              "(checksum and benchmark match)", file=sys.stderr)
+        logger.warning("note: %d predictor file(s) missing (first: %s): using %s as it is (checksum and benchmark "
+                       "match)", len(missing), missing[0], path)
     elif table is None or meta.get("fingerprint") != _inputs_fingerprint(bench, Path(predictors_dir), predictors):
         if not rebuild:
             raise LenpredError(f"{path} is missing, corrupt or stale: run `lenpred schedule predictions` to rebuild it")

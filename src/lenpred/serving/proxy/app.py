@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import time
 import uuid
@@ -442,14 +443,15 @@ def traffic_hook(online) -> FinishedHook:
 def serve(upstream: str, host: str = "127.0.0.1", port: int = 8001, predictor: str | None = None,
           threads: int | None = 1, timeout_s: float | None = None, max_connections: int = 1024,
           default_max_tokens: int = 1024, batch=None, truncated: bool = True, traffic_log: str | None = None,
-          adaptive_interval: str | None = None, group_header: str | None = None) -> None:
+          adaptive_interval: str | None = None, group_header: str | None = None, on_ready=None) -> None:
     """Load the predictor and run the proxy with uvicorn until interrupted (the ``lenpred serve`` command).
 
     ``max_connections``, ``default_max_tokens``, ``batch``, ``group_header``: see :func:`create_app`;
     ``truncated``: the truncated forward for hidden-state-only predictors (:mod:`lenpred.truncated`; off: the full
     prefill). ``traffic_log`` (a directory: :mod:`lenpred.serving.traffic_log`) and ``adaptive_interval`` (``aci``
     or ``rolling``: :mod:`lenpred.serving.adaptive`) switch on learning from served traffic (a pooled-head
-    predictor only); the log is flushed when the server stops.
+    predictor only); the log is flushed when the server stops. ``on_ready(message)`` is called once the predictor
+    is loaded, before uvicorn starts (``None``: the message is logged at INFO).
 
     ``host:port`` is checked first, bound once the way uvicorn binds it (IPv6 when ``host`` holds a colon,
     ``SO_REUSEADDR``) and closed, so a port in use fails at once, before the predictor loads.
@@ -492,8 +494,9 @@ def serve(upstream: str, host: str = "127.0.0.1", port: int = 8001, predictor: s
     model = LengthPredictor.from_pretrained(predictor, threads=threads)
     plan = truncated_plan(model) if truncated else None
     how = f"truncated forward to layer {plan.layer} of {plan.num_layers}" if plan else "full prefill"
-    print(f"lenpred serve: {model.method} predictor loaded ({how}); listening on http://{host}:{port}, forwarding to "
-          f"{upstream_root(upstream)} with a priority per request (Ctrl-C stops)", flush=True)
+    message = (f"lenpred serve: {model.method} predictor loaded ({how}); listening on http://{host}:{port}, "
+               f"forwarding to {upstream_root(upstream)} with a priority per request (Ctrl-C stops)")
+    (on_ready or logging.getLogger(__name__).info)(message)
     online = None
     if traffic_log or adaptive_interval:
         from lenpred.serving.adaptive import AdaptiveConfig

@@ -264,8 +264,10 @@ def closing_md(sections: dict) -> list[str]:
     return lines + [""]
 
 
-def write_report(out: Path, console=None) -> dict:
-    """Read every ``<section>.json`` in ``out``; write ``REPORT.md``, the PNGs and ``diagnose.json``."""
+def write_report(out: Path) -> dict:
+    """Read every ``<section>.json`` in ``out``; write ``REPORT.md``, the PNGs and ``diagnose.json``. Returns
+    ``{section: its result}`` for the sections present (:func:`lenpred.studies.diagnose.run.render_diagnose` prints
+    where they went)."""
     from lenpred.studies.diagnose.run import SECTIONS
 
     out = Path(out)
@@ -284,6 +286,4 @@ def write_report(out: Path, console=None) -> dict:
     with atomic_path(out / "REPORT.md") as tmp:
         tmp.write_text("\n".join(lines) + "\n")
     write_json(out / "diagnose.json", sections)
-    if console is not None:
-        console.print(f"wrote {out / 'REPORT.md'} ({', '.join(sections) or 'no sections'})")
     return sections

@@ -6,14 +6,18 @@ JSON present, so sections can be run (or re-run) one at a time.
 from __future__ import annotations
 
 import json
+import logging
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from lenpred.errors import LenpredError
+from lenpred.studies import DEFAULT_BENCH
+
+logger = logging.getLogger(__name__)
 
 SINK_ALPHAS = (0.25, 0.5, 1.0, 2.0, 4.0)
 SECTIONS = ("misalignment", "attribution", "ablation", "entropy", "overhead")
@@ -39,7 +43,7 @@ class DiagnoseConfig:
     """
 
     model: str | None = None  # None: the model the benchmark was sampled from (bench.json)
-    bench: str = "benchmarks/smollm2-forelen"
+    bench: str = DEFAULT_BENCH
     data_dir: str | None = None
     cache: str | None = None
     evaluate: str = "results/evaluate"
@@ -52,7 +56,7 @@ class DiagnoseConfig:
     max_batch_tokens: int = 4096
     overhead_batch_sizes: tuple[int, ...] = (1, 8, 32)
     overhead_lengths: tuple[int, ...] = (128, 512, 2048)
-    overhead_repeats: int = 3
+    overhead_repeats: int = 2  # the committed results/diagnose/overhead.json ran with 2
     threads: int | None = None
     bootstrap_resamples: int = 2000
 
@@ -301,16 +305,42 @@ def overhead_section(backbone, data, evaluate_dir: str, k: int, max_batch_tokens
     return result
 
 
-def run_diagnose(cfg: DiagnoseConfig, console=None) -> dict:
-    """Compute the requested sections, write their JSONs, then REPORT.md + PNGs + diagnose.json from every section
-    present. Returns the combined dict."""
-    from rich.console import Console
+@dataclass
+class DiagnoseReport:
+    """What :func:`run_diagnose` returns.
 
+    Attributes:
+        sections: ``{section: its result}`` for every section present in ``out`` (computed now or earlier): the
+            content of ``diagnose.json`` (:meth:`to_dict`), rendered into ``REPORT.md``.
+        report_md: the ``REPORT.md`` written.
+    """
+
+    sections: dict
+    report_md: Path
+
+    def to_dict(self) -> dict:
+        """The ``diagnose.json`` content: one key per section present."""
+        return self.sections
+
+
+def render_diagnose(report: DiagnoseReport, console) -> None:
+    """Print where the report went and which sections it holds on ``console`` (``rich``)."""
+    console.print(f"wrote {report.report_md} ({', '.join(report.sections) or 'no sections'})")
+
+
+def run_diagnose(cfg: DiagnoseConfig) -> DiagnoseReport:
+    """Compute the requested sections, write their JSONs (and the resolved config of the run that computed them,
+    ``config.json``), then REPORT.md + PNGs + diagnose.json from every section present
+    (:func:`lenpred.studies.diagnose.report.write_report`). Progress goes to the ``lenpred`` logger.
+
+    Raises:
+        LenpredError: ``cfg.out`` lies under a file, ``cfg.evaluate`` holds no ``lenpred evaluate`` results, or any
+            loading error of the benchmark.
+    """
     from lenpred.studies.diagnose.report import write_report
     from lenpred.studies.evaluate import EvalConfig, prepare_run
     from lenpred.io import write_json
 
-    console = console or Console()
     out = Path(cfg.out)
     if any(p.exists() and not p.is_dir() for p in (out, *out.parents)):
         raise LenpredError(f"--out {out} is (or lies under) a file: pass a directory")
@@ -325,7 +355,7 @@ def run_diagnose(cfg: DiagnoseConfig, console=None) -> dict:
         run = prepare_run(ecfg, needs)
         final = run.backbone.num_layers
         for section in cfg.sections:
-            console.print(f"diagnose: {section} …")
+            logger.info("diagnose: %s …", section)
             if section == "misalignment":
                 result, figures["misalignment"] = misalignment_section(run.data, run.backbone.tokenizer, chosen,
                                                                        cfg.bootstrap_resamples)
@@ -352,4 +382,5 @@ def run_diagnose(cfg: DiagnoseConfig, console=None) -> dict:
                     np.savez_compressed(f, entropy=fig["entropy"].astype(np.float32),
                                         semantic=fig["semantic"].astype(np.float32),
                                         scenario=fig["scenario"].astype(str))
-    return write_report(out, console)
+        write_json(out / "config.json", {**asdict(cfg), "model_revision": run.backbone.revision})
+    return DiagnoseReport(write_report(out), out / "REPORT.md")
