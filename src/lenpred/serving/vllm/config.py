@@ -31,7 +31,7 @@ class EngineConfig:
         prefill_ahead: at most this many prefilled requests wait parked; new arrivals are prefilled (in arrival
             order) only while fewer do (``None``: all, as soon as they fit). Bounds the prefill work done ahead of the
             decoders, which on an engine whose prefill is expensive relative to decode (a CPU) costs more mean JCT than
-            the ordering gains (README, lenpred inside vLLM); measured in the simulator only.
+            the ordering gains (docs/serving.md); measured in the simulator only.
         plp: refresh the remaining-length estimate with the predictor's PLP head from decode states captured at its
             steps (``srpt`` only; without it, or with ``False``, the static distribution conditioned on the tokens
             generated so far).
