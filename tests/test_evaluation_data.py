@@ -17,7 +17,8 @@ def test_cross_split_duplicates_keeps_train_and_drops_later_copies():
 
 def test_committed_forelen_benchmark_has_five_prompts_in_two_splits():
     from lenpred.bench.build import load_records
-    from lenpred.bench.sources import default_data_dir, prompt_messages
+    from lenpred.bench.sources import default_data_dir
+    from lenpred.bench.user_prompts import prompt_messages
 
     if not default_data_dir().is_dir():
         pytest.skip("no ../shared/datasets here")

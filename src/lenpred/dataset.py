@@ -86,7 +86,7 @@ def load_eval_data(bench: str | Path, tokenizer: Any, data_dir: str | None = Non
             directory or chat template is not the one the benchmark was built with), or a split is empty.
     """
     from lenpred.bench.build import load_records, read_manifest
-    from lenpred.bench.sources import prompt_messages
+    from lenpred.bench.user_prompts import prompt_messages
     from lenpred.predictors import Request
     from lenpred.prompts import prepare_prompt
 

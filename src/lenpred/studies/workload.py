@@ -200,7 +200,7 @@ def _prompt_token_ids(bench, model: str, data_dir: str | None, table) -> list[li
 
     from lenpred.backbone import resolve_model
     from lenpred.bench.build import read_manifest
-    from lenpred.bench.sources import prompt_messages
+    from lenpred.bench.user_prompts import prompt_messages
     from lenpred.prompts import prepare_prompt
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(model)[0])
