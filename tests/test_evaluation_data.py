@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from lenpred.dataset import cross_split_duplicates, normalise_text, prompt_text
+from lenpred.dataset import cross_split_duplicates
+from lenpred.prompts import normalise_text, prompt_text
 
 
 def test_cross_split_duplicates_keeps_train_and_drops_later_copies():

@@ -129,20 +129,22 @@ class LengthPredictor:
         """
         from lenpred.backbone import recorded_model_name
         from lenpred.bench.build import read_manifest
-        from lenpred.studies.evaluate import EvalConfig, prepare_run
-        from lenpred.tuning import tune_and_refit
+        from lenpred.dataset import load_dataset
+        from lenpred.tuning import TuningSettings, tune_and_refit, tuning_context
         from lenpred.intervals import conformal_margin
         from lenpred.predictors import PREDICTORS
 
-        cfg = EvalConfig(model=self.model, bench=str(bench), data_dir=data_dir, cache=cache, layers=self.layers,
-                         methods=(self.method,), seeds=(self.seed,), epochs=self.epochs, binning=self.binning,
-                         pool_span=self.pool_span, semantic_divisor=self.semantic_divisor, threads=threads)
+        _check_fit_settings(self.method, self.seed, threads)
+        settings = TuningSettings(epochs=self.epochs, binning=self.binning, pool_span=self.pool_span,
+                                  semantic_divisor=self.semantic_divisor)
         if "self_report" in PREDICTORS[self.method].inputs:
             raise LenpredError(f"'{self.method}' reads the model's own self-report, which needs a generation per "
                                "prompt: it cannot be a LengthPredictor; pick a method that reads signals or text")
-        prepared = prepare_run(cfg, set(PREDICTORS[self.method].inputs), backbone)
+        prepared = load_dataset(str(bench), set(PREDICTORS[self.method].inputs), model=self.model, backbone=backbone,
+                                data_dir=data_dir, cache=cache, layers=self.layers, threads=threads)
         self.backbone_, data = prepared.backbone, prepared.data
-        run = tune_and_refit(self.method, data, prepared.ctx, (self.seed,))
+        ctx = tuning_context(settings, prepared.layers, prepared.backbone.num_layers, prepared.values)
+        run = tune_and_refit(self.method, data, ctx, (self.seed,))
         self.predictor_ = run.fitted
         _, _, low, high, _, _ = raw_quantiles(self.predictor_, data.rows("validation"), self.coverage)
         self.margin_ = conformal_margin(low, high, data.y[data.index["validation"]], self.coverage, strict=False)
@@ -194,7 +196,7 @@ class LengthPredictor:
         parts = [rows.take(train)]
         bench_info = None
         if bench is not None:
-            bench_rows, bench_info = _bench_rows(base_p, bench, data_dir, cache)
+            bench_rows, bench_info = bench_train_rows(base_p, bench, data_dir, cache)
             parts.append(bench_rows)
         fit_rows = TrafficRows.concat(parts)
         self.__dict__.update({k: v for k, v in base_p.__dict__.items() if not k.endswith("_")})  # base's settings
@@ -384,11 +386,11 @@ class LengthPredictor:
     def _attach_signals(self, requests: list, batch_tokens: int, progress: bool) -> None:
         from tqdm.auto import tqdm
 
-        from lenpred.inputs.cache import _batches
+        from lenpred.inputs.cache import token_batches
         from lenpred.signals import extract_signals
 
         layers = tuple(self.config_["layers"]) or (self.backbone_.num_layers,)
-        batches = _batches([r.num_prompt_tokens for r in requests], batch_tokens)
+        batches = token_batches([r.num_prompt_tokens for r in requests], batch_tokens)
         for batch in tqdm(batches, desc="prefill signals", unit="batch", disable=not progress):
             signals = extract_signals(self.backbone_, [requests[i].token_ids for i in batch], layers,
                                       self.config_["semantic"])
@@ -540,7 +542,7 @@ def _check_log_matches(traffic_log, base: "LengthPredictor", path) -> None:
                                "pass the --base predictor that served the logged traffic")
 
 
-def _bench_rows(base: "LengthPredictor", bench, data_dir, cache):
+def bench_train_rows(base: "LengthPredictor", bench, data_dir, cache):
     """``(TrafficRows, info)``: ``bench``'s train split pooled as ``base`` pools (signals from the signal cache)."""
     from lenpred.bench.build import read_manifest
     from lenpred.dataset import load_eval_data
@@ -632,6 +634,21 @@ def _data_lines(config: dict) -> list[str]:
     lines.append(f"* interval: nominal {config['coverage']:.0%} coverage, split-conformal margin "
                  f"{config['interval_margin']:.1f} tokens (calibrated on {where})")
     return lines
+
+
+def _check_fit_settings(method: str, seed: int, threads: int | None) -> None:
+    """The checks ``fit`` shares with :class:`lenpred.studies.evaluate.EvalConfig` beyond :class:`TuningSettings`'.
+
+    Raises:
+        LenpredError: an unknown method, a seed outside 0..2**32 - 1 or ``threads`` < 1."""
+    from lenpred.predictors import PREDICTORS
+
+    if method not in PREDICTORS:
+        raise LenpredError(f"unknown methods {[method]}; valid: {', '.join(sorted(PREDICTORS))}")
+    if not 0 <= seed < 2**32:
+        raise LenpredError(f"seeds must lie in 0..{2**32 - 1} (the range numpy and torch accept), got {[seed]}")
+    if threads is not None and threads < 1:
+        raise LenpredError(f"--threads must be >= 1, got {threads}")
 
 
 def _template_rule() -> str:

@@ -205,10 +205,10 @@ def attach_truncated_signals(backbone, requests: list, plan: TruncatedPlan, batc
     states (``(1, n, d)``) and zero entropies (the poolers of :data:`HIDDEN_ONLY_POOLERS` ignore them), prompts
     grouped by length into batches of at most ``batch_tokens`` padded tokens. With ``prefix_cache``, the template's
     fixed prefix (the tokens before the users' content, ``Request.content_span``) is computed once and reused."""
-    from lenpred.inputs.cache import _batches
+    from lenpred.inputs.cache import token_batches
     from lenpred.signals import PromptSignals
 
-    for batch in _batches([r.num_prompt_tokens for r in requests], batch_tokens):
+    for batch in token_batches([r.num_prompt_tokens for r in requests], batch_tokens):
         spans = [requests[i].content_span for i in batch]
         prefix_len = min(s[0] for s in spans) if all(s is not None for s in spans) else 0
         states = truncated_hidden_states(backbone, [requests[i].token_ids for i in batch], plan.layer, prefix_len,

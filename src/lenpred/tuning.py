@@ -14,6 +14,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from lenpred.errors import LenpredError
+from lenpred.heads import BINNINGS
+from lenpred.predictors import PREDICTORS, make_predictor, max_new_tokens
+from lenpred.predictors.pooled import POOL_SPANS
+from lenpred.signals import SEMANTIC_DIVISORS
 
 
 @dataclass
@@ -42,6 +50,63 @@ class TuningContext:
 
 
 @dataclass
+class TuningSettings:
+    """What the tuner searches besides the layers: the fields of the same names of
+    :class:`lenpred.studies.evaluate.EvalConfig` (documented there), with the same defaults.
+
+    Raises:
+        LenpredError: ``epochs`` or ``proxy_epochs`` < 1, or an unknown ``pool_span``, ``semantic_divisor`` or
+            ``binning``.
+    """
+
+    trail_layers: tuple[int, ...] | None = None
+    lambda1_grid: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0)
+    alpha_grid: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0)
+    pool_span: str = "after_prefix"
+    semantic_divisor: str = "n"
+    epochs: int = 150
+    binning: str = "log"
+    proxy_encoder: str = "minilm"
+    proxy_epochs: int = 2
+    proxy_max_length: int = 128
+
+    def __post_init__(self):
+        checks = [(self.epochs < 1, f"--epochs must be >= 1, got {self.epochs}"),
+                  (self.proxy_epochs < 1, f"--proxy-epochs must be >= 1, got {self.proxy_epochs}"),
+                  (self.pool_span not in POOL_SPANS, f"--pool-span must be one of {', '.join(POOL_SPANS)}"),
+                  (self.semantic_divisor not in SEMANTIC_DIVISORS,
+                   f"--semantic-divisor must be one of {', '.join(SEMANTIC_DIVISORS)}"),
+                  (self.binning not in BINNINGS, f"--binning must be one of {', '.join(BINNINGS)}")]
+        for failed, message in checks:
+            if failed:
+                raise LenpredError(message)
+
+
+def native_bf16() -> bool:
+    """Whether this CPU multiplies bfloat16 natively (AVX512-BF16 or AMX): there bf16 autocast halves the text
+    proxies' fine-tuning time; without it (e.g. an AVX2-only CPU) bf16 is ~15x *slower* than float32 (measured:
+    40 vs 2.4 s per SSJF step, `scripts/proxy_fit_time.py`)."""
+    capability = torch.backends.cpu.get_cpu_capability()
+    return "BF16" in capability or "AMX" in capability
+
+
+def tuning_context(settings: TuningSettings, layers: tuple[int, ...], num_layers: int,
+                   values: dict[str, Any]) -> "TuningContext":
+    """The :class:`TuningContext` of ``settings`` for a model of ``num_layers`` layers: ``layers`` (resolved) are
+    searched by every pooled head, TRAIL sweeps ``settings.trail_layers`` or every index 1..L, and ``values`` are
+    the input providers' measurements (:attr:`lenpred.dataset.Dataset.values`)."""
+    return TuningContext(
+        layers=layers, trail_layers=settings.trail_layers or tuple(range(1, num_layers + 1)),
+        lambda1_grid=settings.lambda1_grid, alpha_grid=settings.alpha_grid,
+        pooled_settings={"pool_span": settings.pool_span, "semantic_divisor": settings.semantic_divisor,
+                         "head": {"epochs": settings.epochs, "binning": settings.binning}},
+        proxy_settings={"encoder": settings.proxy_encoder, "epochs": settings.proxy_epochs,
+                        "max_length": settings.proxy_max_length,
+                        "precision": "bfloat16" if native_bf16() else "float32"},
+        values=values)
+
+
+@dataclass
 class MethodRun:
     """One method's tuning and test predictions.
 
@@ -65,8 +130,6 @@ class MethodRun:
 @contextlib.contextmanager
 def torch_threads(n: int | None):
     """Run a block with ``n`` torch intra-op threads (``None``: unchanged), restoring the previous count."""
-    import torch
-
     before = torch.get_num_threads()
     if n:
         torch.set_num_threads(n)
@@ -78,22 +141,16 @@ def torch_threads(n: int | None):
 
 def takes_seed(method: str) -> bool:
     """Whether the registered predictor is learned with a seed (its constructor takes ``seed``)."""
-    from lenpred.predictors import PREDICTORS
-
     return "seed" in inspect.signature(PREDICTORS[method]).parameters
 
 
 def fit_order(methods: tuple[str, ...]) -> list[str]:
     """Methods in an order where each one's ``tune_after`` predictors come first (stable otherwise)."""
-    from lenpred.predictors import PREDICTORS
-
     return sorted(methods, key=lambda m: bool(set(PREDICTORS[m].tune_after) & set(methods)))
 
 
 def fit_predictor(method: str, params: dict, requests: list, y: np.ndarray, censored: np.ndarray, seed: int | None):
     """Build and fit one predictor (capped samples passed as censored where the predictor supports it)."""
-    from lenpred.predictors import PREDICTORS, make_predictor
-
     predictor = make_predictor(method, **params, **({} if seed is None or not takes_seed(method) else {"seed": seed}))
     kwargs = {"censored": censored} if PREDICTORS[method].supports_censoring else {}
     return predictor.fit(requests, y, **kwargs)
@@ -102,8 +159,6 @@ def fit_predictor(method: str, params: dict, requests: list, y: np.ndarray, cens
 def clipped_predict(predictor, requests: list) -> np.ndarray:
     """``predictor.predict(requests)`` clipped to ``[0, max_new_tokens]`` of each request (a response cannot be
     longer than its cap, and the cap is known when the request arrives)."""
-    from lenpred.predictors import max_new_tokens
-
     return np.clip(predictor.predict(requests), 0, max_new_tokens(requests))
 
 
@@ -112,8 +167,6 @@ def fit_with_validation(method: str, candidates: list[dict], data, seed: int) ->
     without looking at validation (``val_mae`` ``None``). Returns ``(fitted predictor, chosen params, sweep)``."""
     train, val = data.index["train"], data.index["validation"]
     train_req, val_req = data.rows("train"), data.rows("validation")
-    from tqdm.auto import tqdm
-
     sweep, best, best_mae = [], None, np.inf
     for params in tqdm(candidates, desc=f"{method} on validation", unit="candidate", leave=False,
                        disable=len(candidates) < 2):
@@ -131,8 +184,6 @@ def tune_and_refit(method: str, data, ctx: TuningContext, seeds: tuple[int, ...]
 
     Runs on one torch thread (small heads: faster on a busy machine, and the same numbers in any process); the text
     proxies fix their own thread count inside ``fit`` / ``predict``."""
-    from lenpred.predictors import PREDICTORS
-
     t = time.perf_counter()
     cls = PREDICTORS[method]
     test_req = data.rows("test")

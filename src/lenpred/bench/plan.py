@@ -289,7 +289,7 @@ def _plan_scenario(scenario: str, cfg: ScenarioConfig, config: BenchConfig, toke
 def text_split_key(messages) -> str:
     """What a prompt file's prompt is split by: the SHA-256 of its normalised text (lower-cased, whitespace
     collapsed, as :func:`lenpred.dataset.normalise_text`), so duplicates share a split."""
-    from lenpred.dataset import normalise_text, prompt_text
+    from lenpred.prompts import normalise_text, prompt_text
 
     return "text:" + hashlib.sha256(normalise_text(prompt_text(messages)).encode("utf-8")).hexdigest()
 

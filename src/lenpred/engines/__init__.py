@@ -25,6 +25,9 @@ from lenpred.engines.hf import TransformersEngine
 from lenpred.engines.vllm import VLLMEngine  # the module imports vllm only when an engine starts
 from lenpred.errors import LenpredError
 
+__all__ = ["ENGINES", "SAMPLING_FIELDS", "Engine", "SampleRequest", "SampleResult", "TransformersEngine", "VLLMEngine",
+           "VLLMOptions", "check_requests", "cut_at_stop", "make_engine", "model_context_window"]
+
 
 def make_engine(name: str, model_dir: str, stop_token_ids: tuple[int, ...], vllm_options: VLLMOptions | None = None,
                 **kwargs) -> Engine:

@@ -37,7 +37,7 @@ def tensors_sha256(tensors: dict[str, torch.Tensor]) -> str:
     return h.hexdigest()
 
 
-def _batches(lengths: list[int], max_batch_tokens: int) -> list[list[int]]:
+def token_batches(lengths: list[int], max_batch_tokens: int) -> list[list[int]]:
     """Group indices (sorted by length, so little padding) into batches of at most ``max_batch_tokens`` padded tokens."""
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
     batches, cur = [], []
@@ -98,7 +98,7 @@ def extract_cached(backbone, prompts: dict[str, list[int]], layers: tuple[int, .
             if not path.exists():
                 signals = {}
                 token_lists = [prompts[p] for p in part]
-                for batch in _batches([len(t) for t in token_lists], max_batch_tokens):
+                for batch in token_batches([len(t) for t in token_lists], max_batch_tokens):
                     for i, s in zip(batch, extract_signals(backbone, [token_lists[i] for i in batch], layers, semantic)):
                         signals[part[i]] = s
                     done = sum(len(token_lists[i]) for i in batch)  # the bar moves per batch, not per part

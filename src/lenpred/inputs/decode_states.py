@@ -195,7 +195,7 @@ def extract_decode_states(backbone, samples: dict[str, tuple[list[int], list[int
     """
     from tqdm.auto import tqdm
 
-    from lenpred.inputs.cache import _batches, read_part, write_part
+    from lenpred.inputs.cache import token_batches, read_part, write_part
 
     cache = Path(cache)
     key = decode_cache_key(backbone, tuple(layers), tuple(steps))
@@ -220,7 +220,7 @@ def extract_decode_states(backbone, samples: dict[str, tuple[list[int], list[int
                 for i, s in enumerate(part):
                     groups.setdefault(tuple(samples[s][0]), []).append(i)
                 single = [g[0] for g in groups.values() if len(g) == 1]
-                jobs = [[single[j] for j in b] for b in _batches([need[part[i]] for i in single], max_batch_tokens)]
+                jobs = [[single[j] for j in b] for b in token_batches([need[part[i]] for i in single], max_batch_tokens)]
                 jobs += [g for g in groups.values() if len(g) > 1]
                 for batch in jobs:
                     if len(batch) > 1 and len({tuple(samples[part[i]][0]) for i in batch}) == 1:

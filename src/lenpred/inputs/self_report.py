@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from lenpred.inputs import register_provider
+from lenpred.inputs.registry import register_provider
 
 
 @register_provider("self_report")

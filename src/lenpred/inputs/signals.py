@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from lenpred.inputs import register_provider
+from lenpred.inputs.registry import register_provider
 
 
 def signal_cache_path(backbone, bench: str | Path, layers: tuple[int, ...]) -> Path:

@@ -1,15 +1,18 @@
 """``lenpred evaluate`` / ``lenpred demo``: records → input providers → tune on validation → refit per seed →
-score → report. Each step is one function of its own module (:mod:`.data`, :mod:`lenpred.inputs`, :mod:`.tune`,
-:mod:`.metrics`, :mod:`.report`); no method is special-cased here.
+score → report. Each step is one function of its own module (:mod:`lenpred.dataset`, :mod:`lenpred.inputs`,
+:mod:`lenpred.tuning`, :mod:`lenpred.metrics`, :mod:`.evaluate_report`); no method is special-cased here.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+from lenpred.dataset import load_dataset
 from lenpred.errors import LenpredError
+from lenpred.tuning import TuningContext, TuningSettings
+from lenpred.tuning import tuning_context as make_tuning_context
 
 FLOORS = ("scenario_median", "scenario_prompt_length")
 ALL_METHODS = (*FLOORS, "global_median", "prompt_length", "ssjf_reg", "ssjf_mc", "s3", "pia", "trail", "ltr", "mean",
@@ -117,41 +120,14 @@ def check_output_paths(cfg: EvalConfig) -> None:
                            "another --out")
 
 
-def _check_layers(cfg: EvalConfig, num_layers: int) -> tuple[int, ...]:
-    from lenpred.signals import default_layers, resolve_layers
-
-    if cfg.layers is None:
-        return default_layers(num_layers)
-    if any(not -num_layers - 1 <= l <= num_layers for l in cfg.layers):
-        raise LenpredError(f"--layers must lie in -{num_layers + 1}..{num_layers} for this model ({num_layers} "
-                           f"layers), got {list(cfg.layers)}")
-    if cfg.trail_layers is not None and any(not 1 <= l <= num_layers for l in cfg.trail_layers):
-        raise LenpredError(f"--trail-layers must lie in 1..{num_layers} for this model, got {list(cfg.trail_layers)}")
-    return resolve_layers(cfg.layers, num_layers)
+def tuning_settings(cfg: EvalConfig) -> TuningSettings:
+    """The tuner's settings of a config (its fields of the same names)."""
+    return TuningSettings(**{f.name: getattr(cfg, f.name) for f in fields(TuningSettings)})
 
 
-def native_bf16() -> bool:
-    """Whether this CPU multiplies bfloat16 natively (AVX512-BF16 or AMX): there bf16 autocast halves the text
-    proxies' fine-tuning time; without it (e.g. an AVX2-only CPU) bf16 is ~15x *slower* than float32 (measured:
-    40 vs 2.4 s per SSJF step, `scripts/proxy_fit_time.py`)."""
-    import torch
-
-    capability = torch.backends.cpu.get_cpu_capability()
-    return "BF16" in capability or "AMX" in capability
-
-
-def tuning_context(cfg: EvalConfig, layers: tuple[int, ...], num_layers: int, values: dict):
-    """The :class:`~lenpred.tuning.TuningContext` of a config."""
-    from lenpred.tuning import TuningContext
-
-    return TuningContext(
-        layers=layers, trail_layers=cfg.trail_layers or tuple(range(1, num_layers + 1)),
-        lambda1_grid=cfg.lambda1_grid, alpha_grid=cfg.alpha_grid,
-        pooled_settings={"pool_span": cfg.pool_span, "semantic_divisor": cfg.semantic_divisor,
-                         "head": {"epochs": cfg.epochs, "binning": cfg.binning}},
-        proxy_settings={"encoder": cfg.proxy_encoder, "epochs": cfg.proxy_epochs, "max_length": cfg.proxy_max_length,
-                        "precision": "bfloat16" if native_bf16() else "float32"},
-        values=values)
+def tuning_context(cfg: EvalConfig, layers: tuple[int, ...], num_layers: int, values: dict) -> TuningContext:
+    """The :class:`~lenpred.tuning.TuningContext` of a config (:func:`lenpred.tuning.tuning_context`)."""
+    return make_tuning_context(tuning_settings(cfg), layers, num_layers, values)
 
 
 @dataclass
@@ -170,26 +146,18 @@ class PreparedRun:
 def prepare_run(cfg: EvalConfig, needs: set[str], backbone=None) -> PreparedRun:
     """Records (checked before the model loads) → backbone → requests → the inputs ``needs`` names → tuning context.
 
-    The one loading path of ``lenpred evaluate``, ``LengthPredictor.fit`` and the choice scripts. The model is
-    ``cfg.model`` or the benchmark's own (:func:`lenpred.bench.build.benchmark_model`), and must be the revision the
+    :func:`lenpred.dataset.load_dataset` with the config's settings, plus the config's tuning context. The model is
+    ``cfg.model`` or the benchmark's own (:func:`lenpred.bench.records.benchmark_model`), and must be the revision the
     benchmark was sampled from.
 
     Raises:
         LenpredError: a broken benchmark, a model of another revision than the benchmark's, bad layers, or any
             input provider's error.
     """
-    from lenpred.backbone import load_backbone
-    from lenpred.bench.build import benchmark_model, check_benchmark_model, load_records
-    from lenpred.dataset import load_eval_data
-    from lenpred.inputs import provide_inputs
-
-    table = load_records(cfg.bench)  # a missing or broken benchmark fails before the model loads
-    backbone = backbone or load_backbone(benchmark_model(cfg.bench, cfg.model), num_threads=cfg.threads)
-    check_benchmark_model(cfg.bench, backbone.model_id, backbone.revision)
-    layers = _check_layers(cfg, backbone.num_layers)
-    data = load_eval_data(cfg.bench, backbone.tokenizer, cfg.data_dir, table)
-    values, timing = provide_inputs(needs, backbone, data, {"layers": layers, "cache": cfg.cache, "bench": cfg.bench})
-    return PreparedRun(backbone, data, layers, tuning_context(cfg, layers, backbone.num_layers, values), table, timing)
+    ds = load_dataset(cfg.bench, needs, model=cfg.model, backbone=backbone, data_dir=cfg.data_dir, cache=cfg.cache,
+                      layers=cfg.layers, trail_layers=cfg.trail_layers, threads=cfg.threads)
+    return PreparedRun(ds.backbone, ds.data, ds.layers, tuning_context(cfg, ds.layers, ds.backbone.num_layers, ds.values),
+                       ds.table, ds.timing)
 
 
 def run_evaluate(cfg: EvalConfig, console=None, title: str = "output-length prediction, test split") -> dict:

@@ -181,9 +181,9 @@ def run_traffic_replay(cfg: TrafficReplayConfig, console=None) -> dict:
 
 
 def _bench_rows_or_none(shipped, cfg):
-    from lenpred.pipeline import _bench_rows
+    from lenpred.pipeline import bench_train_rows
 
-    rows, _ = _bench_rows(shipped, cfg.bench, cfg.data_dir, cfg.cache)
+    rows, _ = bench_train_rows(shipped, cfg.bench, cfg.data_dir, cfg.cache)
     return rows
 
 

@@ -56,7 +56,7 @@ def gradient_attribution(backbone, predictor, request) -> torch.Tensor:
     model, head = backbone.model, predictor.head_
     layer = predictor.layer if predictor.layer >= 0 else backbone.num_layers + 1 + predictor.layer
     n = len(request.token_ids)
-    start, end = _span(request, predictor.params["pool_span"], n)
+    start, end = pooled_span(request, predictor.params["pool_span"], n)
     ids = torch.tensor([request.token_ids])
     with torch.enable_grad():
         emb = model.get_input_embeddings()(ids).detach().requires_grad_(True)
@@ -77,7 +77,7 @@ def gradient_attribution(backbone, predictor, request) -> torch.Tensor:
     return grad[0, start:end].norm(dim=-1).detach()
 
 
-def _span(request, pool_span: str, n: int) -> tuple[int, int]:
+def pooled_span(request, pool_span: str, n: int) -> tuple[int, int]:
     """``[start, end)`` of the pooled span, as :func:`lenpred.predictors.pooled.request_spans` and
     :meth:`lenpred.signals.PromptSignals.span` compute it."""
     if pool_span == "all" or request.content_span is None:

@@ -10,6 +10,9 @@ import numpy as np
 
 from lenpred.io import atomic_path, write_json
 
+SECTIONS = ("misalignment", "attribution", "ablation", "entropy", "overhead")
+"""The sections of ``lenpred diagnose``, in the order they run and are reported."""
+
 SCENARIOS = ("longseq", "reasoning", "rl", "overall")
 
 
@@ -266,8 +269,6 @@ def closing_md(sections: dict) -> list[str]:
 
 def write_report(out: Path, console=None) -> dict:
     """Read every ``<section>.json`` in ``out``; write ``REPORT.md``, the PNGs and ``diagnose.json``."""
-    from lenpred.studies.diagnose.run import SECTIONS
-
     out = Path(out)
     sections = {s: json.loads((out / f"{s}.json").read_text()) for s in SECTIONS if (out / f"{s}.json").is_file()}
     lines = ["# lenpred diagnose: misalignment, attribution, ablations, cheaper entropy, overhead", "",

@@ -14,9 +14,9 @@ import numpy as np
 import torch
 
 from lenpred.errors import LenpredError
+from lenpred.studies.diagnose.report import SECTIONS, write_report
 
 SINK_ALPHAS = (0.25, 0.5, 1.0, 2.0, 4.0)
-SECTIONS = ("misalignment", "attribution", "ablation", "entropy", "overhead")
 
 
 @dataclass
@@ -166,7 +166,7 @@ def attribution_section(backbone, data, evaluate_dir: str, per_scenario: int, n_
     scenario (first in test order); correlations with entropy and semantic score."""
     from tqdm.auto import tqdm
 
-    from lenpred.studies.diagnose.attribution import _span, correlations, gradient_attribution
+    from lenpred.studies.diagnose.attribution import pooled_span, correlations, gradient_attribution
     from lenpred.metrics import clustered_bootstrap
     from lenpred.predictors import Predictor
 
@@ -182,7 +182,7 @@ def attribution_section(backbone, data, evaluate_dir: str, per_scenario: int, n_
     per_prompt = []
     for pid in tqdm(picked, desc="gradient attribution", unit="prompt"):
         req = data.by_prompt[pid]
-        start, end = _span(req, predictor.params["pool_span"], len(req.token_ids))
+        start, end = pooled_span(req, predictor.params["pool_span"], len(req.token_ids))
         span = req.signals.span(start, end, predictor.params["semantic_divisor"])
         G = gradient_attribution(backbone, predictor, req).numpy()
         H, S = span.token_entropy.numpy(), span.semantic_score.numpy()
@@ -306,7 +306,6 @@ def run_diagnose(cfg: DiagnoseConfig, console=None) -> dict:
     present. Returns the combined dict."""
     from rich.console import Console
 
-    from lenpred.studies.diagnose.report import write_report
     from lenpred.studies.evaluate import EvalConfig, prepare_run
     from lenpred.io import write_json
 
