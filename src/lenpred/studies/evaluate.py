@@ -9,10 +9,7 @@ import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from lenpred.dataset import load_dataset
 from lenpred.errors import LenpredError
-from lenpred.tuning import TuningContext, TuningSettings
-from lenpred.tuning import tuning_context as make_tuning_context
 
 FLOORS = ("scenario_median", "scenario_prompt_length")
 ALL_METHODS = (*FLOORS, "global_median", "prompt_length", "ssjf_reg", "ssjf_mc", "s3", "pia", "trail", "ltr", "mean",
@@ -120,14 +117,18 @@ def check_output_paths(cfg: EvalConfig) -> None:
                            "another --out")
 
 
-def tuning_settings(cfg: EvalConfig) -> TuningSettings:
-    """The tuner's settings of a config (its fields of the same names)."""
+def tuning_settings(cfg: EvalConfig):
+    """The tuner's :class:`~lenpred.tuning.TuningSettings` of a config (its fields of the same names)."""
+    from lenpred.tuning import TuningSettings  # deferred: torch; the CLI imports this module at start-up
+
     return TuningSettings(**{f.name: getattr(cfg, f.name) for f in fields(TuningSettings)})
 
 
-def tuning_context(cfg: EvalConfig, layers: tuple[int, ...], num_layers: int, values: dict) -> TuningContext:
+def tuning_context(cfg: EvalConfig, layers: tuple[int, ...], num_layers: int, values: dict):
     """The :class:`~lenpred.tuning.TuningContext` of a config (:func:`lenpred.tuning.tuning_context`)."""
-    return make_tuning_context(tuning_settings(cfg), layers, num_layers, values)
+    from lenpred import tuning
+
+    return tuning.tuning_context(tuning_settings(cfg), layers, num_layers, values)
 
 
 @dataclass
@@ -154,6 +155,8 @@ def prepare_run(cfg: EvalConfig, needs: set[str], backbone=None) -> PreparedRun:
         LenpredError: a broken benchmark, a model of another revision than the benchmark's, bad layers, or any
             input provider's error.
     """
+    from lenpred.dataset import load_dataset
+
     ds = load_dataset(cfg.bench, needs, model=cfg.model, backbone=backbone, data_dir=cfg.data_dir, cache=cfg.cache,
                       layers=cfg.layers, trail_layers=cfg.trail_layers, threads=cfg.threads)
     return PreparedRun(ds.backbone, ds.data, ds.layers, tuning_context(cfg, ds.layers, ds.backbone.num_layers, ds.values),
