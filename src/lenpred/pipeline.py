@@ -22,7 +22,16 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from lenpred.backbone import load_backbone, recorded_model_name
 from lenpred.errors import LenpredError
+from lenpred.inputs.signals import signal_cache_path
+from lenpred.intervals import conformal_margin, distribution_quantiles, interval_coverage
+from lenpred.io import atomic_path
+from lenpred.prompts import TEMPLATE_RULE, check_fits, prepare_prompt, prompt_text
+from lenpred.serving.refit import (TrafficRows, choose_finetune, finetune_head, fit_head, head_quantiles, rows_from_log,
+                                   time_split)
+from lenpred.serving.traffic_log import read_traffic_log
+from lenpred.version import __version__
 
 CONFIG_FILE, WEIGHTS_FILE, CARD_FILE = "config.json", "predictor.safetensors", "CARD.md"
 PROGRESSIVE_FILE = "plp.safetensors"  # optional: the PLP head (lenpred progressive) for start / update
@@ -73,7 +82,6 @@ def raw_quantiles(predictor, requests: list, coverage: float, features: np.ndarr
     ``features`` ``(n, d)``: the predictor's input already computed (an engine's captured states), so the requests
     only give their caps."""
     from lenpred.tuning import clipped_predict
-    from lenpred.intervals import distribution_quantiles
     from lenpred.predictors import max_new_tokens
 
     caps = max_new_tokens(requests)
@@ -127,11 +135,9 @@ class LengthPredictor:
             LenpredError: unknown method, a predictor that reads the model's self-report (PiA cannot predict new
                 prompts without generating), bad settings, or any benchmark / data error.
         """
-        from lenpred.backbone import recorded_model_name
         from lenpred.bench.build import read_manifest
         from lenpred.dataset import load_dataset
         from lenpred.tuning import TuningSettings, tune_and_refit, tuning_context
-        from lenpred.intervals import conformal_margin
         from lenpred.predictors import PREDICTORS
 
         _check_fit_settings(self.method, self.seed, threads)
@@ -180,11 +186,6 @@ class LengthPredictor:
                 written for another model revision / layer / feature width than ``base``, a ``base`` that is not a
                 pooled-head predictor, too few requests for the shares or the coverage.
         """
-        from lenpred.intervals import conformal_margin
-        from lenpred.serving.refit import (TrafficRows, choose_finetune, finetune_head, fit_head, head_quantiles,
-                                           rows_from_log, time_split)
-        from lenpred.serving.traffic_log import read_traffic_log
-
         base_p = LengthPredictor.from_pretrained(base, backbone=backbone, threads=threads)
         if not hasattr(base_p.predictor_, "head_") or not hasattr(base_p.predictor_, "features"):
             raise LenpredError(f"the base predictor's method '{base_p.method}' is not a pooled head: refit on traffic "
@@ -242,7 +243,6 @@ class LengthPredictor:
     def _test_card(self, data) -> dict:
         """MAE per scenario with 95 % prompt-bootstrap intervals and interval coverage on the test split."""
         from lenpred.metrics import clustered_bootstrap
-        from lenpred.intervals import interval_coverage
 
         test = data.index["test"]
         preds = self._predict_requests(data.rows("test"))
@@ -315,9 +315,7 @@ class LengthPredictor:
 
     def _requests(self, prompts, max_new_tokens: int | None, scenario: str | None, tokenizer=None) -> list:
         """Prompts -> :class:`lenpred.predictors.Request` through the one prompt path (:mod:`lenpred.prompts`)."""
-        from lenpred.dataset import prompt_text
         from lenpred.predictors import Request
-        from lenpred.prompts import check_fits, prepare_prompt
 
         if not hasattr(self, "predictor_"):
             raise LenpredError("this LengthPredictor is not fitted: call fit(bench) or LengthPredictor.from_pretrained")
@@ -458,8 +456,6 @@ class LengthPredictor:
     def save_pretrained(self, path: str | Path) -> Path:
         """Write ``config.json``, ``predictor.safetensors`` and ``CARD.md`` into the directory ``path``, atomically
         (an existing directory is replaced whole). Returns the path."""
-        from lenpred.io import atomic_path
-
         if not hasattr(self, "predictor_"):
             raise LenpredError("nothing to save: fit the LengthPredictor first")
         with atomic_path(path) as tmp:
@@ -490,7 +486,6 @@ class LengthPredictor:
         Raises:
             LenpredError: the directory is not a saved predictor, or the model / prompt rule differs from training.
         """
-        from lenpred.backbone import load_backbone
         from lenpred.predictors import Predictor
 
         path = Path(path) if path is not None else DEFAULT_PREDICTOR
@@ -547,8 +542,6 @@ def bench_train_rows(base: "LengthPredictor", bench, data_dir, cache):
     from lenpred.bench.build import read_manifest
     from lenpred.dataset import load_eval_data
     from lenpred.inputs.cache import extract_cached
-    from lenpred.inputs.signals import signal_cache_path
-    from lenpred.serving.refit import TrafficRows
 
     layers = tuple(base.config_["layers"])
     data = load_eval_data(bench, base.backbone_.tokenizer, data_dir)
@@ -572,8 +565,6 @@ def _traffic_card(head, base: "LengthPredictor", test, margin: float, coverage: 
     """The card of a traffic refit, on the latest logged requests: MAE with a 95 % interval clustered by prompt
     (SHA-256 where logged), interval coverage and width, and the paired MAE difference to ``base``."""
     from lenpred.metrics import clustered_bootstrap
-    from lenpred.intervals import interval_coverage
-    from lenpred.serving.refit import head_quantiles
 
     if len(test) < 2:
         return {}
@@ -652,12 +643,8 @@ def _check_fit_settings(method: str, seed: int, threads: int | None) -> None:
 
 
 def _template_rule() -> str:
-    from lenpred.prompts import TEMPLATE_RULE
-
     return TEMPLATE_RULE
 
 
 def _version() -> str:
-    from lenpred import __version__
-
     return __version__

@@ -24,6 +24,10 @@ from dataclasses import dataclass
 
 import torch
 
+from lenpred.errors import LenpredError
+from lenpred.prompts import check_fits
+from lenpred.signals import PromptSignals, left_pad
+
 HIDDEN_ONLY_POOLERS = ("last", "mean", "max")
 """Poolers that read hidden states only (no entropy, no semantic score)."""
 
@@ -152,10 +156,6 @@ def truncated_hidden_states(backbone, batch_token_ids: list[list[int]], layer: i
     Raises:
         LenpredError: ``layer`` outside ``1..L``, or a prompt that does not fit the context window.
     """
-    from lenpred.errors import LenpredError
-    from lenpred.prompts import check_fits
-    from lenpred.signals import left_pad
-
     decoder, num_layers = backbone.model.get_decoder(), backbone.num_layers
     if not 1 <= layer <= num_layers:
         raise LenpredError(f"the truncated pass reads hidden-state index 1..{num_layers}, got {layer}")
@@ -206,7 +206,6 @@ def attach_truncated_signals(backbone, requests: list, plan: TruncatedPlan, batc
     grouped by length into batches of at most ``batch_tokens`` padded tokens. With ``prefix_cache``, the template's
     fixed prefix (the tokens before the users' content, ``Request.content_span``) is computed once and reused."""
     from lenpred.inputs.cache import token_batches
-    from lenpred.signals import PromptSignals
 
     for batch in token_batches([r.num_prompt_tokens for r in requests], batch_tokens):
         spans = [requests[i].content_span for i in batch]

@@ -22,15 +22,16 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from lenpred.backbone import eos_token_ids, recorded_model_name, resolve_model
 from lenpred.bench.card import warn_if_capped
 from lenpred.bench.plan import BenchConfig, PlannedPrompt, make_plan, plan_fingerprint
+from lenpred.bench.user_prompts import manifest_entry, read_prompt_file
+from lenpred.engines import SampleRequest, VLLMOptions, make_engine, model_context_window
+from lenpred.errors import LenpredError
+from lenpred.io import atomic_path, write_json
 from lenpred.bench.records import (LEGACY_SCHEMA, META_KEY, NULLABLE_FIELDS, RECORD_SCHEMA,  # noqa: F401  (re-exported)
                                    RESAMPLE_HINT, benchmark_model, check_benchmark_model, load_records, read_manifest,
                                    read_shard, read_shard_meta, shard_files, shard_path)
-from lenpred.bench.user_prompts import manifest_entry, read_prompt_file
-from lenpred.engines import SampleRequest, VLLMOptions, make_engine
-from lenpred.errors import LenpredError
-from lenpred.io import atomic_path, write_json
 
 def _shard_table(prompts: list[PlannedPrompt], requests: list[SampleRequest], results, model_id: str, revision: str,
                  engine: str) -> pa.Table:
@@ -122,9 +123,6 @@ def build_benchmark(config: BenchConfig, out_dir: str | Path, engine: str = "aut
             the engine cannot load the model or refuses to start, a data file holds bad text (the message
             names the file and record), or the limits do not fit the model's context window.
     """
-    from lenpred.backbone import eos_token_ids, recorded_model_name, resolve_model
-    from lenpred.engines import model_context_window
-
     out = Path(out_dir)
     if max_shards is not None and max_shards < 0:
         raise LenpredError(f"--max-shards must be >= 0, got {max_shards}")

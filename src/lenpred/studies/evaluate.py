@@ -10,6 +10,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from lenpred.errors import LenpredError
+from lenpred.io import atomic_path
+from lenpred.studies.evaluate_report import TABLES, render_table, report_paths, save_report
 
 FLOORS = ("scenario_median", "scenario_prompt_length")
 ALL_METHODS = (*FLOORS, "global_median", "prompt_length", "ssjf_reg", "ssjf_mc", "s3", "pia", "trail", "ltr", "mean",
@@ -103,8 +105,6 @@ class EvalConfig:
 def check_output_paths(cfg: EvalConfig) -> None:
     """Refuse, before any work, output and cache paths that are (or lie under) files, or result files that are
     directories."""
-    from lenpred.studies.evaluate_report import report_paths
-
     out_dir = Path(cfg.out)
     for option, path in (("--out", out_dir), ("--cache", Path(cfg.cache) if cfg.cache else None)):
         if path is not None and any(p.exists() and not p.is_dir() for p in (path, *path.parents)):
@@ -214,9 +214,6 @@ def _overhead(backbone, data, layers) -> dict:
 
 
 def _print_and_save(report: dict, fitted: dict, cfg: EvalConfig, console, title: str) -> None:
-    from lenpred.studies.evaluate_report import TABLES, render_table, save_report
-    from lenpred.io import atomic_path
-
     results = report["results"]
     seed_note = f"± std over {len(cfg.seeds)} head seeds" if len(cfg.seeds) > 1 else f"seed {cfg.seeds[0]}"
     captions = {"mae": f"MAE in tokens ({seed_note}) and its 95 % prompt-bootstrap interval",

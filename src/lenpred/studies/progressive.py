@@ -28,9 +28,13 @@ from pathlib import Path
 import numpy as np
 
 from lenpred.errors import LenpredError
+from lenpred.inputs.decode_states import DECODE_STEPS, benchmark_decode_states
 from lenpred.intervals import conditional_remaining
-from lenpred.inputs.decode_states import DECODE_STEPS
+from lenpred.io import atomic_path, write_json, write_parquet_checked
+from lenpred.predictors import make_predictor
 from lenpred.predictors.progressive import PLPHead, ProgressiveRows, TrailProgressive
+from lenpred.serving.progressive import save_plp, update_cost
+from lenpred.studies.evaluate import EvalConfig, prepare_run
 
 PLP_LAYERS = (30, 20)  # the paper's final layer first; 20 was TRAIL's pick on validation
 TRAIL_LAYERS = (10, 15, 20, 25)
@@ -159,7 +163,6 @@ def export_test_estimates(path: str | Path, rows: ProgressiveRows, data, preds: 
 
     import pyarrow as pa
 
-    from lenpred.io import write_parquet_checked
 
     cols = {"prompt_id": data.cols["prompt_id"][rows.sample].astype(str).tolist(),
             "sample_index": data.cols["sample_index"][rows.sample].astype(np.int64),
@@ -175,11 +178,7 @@ def run_progressive(cfg: ProgressiveConfig, console=None) -> dict:
     method on the test split, and write ``results.json``, ``results.md`` and ``curves.png`` under ``cfg.out``."""
     from rich.console import Console
 
-    from lenpred.studies.evaluate import EvalConfig, prepare_run
     from lenpred.tuning import torch_threads
-    from lenpred.predictors import make_predictor
-    from lenpred.inputs.decode_states import benchmark_decode_states
-    from lenpred.io import write_json
 
     console = console or Console()
     t0 = time.perf_counter()
@@ -251,7 +250,6 @@ def run_progressive(cfg: ProgressiveConfig, console=None) -> dict:
                      ("plp", "static_conditional")):
             if at.sum() > 1:
                 report["paired"][f"rl/step{t}/{a}-{b}"] = paired_difference(preds[a], preds[b], te, at, prompt_ids)
-    from lenpred.serving.progressive import save_plp, update_cost
 
     report["update_cost_us"] = update_cost(plp, te.prompt_features, te.plp_state, te.step, te.cap)
 
@@ -282,8 +280,6 @@ def _fmt(c: dict | None) -> str:
 
 
 def _write_markdown(report: dict, path: Path) -> None:
-    from lenpred.io import atomic_path
-
     steps = [0, 32, 64, 128]
     lines = ["# Progressive remaining-length prediction (test split)", "",
              f"PLP prompt representation: {report['plp']['prompt']}, decode-state layer {report['plp']['plp_layer']}; "
@@ -319,7 +315,6 @@ def _plot(report: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from lenpred.io import atomic_path
 
     fig, axes = plt.subplots(2, 3, figsize=(15, 8), sharex=True)
     for r, population in enumerate(("running", "fixed")):

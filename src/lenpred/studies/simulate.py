@@ -9,7 +9,11 @@ from pathlib import Path
 import numpy as np
 
 from lenpred.errors import LenpredError
-from lenpred.studies.workload import DEFAULT_PREDICTORS
+from lenpred.serving.cost_model import CostModel
+from lenpred.serving.policies import countdown_remaining, make_policy, progressive_remaining
+from lenpred.serving.simulator import ARRIVALS, SimConfig, simulate
+from lenpred.studies.workload import (DEFAULT_PREDICTORS, check_predictors, draw_workload, load_workload_table,
+                                      progressive_estimates)
 
 
 @dataclass
@@ -58,7 +62,6 @@ class SimExperimentConfig:
             raise LenpredError("--draws and --num-requests must be >= 2 (intervals need several draws)")
         if not 0 < self.load:
             raise LenpredError(f"--load must be > 0, got {self.load}")
-        from lenpred.serving.simulator import ARRIVALS
 
         bad = [a for a in self.arrivals if a not in ARRIVALS]
         if bad:
@@ -91,10 +94,6 @@ def draw_bootstrap(per_draw: dict[str, np.ndarray], stat, n_resamples: int = 200
 
 def _rate(table, cfg: SimExperimentConfig, cost) -> float:
     """Arrival rate (requests/s) = load × FCFS all-at-once throughput of the first draw."""
-    from lenpred.serving.policies import make_policy
-    from lenpred.serving.simulator import SimConfig, simulate
-    from lenpred.studies.workload import draw_workload
-
     requests = draw_workload(table, cfg.num_requests, cfg.seed)
     summary, _ = simulate(requests, make_policy("fcfs"), cost,
                           SimConfig(max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens))
@@ -107,11 +106,6 @@ def run_simulation(cfg: SimExperimentConfig, table=None) -> dict:
     per row and draw the summary metrics, per-request JCTs of draw 0 (CDF plot), and bootstrap summaries."""
     from tqdm.auto import tqdm
 
-    from lenpred.serving.cost_model import CostModel
-    from lenpred.serving.policies import countdown_remaining, make_policy, progressive_remaining
-    from lenpred.serving.simulator import SimConfig, simulate
-    from lenpred.studies.workload import (check_predictors, draw_workload, load_workload_table,
-                                             progressive_estimates)
 
     cost = CostModel.load(cfg.cost_model)
     table = table if table is not None else load_workload_table(token_ids=False, rebuild=False)

@@ -14,7 +14,12 @@ from pathlib import Path
 
 import numpy as np
 
+from lenpred.backbone import resolve_model
+from lenpred.bench.user_prompts import prompt_messages
 from lenpred.errors import LenpredError
+from lenpred.io import file_sha256, read_parquet_checked, stable_hash, write_parquet_checked
+from lenpred.prompts import prepare_prompt
+from lenpred.studies.evaluate import EvalConfig, prepare_run
 
 DEFAULT_PREDICTORS = ("estp", "egtp", "trail", "ssjf_reg", "last")
 DEFAULT_TABLE = Path("results/scheduling/test_predictions.parquet")
@@ -66,8 +71,6 @@ def _bench_key(bench: str | Path) -> dict[str, str]:
 
 def _bench_fingerprint(bench: str | Path) -> str:
     """Hash of :func:`_bench_key`."""
-    from lenpred.io import stable_hash
-
     return stable_hash(_bench_key(bench))
 
 
@@ -81,8 +84,6 @@ def _inputs_fingerprint(bench: str | Path, predictors_dir: Path, predictors: tup
     Raises:
         LenpredError: a predictor file is missing.
     """
-    from lenpred.io import file_sha256, stable_hash
-
     files = {}
     for name, path in _predictor_files(predictors_dir, predictors).items():
         if not path.exists():
@@ -107,7 +108,6 @@ def build_workload_table(bench: str | Path = "benchmarks/smollm2-forelen",
     """
     import pyarrow as pa
 
-    from lenpred.studies.evaluate import EvalConfig, prepare_run
     from lenpred.tuning import clipped_predict
     from lenpred.predictors import PREDICTORS, Predictor
 
@@ -156,7 +156,6 @@ def load_workload_table(path: str | Path = DEFAULT_TABLE, bench: str | Path = "b
 
     import pyarrow as pa
 
-    from lenpred.io import read_parquet_checked, write_parquet_checked
 
     path = Path(path)
     table = read_parquet_checked(path)
@@ -198,10 +197,7 @@ def _prompt_token_ids(bench, model: str, data_dir: str | None, table) -> list[li
     """Each row's chat-formatted prompt token ids, re-read from the data sets (tokenizer only)."""
     from transformers import AutoTokenizer
 
-    from lenpred.backbone import resolve_model
     from lenpred.bench.build import read_manifest
-    from lenpred.bench.user_prompts import prompt_messages
-    from lenpred.prompts import prepare_prompt
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(model)[0])
     prompt_files = read_manifest(Path(bench)).get("prompt_files")
@@ -229,8 +225,6 @@ def progressive_estimates(path: str | Path, table) -> dict[str, dict[int, dict[i
         LenpredError: the file is missing or fails its checksum (rerun ``lenpred progressive``), or a test
             request of the table has no estimate at step 0 (the two were made from different benchmarks).
     """
-    from lenpred.io import read_parquet_checked
-
     est = read_parquet_checked(path)
     if est is None:
         raise LenpredError(f"{path} is missing or fails its checksum: run `lenpred progressive` to write it")

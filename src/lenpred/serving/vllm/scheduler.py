@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lenpred.intervals import conditional_remaining
 from lenpred.serving.parked import SlotRequest, choose_decoders, preemption_order
 from lenpred.serving.vllm.config import EngineConfig, check_served_model, load_head
 from lenpred.serving.vllm.worker import STATES_ATTR
@@ -80,8 +81,6 @@ class RequestPrediction:
         """Tokens still to come after ``generated``: the latest PLP estimate counted down, else the static
         distribution conditioned on ``T > generated`` (:func:`lenpred.intervals.conditional_remaining`), else the
         countdown of the expectation."""
-        from lenpred.intervals import conditional_remaining
-
         if self.plp_remaining is not None:
             return max(self.plp_remaining - (generated - self.plp_step), 0.0)
         if self.probs is not None:

@@ -27,6 +27,8 @@ import time
 import numpy as np
 import torch
 
+from lenpred.signals import extract_signals, plain_prefill
+
 VARIANTS = ("plain", "entropy_full", "signals_full", "entropy_pruned", "signals_pruned")
 
 
@@ -61,8 +63,6 @@ class PeakRSS:
 
 def variant_functions(backbone, layers: tuple[int, ...], vocab: torch.Tensor) -> dict:
     """``{variant: fn(batch_token_ids)}`` for :data:`VARIANTS` (see the module docstring)."""
-    from lenpred.signals import extract_signals, plain_prefill
-
     return {"plain": lambda ids: plain_prefill(backbone, ids),
             "entropy_full": lambda ids: extract_signals(backbone, ids, layers, semantic=False),
             "signals_full": lambda ids: extract_signals(backbone, ids, layers, semantic=True),

@@ -14,7 +14,16 @@ import numpy as np
 import torch
 
 from lenpred.errors import LenpredError
+from lenpred.io import write_json
+from lenpred.pooling import Pooler
+from lenpred.studies.diagnose.attribution import correlations, gradient_attribution, pooled_span
+from lenpred.studies.diagnose.entropy import (entropy_agreement, frequent_vocabulary, pruned_entropy,
+                                              verify_cached_entropy, with_entropy)
+from lenpred.studies.diagnose.misalignment import (TokenWeightTally, misalignment_shares, top_token_share,
+                                                   within_prompt_percentile)
+from lenpred.studies.diagnose.overhead import breakdown, overhead_grid
 from lenpred.studies.diagnose.report import SECTIONS, write_report
+from lenpred.studies.evaluate import EvalConfig, prepare_run
 
 SINK_ALPHAS = (0.25, 0.5, 1.0, 2.0, 4.0)
 
@@ -105,9 +114,6 @@ def misalignment_section(data, tokenizer, chosen: dict, n_resamples: int) -> tup
     tally over every distinct prompt (spans of >= 5 tokens). Returns ``(json, arrays for the figure)``."""
     from collections import Counter
 
-    from lenpred.studies.diagnose.misalignment import (TokenWeightTally, misalignment_shares, top_token_share,
-                                                  within_prompt_percentile)
-    from lenpred.pooling import Pooler
     from lenpred.predictors.pooled import request_spans
 
     settings = chosen["estp"]
@@ -166,7 +172,6 @@ def attribution_section(backbone, data, evaluate_dir: str, per_scenario: int, n_
     scenario (first in test order); correlations with entropy and semantic score."""
     from tqdm.auto import tqdm
 
-    from lenpred.studies.diagnose.attribution import pooled_span, correlations, gradient_attribution
     from lenpred.metrics import clustered_bootstrap
     from lenpred.predictors import Predictor
 
@@ -215,8 +220,6 @@ class swapped_entropy:
         self.data, self.entropies = data, entropies
 
     def __enter__(self):
-        from lenpred.studies.diagnose.entropy import with_entropy
-
         self.saved = {p: r.signals for p, r in self.data.by_prompt.items()}
         for p, r in self.data.by_prompt.items():
             r.signals = with_entropy(r.signals, self.entropies[p])
@@ -230,8 +233,6 @@ class swapped_entropy:
 
 def train_vocabulary(data, k: int, vocab_size: int) -> torch.Tensor:
     """The pruned head's vocabulary: the ``k`` ids most frequent in the train split's prompts and responses."""
-    from lenpred.studies.diagnose.entropy import frequent_vocabulary
-
     train = data.index["train"]
     prompts = {p: data.by_prompt[p].token_ids for p in data.cols["prompt_id"][train]}
     return frequent_vocabulary([*prompts.values(), *data.responses[train]], k, vocab_size)
@@ -243,7 +244,6 @@ def entropy_section(backbone, data, chosen: dict, ks: tuple[int, ...], seeds: tu
     every ``k`` and score EGTP and ESTP (their chosen settings) with each, paired with full entropy, per seed."""
     from tqdm.auto import tqdm
 
-    from lenpred.studies.diagnose.entropy import entropy_agreement, pruned_entropy, verify_cached_entropy
     from lenpred.metrics import clustered_bootstrap
     from lenpred.tuning import clipped_predict, fit_predictor, torch_threads
 
@@ -290,7 +290,6 @@ def overhead_section(backbone, data, evaluate_dir: str, k: int, max_batch_tokens
                      batch_sizes=(1, 8, 32), lengths=(128, 512, 2048), layers=(15, 22, 30)) -> dict:
     """:func:`lenpred.studies.diagnose.overhead.overhead_grid` with the evaluate run's EGTP and ESTP heads and the pruned
     vocabulary of size ``k``, extracting hidden states at ``layers`` (the evaluate run's)."""
-    from lenpred.studies.diagnose.overhead import breakdown, overhead_grid
     from lenpred.predictors import Predictor
 
     predictors = {m: Predictor.load(Path(evaluate_dir) / "predictors" / f"{m}.safetensors") for m in ("egtp", "estp")}
@@ -306,8 +305,6 @@ def run_diagnose(cfg: DiagnoseConfig, console=None) -> dict:
     present. Returns the combined dict."""
     from rich.console import Console
 
-    from lenpred.studies.evaluate import EvalConfig, prepare_run
-    from lenpred.io import write_json
 
     console = console or Console()
     out = Path(cfg.out)
