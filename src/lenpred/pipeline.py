@@ -137,10 +137,10 @@ class LengthPredictor:
         """
         from lenpred.bench.build import read_manifest
         from lenpred.dataset import load_dataset
-        from lenpred.tuning import TuningSettings, tune_and_refit, tuning_context
+        from lenpred.tuning import TuningSettings, check_run_settings, tune_and_refit, tuning_context
         from lenpred.predictors import PREDICTORS
 
-        _check_fit_settings(self.method, self.seed, threads)
+        check_run_settings((self.method,), (self.seed,), threads)
         settings = TuningSettings(epochs=self.epochs, binning=self.binning, pool_span=self.pool_span,
                                   semantic_divisor=self.semantic_divisor)
         if "self_report" in PREDICTORS[self.method].inputs:
@@ -625,21 +625,6 @@ def _data_lines(config: dict) -> list[str]:
     lines.append(f"* interval: nominal {config['coverage']:.0%} coverage, split-conformal margin "
                  f"{config['interval_margin']:.1f} tokens (calibrated on {where})")
     return lines
-
-
-def _check_fit_settings(method: str, seed: int, threads: int | None) -> None:
-    """The checks ``fit`` shares with :class:`lenpred.studies.evaluate.EvalConfig` beyond :class:`TuningSettings`'.
-
-    Raises:
-        LenpredError: an unknown method, a seed outside 0..2**32 - 1 or ``threads`` < 1."""
-    from lenpred.predictors import PREDICTORS
-
-    if method not in PREDICTORS:
-        raise LenpredError(f"unknown methods {[method]}; valid: {', '.join(sorted(PREDICTORS))}")
-    if not 0 <= seed < 2**32:
-        raise LenpredError(f"seeds must lie in 0..{2**32 - 1} (the range numpy and torch accept), got {[seed]}")
-    if threads is not None and threads < 1:
-        raise LenpredError(f"--threads must be >= 1, got {threads}")
 
 
 def _template_rule() -> str:

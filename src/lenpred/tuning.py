@@ -82,6 +82,26 @@ class TuningSettings:
                 raise LenpredError(message)
 
 
+def check_run_settings(methods: tuple[str, ...], seeds: tuple[int, ...] = (0,), threads: int | None = None) -> None:
+    """The checks of a run's methods, seeds and backbone threads (those of
+    :class:`lenpred.studies.evaluate.EvalConfig`, with its messages).
+
+    Raises:
+        LenpredError: an unknown or no method, no seed or one outside 0..2**32 - 1, or ``threads`` < 1.
+    """
+    unknown = [m for m in methods if m not in PREDICTORS]
+    if unknown:
+        raise LenpredError(f"unknown methods {unknown}; valid: {', '.join(sorted(PREDICTORS))}")
+    checks = [(not methods, "no methods given: pass --methods with at least one predictor"),
+              (not seeds, "no seeds given: pass --seeds like 0,1,2"),
+              (any(not 0 <= s < 2**32 for s in seeds),
+               f"seeds must lie in 0..{2**32 - 1} (the range numpy and torch accept), got {list(seeds)}"),
+              (threads is not None and threads < 1, f"--threads must be >= 1, got {threads}")]
+    for failed, message in checks:
+        if failed:
+            raise LenpredError(message)
+
+
 def native_bf16() -> bool:
     """Whether this CPU multiplies bfloat16 natively (AVX512-BF16 or AMX): there bf16 autocast halves the text
     proxies' fine-tuning time; without it (e.g. an AVX2-only CPU) bf16 is ~15x *slower* than float32 (measured:
@@ -162,17 +182,57 @@ def clipped_predict(predictor, requests: list) -> np.ndarray:
     return np.clip(predictor.predict(requests), 0, max_new_tokens(requests))
 
 
+@dataclass
+class FitScore:
+    """One predictor fitted on train and scored (:func:`fit_and_score`).
+
+    Attributes:
+        predictor: the fitted predictor.
+        val_abs_err: ``(n_validation,)`` float64 absolute errors in tokens on the validation split (predictions
+            clipped to each request's cap).
+        test_abs_err: ``(n_test,)`` float64 absolute errors in tokens on the test split, or ``None`` when not scored.
+    """
+
+    predictor: Any
+    val_abs_err: np.ndarray
+    test_abs_err: np.ndarray | None
+
+    @property
+    def val_mae(self) -> float:
+        """Validation MAE in tokens."""
+        return float(np.mean(self.val_abs_err))
+
+
+def fit_and_score(method: str, params: dict, data, seed: int | None, test: bool = True) -> FitScore:
+    """The one fit-on-train / score-on-validation step: build ``method`` with ``params`` (and ``seed``), fit it on
+    ``data``'s train split (:func:`fit_predictor`, capped samples censored where supported) and score its clipped
+    predictions (:func:`clipped_predict`) on validation and, with ``test``, on test.
+
+    Args:
+        data: a :class:`lenpred.dataset.EvalData` with its inputs provided.
+    """
+    train, val = data.index["train"], data.index["validation"]
+    predictor = fit_predictor(method, params, data.rows("train"), data.y[train], data.censored[train], seed)
+    val_abs_err = np.abs(clipped_predict(predictor, data.rows("validation")) - data.y[val])
+    test_abs_err = np.abs(clipped_predict(predictor, data.rows("test")) - data.y[data.index["test"]]) if test else None
+    return FitScore(predictor, val_abs_err, test_abs_err)
+
+
 def fit_with_validation(method: str, candidates: list[dict], data, seed: int) -> tuple[Any, dict, list[dict]]:
     """Fit every candidate on train with ``seed`` and keep the lowest validation MAE; a single candidate is fitted
     without looking at validation (``val_mae`` ``None``). Returns ``(fitted predictor, chosen params, sweep)``."""
-    train, val = data.index["train"], data.index["validation"]
-    train_req, val_req = data.rows("train"), data.rows("validation")
+    train = data.index["train"]
+    train_req = data.rows("train")
+
     sweep, best, best_mae = [], None, np.inf
     for params in tqdm(candidates, desc=f"{method} on validation", unit="candidate", leave=False,
                        disable=len(candidates) < 2):
-        predictor = fit_predictor(method, params, train_req, data.y[train], data.censored[train], seed)
-        val_mae = float(np.mean(np.abs(clipped_predict(predictor, val_req) - data.y[val]))) \
-            if len(candidates) > 1 else None
+        if len(candidates) > 1:
+            fitted = fit_and_score(method, params, data, seed, test=False)
+            predictor, val_mae = fitted.predictor, fitted.val_mae
+        else:
+            predictor = fit_predictor(method, params, train_req, data.y[train], data.censored[train], seed)
+            val_mae = None
         sweep.append({**params, "val_mae": val_mae})
         if best is None or (val_mae is not None and val_mae < best_mae):
             best, best_mae, chosen = predictor, val_mae if val_mae is not None else np.inf, sweep[-1]

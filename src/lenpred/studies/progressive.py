@@ -34,7 +34,6 @@ from lenpred.io import atomic_path, write_json, write_parquet_checked
 from lenpred.predictors import make_predictor
 from lenpred.predictors.progressive import PLPHead, ProgressiveRows, TrailProgressive
 from lenpred.serving.progressive import save_plp, update_cost
-from lenpred.studies.evaluate import EvalConfig, prepare_run
 
 PLP_LAYERS = (30, 20)  # the paper's final layer first; 20 was TRAIL's pick on validation
 TRAIL_LAYERS = (10, 15, 20, 25)
@@ -178,12 +177,14 @@ def run_progressive(cfg: ProgressiveConfig, console=None) -> dict:
     method on the test split, and write ``results.json``, ``results.md`` and ``curves.png`` under ``cfg.out``."""
     from rich.console import Console
 
-    from lenpred.tuning import torch_threads
+    from lenpred.dataset import load_dataset
+    from lenpred.tuning import check_run_settings, torch_threads
 
     console = console or Console()
     t0 = time.perf_counter()
-    run = prepare_run(EvalConfig(model=cfg.model, bench=cfg.bench, data_dir=cfg.data_dir, cache=cfg.cache, threads=cfg.threads,
-                                 layers=cfg.signal_layers, methods=(cfg.static[0],)), {"signals"})
+    check_run_settings((cfg.static[0],), threads=cfg.threads)
+    run = load_dataset(cfg.bench, {"signals"}, model=cfg.model, data_dir=cfg.data_dir, cache=cfg.cache,
+                       layers=cfg.signal_layers, threads=cfg.threads)
     data, backbone = run.data, run.backbone
     with torch_threads(cfg.threads):
         decode = benchmark_decode_states(backbone, data, tuple(sorted({*cfg.plp_layers, *cfg.trail_layers})),

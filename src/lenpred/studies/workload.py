@@ -19,7 +19,6 @@ from lenpred.bench.user_prompts import prompt_messages
 from lenpred.errors import LenpredError
 from lenpred.io import file_sha256, read_parquet_checked, stable_hash, write_parquet_checked
 from lenpred.prompts import prepare_prompt
-from lenpred.studies.evaluate import EvalConfig, prepare_run
 
 DEFAULT_PREDICTORS = ("estp", "egtp", "trail", "ssjf_reg", "last")
 DEFAULT_TABLE = Path("results/scheduling/test_predictions.parquet")
@@ -98,7 +97,7 @@ def build_workload_table(bench: str | Path = "benchmarks/smollm2-forelen",
                          predictors: tuple[str, ...] = DEFAULT_PREDICTORS, model: str = "smollm2-135m-instruct",
                          threads: int | None = None):
     """Predict every test request's length with each saved predictor, the way ``lenpred evaluate`` scores them
-    (same loading path :func:`lenpred.studies.evaluate.prepare_run`, predictions clipped to each request's cap by
+    (same loading path :func:`lenpred.dataset.load_dataset`, predictions clipped to each request's cap by
     :func:`lenpred.tuning.clipped_predict`).
 
     Returns:
@@ -108,13 +107,14 @@ def build_workload_table(bench: str | Path = "benchmarks/smollm2-forelen",
     """
     import pyarrow as pa
 
-    from lenpred.tuning import clipped_predict
+    from lenpred.dataset import load_dataset
+    from lenpred.tuning import check_run_settings, clipped_predict
     from lenpred.predictors import PREDICTORS, Predictor
 
     predictors_dir = Path(predictors_dir)
     fingerprint = _inputs_fingerprint(bench, predictors_dir, predictors)
-    cfg = EvalConfig(model=model, bench=str(bench), methods=tuple(predictors), threads=threads)
-    run = prepare_run(cfg, {i for m in predictors for i in PREDICTORS[m].inputs})
+    check_run_settings(tuple(predictors), threads=threads)
+    run = load_dataset(str(bench), {i for m in predictors for i in PREDICTORS[m].inputs}, model=model, threads=threads)
     data, test = run.data, run.data.index["test"]
     requests = data.rows("test")
     cols = {"request_index": np.arange(len(test)), "prompt_id": data.cols["prompt_id"][test].astype(str),

@@ -23,7 +23,6 @@ from lenpred.studies.diagnose.misalignment import (TokenWeightTally, misalignmen
                                                    within_prompt_percentile)
 from lenpred.studies.diagnose.overhead import breakdown, overhead_grid
 from lenpred.studies.diagnose.report import SECTIONS, write_report
-from lenpred.studies.evaluate import EvalConfig, prepare_run
 
 SINK_ALPHAS = (0.25, 0.5, 1.0, 2.0, 4.0)
 
@@ -245,14 +244,13 @@ def entropy_section(backbone, data, chosen: dict, ks: tuple[int, ...], seeds: tu
     from tqdm.auto import tqdm
 
     from lenpred.metrics import clustered_bootstrap
-    from lenpred.tuning import clipped_predict, fit_predictor, torch_threads
+    from lenpred.tuning import fit_and_score, torch_threads
 
     W = backbone.model.get_output_embeddings().weight.detach()
     V = W.shape[0]
     prompts = list(data.by_prompt)
     check = verify_cached_entropy([data.by_prompt[p].signals for p in prompts[:100]], W, final_layer)
-    train, val, test = data.index["train"], data.index["validation"], data.index["test"]
-    test_ids = data.cols["prompt_id"][test]
+    test_ids = data.cols["prompt_id"][data.index["test"]]
     methods = {m: {k: v for k, v in chosen[m].items() if k != "val_mae"} for m in ("egtp", "estp") if m in chosen}
 
     def score() -> dict:
@@ -261,9 +259,9 @@ def entropy_section(backbone, data, chosen: dict, ks: tuple[int, ...], seeds: tu
             for m, params in methods.items():
                 errs, vals = [], []
                 for s in seeds:
-                    p = fit_predictor(m, params, data.rows("train"), data.y[train], data.censored[train], s)
-                    vals.append(float(np.mean(np.abs(clipped_predict(p, data.rows("validation")) - data.y[val]))))
-                    errs.append(np.abs(clipped_predict(p, data.rows("test")) - data.y[test]))
+                    scored = fit_and_score(m, params, data, s)
+                    vals.append(scored.val_mae)
+                    errs.append(scored.test_abs_err)
                 out[m] = {"val_mae": float(np.mean(vals)), "errors": np.mean(errs, axis=0),
                           "test_mae_seeds": [float(e.mean()) for e in errs]}
         return out
@@ -305,6 +303,8 @@ def run_diagnose(cfg: DiagnoseConfig, console=None) -> dict:
     present. Returns the combined dict."""
     from rich.console import Console
 
+    from lenpred.dataset import load_dataset
+    from lenpred.tuning import TuningSettings, check_run_settings, tuning_context
 
     console = console or Console()
     out = Path(cfg.out)
@@ -314,11 +314,12 @@ def run_diagnose(cfg: DiagnoseConfig, console=None) -> dict:
     figures = {}
     if cfg.sections:
         ev = chosen["_config"]  # the evaluate run's settings: same layers, span, divisor, epochs and bins
-        ecfg = EvalConfig(model=cfg.model, bench=cfg.bench, data_dir=cfg.data_dir, cache=cfg.cache,
-                          layers=tuple(ev["layers"]), threads=cfg.threads, methods=("estp",), epochs=ev["epochs"],
-                          binning=ev["binning"], pool_span=ev["pool_span"], semantic_divisor=ev["semantic_divisor"])
+        check_run_settings(("estp",), threads=cfg.threads)
+        settings = TuningSettings(epochs=ev["epochs"], binning=ev["binning"], pool_span=ev["pool_span"],
+                                  semantic_divisor=ev["semantic_divisor"])
         needs = {"signals"} if set(cfg.sections) - {"overhead"} else set()
-        run = prepare_run(ecfg, needs)
+        run = load_dataset(cfg.bench, needs, model=cfg.model, data_dir=cfg.data_dir, cache=cfg.cache,
+                           layers=tuple(ev["layers"]), threads=cfg.threads)
         final = run.backbone.num_layers
         for section in cfg.sections:
             console.print(f"diagnose: {section} …")
@@ -331,7 +332,8 @@ def run_diagnose(cfg: DiagnoseConfig, console=None) -> dict:
             elif section == "ablation":
                 from lenpred.studies.diagnose.ablation import run_ablations
 
-                result = run_ablations(run.data, run.ctx.pooled_settings, run.layers, chosen["estp"]["layer"],
+                ctx = tuning_context(settings, run.layers, run.backbone.num_layers, run.values)
+                result = run_ablations(run.data, ctx.pooled_settings, run.layers, chosen["estp"]["layer"],
                                        cfg.seeds, n_resamples=cfg.bootstrap_resamples)
             elif section == "entropy":
                 result = entropy_section(run.backbone, run.data, chosen, cfg.pruned_ks, cfg.seeds,
