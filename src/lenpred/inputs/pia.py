@@ -114,7 +114,6 @@ def _generate_batch(backbone, batch_token_ids: list[list[int]], max_new_tokens: 
 
     from transformers import GenerationConfig
 
-
     input_ids, mask = left_pad(batch_token_ids, pad_token_id)
     config = GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=max_new_tokens,
                               eos_token_id=list(eos) if eos else None, pad_token_id=pad_token_id)
@@ -168,7 +167,6 @@ def ask_self_reports(backbone, prompts: dict[str, list[dict[str, str]]], cache: 
             ``max_new_tokens`` or ``batch_size`` < 1.
     """
     from tqdm.auto import tqdm
-
 
     if max_new_tokens < 1 or batch_size < 1:
         raise LenpredError(f"max_new_tokens and batch_size must be >= 1 (got {max_new_tokens}, {batch_size})")

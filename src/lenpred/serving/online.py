@@ -85,7 +85,6 @@ class OnlineLearning:
     def __init__(self, predictor, log=None, adaptive=None):
         from dataclasses import replace
 
-
         if not hasattr(predictor.predictor_, "head_"):
             raise LenpredError(f"online learning needs a pooled-head predictor, '{predictor.method}' is not one")
         self.predictor, self.coverage, self.margin = predictor, predictor.coverage, predictor.margin_

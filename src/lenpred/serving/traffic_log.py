@@ -256,7 +256,6 @@ class TrafficLogWriter:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-
         table = _rows_table(rows, features, dim, self.config, pa)
         seq = self._next_seq
         path = _part_path(self.directory, seq)

@@ -162,7 +162,6 @@ def export_test_estimates(path: str | Path, rows: ProgressiveRows, data, preds: 
 
     import pyarrow as pa
 
-
     cols = {"prompt_id": data.cols["prompt_id"][rows.sample].astype(str).tolist(),
             "sample_index": data.cols["sample_index"][rows.sample].astype(np.int64),
             "step": rows.step.astype(np.int64), "output_len": data.y[rows.sample].astype(np.int64),
@@ -315,7 +314,6 @@ def _plot(report: dict, path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
 
     fig, axes = plt.subplots(2, 3, figsize=(15, 8), sharex=True)
     for r, population in enumerate(("running", "fixed")):

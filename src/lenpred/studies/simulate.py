@@ -106,7 +106,6 @@ def run_simulation(cfg: SimExperimentConfig, table=None) -> dict:
     per row and draw the summary metrics, per-request JCTs of draw 0 (CDF plot), and bootstrap summaries."""
     from tqdm.auto import tqdm
 
-
     cost = CostModel.load(cfg.cost_model)
     table = table if table is not None else load_workload_table(token_ids=False, rebuild=False)
     check_predictors(table, cfg.predictors)

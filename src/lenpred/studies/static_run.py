@@ -64,7 +64,6 @@ def generate_static_batch(model, prompts: list[list[int]], lengths: list[int], s
     import torch
     from transformers import GenerationConfig, LogitsProcessorList
 
-
     B, P = len(prompts), max(len(p) for p in prompts)
     ids = torch.full((B, P), pad_token_id, dtype=torch.long)
     mask = torch.zeros((B, P), dtype=torch.long)
@@ -112,7 +111,6 @@ def calibrate_transformers(cfg: CalibrationConfig, console=None):
     """Time ``generate`` on the grid, fit :class:`~lenpred.serving.cost_model.CostModel` and save it (with the
     raw measurements under ``settings["measurements"]``). Returns the model."""
     from tqdm.auto import tqdm
-
 
     backbone = load_backbone(cfg.model, num_threads=cfg.threads)
     stop = eos_token_ids(backbone.model_dir, backbone.tokenizer)
@@ -179,7 +177,6 @@ def run_static(cfg: StaticRunConfig, table=None) -> dict:
     from pathlib import Path
 
     from tqdm.auto import tqdm
-
 
     cost = CostModel.load(cfg.cost_model)
     table = table if table is not None else load_workload_table(rebuild=False)

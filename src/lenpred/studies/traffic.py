@@ -224,7 +224,6 @@ def _write_log(s: dict, shipped, cfg: TrafficReplayConfig, name: str):
     import hashlib
     import shutil
 
-
     directory = Path(cfg.log_dir or cache_dir() / "traffic-replay") / name
     shutil.rmtree(directory, ignore_errors=True)
     t, n = 1.7e9, len(s["y"])
@@ -344,7 +343,6 @@ def _save(report: dict, cfg: TrafficReplayConfig, console) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
 
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -156,7 +156,6 @@ def load_workload_table(path: str | Path = DEFAULT_TABLE, bench: str | Path = "b
 
     import pyarrow as pa
 
-
     path = Path(path)
     table = read_parquet_checked(path)
     meta = {k.decode(): v.decode() for k, v in ((table.schema.metadata or {}) if table is not None else {}).items()}

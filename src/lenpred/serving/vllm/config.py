@@ -134,7 +134,6 @@ def check_served_model(predictor, vllm_config) -> None:
             hidden size / depth cannot hold the predictor's layer."""
     from pathlib import Path
 
-
     model = vllm_config.model_config.model
     path = Path(model)
     if not path.is_dir():
