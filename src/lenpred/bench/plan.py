@@ -285,7 +285,7 @@ def _plan_scenario(scenario: str, cfg: ScenarioConfig, config: BenchConfig, toke
 
 def text_split_key(messages) -> str:
     """What a prompt file's prompt is split by: the SHA-256 of its normalised text (lower-cased, whitespace
-    collapsed, as :func:`lenpred.dataset.normalise_text`), so duplicates share a split."""
+    collapsed, as :func:`lenpred.prompts.normalise_text`), so duplicates share a split."""
     return "text:" + hashlib.sha256(normalise_text(prompt_text(messages)).encode("utf-8")).hexdigest()
 
 
