@@ -135,7 +135,7 @@ class LengthPredictor:
             LenpredError: unknown method, a predictor that reads the model's self-report (PiA cannot predict new
                 prompts without generating), bad settings, or any benchmark / data error.
         """
-        from lenpred.bench.build import read_manifest
+        from lenpred.bench.records import read_manifest
         from lenpred.dataset import load_dataset
         from lenpred.tuning import TuningSettings, check_run_settings, tune_and_refit, tuning_context
         from lenpred.predictors import PREDICTORS
@@ -539,7 +539,7 @@ def _check_log_matches(traffic_log, base: "LengthPredictor", path) -> None:
 
 def bench_train_rows(base: "LengthPredictor", bench, data_dir, cache):
     """``(TrafficRows, info)``: ``bench``'s train split pooled as ``base`` pools (signals from the signal cache)."""
-    from lenpred.bench.build import read_manifest
+    from lenpred.bench.records import read_manifest
     from lenpred.dataset import load_eval_data
     from lenpred.inputs.cache import extract_cached
 

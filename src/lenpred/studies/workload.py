@@ -196,7 +196,7 @@ def _prompt_token_ids(bench, model: str, data_dir: str | None, table) -> list[li
     """Each row's chat-formatted prompt token ids, re-read from the data sets (tokenizer only)."""
     from transformers import AutoTokenizer
 
-    from lenpred.bench.build import read_manifest
+    from lenpred.bench.records import read_manifest
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(model)[0])
     prompt_files = read_manifest(Path(bench)).get("prompt_files")
