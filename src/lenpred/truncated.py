@@ -25,6 +25,8 @@ from dataclasses import dataclass
 import torch
 
 from lenpred.errors import LenpredError
+from lenpred.inputs.cache import token_batches
+from lenpred.predictors.pooled import PooledHeadPredictor
 from lenpred.prompts import check_fits
 from lenpred.signals import PromptSignals, left_pad
 
@@ -52,8 +54,6 @@ class _Stop(Exception):
 def truncated_plan(predictor) -> TruncatedPlan | None:
     """The plan for a loaded :class:`lenpred.LengthPredictor`, or ``None`` when its predictor reads more than one
     positive layer's hidden states (entropy- or attention-weighted poolers, TRAIL, text proxies, the embeddings)."""
-    from lenpred.predictors.pooled import PooledHeadPredictor
-
     inner = getattr(predictor, "predictor_", None)
     if not isinstance(inner, PooledHeadPredictor) or inner.pooler_name not in HIDDEN_ONLY_POOLERS:
         return None
@@ -205,8 +205,6 @@ def attach_truncated_signals(backbone, requests: list, plan: TruncatedPlan, batc
     states (``(1, n, d)``) and zero entropies (the poolers of :data:`HIDDEN_ONLY_POOLERS` ignore them), prompts
     grouped by length into batches of at most ``batch_tokens`` padded tokens. With ``prefix_cache``, the template's
     fixed prefix (the tokens before the users' content, ``Request.content_span``) is computed once and reused."""
-    from lenpred.inputs.cache import token_batches
-
     for batch in token_batches([r.num_prompt_tokens for r in requests], batch_tokens):
         spans = [requests[i].content_span for i in batch]
         prefix_len = min(s[0] for s in spans) if all(s is not None for s in spans) else 0

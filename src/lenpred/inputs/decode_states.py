@@ -24,6 +24,7 @@ import torch
 
 from lenpred.backbone import cache_dir
 from lenpred.errors import LenpredError
+from lenpred.inputs.cache import read_part, token_batches, write_part
 from lenpred.io import stable_hash, write_json
 from lenpred.prompts import TEMPLATE_RULE
 
@@ -194,8 +195,6 @@ def extract_decode_states(backbone, samples: dict[str, tuple[list[int], list[int
         LenpredError: the directory caches another model / layers / steps, or a part is unreadable or corrupt.
     """
     from tqdm.auto import tqdm
-
-    from lenpred.inputs.cache import token_batches, read_part, write_part
 
     cache = Path(cache)
     key = decode_cache_key(backbone, tuple(layers), tuple(steps))

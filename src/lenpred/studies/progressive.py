@@ -27,13 +27,16 @@ from pathlib import Path
 
 import numpy as np
 
+from lenpred.dataset import load_dataset
 from lenpred.errors import LenpredError
 from lenpred.inputs.decode_states import DECODE_STEPS, benchmark_decode_states
 from lenpred.intervals import conditional_remaining
 from lenpred.io import atomic_path, write_json, write_parquet_checked
+from lenpred.metrics import clustered_bootstrap
 from lenpred.predictors import make_predictor
 from lenpred.predictors.progressive import PLPHead, ProgressiveRows, TrailProgressive
 from lenpred.serving.progressive import save_plp, update_cost
+from lenpred.tuning import check_run_settings, torch_threads
 
 PLP_LAYERS = (30, 20)  # the paper's final layer first; 20 was TRAIL's pick on validation
 TRAIL_LAYERS = (10, 15, 20, 25)
@@ -103,8 +106,6 @@ def curve_table(preds: dict[str, np.ndarray], rows: ProgressiveRows, scenarios: 
                 steps: tuple[int, ...], fixed_after: int, n_resamples: int = 2000) -> list[dict]:
     """MAE (with a prompt-clustered 95 % interval) of each method per population, scenario and step; one dict per
     cell: ``population, scenario, step, method, mae, low, high, n``."""
-    from lenpred.metrics import clustered_bootstrap
-
     observed = rows.observed_remaining
     long_enough = rows.length > fixed_after
     out = []
@@ -127,8 +128,6 @@ def curve_table(preds: dict[str, np.ndarray], rows: ProgressiveRows, scenarios: 
 def paired_difference(a: np.ndarray, b: np.ndarray, rows: ProgressiveRows, mask: np.ndarray,
                       prompt_ids: np.ndarray) -> dict:
     """Paired MAE difference ``a - b`` (tokens, 95 % prompt-clustered interval) over the rows in ``mask``."""
-    from lenpred.metrics import clustered_bootstrap
-
     observed = rows.observed_remaining
     m = mask & np.isfinite(a) & np.isfinite(b)
     d, lo, hi = clustered_bootstrap(np.abs(a[m] - observed[m]) - np.abs(b[m] - observed[m]), prompt_ids[rows.sample[m]])
@@ -175,9 +174,6 @@ def run_progressive(cfg: ProgressiveConfig, console=None) -> dict:
     """Extract (or read) the decode states, fit PLP and TRAIL-progressive (choices on validation), score every
     method on the test split, and write ``results.json``, ``results.md`` and ``curves.png`` under ``cfg.out``."""
     from rich.console import Console
-
-    from lenpred.dataset import load_dataset
-    from lenpred.tuning import check_run_settings, torch_threads
 
     console = console or Console()
     t0 = time.perf_counter()

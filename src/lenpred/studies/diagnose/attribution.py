@@ -16,6 +16,8 @@ import numpy as np
 import torch
 
 from lenpred.errors import LenpredError
+from lenpred.predictors import max_new_tokens
+from lenpred.predictors.pooled import PooledHeadPredictor
 
 
 def correlations(x: np.ndarray, y: np.ndarray) -> dict:
@@ -48,9 +50,6 @@ def gradient_attribution(backbone, predictor, request) -> torch.Tensor:
     Raises:
         LenpredError: the predictor is not a pooled head.
     """
-    from lenpred.predictors import max_new_tokens
-    from lenpred.predictors.pooled import PooledHeadPredictor
-
     if not isinstance(predictor, PooledHeadPredictor):
         raise LenpredError(f"gradient attribution needs a pooled-head predictor, got {type(predictor).__name__}")
     model, head = backbone.model, predictor.head_

@@ -13,9 +13,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from lenpred.dataset import load_dataset
 from lenpred.errors import LenpredError
-from lenpred.io import write_json
+from lenpred.io import atomic_path, write_json
+from lenpred.metrics import clustered_bootstrap
 from lenpred.pooling import Pooler
+from lenpred.predictors import Predictor
+from lenpred.predictors.pooled import request_spans
+from lenpred.studies.diagnose.ablation import run_ablations
 from lenpred.studies.diagnose.attribution import correlations, gradient_attribution, pooled_span
 from lenpred.studies.diagnose.entropy import (entropy_agreement, frequent_vocabulary, pruned_entropy,
                                               verify_cached_entropy, with_entropy)
@@ -23,6 +28,7 @@ from lenpred.studies.diagnose.misalignment import (TokenWeightTally, misalignmen
                                                    within_prompt_percentile)
 from lenpred.studies.diagnose.overhead import breakdown, overhead_grid
 from lenpred.studies.diagnose.report import SECTIONS, write_report
+from lenpred.tuning import TuningSettings, check_run_settings, fit_and_score, torch_threads, tuning_context
 
 SINK_ALPHAS = (0.25, 0.5, 1.0, 2.0, 4.0)
 
@@ -85,8 +91,6 @@ def _chosen(cfg: DiagnoseConfig) -> dict:
 
 def _scenario_ci(values: np.ndarray, scenarios: np.ndarray, ids: np.ndarray, n_resamples: int) -> dict:
     """Mean of per-prompt values per scenario and overall, with a prompt bootstrap 95 % interval."""
-    from lenpred.metrics import clustered_bootstrap
-
     out = {}
     for g in [*sorted(set(scenarios.tolist())), "overall"]:
         m = np.ones(len(values), bool) if g == "overall" else scenarios == g
@@ -112,8 +116,6 @@ def misalignment_section(data, tokenizer, chosen: dict, n_resamples: int) -> tup
     """Misalignment shares, semantic-score concentration, pooling-weight concentration and the EGTP-vs-ESTP token
     tally over every distinct prompt (spans of >= 5 tokens). Returns ``(json, arrays for the figure)``."""
     from collections import Counter
-
-    from lenpred.predictors.pooled import request_spans
 
     settings = chosen["estp"]
     pool_span, divisor = settings["pool_span"], settings["semantic_divisor"]
@@ -170,9 +172,6 @@ def attribution_section(backbone, data, evaluate_dir: str, per_scenario: int, n_
     """Gradient attribution of the evaluate run's mean-pooling head on up to ``per_scenario`` test prompts per
     scenario (first in test order); correlations with entropy and semantic score."""
     from tqdm.auto import tqdm
-
-    from lenpred.metrics import clustered_bootstrap
-    from lenpred.predictors import Predictor
 
     predictor = Predictor.load(Path(evaluate_dir) / "predictors" / "mean.safetensors")
     test_ids = list(dict.fromkeys(data.cols["prompt_id"][data.index["test"]]))
@@ -243,9 +242,6 @@ def entropy_section(backbone, data, chosen: dict, ks: tuple[int, ...], seeds: tu
     every ``k`` and score EGTP and ESTP (their chosen settings) with each, paired with full entropy, per seed."""
     from tqdm.auto import tqdm
 
-    from lenpred.metrics import clustered_bootstrap
-    from lenpred.tuning import fit_and_score, torch_threads
-
     W = backbone.model.get_output_embeddings().weight.detach()
     V = W.shape[0]
     prompts = list(data.by_prompt)
@@ -288,8 +284,6 @@ def overhead_section(backbone, data, evaluate_dir: str, k: int, max_batch_tokens
                      batch_sizes=(1, 8, 32), lengths=(128, 512, 2048), layers=(15, 22, 30)) -> dict:
     """:func:`lenpred.studies.diagnose.overhead.overhead_grid` with the evaluate run's EGTP and ESTP heads and the pruned
     vocabulary of size ``k``, extracting hidden states at ``layers`` (the evaluate run's)."""
-    from lenpred.predictors import Predictor
-
     predictors = {m: Predictor.load(Path(evaluate_dir) / "predictors" / f"{m}.safetensors") for m in ("egtp", "estp")}
     vocab = train_vocabulary(data, k, backbone.model.get_output_embeddings().weight.shape[0])
     result = overhead_grid(backbone, predictors, vocab, layers, batch_sizes, lengths, max_batch_tokens, repeats)
@@ -302,9 +296,6 @@ def run_diagnose(cfg: DiagnoseConfig, console=None) -> dict:
     """Compute the requested sections, write their JSONs, then REPORT.md + PNGs + diagnose.json from every section
     present. Returns the combined dict."""
     from rich.console import Console
-
-    from lenpred.dataset import load_dataset
-    from lenpred.tuning import TuningSettings, check_run_settings, tuning_context
 
     console = console or Console()
     out = Path(cfg.out)
@@ -330,8 +321,6 @@ def run_diagnose(cfg: DiagnoseConfig, console=None) -> dict:
                 result = attribution_section(run.backbone, run.data, cfg.evaluate, cfg.attribution_prompts,
                                              cfg.bootstrap_resamples)
             elif section == "ablation":
-                from lenpred.studies.diagnose.ablation import run_ablations
-
                 ctx = tuning_context(settings, run.layers, run.backbone.num_layers, run.values)
                 result = run_ablations(run.data, ctx.pooled_settings, run.layers, chosen["estp"]["layer"],
                                        cfg.seeds, n_resamples=cfg.bootstrap_resamples)
@@ -343,8 +332,6 @@ def run_diagnose(cfg: DiagnoseConfig, console=None) -> dict:
                                           cfg.overhead_repeats, cfg.overhead_batch_sizes, cfg.overhead_lengths, run.layers)
             write_json(out / f"{section}.json", result)
             if section == "misalignment":
-                from lenpred.io import atomic_path
-
                 fig = figures["misalignment"]
                 with atomic_path(out / "misalignment_percentiles.npz") as tmp, open(tmp, "wb") as f:
                     np.savez_compressed(f, entropy=fig["entropy"].astype(np.float32),
