@@ -6,8 +6,8 @@ import torch
 
 from lenpred.dataset import EvalData
 from lenpred.errors import LenpredError
-from lenpred.tuning import (TuningContext, TuningSettings, check_run_settings, clipped_predict, fit_and_score, fit_order,
-                            tune_and_refit, tuning_context)
+from lenpred.tuning import (TuningContext, TuningSettings, check_run_settings, clipped_predict, fit_and_score,
+                            fit_order, tune_and_refit, tuning_context)
 from lenpred.predictors import Request, make_predictor
 from lenpred.signals import PromptSignals
 

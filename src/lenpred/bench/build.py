@@ -93,7 +93,8 @@ def _check_shard(path: Path, index: int, prompts: list[PlannedPrompt], fingerpri
     expected = [(p.prompt_id, k, seed) for p in prompts for k, seed in enumerate(p.seeds)]
     got = list(zip(*(table.column(c).to_pylist() for c in ("prompt_id", "sample_index", "seed"))))
     if got != expected:
-        raise LenpredError(f"{path} does not hold the prompts and seeds the plan assigns to shard {index}; {RESAMPLE_HINT}")
+        raise LenpredError(f"{path} does not hold the prompts and seeds the plan assigns to shard {index}; "
+                           f"{RESAMPLE_HINT}")
 
 
 def build_benchmark(config: BenchConfig, out_dir: str | Path, engine: str = "auto", data_dir=None,

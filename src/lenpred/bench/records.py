@@ -152,7 +152,8 @@ def read_shard(path: Path) -> tuple[pa.Table, dict]:
     if not table.schema.equals(RECORD_SCHEMA):
         raise LenpredError(f"{bad} (its columns differ from the record schema); {RESAMPLE_HINT}")
     if table.num_rows != meta.get("num_rows"):
-        raise LenpredError(f"{path} has {table.num_rows} rows, its metadata says {meta.get('num_rows')}: {RESAMPLE_HINT}")
+        raise LenpredError(f"{path} has {table.num_rows} rows, its metadata says {meta.get('num_rows')}: "
+                           f"{RESAMPLE_HINT}")
     lengths_agree = pc.all(pc.equal(pc.list_value_length(table.column("response_token_ids")),
                                     table.column("num_output_tokens")), min_count=0).as_py()
     required = [table.column(name) for name, _ in _LEGACY_FIELDS]

@@ -159,8 +159,8 @@ def prepare_run(cfg: EvalConfig, needs: set[str], backbone=None) -> PreparedRun:
 
     ds = load_dataset(cfg.bench, needs, model=cfg.model, backbone=backbone, data_dir=cfg.data_dir, cache=cfg.cache,
                       layers=cfg.layers, trail_layers=cfg.trail_layers, threads=cfg.threads)
-    return PreparedRun(ds.backbone, ds.data, ds.layers, tuning_context(cfg, ds.layers, ds.backbone.num_layers, ds.values),
-                       ds.table, ds.timing)
+    ctx = tuning_context(cfg, ds.layers, ds.backbone.num_layers, ds.values)
+    return PreparedRun(ds.backbone, ds.data, ds.layers, ctx, ds.table, ds.timing)
 
 
 def run_evaluate(cfg: EvalConfig, console=None, title: str = "output-length prediction, test split") -> dict:
