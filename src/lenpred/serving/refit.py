@@ -16,6 +16,8 @@ import numpy as np
 from lenpred.errors import LenpredError
 from lenpred.intervals import distribution_quantiles
 
+# torch (heads) is imported inside the functions that train: splitting and reading a traffic log need numpy only.
+
 
 @dataclass
 class TrafficRows:

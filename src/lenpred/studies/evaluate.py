@@ -13,6 +13,9 @@ from lenpred.errors import LenpredError
 from lenpred.io import atomic_path
 from lenpred.studies.evaluate_report import TABLES, render_table, report_paths, save_report
 
+# torch / scipy modules (dataset, tuning, predictors, metrics, heads, signals) are imported inside the functions:
+# the CLI imports this module (and its config) at start-up.
+
 FLOORS = ("scenario_median", "scenario_prompt_length")
 ALL_METHODS = (*FLOORS, "global_median", "prompt_length", "ssjf_reg", "ssjf_mc", "s3", "pia", "trail", "ltr", "mean",
                "last", "max", "entropy_only", "semantic_only", "egtp", "estp")

@@ -35,6 +35,9 @@ from lenpred.serving.traffic_log import TrafficLogConfig, TrafficLogWriter, pred
 from lenpred.studies.scheduling_report import markdown
 from lenpred.studies.traffic_data import split_prompt_ids, stream_signals
 
+# torch / scipy modules (dataset, metrics) are imported inside the functions, so the study's config imports
+# without them.
+
 
 @dataclass
 class TrafficReplayConfig:

@@ -13,6 +13,8 @@ from pathlib import Path
 from lenpred.backbone import load_backbone
 from lenpred.inputs.signals import signal_cache_path
 
+# torch modules (dataset, inputs.cache) are imported inside the functions.
+
 STREAM_LAYERS = (15,)  # the shipped predictor's layer; its config.json says so (checked in stream_signals)
 
 

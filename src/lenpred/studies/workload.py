@@ -20,6 +20,9 @@ from lenpred.errors import LenpredError
 from lenpred.io import file_sha256, read_parquet_checked, stable_hash, write_parquet_checked
 from lenpred.prompts import prepare_prompt
 
+# torch / pyarrow modules (dataset, tuning, predictors, bench.records) are imported inside the functions, so the
+# study's config and the table helpers import without them.
+
 DEFAULT_PREDICTORS = ("estp", "egtp", "trail", "ssjf_reg", "last")
 DEFAULT_TABLE = Path("results/scheduling/test_predictions.parquet")
 _COLUMNS = ("request_index", "prompt_id", "sample_index", "scenario", "num_prompt_tokens", "output_len",

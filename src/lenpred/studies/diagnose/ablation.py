@@ -15,6 +15,8 @@ import math
 
 import numpy as np
 
+# torch / scipy modules (tuning, metrics) are imported inside run_ablations, so `candidate` imports without them.
+
 RATIOS = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, math.inf)
 ALPHAS = (0.5, 1.0, 2.0, 4.0)
 
