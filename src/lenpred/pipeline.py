@@ -32,8 +32,8 @@ from lenpred.serving.refit import (TrafficRows, choose_finetune, finetune_head, 
                                    time_split)
 from lenpred.serving.traffic_log import read_traffic_log
 from lenpred.version import __version__
-# The modules that import torch (predictors, tuning, dataset, truncated, inputs.cache, serving.progressive) and
 
+# The modules that import torch (predictors, tuning, dataset, truncated, inputs.cache, serving.progressive) and
 # scipy (metrics) are imported inside the methods: `import lenpred` and `LengthPredictor(...)` stay light, and bad
 # input is reported before they load.
 
