@@ -16,26 +16,25 @@ import numpy as np
 
 
 def main() -> None:
-    from lenpred.studies.evaluate import EvalConfig, prepare_run
-    from lenpred.tuning import clipped_predict, fit_predictor, torch_threads
+    from lenpred.dataset import load_dataset
+    from lenpred.tuning import fit_and_score, torch_threads
     from lenpred.io import write_json
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bench", default="benchmarks/smollm2-forelen")
     ap.add_argument("--out", default="results/scripts/binning_choice.json")
     args = ap.parse_args()
-    run = prepare_run(EvalConfig(bench=args.bench), {"signals"})
+    run = load_dataset(args.bench, {"signals"})
     data, layers = run.data, run.layers
-    train, val = data.index["train"], data.index["validation"]
+    val = data.index["validation"]
     scen = data.cols["scenario"][val]
     rows = []
     with torch_threads(1):
         for method in ("mean", "estp"):
             for layer in layers:
                 for binning in ("log", "quantile"):
-                    p = fit_predictor(method, {"layer": layer, "head": {"binning": binning}}, data.rows("train"),
-                                      data.y[train], data.censored[train], 0)
-                    err = np.abs(clipped_predict(p, data.rows("validation")) - data.y[val])
+                    scored = fit_and_score(method, {"layer": layer, "head": {"binning": binning}}, data, 0, test=False)
+                    p, err = scored.predictor, scored.val_abs_err
                     row = {"method": method, "layer": int(layer), "binning": binning, "num_bins": len(p.head_.centres_),
                            "top_centre": float(p.head_.centres_.max()), "overall": float(err.mean()),
                            **{s: float(err[scen == s].mean()) for s in sorted(set(scen.tolist()))}}

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from lenpred.backbone import load_backbone
-from lenpred.bench.build import load_records
+from lenpred.bench.records import load_records
 from lenpred.dataset import load_eval_data
 from lenpred.io import write_json
 from lenpred.inputs.decode_states import (incremental_decode_states, steps_before, teacher_forced_shared_prompt,

@@ -17,7 +17,6 @@ import argparse
 import itertools
 import json
 
-import numpy as np
 
 
 def main() -> None:
@@ -25,8 +24,8 @@ def main() -> None:
     from tqdm.auto import tqdm
 
     from lenpred.metrics import clustered_bootstrap
-    from lenpred.studies.evaluate import EvalConfig, prepare_run
-    from lenpred.tuning import clipped_predict, fit_predictor, torch_threads
+    from lenpred.dataset import load_dataset
+    from lenpred.tuning import TuningSettings, fit_and_score, torch_threads
     from lenpred.io import write_json
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -34,10 +33,9 @@ def main() -> None:
     ap.add_argument("--out", default="results/scripts/estp_selection_spread.json")
     ap.add_argument("--within", type=float, default=2.0, help="validation-MAE margin of a near tie (tokens)")
     args = ap.parse_args()
-    cfg = EvalConfig(bench=args.bench)
-    data = prepare_run(cfg, {"signals"}).data
-    train, val, test = (data.index[s] for s in ("train", "validation", "test"))
-    pid = data.cols["prompt_id"][test]
+    cfg = TuningSettings()  # the tuner's defaults, as `lenpred evaluate` uses them
+    data = load_dataset(args.bench, {"signals"}).data
+    pid = data.cols["prompt_id"][data.index["test"]]
     layers = data.requests[0].signals.layers  # the extracted hidden-state indices (15, 22, final)
     grid = list(itertools.product(layers, cfg.lambda1_grid, cfg.alpha_grid))
     shared = {"pool_span": cfg.pool_span, "semantic_divisor": cfg.semantic_divisor,
@@ -46,9 +44,8 @@ def main() -> None:
     with torch_threads(1):
         for layer, lam, alpha in tqdm(grid, desc="estp candidates", unit="fit"):
             params = {"layer": layer, "lambda1": lam, "alpha": alpha}
-            p = fit_predictor("estp", {**params, **shared}, data.rows("train"), data.y[train], data.censored[train], 0)
-            val_mae = float(np.mean(np.abs(clipped_predict(p, data.rows("validation")) - data.y[val])))
-            err = np.abs(clipped_predict(p, data.rows("test")) - data.y[test])
+            scored = fit_and_score("estp", {**params, **shared}, data, 0)
+            val_mae, err = scored.val_mae, scored.test_abs_err
             errors[(layer, lam, alpha)] = err
             rows.append({**params, "val_mae": val_mae, "test_mae": float(err.mean())})
     rows.sort(key=lambda r: r["val_mae"])

@@ -14,32 +14,28 @@ from __future__ import annotations
 import argparse
 import json
 
-import numpy as np
 
 
 def main() -> None:
     from lenpred.metrics import clustered_bootstrap
-    from lenpred.studies.evaluate import EvalConfig, prepare_run
-    from lenpred.tuning import clipped_predict, fit_predictor, torch_threads
+    from lenpred.dataset import load_dataset
+    from lenpred.tuning import fit_and_score, torch_threads
     from lenpred.io import write_json
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bench", default="benchmarks/smollm2-forelen")
     ap.add_argument("--out", default="results/scripts/pool_span_choice.json")
     args = ap.parse_args()
-    data = prepare_run(EvalConfig(bench=args.bench), {"signals"}).data
-    train, val, test = (data.index[s] for s in ("train", "validation", "test"))
-    pid = data.cols["prompt_id"][test]
+    data = load_dataset(args.bench, {"signals"}).data
+    pid = data.cols["prompt_id"][data.index["test"]]
     rows = []
     with torch_threads(1):
         for method in ("mean", "last", "entropy_only", "estp"):
             for layer in (15, 22):
                 err = {}
                 for span in ("content", "after_prefix"):
-                    p = fit_predictor(method, {"layer": layer, "pool_span": span}, data.rows("train"), data.y[train],
-                                      data.censored[train], 0)
-                    val_mae = float(np.mean(np.abs(clipped_predict(p, data.rows("validation")) - data.y[val])))
-                    err[span] = np.abs(clipped_predict(p, data.rows("test")) - data.y[test])
+                    scored = fit_and_score(method, {"layer": layer, "pool_span": span}, data, 0)
+                    val_mae, err[span] = scored.val_mae, scored.test_abs_err
                     rows.append({"method": method, "layer": layer, "pool_span": span, "val_mae": val_mae,
                                  "test_mae": float(err[span].mean())})
                     print(json.dumps(rows[-1]), flush=True)

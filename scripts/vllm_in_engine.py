@@ -42,7 +42,7 @@ def workload(args):
     import pyarrow.parquet as pq
 
     from lenpred.bench.build import read_manifest
-    from lenpred.bench.sources import prompt_messages
+    from lenpred.bench.user_prompts import prompt_messages
     from lenpred.studies.workload import draw_workload, load_workload_table
 
     table = load_workload_table(token_ids=False, rebuild=False)

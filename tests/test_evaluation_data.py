@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from lenpred.dataset import cross_split_duplicates, normalise_text, prompt_text
+from lenpred.dataset import cross_split_duplicates
+from lenpred.prompts import normalise_text, prompt_text
 
 
 def test_cross_split_duplicates_keeps_train_and_drops_later_copies():
@@ -17,7 +18,8 @@ def test_cross_split_duplicates_keeps_train_and_drops_later_copies():
 
 def test_committed_forelen_benchmark_has_five_prompts_in_two_splits():
     from lenpred.bench.build import load_records
-    from lenpred.bench.sources import default_data_dir, prompt_messages
+    from lenpred.bench.sources import default_data_dir
+    from lenpred.bench.user_prompts import prompt_messages
 
     if not default_data_dir().is_dir():
         pytest.skip("no ../shared/datasets here")
@@ -33,3 +35,26 @@ def test_committed_forelen_benchmark_has_five_prompts_in_two_splits():
     kept = {s: {normalise_text(texts[p]) for p in pid[~drop & (split == s)]} for s in ("train", "validation", "test")}
     assert not (kept["train"] & kept["validation"]) and not (kept["train"] & kept["test"]) and \
         not (kept["validation"] & kept["test"])
+
+
+def test_load_dataset_reads_the_benchmark_before_the_model(tmp_path):
+    from lenpred.dataset import load_dataset
+    from lenpred.errors import LenpredError
+
+    with pytest.raises(LenpredError, match="holds no benchmark"):  # not a model-loading error: the model is never read
+        load_dataset(tmp_path / "nosuch", {"signals"}, model=str(tmp_path / "no-model"))
+
+
+def test_load_dataset_gives_requests_with_the_inputs_asked_for(tiny_bench, tiny_model_dir):
+    from lenpred.dataset import check_layers, load_dataset
+
+    bench, data_dir, root = tiny_bench
+    ds = load_dataset(bench, {"signals"}, model=str(tiny_model_dir), data_dir=str(data_dir), cache=str(root / "cache"),
+                      layers=(1, -1))
+    L = ds.backbone.num_layers
+    assert ds.layers == check_layers((1, -1), None, L) == (1, L)
+    assert all(r.signals is not None and r.signals.layers == (1, L) for r in ds.data.requests)
+    assert set(ds.timing) == {"signals"} and ds.values == {}
+    assert ds.table.num_rows == len(ds.data.y) + sum(ds.data.dropped_duplicates.values())
+    without = load_dataset(bench, set(), backbone=ds.backbone, data_dir=str(data_dir))
+    assert all(r.signals is None for r in without.data.requests) and without.timing == {}

@@ -3,7 +3,7 @@ import torch
 
 import lenpred.inputs.cache as features
 from lenpred.errors import LenpredError
-from lenpred.inputs.cache import _batches, extract_cached, measure_overhead, tensors_sha256
+from lenpred.inputs.cache import token_batches, extract_cached, measure_overhead, tensors_sha256
 from lenpred.signals import extract_signals
 
 PROMPTS = {"a:0": [2, 10, 11, 3], "a:1": [2, 12, 13, 14, 15, 3], "b:0": [2, 16, 3], "b:1": [2, 17, 18, 19, 3],
@@ -13,7 +13,7 @@ PROMPTS = {"a:0": [2, 10, 11, 3], "a:1": [2, 12, 13, 14, 15, 3], "b:0": [2, 16, 
 def test_batches_sorted_by_length_under_token_budget():
     # lengths 5, 1, 3, 2 with budget 6 padded tokens: sorted order 1(1), 3(2), 2(3), 0(5)
     # [1, 3] -> 2 * 2 = 4 tokens; adding 2 (len 3) -> 3 * 3 = 9 > 6 -> new batch; [2] then [0]
-    assert _batches([5, 1, 3, 2], 6) == [[1, 3], [2], [0]]
+    assert token_batches([5, 1, 3, 2], 6) == [[1, 3], [2], [0]]
 
 
 def test_cache_round_trip_and_resume(tiny_backbone, tmp_path, monkeypatch):

@@ -13,7 +13,8 @@ import pytest
 
 from lenpred.bench.plan import (BenchConfig, ScenarioConfig, assign_split, make_plan, plan_fingerprint, preset,
                                 sample_seed)
-from lenpred.bench.sources import COT_INSTRUCTION, SOURCES, get_source, load_prompts, prompt_messages
+from lenpred.bench.sources import COT_INSTRUCTION, SOURCES, get_source, load_prompts
+from lenpred.bench.user_prompts import prompt_messages
 from lenpred.errors import LenpredError
 from lenpred.io import atomic_path, file_sha256, stable_hash, write_json
 

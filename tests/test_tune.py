@@ -5,7 +5,9 @@ import pytest
 import torch
 
 from lenpred.dataset import EvalData
-from lenpred.tuning import TuningContext, clipped_predict, fit_order, tune_and_refit
+from lenpred.errors import LenpredError
+from lenpred.tuning import (TuningContext, TuningSettings, check_run_settings, clipped_predict, fit_and_score,
+                            fit_order, tune_and_refit, tuning_context)
 from lenpred.predictors import Request, make_predictor
 from lenpred.signals import PromptSignals
 
@@ -58,3 +60,52 @@ def test_predictions_are_clipped_to_each_requests_cap():
 def test_fit_order_puts_tune_after_dependencies_first():
     assert fit_order(("ltr", "mean", "estp")) == ["mean", "estp", "ltr"]
     assert fit_order(("ltr", "mean")) == ["ltr", "mean"]  # without estp, ltr tunes its own layer grid
+
+
+def test_fit_and_score_fits_on_train_and_scores_clipped_validation_and_test():
+    data = _data()
+    scored = fit_and_score("global_median", {}, data, seed=None)
+    median = float(np.median(data.y[data.index["train"]]))  # the whole model: one number
+    assert scored.predictor.predict(data.rows("test")).tolist() == [median] * 8
+    np.testing.assert_array_equal(scored.val_abs_err, np.abs(median - data.y[data.index["validation"]]))
+    np.testing.assert_array_equal(scored.test_abs_err, np.abs(median - data.y[data.index["test"]]))
+    assert scored.val_mae == float(np.mean(np.abs(median - data.y[data.index["validation"]])))
+    assert fit_and_score("global_median", {}, data, seed=None, test=False).test_abs_err is None
+
+
+def test_fit_and_score_gives_the_tuners_validation_mae():
+    data = _data()
+    run = tune_and_refit("mean", data, _ctx(), (0,))
+    for row in run.sweep:  # every candidate's validation MAE is fit_and_score's, to the last digit
+        params = {k: v for k, v in row.items() if k != "val_mae"}
+        assert fit_and_score("mean", params, data, 0, test=False).val_mae == row["val_mae"]
+
+
+def test_tuning_settings_defaults_are_the_evaluate_configs():
+    from dataclasses import fields
+
+    from lenpred.studies.evaluate import EvalConfig
+
+    config = EvalConfig()
+    for f in fields(TuningSettings):
+        assert getattr(TuningSettings(), f.name) == getattr(config, f.name), f.name
+
+
+def test_tuning_context_of_settings():
+    ctx = tuning_context(TuningSettings(epochs=7, binning="quantile"), (15, 30), 30, {"tokens_per_word": 1.3})
+    assert ctx.layers == (15, 30) and ctx.trail_layers == tuple(range(1, 31))
+    assert ctx.pooled_settings == {"pool_span": "after_prefix", "semantic_divisor": "n",
+                                   "head": {"epochs": 7, "binning": "quantile"}}
+    assert ctx.values == {"tokens_per_word": 1.3} and ctx.proxy_settings["encoder"] == "minilm"
+    with pytest.raises(LenpredError, match="--epochs must be >= 1, got 0"):
+        TuningSettings(epochs=0)
+
+
+def test_run_settings_are_checked_with_the_configs_messages():
+    check_run_settings(("mean", "estp"), (0, 1), 2)
+    with pytest.raises(LenpredError, match=r"unknown methods \['nosuch'\]; valid: .*estp"):
+        check_run_settings(("nosuch",))
+    with pytest.raises(LenpredError, match="seeds must lie in"):
+        check_run_settings(("mean",), (2**32,))
+    with pytest.raises(LenpredError, match="--threads must be >= 1, got 0"):
+        check_run_settings(("mean",), threads=0)

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from lenpred.bench.plan import BenchConfig, make_plan, plan_fingerprint, preset
-from lenpred.bench.sources import prompt_messages
+from lenpred.bench.user_prompts import prompt_messages
 from lenpred.bench.user_prompts import (PromptFileConfig, load_prompt_spec, parse_prompt_lines, prompt_sha256,
                                         read_prompt_file)
 from lenpred.cli import app

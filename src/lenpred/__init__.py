@@ -6,9 +6,9 @@ prediction with its interval), :func:`load_backbone` (the serving model) and :cl
 """
 
 from lenpred.errors import LenpredError
+from lenpred.version import __version__  # noqa: F401  (lenpred.__version__)
 
 __all__ = ["LengthPredictor", "LengthPrediction", "load_backbone", "LenpredError"]
-__version__ = "0.2.0"
 
 
 def __getattr__(name: str):

@@ -1,4 +1,6 @@
-"""What an evaluation runs on: a stored benchmark's records as requests, labels, caps and clean splits."""
+"""The one loader: a stored benchmark's records + the serving model + the inputs the predictors read -> a
+:class:`Dataset` (requests, labels, caps, clean splits). ``LengthPredictor.fit``, the studies and the scripts load
+through :func:`load_dataset`."""
 
 from __future__ import annotations
 
@@ -8,19 +10,16 @@ from typing import Any
 
 import numpy as np
 
+from lenpred.backbone import load_backbone
+from lenpred.bench.records import benchmark_model, check_benchmark_model, load_records, read_manifest
+from lenpred.bench.user_prompts import prompt_messages
 from lenpred.errors import LenpredError
+from lenpred.inputs import provide_inputs
+from lenpred.predictors import Request
+from lenpred.prompts import normalise_text, prepare_prompt, prompt_text
+from lenpred.signals import default_layers, resolve_layers
 
 SPLITS = ("train", "validation", "test")
-
-
-def prompt_text(messages: list[dict[str, str]]) -> str:
-    """The user-visible prompt: the messages' contents joined by blank lines (what text-only proxies read)."""
-    return "\n\n".join(m["content"] for m in messages)
-
-
-def normalise_text(text: str) -> str:
-    """Lower-cased, whitespace-collapsed text: two prompts are duplicates when these are equal."""
-    return " ".join(text.lower().split())
 
 
 def cross_split_duplicates(prompt_ids: np.ndarray, splits: np.ndarray, texts: dict[str, str]) -> np.ndarray:
@@ -79,17 +78,12 @@ class EvalData:
 def load_eval_data(bench: str | Path, tokenizer: Any, data_dir: str | None = None, table: Any = None) -> EvalData:
     """Load a benchmark's records, re-read every prompt from its source and prepare it (:mod:`lenpred.prompts`),
     and drop validation / test samples whose prompt text already occurs in an earlier split. ``table``: the records
-    if already loaded (:func:`lenpred.bench.build.load_records`).
+    if already loaded (:func:`lenpred.bench.records.load_records`).
 
     Raises:
         LenpredError: a prompt's re-tokenised length differs from the stored ``num_prompt_tokens`` (the data
             directory or chat template is not the one the benchmark was built with), or a split is empty.
     """
-    from lenpred.bench.build import load_records, read_manifest
-    from lenpred.bench.sources import prompt_messages
-    from lenpred.predictors import Request
-    from lenpred.prompts import prepare_prompt
-
     table = load_records(bench) if table is None else table
     manifest = read_manifest(Path(bench))
     complete, prompt_files = table.num_rows >= manifest["num_requests"], manifest.get("prompt_files")
@@ -123,3 +117,71 @@ def load_eval_data(bench: str | Path, tokenizer: Any, data_dir: str | None = Non
                            "`lenpred bench build`")
     return EvalData(cols, by_prompt, messages, responses, cols["num_output_tokens"].astype(np.float64),
                     cols["finish_reason"] == "length", index, dropped, complete)
+
+
+def check_layers(layers: tuple[int, ...] | None, trail_layers: tuple[int, ...] | None,
+                 num_layers: int) -> tuple[int, ...]:
+    """The hidden-state indices to extract for a model of ``num_layers`` layers: ``layers`` resolved to 0..L
+    (:func:`lenpred.signals.resolve_layers`), or :func:`lenpred.signals.default_layers` when ``None``.
+
+    Raises:
+        LenpredError: a layer outside -(L+1)..L, or a TRAIL layer outside 1..L.
+    """
+    if layers is None:
+        return default_layers(num_layers)
+    if any(not -num_layers - 1 <= l <= num_layers for l in layers):
+        raise LenpredError(f"--layers must lie in -{num_layers + 1}..{num_layers} for this model ({num_layers} "
+                           f"layers), got {list(layers)}")
+    if trail_layers is not None and any(not 1 <= l <= num_layers for l in trail_layers):
+        raise LenpredError(f"--trail-layers must lie in 1..{num_layers} for this model, got {list(trail_layers)}")
+    return resolve_layers(layers, num_layers)
+
+
+@dataclass
+class Dataset:
+    """A benchmark loaded with the serving model and the inputs its predictors read (:func:`load_dataset`).
+
+    Attributes:
+        backbone: the serving model (:class:`lenpred.backbone.Backbone`).
+        data: the records as requests with their inputs filled (:class:`EvalData`).
+        layers: the hidden-state indices extracted (resolved, 0..L).
+        values: what the input providers measured (e.g. PiA's ``tokens_per_word``), for the tuning context.
+        table: the benchmark's records (a ``pyarrow.Table``, all rows, duplicates included).
+        timing: seconds each input provider took, by input name.
+    """
+
+    backbone: Any
+    data: EvalData
+    layers: tuple[int, ...]
+    values: dict[str, Any]
+    table: Any
+    timing: dict[str, float]
+
+
+def load_dataset(bench: str | Path, needs: set[str], model: str | None = None, backbone=None,
+                 data_dir: str | None = None, cache: str | None = None, layers: tuple[int, ...] | None = None,
+                 trail_layers: tuple[int, ...] | None = None, threads: int | None = None) -> Dataset:
+    """Records (checked before the model loads) -> backbone -> requests -> the inputs ``needs`` names.
+
+    Args:
+        bench: benchmark directory (built by ``lenpred bench build``).
+        needs: input names to provide (union of the predictors' ``inputs``).
+        model: the serving model (:func:`lenpred.backbone.resolve_model`); ``None``: the benchmark's own
+            (:func:`lenpred.bench.records.benchmark_model`). Ignored when ``backbone`` is given.
+        backbone: an already loaded serving model.
+        data_dir: prompt data sets (``None``: the default data directory).
+        cache: signal cache directory (``None``: under ``$LENPRED_CACHE``).
+        layers, trail_layers: as :func:`check_layers`.
+        threads: torch threads of the backbone when it is loaded here (``None``: torch default).
+
+    Raises:
+        LenpredError: a broken benchmark, a model of another revision than the benchmark's, bad layers, or any
+            input provider's error.
+    """
+    table = load_records(bench)  # a missing or broken benchmark fails before the model loads
+    backbone = backbone or load_backbone(benchmark_model(bench, model), num_threads=threads)
+    check_benchmark_model(bench, backbone.model_id, backbone.revision)
+    layers = check_layers(layers, trail_layers, backbone.num_layers)
+    data = load_eval_data(bench, backbone.tokenizer, data_dir, table)
+    values, timing = provide_inputs(needs, backbone, data, {"layers": layers, "cache": cache, "bench": bench})
+    return Dataset(backbone, data, layers, values, table, timing)

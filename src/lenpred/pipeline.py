@@ -22,7 +22,20 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from lenpred.backbone import load_backbone, recorded_model_name
 from lenpred.errors import LenpredError
+from lenpred.inputs.signals import signal_cache_path
+from lenpred.intervals import conformal_margin, distribution_quantiles, interval_coverage
+from lenpred.io import atomic_path
+from lenpred.prompts import TEMPLATE_RULE, check_fits, prepare_prompt, prompt_text
+from lenpred.serving.refit import (TrafficRows, choose_finetune, finetune_head, fit_head, head_quantiles, rows_from_log,
+                                   time_split)
+from lenpred.serving.traffic_log import read_traffic_log
+from lenpred.version import __version__
+
+# The modules that import torch (predictors, tuning, dataset, truncated, inputs.cache, serving.progressive) and
+# scipy (metrics) are imported inside the methods: `import lenpred` and `LengthPredictor(...)` stay light, and bad
+# input is reported before they load.
 
 CONFIG_FILE, WEIGHTS_FILE, CARD_FILE = "config.json", "predictor.safetensors", "CARD.md"
 PROGRESSIVE_FILE = "plp.safetensors"  # optional: the PLP head (lenpred progressive) for start / update
@@ -73,7 +86,6 @@ def raw_quantiles(predictor, requests: list, coverage: float, features: np.ndarr
     ``features`` ``(n, d)``: the predictor's input already computed (an engine's captured states), so the requests
     only give their caps."""
     from lenpred.tuning import clipped_predict
-    from lenpred.intervals import distribution_quantiles
     from lenpred.predictors import max_new_tokens
 
     caps = max_new_tokens(requests)
@@ -127,22 +139,22 @@ class LengthPredictor:
             LenpredError: unknown method, a predictor that reads the model's self-report (PiA cannot predict new
                 prompts without generating), bad settings, or any benchmark / data error.
         """
-        from lenpred.backbone import recorded_model_name
-        from lenpred.bench.build import read_manifest
-        from lenpred.studies.evaluate import EvalConfig, prepare_run
-        from lenpred.tuning import tune_and_refit
-        from lenpred.intervals import conformal_margin
+        from lenpred.bench.records import read_manifest
+        from lenpred.dataset import load_dataset
+        from lenpred.tuning import TuningSettings, check_run_settings, tune_and_refit, tuning_context
         from lenpred.predictors import PREDICTORS
 
-        cfg = EvalConfig(model=self.model, bench=str(bench), data_dir=data_dir, cache=cache, layers=self.layers,
-                         methods=(self.method,), seeds=(self.seed,), epochs=self.epochs, binning=self.binning,
-                         pool_span=self.pool_span, semantic_divisor=self.semantic_divisor, threads=threads)
+        check_run_settings((self.method,), (self.seed,), threads)
+        settings = TuningSettings(epochs=self.epochs, binning=self.binning, pool_span=self.pool_span,
+                                  semantic_divisor=self.semantic_divisor)
         if "self_report" in PREDICTORS[self.method].inputs:
             raise LenpredError(f"'{self.method}' reads the model's own self-report, which needs a generation per "
                                "prompt: it cannot be a LengthPredictor; pick a method that reads signals or text")
-        prepared = prepare_run(cfg, set(PREDICTORS[self.method].inputs), backbone)
+        prepared = load_dataset(str(bench), set(PREDICTORS[self.method].inputs), model=self.model, backbone=backbone,
+                                data_dir=data_dir, cache=cache, layers=self.layers, threads=threads)
         self.backbone_, data = prepared.backbone, prepared.data
-        run = tune_and_refit(self.method, data, prepared.ctx, (self.seed,))
+        ctx = tuning_context(settings, prepared.layers, prepared.backbone.num_layers, prepared.values)
+        run = tune_and_refit(self.method, data, ctx, (self.seed,))
         self.predictor_ = run.fitted
         _, _, low, high, _, _ = raw_quantiles(self.predictor_, data.rows("validation"), self.coverage)
         self.margin_ = conformal_margin(low, high, data.y[data.index["validation"]], self.coverage, strict=False)
@@ -178,11 +190,6 @@ class LengthPredictor:
                 written for another model revision / layer / feature width than ``base``, a ``base`` that is not a
                 pooled-head predictor, too few requests for the shares or the coverage.
         """
-        from lenpred.intervals import conformal_margin
-        from lenpred.serving.refit import (TrafficRows, choose_finetune, finetune_head, fit_head, head_quantiles,
-                                           rows_from_log, time_split)
-        from lenpred.serving.traffic_log import read_traffic_log
-
         base_p = LengthPredictor.from_pretrained(base, backbone=backbone, threads=threads)
         if not hasattr(base_p.predictor_, "head_") or not hasattr(base_p.predictor_, "features"):
             raise LenpredError(f"the base predictor's method '{base_p.method}' is not a pooled head: refit on traffic "
@@ -194,7 +201,7 @@ class LengthPredictor:
         parts = [rows.take(train)]
         bench_info = None
         if bench is not None:
-            bench_rows, bench_info = _bench_rows(base_p, bench, data_dir, cache)
+            bench_rows, bench_info = bench_train_rows(base_p, bench, data_dir, cache)
             parts.append(bench_rows)
         fit_rows = TrafficRows.concat(parts)
         self.__dict__.update({k: v for k, v in base_p.__dict__.items() if not k.endswith("_")})  # base's settings
@@ -240,7 +247,6 @@ class LengthPredictor:
     def _test_card(self, data) -> dict:
         """MAE per scenario with 95 % prompt-bootstrap intervals and interval coverage on the test split."""
         from lenpred.metrics import clustered_bootstrap
-        from lenpred.intervals import interval_coverage
 
         test = data.index["test"]
         preds = self._predict_requests(data.rows("test"))
@@ -313,9 +319,7 @@ class LengthPredictor:
 
     def _requests(self, prompts, max_new_tokens: int | None, scenario: str | None, tokenizer=None) -> list:
         """Prompts -> :class:`lenpred.predictors.Request` through the one prompt path (:mod:`lenpred.prompts`)."""
-        from lenpred.dataset import prompt_text
         from lenpred.predictors import Request
-        from lenpred.prompts import check_fits, prepare_prompt
 
         if not hasattr(self, "predictor_"):
             raise LenpredError("this LengthPredictor is not fitted: call fit(bench) or LengthPredictor.from_pretrained")
@@ -384,11 +388,11 @@ class LengthPredictor:
     def _attach_signals(self, requests: list, batch_tokens: int, progress: bool) -> None:
         from tqdm.auto import tqdm
 
-        from lenpred.inputs.cache import _batches
+        from lenpred.inputs.cache import token_batches
         from lenpred.signals import extract_signals
 
         layers = tuple(self.config_["layers"]) or (self.backbone_.num_layers,)
-        batches = _batches([r.num_prompt_tokens for r in requests], batch_tokens)
+        batches = token_batches([r.num_prompt_tokens for r in requests], batch_tokens)
         for batch in tqdm(batches, desc="prefill signals", unit="batch", disable=not progress):
             signals = extract_signals(self.backbone_, [requests[i].token_ids for i in batch], layers,
                                       self.config_["semantic"])
@@ -456,8 +460,6 @@ class LengthPredictor:
     def save_pretrained(self, path: str | Path) -> Path:
         """Write ``config.json``, ``predictor.safetensors`` and ``CARD.md`` into the directory ``path``, atomically
         (an existing directory is replaced whole). Returns the path."""
-        from lenpred.io import atomic_path
-
         if not hasattr(self, "predictor_"):
             raise LenpredError("nothing to save: fit the LengthPredictor first")
         with atomic_path(path) as tmp:
@@ -488,7 +490,6 @@ class LengthPredictor:
         Raises:
             LenpredError: the directory is not a saved predictor, or the model / prompt rule differs from training.
         """
-        from lenpred.backbone import load_backbone
         from lenpred.predictors import Predictor
 
         path = Path(path) if path is not None else DEFAULT_PREDICTOR
@@ -540,13 +541,11 @@ def _check_log_matches(traffic_log, base: "LengthPredictor", path) -> None:
                                "pass the --base predictor that served the logged traffic")
 
 
-def _bench_rows(base: "LengthPredictor", bench, data_dir, cache):
+def bench_train_rows(base: "LengthPredictor", bench, data_dir, cache):
     """``(TrafficRows, info)``: ``bench``'s train split pooled as ``base`` pools (signals from the signal cache)."""
-    from lenpred.bench.build import read_manifest
+    from lenpred.bench.records import read_manifest
     from lenpred.dataset import load_eval_data
     from lenpred.inputs.cache import extract_cached
-    from lenpred.inputs.signals import signal_cache_path
-    from lenpred.serving.refit import TrafficRows
 
     layers = tuple(base.config_["layers"])
     data = load_eval_data(bench, base.backbone_.tokenizer, data_dir)
@@ -570,8 +569,6 @@ def _traffic_card(head, base: "LengthPredictor", test, margin: float, coverage: 
     """The card of a traffic refit, on the latest logged requests: MAE with a 95 % interval clustered by prompt
     (SHA-256 where logged), interval coverage and width, and the paired MAE difference to ``base``."""
     from lenpred.metrics import clustered_bootstrap
-    from lenpred.intervals import interval_coverage
-    from lenpred.serving.refit import head_quantiles
 
     if len(test) < 2:
         return {}
@@ -635,12 +632,8 @@ def _data_lines(config: dict) -> list[str]:
 
 
 def _template_rule() -> str:
-    from lenpred.prompts import TEMPLATE_RULE
-
     return TEMPLATE_RULE
 
 
 def _version() -> str:
-    from lenpred import __version__
-
     return __version__

@@ -129,3 +129,13 @@ def check_fits(num_prompt_tokens: int, max_new_tokens: int, context_window: int,
         raise ContextWindowError(f"{what} of {num_prompt_tokens} tokens + max_new_tokens {max_new_tokens} exceeds the model's "
                            f"context window of {context_window}: shorten it, lower max_new_tokens, or leave it out "
                            "(bench: max_prompt_tokens)")
+
+
+def prompt_text(messages: list[dict[str, str]]) -> str:
+    """The user-visible prompt: the messages' contents joined by blank lines (what text-only proxies read)."""
+    return "\n\n".join(m["content"] for m in messages)
+
+
+def normalise_text(text: str) -> str:
+    """Lower-cased, whitespace-collapsed text: two prompts are duplicates when these are equal."""
+    return " ".join(text.lower().split())

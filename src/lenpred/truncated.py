@@ -24,6 +24,12 @@ from dataclasses import dataclass
 
 import torch
 
+from lenpred.errors import LenpredError
+from lenpred.inputs.cache import token_batches
+from lenpred.predictors.pooled import PooledHeadPredictor
+from lenpred.prompts import check_fits
+from lenpred.signals import PromptSignals, left_pad
+
 HIDDEN_ONLY_POOLERS = ("last", "mean", "max")
 """Poolers that read hidden states only (no entropy, no semantic score)."""
 
@@ -48,8 +54,6 @@ class _Stop(Exception):
 def truncated_plan(predictor) -> TruncatedPlan | None:
     """The plan for a loaded :class:`lenpred.LengthPredictor`, or ``None`` when its predictor reads more than one
     positive layer's hidden states (entropy- or attention-weighted poolers, TRAIL, text proxies, the embeddings)."""
-    from lenpred.predictors.pooled import PooledHeadPredictor
-
     inner = getattr(predictor, "predictor_", None)
     if not isinstance(inner, PooledHeadPredictor) or inner.pooler_name not in HIDDEN_ONLY_POOLERS:
         return None
@@ -152,10 +156,6 @@ def truncated_hidden_states(backbone, batch_token_ids: list[list[int]], layer: i
     Raises:
         LenpredError: ``layer`` outside ``1..L``, or a prompt that does not fit the context window.
     """
-    from lenpred.errors import LenpredError
-    from lenpred.prompts import check_fits
-    from lenpred.signals import left_pad
-
     decoder, num_layers = backbone.model.get_decoder(), backbone.num_layers
     if not 1 <= layer <= num_layers:
         raise LenpredError(f"the truncated pass reads hidden-state index 1..{num_layers}, got {layer}")
@@ -205,10 +205,7 @@ def attach_truncated_signals(backbone, requests: list, plan: TruncatedPlan, batc
     states (``(1, n, d)``) and zero entropies (the poolers of :data:`HIDDEN_ONLY_POOLERS` ignore them), prompts
     grouped by length into batches of at most ``batch_tokens`` padded tokens. With ``prefix_cache``, the template's
     fixed prefix (the tokens before the users' content, ``Request.content_span``) is computed once and reused."""
-    from lenpred.inputs.cache import _batches
-    from lenpred.signals import PromptSignals
-
-    for batch in _batches([r.num_prompt_tokens for r in requests], batch_tokens):
+    for batch in token_batches([r.num_prompt_tokens for r in requests], batch_tokens):
         spans = [requests[i].content_span for i in batch]
         prefix_len = min(s[0] for s in spans) if all(s is not None for s in spans) else 0
         states = truncated_hidden_states(backbone, [requests[i].token_ids for i in batch], plan.layer, prefix_len,

@@ -14,6 +14,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from lenpred.errors import LenpredError
+from lenpred.heads import BINNINGS
+from lenpred.predictors import PREDICTORS, make_predictor, max_new_tokens
+from lenpred.predictors.pooled import POOL_SPANS
+from lenpred.signals import SEMANTIC_DIVISORS
 
 
 @dataclass
@@ -42,6 +50,83 @@ class TuningContext:
 
 
 @dataclass
+class TuningSettings:
+    """What the tuner searches besides the layers: the fields of the same names of
+    :class:`lenpred.studies.evaluate.EvalConfig` (documented there), with the same defaults.
+
+    Raises:
+        LenpredError: ``epochs`` or ``proxy_epochs`` < 1, or an unknown ``pool_span``, ``semantic_divisor`` or
+            ``binning``.
+    """
+
+    trail_layers: tuple[int, ...] | None = None
+    lambda1_grid: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0)
+    alpha_grid: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0)
+    pool_span: str = "after_prefix"
+    semantic_divisor: str = "n"
+    epochs: int = 150
+    binning: str = "log"
+    proxy_encoder: str = "minilm"
+    proxy_epochs: int = 2
+    proxy_max_length: int = 128
+
+    def __post_init__(self):
+        checks = [(self.epochs < 1, f"--epochs must be >= 1, got {self.epochs}"),
+                  (self.proxy_epochs < 1, f"--proxy-epochs must be >= 1, got {self.proxy_epochs}"),
+                  (self.pool_span not in POOL_SPANS, f"--pool-span must be one of {', '.join(POOL_SPANS)}"),
+                  (self.semantic_divisor not in SEMANTIC_DIVISORS,
+                   f"--semantic-divisor must be one of {', '.join(SEMANTIC_DIVISORS)}"),
+                  (self.binning not in BINNINGS, f"--binning must be one of {', '.join(BINNINGS)}")]
+        for failed, message in checks:
+            if failed:
+                raise LenpredError(message)
+
+
+def check_run_settings(methods: tuple[str, ...], seeds: tuple[int, ...] = (0,), threads: int | None = None) -> None:
+    """The checks of a run's methods, seeds and backbone threads (those of
+    :class:`lenpred.studies.evaluate.EvalConfig`, with its messages).
+
+    Raises:
+        LenpredError: an unknown or no method, no seed or one outside 0..2**32 - 1, or ``threads`` < 1.
+    """
+    unknown = [m for m in methods if m not in PREDICTORS]
+    if unknown:
+        raise LenpredError(f"unknown methods {unknown}; valid: {', '.join(sorted(PREDICTORS))}")
+    checks = [(not methods, "no methods given: pass --methods with at least one predictor"),
+              (not seeds, "no seeds given: pass --seeds like 0,1,2"),
+              (any(not 0 <= s < 2**32 for s in seeds),
+               f"seeds must lie in 0..{2**32 - 1} (the range numpy and torch accept), got {list(seeds)}"),
+              (threads is not None and threads < 1, f"--threads must be >= 1, got {threads}")]
+    for failed, message in checks:
+        if failed:
+            raise LenpredError(message)
+
+
+def native_bf16() -> bool:
+    """Whether this CPU multiplies bfloat16 natively (AVX512-BF16 or AMX): there bf16 autocast halves the text
+    proxies' fine-tuning time; without it (e.g. an AVX2-only CPU) bf16 is ~15x *slower* than float32 (measured:
+    40 vs 2.4 s per SSJF step, `scripts/proxy_fit_time.py`)."""
+    capability = torch.backends.cpu.get_cpu_capability()
+    return "BF16" in capability or "AMX" in capability
+
+
+def tuning_context(settings: TuningSettings, layers: tuple[int, ...], num_layers: int,
+                   values: dict[str, Any]) -> "TuningContext":
+    """The :class:`TuningContext` of ``settings`` for a model of ``num_layers`` layers: ``layers`` (resolved) are
+    searched by every pooled head, TRAIL sweeps ``settings.trail_layers`` or every index 1..L, and ``values`` are
+    the input providers' measurements (:attr:`lenpred.dataset.Dataset.values`)."""
+    return TuningContext(
+        layers=layers, trail_layers=settings.trail_layers or tuple(range(1, num_layers + 1)),
+        lambda1_grid=settings.lambda1_grid, alpha_grid=settings.alpha_grid,
+        pooled_settings={"pool_span": settings.pool_span, "semantic_divisor": settings.semantic_divisor,
+                         "head": {"epochs": settings.epochs, "binning": settings.binning}},
+        proxy_settings={"encoder": settings.proxy_encoder, "epochs": settings.proxy_epochs,
+                        "max_length": settings.proxy_max_length,
+                        "precision": "bfloat16" if native_bf16() else "float32"},
+        values=values)
+
+
+@dataclass
 class MethodRun:
     """One method's tuning and test predictions.
 
@@ -65,8 +150,6 @@ class MethodRun:
 @contextlib.contextmanager
 def torch_threads(n: int | None):
     """Run a block with ``n`` torch intra-op threads (``None``: unchanged), restoring the previous count."""
-    import torch
-
     before = torch.get_num_threads()
     if n:
         torch.set_num_threads(n)
@@ -78,22 +161,16 @@ def torch_threads(n: int | None):
 
 def takes_seed(method: str) -> bool:
     """Whether the registered predictor is learned with a seed (its constructor takes ``seed``)."""
-    from lenpred.predictors import PREDICTORS
-
     return "seed" in inspect.signature(PREDICTORS[method]).parameters
 
 
 def fit_order(methods: tuple[str, ...]) -> list[str]:
     """Methods in an order where each one's ``tune_after`` predictors come first (stable otherwise)."""
-    from lenpred.predictors import PREDICTORS
-
     return sorted(methods, key=lambda m: bool(set(PREDICTORS[m].tune_after) & set(methods)))
 
 
 def fit_predictor(method: str, params: dict, requests: list, y: np.ndarray, censored: np.ndarray, seed: int | None):
     """Build and fit one predictor (capped samples passed as censored where the predictor supports it)."""
-    from lenpred.predictors import PREDICTORS, make_predictor
-
     predictor = make_predictor(method, **params, **({} if seed is None or not takes_seed(method) else {"seed": seed}))
     kwargs = {"censored": censored} if PREDICTORS[method].supports_censoring else {}
     return predictor.fit(requests, y, **kwargs)
@@ -102,24 +179,60 @@ def fit_predictor(method: str, params: dict, requests: list, y: np.ndarray, cens
 def clipped_predict(predictor, requests: list) -> np.ndarray:
     """``predictor.predict(requests)`` clipped to ``[0, max_new_tokens]`` of each request (a response cannot be
     longer than its cap, and the cap is known when the request arrives)."""
-    from lenpred.predictors import max_new_tokens
-
     return np.clip(predictor.predict(requests), 0, max_new_tokens(requests))
+
+
+@dataclass
+class FitScore:
+    """One predictor fitted on train and scored (:func:`fit_and_score`).
+
+    Attributes:
+        predictor: the fitted predictor.
+        val_abs_err: ``(n_validation,)`` float64 absolute errors in tokens on the validation split (predictions
+            clipped to each request's cap).
+        test_abs_err: ``(n_test,)`` float64 absolute errors in tokens on the test split, or ``None`` when not scored.
+    """
+
+    predictor: Any
+    val_abs_err: np.ndarray
+    test_abs_err: np.ndarray | None
+
+    @property
+    def val_mae(self) -> float:
+        """Validation MAE in tokens."""
+        return float(np.mean(self.val_abs_err))
+
+
+def fit_and_score(method: str, params: dict, data, seed: int | None, test: bool = True) -> FitScore:
+    """The one fit-on-train / score-on-validation step: build ``method`` with ``params`` (and ``seed``), fit it on
+    ``data``'s train split (:func:`fit_predictor`, capped samples censored where supported) and score its clipped
+    predictions (:func:`clipped_predict`) on validation and, with ``test``, on test.
+
+    Args:
+        data: a :class:`lenpred.dataset.EvalData` with its inputs provided.
+    """
+    train, val = data.index["train"], data.index["validation"]
+    predictor = fit_predictor(method, params, data.rows("train"), data.y[train], data.censored[train], seed)
+    val_abs_err = np.abs(clipped_predict(predictor, data.rows("validation")) - data.y[val])
+    test_abs_err = np.abs(clipped_predict(predictor, data.rows("test")) - data.y[data.index["test"]]) if test else None
+    return FitScore(predictor, val_abs_err, test_abs_err)
 
 
 def fit_with_validation(method: str, candidates: list[dict], data, seed: int) -> tuple[Any, dict, list[dict]]:
     """Fit every candidate on train with ``seed`` and keep the lowest validation MAE; a single candidate is fitted
     without looking at validation (``val_mae`` ``None``). Returns ``(fitted predictor, chosen params, sweep)``."""
-    train, val = data.index["train"], data.index["validation"]
-    train_req, val_req = data.rows("train"), data.rows("validation")
-    from tqdm.auto import tqdm
+    train = data.index["train"]
+    train_req = data.rows("train")
 
     sweep, best, best_mae = [], None, np.inf
     for params in tqdm(candidates, desc=f"{method} on validation", unit="candidate", leave=False,
                        disable=len(candidates) < 2):
-        predictor = fit_predictor(method, params, train_req, data.y[train], data.censored[train], seed)
-        val_mae = float(np.mean(np.abs(clipped_predict(predictor, val_req) - data.y[val]))) \
-            if len(candidates) > 1 else None
+        if len(candidates) > 1:
+            fitted = fit_and_score(method, params, data, seed, test=False)
+            predictor, val_mae = fitted.predictor, fitted.val_mae
+        else:
+            predictor = fit_predictor(method, params, train_req, data.y[train], data.censored[train], seed)
+            val_mae = None
         sweep.append({**params, "val_mae": val_mae})
         if best is None or (val_mae is not None and val_mae < best_mae):
             best, best_mae, chosen = predictor, val_mae if val_mae is not None else np.inf, sweep[-1]
@@ -131,8 +244,6 @@ def tune_and_refit(method: str, data, ctx: TuningContext, seeds: tuple[int, ...]
 
     Runs on one torch thread (small heads: faster on a busy machine, and the same numbers in any process); the text
     proxies fix their own thread count inside ``fit`` / ``predict``."""
-    from lenpred.predictors import PREDICTORS
-
     t = time.perf_counter()
     cls = PREDICTORS[method]
     test_req = data.rows("test")

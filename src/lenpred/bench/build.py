@@ -16,167 +16,22 @@ trusts it, so a corrupt file stops the build with the file's name instead of a p
 from __future__ import annotations
 
 import json
-import re
 import time
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from lenpred.backbone import eos_token_ids, recorded_model_name, resolve_model
+from lenpred.bench.card import warn_if_capped
 from lenpred.bench.plan import BenchConfig, PlannedPrompt, make_plan, plan_fingerprint
 from lenpred.bench.user_prompts import manifest_entry, read_prompt_file
-from lenpred.engines import SampleRequest, VLLMOptions, make_engine
+from lenpred.engines import SampleRequest, VLLMOptions, make_engine, model_context_window
 from lenpred.errors import LenpredError
 from lenpred.io import atomic_path, write_json
-
-_LEGACY_FIELDS = [
-    ("scenario", pa.string()),
-    ("source", pa.string()),
-    ("prompt_id", pa.string()),
-    ("split", pa.string()),
-    ("sample_index", pa.int32()),
-    ("seed", pa.int64()),
-    ("num_prompt_tokens", pa.int32()),
-    ("response_token_ids", pa.list_(pa.int32())),
-    ("num_output_tokens", pa.int32()),   # stop token excluded
-    ("finish_reason", pa.string()),      # "stop" | "length" (censored at max_new_tokens)
-    ("temperature", pa.float32()),
-    ("top_p", pa.float32()),
-    ("max_new_tokens", pa.int32()),
-    ("model_id", pa.string()),
-    ("model_revision", pa.string()),
-    ("engine", pa.string()),
-]
-NULLABLE_FIELDS = [
-    ("stop_token_id", pa.int32()),       # the token that ended the turn; null: "length", or not recorded
-    ("top_k", pa.int32()),               # 0 = off; null: not recorded (shards written before these columns)
-    ("min_p", pa.float32()),             # 0.0 = off; null: not recorded
-    ("repetition_penalty", pa.float32()),  # 1.0 = off; null: not recorded
-    ("prompt_sha256", pa.string()),      # hex SHA-256 of the prompt's messages (user_prompts.prompt_sha256), never
-                                         # the text; null: not recorded
-]
-RECORD_SCHEMA = pa.schema(_LEGACY_FIELDS + NULLABLE_FIELDS)
-"""One row per sampled response. The last five columns came later: shards written before them (e.g.
-``benchmarks/smollm2-first`` and ``smollm2-forelen``, sampled by vLLM with top-k, min-p and repetition penalty off
-and stopping at ``<|im_end|>`` only) are read with those columns null."""
-LEGACY_SCHEMA = pa.schema(_LEGACY_FIELDS)
-_OLDER_SCHEMAS = (LEGACY_SCHEMA, pa.schema(_LEGACY_FIELDS + NULLABLE_FIELDS[:4]))
-"""Schemas shards were written with before :data:`RECORD_SCHEMA`: read with the missing columns null."""
-_META_KEY = b"lenpred"
-_SHARD_NAME = re.compile(r"shard-(\d{5,})\.parquet")
-_MANIFEST_KEYS = ("plan_fingerprint", "model_id", "model_revision", "shard_size")
-_RESAMPLE = "delete it and rerun `lenpred bench build` with the same arguments to re-sample it"
-
-
-def shard_path(bench_dir: Path, index: int) -> Path:
-    return bench_dir / "shards" / f"shard-{index:05d}.parquet"
-
-
-def _shard_files(bench_dir: Path) -> dict[int, Path]:
-    """The shard files of a benchmark directory by index.
-
-    Raises:
-        LenpredError: a file that looks like a shard but is not named ``shard-NNNNN.parquet``.
-    """
-    files = {}
-    for path in sorted((bench_dir / "shards").glob("shard-*.parquet")):
-        m = _SHARD_NAME.fullmatch(path.name)
-        if m is None:
-            raise LenpredError(f"{path} is not a shard name this benchmark writes (shard-NNNNN.parquet): "
-                               "move it out of the shards directory")
-        files[int(m.group(1))] = path
-    return dict(sorted(files.items()))
-
-
-def read_manifest(bench_dir: str | Path) -> dict:
-    """The parsed ``bench.json`` of a benchmark directory.
-
-    Raises:
-        LenpredError: the file is unreadable, not JSON, or lacks the keys the builder writes.
-    """
-    path = Path(bench_dir) / "bench.json"
-    fix = ("delete it and rerun `lenpred bench build` with the same arguments to rewrite it (finished shards "
-           "are checked against the plan and kept)")
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise LenpredError(f"{path} is not a readable benchmark manifest ({type(exc).__name__}); {fix}") from None
-    missing = [k for k in _MANIFEST_KEYS if k not in manifest] if isinstance(manifest, dict) else list(_MANIFEST_KEYS)
-    if missing:
-        raise LenpredError(f"{path} is not a benchmark manifest (missing {', '.join(missing)}); {fix}")
-    return manifest
-
-
-def benchmark_model(bench_dir: str | Path, model: str | None = None) -> str:
-    """The model to read a benchmark with: ``model`` when given, else the one ``bench.json`` records (``model_id``,
-    the name it was built with: alias, path, package or hub id). Pair it with :func:`check_benchmark_model` once the
-    model is loaded.
-
-    Raises:
-        LenpredError: ``bench.json`` is unreadable (see :func:`read_manifest`)."""
-    return model if model is not None else str(read_manifest(bench_dir)["model_id"])
-
-
-def check_benchmark_model(bench_dir: str | Path, model_id: str, revision: str) -> None:
-    """Refuse a model whose revision is not the one the benchmark was sampled from: its prefill signals would not
-    belong to the recorded responses (a model with the same tokenizer would otherwise train silently).
-
-    Raises:
-        LenpredError: one line naming both models and revisions."""
-    manifest = read_manifest(bench_dir)
-    if manifest["model_revision"] != revision:
-        raise LenpredError(f"{bench_dir} was sampled from {manifest['model_id']} revision {manifest['model_revision']}, "
-                           f"but the model given is {model_id} revision {revision}: drop --model to use the "
-                           "benchmark's model, or build a benchmark with this one (`lenpred bench build --model ...`)")
-
-
-def read_shard_meta(path: Path) -> dict:
-    """The lenpred metadata of a shard file (read from the footer only).
-
-    Raises:
-        LenpredError: the file is not a readable lenpred shard.
-    """
-    try:
-        meta = json.loads((pq.read_schema(path).metadata or {})[_META_KEY])
-    except (OSError, KeyError, ValueError, pa.ArrowException) as exc:
-        raise LenpredError(f"{path} is not a readable lenpred shard ({type(exc).__name__}); {_RESAMPLE}") from None
-    if not isinstance(meta, dict):
-        raise LenpredError(f"{path} is not a readable lenpred shard (bad metadata); {_RESAMPLE}")
-    return meta
-
-
-def read_shard(path: Path) -> tuple[pa.Table, dict]:
-    """Read one shard in full and check it: page checksums, schema, no nulls outside :data:`NULLABLE_FIELDS`,
-    row count, lengths. A shard without the nullable columns (written before them) gets them as nulls.
-
-    Returns:
-        ``(table without schema metadata, lenpred metadata)``.
-
-    Raises:
-        LenpredError: the file is corrupt or not a lenpred shard; the message names it and the fix.
-    """
-    meta = read_shard_meta(path)
-    bad = f"{path} is not a readable lenpred shard"
-    try:
-        table = pq.read_table(path, page_checksum_verification=True)
-    except (OSError, pa.ArrowException) as exc:
-        raise LenpredError(f"{bad} (corrupt data: {type(exc).__name__}); {_RESAMPLE}") from None
-    table = table.replace_schema_metadata(None)
-    if any(table.schema.equals(older) for older in _OLDER_SCHEMAS):
-        for name, dtype in NULLABLE_FIELDS[table.num_columns - len(_LEGACY_FIELDS):]:
-            table = table.append_column(pa.field(name, dtype), pa.nulls(table.num_rows, dtype))
-    if not table.schema.equals(RECORD_SCHEMA):
-        raise LenpredError(f"{bad} (its columns differ from the record schema); {_RESAMPLE}")
-    if table.num_rows != meta.get("num_rows"):
-        raise LenpredError(f"{path} has {table.num_rows} rows, its metadata says {meta.get('num_rows')}: {_RESAMPLE}")
-    lengths_agree = pc.all(pc.equal(pc.list_value_length(table.column("response_token_ids")),
-                                    table.column("num_output_tokens")), min_count=0).as_py()
-    required = [table.column(name) for name, _ in _LEGACY_FIELDS]
-    if any(col.null_count for col in required) or not lengths_agree:
-        raise LenpredError(f"{bad} (null values or lengths that disagree with the token ids); {_RESAMPLE}")
-    return table, meta
-
+from lenpred.bench.records import (LEGACY_SCHEMA, META_KEY, NULLABLE_FIELDS, RECORD_SCHEMA,  # noqa: F401  (re-exported)
+                                   RESAMPLE_HINT, benchmark_model, check_benchmark_model, load_records, read_manifest,
+                                   read_shard, read_shard_meta, shard_files, shard_path)
 
 def _shard_table(prompts: list[PlannedPrompt], requests: list[SampleRequest], results, model_id: str, revision: str,
                  engine: str) -> pa.Table:
@@ -238,7 +93,8 @@ def _check_shard(path: Path, index: int, prompts: list[PlannedPrompt], fingerpri
     expected = [(p.prompt_id, k, seed) for p in prompts for k, seed in enumerate(p.seeds)]
     got = list(zip(*(table.column(c).to_pylist() for c in ("prompt_id", "sample_index", "seed"))))
     if got != expected:
-        raise LenpredError(f"{path} does not hold the prompts and seeds the plan assigns to shard {index}; {_RESAMPLE}")
+        raise LenpredError(f"{path} does not hold the prompts and seeds the plan assigns to shard {index}; "
+                           f"{RESAMPLE_HINT}")
 
 
 def build_benchmark(config: BenchConfig, out_dir: str | Path, engine: str = "auto", data_dir=None,
@@ -268,9 +124,6 @@ def build_benchmark(config: BenchConfig, out_dir: str | Path, engine: str = "aut
             the engine cannot load the model or refuses to start, a data file holds bad text (the message
             names the file and record), or the limits do not fit the model's context window.
     """
-    from lenpred.backbone import eos_token_ids, recorded_model_name, resolve_model
-    from lenpred.engines import model_context_window
-
     out = Path(out_dir)
     if max_shards is not None and max_shards < 0:
         raise LenpredError(f"--max-shards must be >= 0, got {max_shards}")
@@ -299,7 +152,7 @@ def build_benchmark(config: BenchConfig, out_dir: str | Path, engine: str = "aut
     _check_manifest(out, manifest)
 
     shards = [plan[i:i + config.shard_size] for i in range(0, len(plan), config.shard_size)]
-    existing = _shard_files(out)
+    existing = shard_files(out)
     for i, path in existing.items():
         if i >= len(shards):
             raise LenpredError(f"{path} belongs to another plan (this plan has {len(shards)} shards); "
@@ -323,9 +176,7 @@ def build_benchmark(config: BenchConfig, out_dir: str | Path, engine: str = "aut
         write_json(out / "bench.json", manifest)
     if sampler is not None:
         _sample_shards(sampler, shards, todo, out, fingerprint, config.model, revision)
-    if _shard_files(out):
-        from lenpred.bench.card import warn_if_capped
-
+    if shard_files(out):
         warn_if_capped(out)  # a model that never stops makes a benchmark of caps: say so now
     return out
 
@@ -342,7 +193,7 @@ def _sample_shards(sampler, shards: list[list[PlannedPrompt]], todo: list[int], 
     """Sample and write the shards in ``todo``, one atomic file each, with a progress bar of this run's prompts."""
     from tqdm.auto import tqdm
 
-    this_run, done, total = progress_counts(shards, todo, set(_shard_files(out)))
+    this_run, done, total = progress_counts(shards, todo, set(shard_files(out)))
     tokens, t0 = 0, time.perf_counter()
     desc = f"bench build ({sampler.name})" + (f", {done}/{total} prompts done before" if done else "")
     with tqdm(total=this_run, initial=0, unit="prompt", desc=desc) as bar:
@@ -352,45 +203,9 @@ def _sample_shards(sampler, shards: list[list[PlannedPrompt]], todo: list[int], 
             results = sampler.generate(requests)
             table = _shard_table(prompts, requests, results, model_id, revision, sampler.name)
             meta = {"plan_fingerprint": fingerprint, "shard_index": i, "num_rows": table.num_rows}
-            table = table.replace_schema_metadata({_META_KEY: json.dumps(meta).encode()})
+            table = table.replace_schema_metadata({META_KEY: json.dumps(meta).encode()})
             with atomic_path(shard_path(out, i)) as tmp:
                 pq.write_table(table, tmp, write_page_checksum=True)
             tokens += sum(r.num_output_tokens for r in results)
             bar.set_postfix(out_tok_s=f"{tokens / (time.perf_counter() - t0):.1f}", shard=i)
             bar.update(len(prompts))
-
-
-def load_records(bench_dir: str | Path) -> pa.Table:
-    """All records of a benchmark directory as one table (shards in order), checked against ``bench.json``.
-
-    A benchmark built from prompt files lists them in ``bench.json["prompt_files"]``: pass that list to
-    :func:`lenpred.bench.sources.prompt_messages` to re-read their text by prompt id.
-
-    Raises:
-        LenpredError: no benchmark there, ``bench.json`` unreadable, or a shard from another plan / corrupt.
-    """
-    bench_dir = Path(bench_dir)
-    manifest_path = bench_dir / "bench.json"
-    if not bench_dir.is_dir():
-        what = "not a directory" if bench_dir.exists() else "no such directory"
-        raise LenpredError(f"{bench_dir} holds no benchmark ({what}): build one with "
-                           "`lenpred bench build --out DIR`, or pass the directory you built")
-    if not manifest_path.exists():
-        if _shard_files(bench_dir):
-            raise LenpredError(f"{bench_dir} holds no benchmark manifest (bench.json missing, shards present): rerun "
-                               f"`lenpred bench build --out {bench_dir}` with the arguments it was built with to "
-                               "rewrite it (finished shards are checked against the plan and kept)")
-        raise LenpredError(f"{bench_dir} holds no benchmark (bench.json missing): build one with "
-                           "`lenpred bench build --out DIR`")
-    manifest = read_manifest(bench_dir)
-    fingerprint = manifest["plan_fingerprint"]
-    tables = []
-    for i, path in _shard_files(bench_dir).items():
-        table, meta = read_shard(path)
-        if meta.get("plan_fingerprint") != fingerprint or meta.get("shard_index") != i:
-            raise LenpredError(f"{path} belongs to another plan than {manifest_path}; delete it and rebuild")
-        tables.append(table)
-    if not tables:
-        raise LenpredError(f"{bench_dir} has no finished shards yet: run `lenpred bench build --out {bench_dir}` "
-                           "with the arguments it was started with")
-    return pa.concat_tables(tables)

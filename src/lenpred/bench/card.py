@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from lenpred.bench.build import load_records, read_manifest
+from lenpred.bench.records import load_records, read_manifest
 from lenpred.bench.plan import SPLITS
 from lenpred.io import atomic_path
 

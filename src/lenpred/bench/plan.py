@@ -20,6 +20,7 @@ from typing import Any
 from lenpred.bench.sources import SCENARIOS, SOURCES, load_prompts
 from lenpred.bench.user_prompts import PromptFileConfig, check_distinct, prompt_sha256, read_prompt_file
 from lenpred.errors import LenpredError
+from lenpred.prompts import chat_token_ids, check_fits, normalise_text, prompt_text
 
 SPLITS = ("train", "validation", "test")
 
@@ -200,8 +201,6 @@ def _interleaved_prompt_ids(cfg: ScenarioConfig, seed: int, data_dir) -> list[tu
 
 def _prompt_limit(config: BenchConfig, max_new_tokens: int, context_window: int | None, what: str) -> int:
     """Longest chat-formatted prompt a group with this ``max_new_tokens`` takes (see :func:`prompt_limits`)."""
-    from lenpred.prompts import check_fits
-
     if context_window is None:
         if config.max_prompt_tokens is None:
             raise LenpredError("max_prompt_tokens=None needs the model's context window: pass context_window")
@@ -244,8 +243,6 @@ def prompt_file_limits(config: BenchConfig, context_window: int | None) -> dict[
 
 
 def _tokens(tokenizer, messages, where: str) -> list[int]:
-    from lenpred.prompts import chat_token_ids
-
     try:
         return chat_token_ids(tokenizer, messages)
     except LenpredError as exc:
@@ -288,9 +285,7 @@ def _plan_scenario(scenario: str, cfg: ScenarioConfig, config: BenchConfig, toke
 
 def text_split_key(messages) -> str:
     """What a prompt file's prompt is split by: the SHA-256 of its normalised text (lower-cased, whitespace
-    collapsed, as :func:`lenpred.dataset.normalise_text`), so duplicates share a split."""
-    from lenpred.dataset import normalise_text, prompt_text
-
+    collapsed, as :func:`lenpred.prompts.normalise_text`), so duplicates share a split."""
     return "text:" + hashlib.sha256(normalise_text(prompt_text(messages)).encode("utf-8")).hexdigest()
 
 

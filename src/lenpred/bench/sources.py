@@ -216,37 +216,3 @@ def load_prompts(name: str, data_dir: str | os.PathLike | None = None) -> dict[s
     root = str(Path(data_dir or default_data_dir()).resolve())
     return {pid: [{"role": r, "content": c} for r, c in msgs]
             for pid, msgs in _load_cached(name, root, _file_stamps(name, root))}
-
-
-def prompt_messages(prompt_id: str, data_dir: str | os.PathLike | None = None,
-                    prompt_files: list[dict] | None = None) -> Messages:
-    """Re-read one prompt's messages by id: ``"<source>:<index>"`` from a registered source's file, or
-    ``"<name>:<line>"`` from a user prompt file of a benchmark (:mod:`lenpred.bench.user_prompts`).
-
-    A user prompt file is found through ``prompt_files`` (its benchmark's ``bench.json["prompt_files"]``); its bytes
-    must match the SHA-256 recorded at build time. ``data_dir``: the registered sources' directory, and where a moved prompt file is looked for.
-
-    Raises:
-        LenpredError: malformed id, unknown source, an id the source does not hold, or a user prompt file that is
-            missing or changed (the message names the file).
-    """
-    from lenpred.bench.user_prompts import resolve_prompt_file
-
-    name, _, index = prompt_id.rpartition(":")
-    entry = {e["name"]: e for e in prompt_files or []}.get(name)
-    if entry is not None:
-        contents = resolve_prompt_file(name, entry, data_dir)
-        line = int(index) if index.isdigit() else -1
-        if line not in contents.prompts:
-            raise LenpredError(f"prompt id '{prompt_id}' names no prompt of {contents.path} (no prompt on line "
-                               f"{index}): the benchmark does not belong to this file")
-        return [dict(m) for m in contents.prompts[line]]
-    if name not in SOURCES:
-        raise LenpredError(f"prompt id '{prompt_id}' names neither a registered source nor one of the prompt files "
-                           "given (prompt_files= from its benchmark's bench.json); valid sources: "
-                           f"{', '.join(SOURCES)}")
-    prompts = load_prompts(name, data_dir)
-    if prompt_id not in prompts:
-        raise LenpredError(f"prompt id '{prompt_id}' is not in source '{name}' (it has {len(prompts)} prompts): "
-                           "the data directory holds another version of the file")
-    return prompts[prompt_id]

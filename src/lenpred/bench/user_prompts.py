@@ -8,7 +8,7 @@ Formats (the same for ``lenpred predict --file`` and ``lenpred bench build --pro
 
 A benchmark built from a file stores no prompt text: its records hold the prompt id ``"<name>:<line>"``
 (``<line>`` is the 1-based line number in the file) and :func:`prompt_sha256` of the prompt's messages; its
-``bench.json`` records each file's absolute path and SHA-256 so that :func:`lenpred.bench.sources.prompt_messages`
+``bench.json`` records each file's absolute path and SHA-256 so that :func:`prompt_messages`
 re-reads the text and detects a changed or missing file.
 """
 
@@ -23,6 +23,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from lenpred.bench.sources import SOURCES, load_prompts
 from lenpred.errors import LenpredError
 
 Messages = list[dict[str, str]]
@@ -177,8 +178,6 @@ class PromptFileConfig:
     num_prompts: int | None = None
 
     def __post_init__(self):
-        from lenpred.bench.sources import SOURCES
-
         self.path = str(Path(self.path).expanduser().resolve())
         self.name = self.name or re.sub(r"[^\w.-]", "_", Path(self.path).stem)
         self.scenario = self.scenario or self.name
@@ -277,3 +276,35 @@ def resolve_prompt_file(name: str, entry: dict[str, str], data_dir: str | os.Pat
             return contents
     raise LenpredError(f"prompt file {recorded} (prompts '{name}' of the benchmark) is missing: put it back, or pass "
                        "--data-dir with the directory that now holds it")
+
+
+def prompt_messages(prompt_id: str, data_dir: str | os.PathLike | None = None,
+                    prompt_files: list[dict] | None = None) -> Messages:
+    """Re-read one prompt's messages by id: ``"<source>:<index>"`` from a registered source's file, or
+    ``"<name>:<line>"`` from a user prompt file of a benchmark.
+
+    A user prompt file is found through ``prompt_files`` (its benchmark's ``bench.json["prompt_files"]``); its bytes
+    must match the SHA-256 recorded at build time. ``data_dir``: the registered sources' directory, and where a moved prompt file is looked for.
+
+    Raises:
+        LenpredError: malformed id, unknown source, an id the source does not hold, or a user prompt file that is
+            missing or changed (the message names the file).
+    """
+    name, _, index = prompt_id.rpartition(":")
+    entry = {e["name"]: e for e in prompt_files or []}.get(name)
+    if entry is not None:
+        contents = resolve_prompt_file(name, entry, data_dir)
+        line = int(index) if index.isdigit() else -1
+        if line not in contents.prompts:
+            raise LenpredError(f"prompt id '{prompt_id}' names no prompt of {contents.path} (no prompt on line "
+                               f"{index}): the benchmark does not belong to this file")
+        return [dict(m) for m in contents.prompts[line]]
+    if name not in SOURCES:
+        raise LenpredError(f"prompt id '{prompt_id}' names neither a registered source nor one of the prompt files "
+                           "given (prompt_files= from its benchmark's bench.json); valid sources: "
+                           f"{', '.join(SOURCES)}")
+    prompts = load_prompts(name, data_dir)
+    if prompt_id not in prompts:
+        raise LenpredError(f"prompt id '{prompt_id}' is not in source '{name}' (it has {len(prompts)} prompts): "
+                           "the data directory holds another version of the file")
+    return prompts[prompt_id]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
-from lenpred.engines import SampleRequest, SampleResult, check_requests, cut_at_stop
+from lenpred.engines.base import SampleRequest, SampleResult, check_requests, cut_at_stop
 
 
 class TransformersEngine:

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import os
 
-from lenpred.engines import (SampleRequest, SampleResult, VLLMOptions, check_requests, cut_at_stop,
-                             model_context_window)
+from lenpred.engines.base import (SampleRequest, SampleResult, VLLMOptions, check_requests, cut_at_stop,
+                                  model_context_window)
 from lenpred.errors import LenpredError
 
 _MEMORY_REFUSALS = ("less than desired", "less than requested memory for kv", "Available memory",

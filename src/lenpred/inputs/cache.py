@@ -22,7 +22,8 @@ from safetensors.torch import load_file, save_file
 
 from lenpred.errors import LenpredError
 from lenpred.io import atomic_path, stable_hash, write_json
-from lenpred.signals import PromptSignals, extract_signals
+from lenpred.prompts import TEMPLATE_RULE
+from lenpred.signals import PromptSignals, extract_signals, plain_prefill
 
 CACHE_FORMAT = 4  # 2: every layer's last-token state; 3: SHA-256 per part; 4: attention_received + key per part
 
@@ -37,7 +38,7 @@ def tensors_sha256(tensors: dict[str, torch.Tensor]) -> str:
     return h.hexdigest()
 
 
-def _batches(lengths: list[int], max_batch_tokens: int) -> list[list[int]]:
+def token_batches(lengths: list[int], max_batch_tokens: int) -> list[list[int]]:
     """Group indices (sorted by length, so little padding) into batches of at most ``max_batch_tokens`` padded tokens."""
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
     batches, cur = [], []
@@ -98,7 +99,7 @@ def extract_cached(backbone, prompts: dict[str, list[int]], layers: tuple[int, .
             if not path.exists():
                 signals = {}
                 token_lists = [prompts[p] for p in part]
-                for batch in _batches([len(t) for t in token_lists], max_batch_tokens):
+                for batch in token_batches([len(t) for t in token_lists], max_batch_tokens):
                     for i, s in zip(batch, extract_signals(backbone, [token_lists[i] for i in batch], layers, semantic)):
                         signals[part[i]] = s
                     done = sum(len(token_lists[i]) for i in batch)  # the bar moves per batch, not per part
@@ -114,8 +115,6 @@ def extract_cached(backbone, prompts: dict[str, list[int]], layers: tuple[int, .
 
 def cache_key(backbone, layers: tuple[int, ...], semantic: bool = True) -> dict:
     """What a signal cache (and each of its parts) holds: format, model revision, layers, attention, prompt rule."""
-    from lenpred.prompts import TEMPLATE_RULE
-
     return {"format": CACHE_FORMAT, "model_revision": backbone.revision, "layers": list(layers), "semantic": semantic,
             "template_rule": TEMPLATE_RULE}
 
@@ -189,8 +188,6 @@ def measure_overhead(backbone, token_lists: list[list[int]], layers: tuple[int, 
     Runs each ``repeats`` times after a warm-up and keeps the fastest. Returns a dict with
     ``num_prompt_tokens``, ``plain_tok_s``, ``signals_tok_s`` and ``ratio`` (signals / plain; 1 = free).
     """
-    from lenpred.signals import plain_prefill
-
     n_tokens = sum(len(t) for t in token_lists)
 
     def best(fn) -> float:

@@ -22,8 +22,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from lenpred.backbone import cache_dir
 from lenpred.errors import LenpredError
+from lenpred.inputs.cache import read_part, token_batches, write_part
 from lenpred.io import stable_hash, write_json
+from lenpred.prompts import TEMPLATE_RULE
 
 DECODE_STEPS = (0, 8, 16, 24, 32, 40, 48, 56, 64, 128)
 DECODE_CACHE_FORMAT = 1
@@ -164,8 +167,6 @@ class DecodeStates:
 
 def decode_cache_key(backbone, layers: tuple[int, ...], steps: tuple[int, ...]) -> dict:
     """What a decode-state cache holds: format, model revision, layers, step schedule, prompt rule."""
-    from lenpred.prompts import TEMPLATE_RULE
-
     return {"format": DECODE_CACHE_FORMAT, "kind": "decode_states", "model_revision": backbone.revision,
             "layers": list(layers), "steps": list(steps), "template_rule": TEMPLATE_RULE}
 
@@ -195,8 +196,6 @@ def extract_decode_states(backbone, samples: dict[str, tuple[list[int], list[int
     """
     from tqdm.auto import tqdm
 
-    from lenpred.inputs.cache import _batches, read_part, write_part
-
     cache = Path(cache)
     key = decode_cache_key(backbone, tuple(layers), tuple(steps))
     meta = cache / "cache.json"
@@ -220,7 +219,7 @@ def extract_decode_states(backbone, samples: dict[str, tuple[list[int], list[int
                 for i, s in enumerate(part):
                     groups.setdefault(tuple(samples[s][0]), []).append(i)
                 single = [g[0] for g in groups.values() if len(g) == 1]
-                jobs = [[single[j] for j in b] for b in _batches([need[part[i]] for i in single], max_batch_tokens)]
+                jobs = [[single[j] for j in b] for b in token_batches([need[part[i]] for i in single], max_batch_tokens)]
                 jobs += [g for g in groups.values() if len(g) > 1]
                 for batch in jobs:
                     if len(batch) > 1 and len({tuple(samples[part[i]][0]) for i in batch}) == 1:
@@ -253,8 +252,6 @@ def extract_decode_states(backbone, samples: dict[str, tuple[list[int], list[int
 def decode_cache_path(backbone, bench: str | Path, layers: tuple[int, ...], steps: tuple[int, ...] = DECODE_STEPS) -> Path:
     """Default decode-state cache of a benchmark: ``$LENPRED_CACHE/decode_states/<bench>-<revision>-<hash>``, beside
     the prompt signals, keyed by the layers, steps and format."""
-    from lenpred.backbone import cache_dir
-
     name = f"{Path(bench).name}-{backbone.revision}-{stable_hash([list(layers), list(steps), DECODE_CACHE_FORMAT], 8)}"
     return cache_dir() / "decode_states" / name
 

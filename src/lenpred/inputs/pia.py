@@ -27,8 +27,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lenpred.backbone import eos_token_ids
+from lenpred.engines.hf import without_model_defaults
 from lenpred.errors import LenpredError
 from lenpred.io import stable_hash, write_json
+from lenpred.prompts import chat_token_ids, check_fits
 
 PIA_INSTRUCTION = (
     "Before responding to the instruction above, predict the length of your response. Write the estimated "
@@ -111,8 +114,6 @@ def _generate_batch(backbone, batch_token_ids: list[list[int]], max_new_tokens: 
 
     from transformers import GenerationConfig
 
-    from lenpred.engines.hf import without_model_defaults
-
     input_ids, mask = left_pad(batch_token_ids, pad_token_id)
     config = GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=max_new_tokens,
                               eos_token_id=list(eos) if eos else None, pad_token_id=pad_token_id)
@@ -166,9 +167,6 @@ def ask_self_reports(backbone, prompts: dict[str, list[dict[str, str]]], cache: 
             ``max_new_tokens`` or ``batch_size`` < 1.
     """
     from tqdm.auto import tqdm
-
-    from lenpred.backbone import eos_token_ids
-    from lenpred.prompts import chat_token_ids, check_fits
 
     if max_new_tokens < 1 or batch_size < 1:
         raise LenpredError(f"max_new_tokens and batch_size must be >= 1 (got {max_new_tokens}, {batch_size})")

@@ -7,7 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from lenpred.inputs import register_provider
+from lenpred.backbone import cache_dir
+from lenpred.inputs.pia import ask_self_reports, tokens_per_word
+from lenpred.inputs.registry import register_provider
 
 
 @register_provider("self_report")
@@ -15,9 +17,6 @@ def provide_self_reports(backbone, data, settings: dict[str, Any]) -> dict[str, 
     """Ask the model about every test prompt (greedy, cached under ``$LENPRED_CACHE/self_reports``) and set
     ``Request.self_report``. Returns ``{"tokens_per_word": ...}`` measured on the training responses (what converts a
     stated word count to tokens)."""
-    from lenpred.backbone import cache_dir
-    from lenpred.inputs.pia import ask_self_reports, tokens_per_word
-
     test_ids = list(dict.fromkeys(data.cols["prompt_id"][data.index["test"]]))
     cache = cache_dir() / "self_reports" / f"{Path(settings['bench']).name}-{backbone.revision}.json"
     reports = ask_self_reports(backbone, {p: data.messages[p] for p in test_ids}, cache, skip_too_long=True)

@@ -5,15 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from lenpred.inputs import register_provider
+from lenpred.backbone import cache_dir
+from lenpred.inputs.registry import register_provider
+from lenpred.io import stable_hash
 
 
 def signal_cache_path(backbone, bench: str | Path, layers: tuple[int, ...]) -> Path:
     """Default cache directory of a benchmark's signals: under ``$LENPRED_CACHE/signals``, keyed by the benchmark
     name, the model revision, the layers and the cache format (a new format never mixes with an old one)."""
-    from lenpred.backbone import cache_dir
     from lenpred.inputs.cache import CACHE_FORMAT
-    from lenpred.io import stable_hash
 
     return cache_dir() / "signals" / f"{Path(bench).name}-{backbone.revision}-{stable_hash([layers, CACHE_FORMAT], 8)}"
 

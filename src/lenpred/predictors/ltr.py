@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from lenpred.predictors import register
+from lenpred.predictors.registry import register
 from lenpred.predictors.pooled import PooledHeadPredictor
 
 

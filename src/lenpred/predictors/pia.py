@@ -14,7 +14,7 @@ import numpy as np
 
 from lenpred.errors import LenpredError
 from lenpred.inputs.pia import parse_word_count
-from lenpred.predictors import Predictor, register, unique_map
+from lenpred.predictors.registry import Predictor, register, unique_map
 
 
 @register("pia")

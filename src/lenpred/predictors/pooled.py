@@ -12,7 +12,7 @@ import torch
 from lenpred.errors import LenpredError
 from lenpred.heads import HeadConfig, SoftLabelRegressor, head_from_tensors, head_tensors
 from lenpred.pooling import POOLERS, Pooler
-from lenpred.predictors import Predictor, distinct_requests, max_new_tokens, register
+from lenpred.predictors.registry import Predictor, distinct_requests, max_new_tokens, register
 from lenpred.signals import TokenSpan
 
 

@@ -48,7 +48,7 @@ from torch import nn
 
 from lenpred.errors import LenpredError
 from lenpred.heads import assign_bins, bin_centres, length_bin_edges
-from lenpred.predictors import Predictor, Request, distinct_requests, register
+from lenpred.predictors.registry import Predictor, Request, distinct_requests, register
 from lenpred.predictors.text_encoder import DEFAULT_PROXY, ProxyEncoder, load_proxy_encoder, mean_pool, pad_batch
 
 _POOL_BATCHES = 50  # length-sorting pool, in batches

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from lenpred.errors import LenpredError
-from lenpred.predictors import register, unique_map
+from lenpred.predictors.registry import register, unique_map
 from lenpred.predictors.pooled import PooledHeadPredictor
 
 TRAIL_HEAD = {"lam": 1.0, "tau": 1e-3, "num_bins": 10, "binning": "quantile"}  # tau -> 0: soft labels become one-hot

@@ -8,7 +8,7 @@ import torch
 from sklearn.linear_model import LinearRegression
 
 from lenpred.errors import LenpredError
-from lenpred.predictors import Predictor, num_prompt_tokens, register
+from lenpred.predictors.registry import Predictor, num_prompt_tokens, register
 
 
 @register("global_median")

@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from lenpred.errors import LenpredError
+from lenpred.io import write_json
 
 COEFFICIENTS = ("p0", "p1", "p2", "d0", "d1", "d2")
 
@@ -159,8 +160,6 @@ class CostModel:
 
     def save(self, path: str | Path) -> None:
         """Write as JSON (atomically)."""
-        from lenpred.io import write_json
-
         write_json(path, asdict(self))
 
     @classmethod

@@ -30,6 +30,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from lenpred.errors import LenpredError
+from lenpred.serving.adaptive import AdaptiveInterval, adapted_interval
+from lenpred.serving.refit import head_quantiles
+from lenpred.serving.traffic_log import TrafficLogWriter, predictor_metadata
 
 
 @dataclass
@@ -82,9 +85,6 @@ class OnlineLearning:
     def __init__(self, predictor, log=None, adaptive=None):
         from dataclasses import replace
 
-        from lenpred.serving.adaptive import AdaptiveInterval
-        from lenpred.serving.traffic_log import TrafficLogWriter, predictor_metadata
-
         if not hasattr(predictor.predictor_, "head_"):
             raise LenpredError(f"online learning needs a pooled-head predictor, '{predictor.method}' is not one")
         self.predictor, self.coverage, self.margin = predictor, predictor.coverage, predictor.margin_
@@ -101,9 +101,6 @@ class OnlineLearning:
                 prompt_sha256: list[str | None] | None = None,
                 num_prompt_tokens: list[int | None] | None = None) -> list[ServedPrediction]:
         """Predictions for ``(n, d)`` features (one head call; microseconds per request)."""
-        from lenpred.serving.adaptive import adapted_interval
-        from lenpred.serving.refit import head_quantiles
-
         X = np.atleast_2d(np.asarray(features, np.float32))
         n = len(X)
         caps = np.full(n, np.inf if max_new_tokens is None else float(max_new_tokens))

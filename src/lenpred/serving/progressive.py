@@ -17,6 +17,8 @@ import numpy as np
 import torch
 
 from lenpred.errors import LenpredError
+from lenpred.heads import head_from_tensors, head_tensors
+from lenpred.io import atomic_path
 from lenpred.predictors.progressive import PLPHead
 
 
@@ -94,9 +96,6 @@ def save_plp(plp: PLPHead, path: str | Path, info: dict) -> None:
     metadata), atomically."""
     from safetensors.torch import save_file
 
-    from lenpred.heads import head_tensors
-    from lenpred.io import atomic_path
-
     tensors, state = head_tensors(plp.head_)
     with atomic_path(path) as tmp:
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp),
@@ -110,8 +109,6 @@ def load_plp(path: str | Path) -> tuple[PLPHead, dict]:
         LenpredError: unreadable or not a PLP head."""
     from safetensors import SafetensorError, safe_open
     from safetensors.torch import load_file
-
-    from lenpred.heads import head_from_tensors
 
     try:
         with safe_open(str(path), framework="pt") as f:

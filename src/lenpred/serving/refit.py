@@ -14,6 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from lenpred.errors import LenpredError
+from lenpred.intervals import distribution_quantiles
+
+# torch (heads) is imported inside the functions that train: splitting and reading a traffic log need numpy only.
 
 
 @dataclass
@@ -132,8 +135,6 @@ def head_quantiles(head, X: np.ndarray, caps: np.ndarray, coverage: float) -> tu
     """``(expected, low_raw, high_raw)`` ``(n,)`` tokens of a fitted head on features: the expected capped length
     and the ``(1 -/+ coverage) / 2`` quantiles of its bin distribution (before any conformal margin), as
     :func:`lenpred.pipeline.raw_quantiles` computes them from requests."""
-    from lenpred.intervals import distribution_quantiles
-
     probs = head.predict_proba(X)
     values = np.minimum(head.centres_[None, :], np.asarray(caps, np.float64)[:, None])
     tail = (1 - coverage) / 2

@@ -24,7 +24,8 @@ import numpy as np
 
 from lenpred.errors import LenpredError
 from lenpred.serving.metrics import RequestTiming, summarize
-from lenpred.serving.policies import Policy, padding_ratio, static_batches
+from lenpred.serving.parked import SlotRequest, choose_decoders
+from lenpred.serving.policies import Policy, countdown_remaining, make_policy, padding_ratio, static_batches
 
 ARRIVALS = ("all", "poisson", "gamma")
 BATCHINGS = ("static", "continuous")
@@ -291,8 +292,6 @@ def simulate_parked(requests: list, parked: ParkedConfig, cost, cfg: SimConfig,
     Returns:
         ``(summary metrics, per-request timings)`` as :func:`simulate`.
     """
-    from lenpred.serving.policies import countdown_remaining
-
     if parked.policy != "fcfs" and parked.predictor is None:
         raise LenpredError(f"parked {parked.policy} needs a predictor")
     requests = with_arrivals(requests, cfg)
@@ -305,16 +304,12 @@ class _Parked(_Continuous):
     """:class:`_Continuous` where ``running`` is the decode set and ``parked`` holds the other prefilled requests."""
 
     def __init__(self, requests: list, parked: ParkedConfig, remaining, cost, cfg: SimConfig):
-        from lenpred.serving.policies import make_policy
-
         super().__init__(requests, make_policy("fcfs"), cost, cfg)  # admission: arrival order
         self.parked_cfg, self.remaining_fn = parked, remaining
         self.parked: list = []
         self.last_decode_t: dict[int, float] = {}
 
     def _slot(self, r, decoding: bool):
-        from lenpred.serving.parked import SlotRequest
-
         g = self.generated[r.request_id]
         p = self.parked_cfg.predictor
         total = r.predictions[p] if p is not None else np.inf
@@ -340,8 +335,6 @@ class _Parked(_Continuous):
         return new
 
     def _rebalance(self) -> None:
-        from lenpred.serving.parked import choose_decoders
-
         pool = self.running + self.parked
         if not pool:
             return

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from lenpred.errors import LenpredError
+from lenpred.io import atomic_path, file_sha256
 
 LOG_FORMAT = "lenpred-traffic-log/1"
 FEATURE_DTYPES = ("float16", "float32")
@@ -255,8 +256,6 @@ class TrafficLogWriter:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        from lenpred.io import atomic_path
-
         table = _rows_table(rows, features, dim, self.config, pa)
         seq = self._next_seq
         path = _part_path(self.directory, seq)
@@ -355,8 +354,6 @@ def verify_part(path: Path) -> None:
             :class:`TrafficLogWriter`, or its sidecar was deleted), an unreadable sidecar, or a SHA-256 mismatch
             (the part is corrupted). Each message names the file and what to do.
     """
-    from lenpred.io import file_sha256
-
     side = _sidecar(path)
     if not side.exists():
         raise LenpredError(f"{path} has no checksum sidecar {side.name} (a crash never leaves a part without one): it "

@@ -1,17 +1,22 @@
 """``lenpred evaluate`` / ``lenpred demo``: records → input providers → tune on validation → refit per seed →
-score → report. Each step is one function of its own module (:mod:`.data`, :mod:`lenpred.inputs`, :mod:`.tune`,
-:mod:`.metrics`, :mod:`.report`); no method is special-cased here.
+score → report. Each step is one function of its own module (:mod:`lenpred.dataset`, :mod:`lenpred.inputs`,
+:mod:`lenpred.tuning`, :mod:`lenpred.metrics`, :mod:`.evaluate_report`); no method is special-cased here.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from lenpred.errors import LenpredError
+from lenpred.io import atomic_path
 from lenpred.studies import DEFAULT_BENCH
+from lenpred.studies.evaluate_report import render_terminal_table, report_paths, save_report
+
+# torch / scipy modules (dataset, tuning, predictors, metrics, heads, signals) are imported inside the functions:
+# the CLI imports this module (and its config) at start-up.
 
 logger = logging.getLogger(__name__)
 
@@ -109,8 +114,6 @@ class EvalConfig:
 def check_output_paths(cfg: EvalConfig) -> None:
     """Refuse, before any work, output and cache paths that are (or lie under) files, or result files that are
     directories."""
-    from lenpred.studies.evaluate_report import report_paths
-
     out_dir = Path(cfg.out)
     for option, path in (("--out", out_dir), ("--cache", Path(cfg.cache) if cfg.cache else None)):
         if path is not None and any(p.exists() and not p.is_dir() for p in (path, *path.parents)):
@@ -123,41 +126,18 @@ def check_output_paths(cfg: EvalConfig) -> None:
                            "another --out")
 
 
-def _check_layers(cfg: EvalConfig, num_layers: int) -> tuple[int, ...]:
-    from lenpred.signals import default_layers, resolve_layers
+def tuning_settings(cfg: EvalConfig):
+    """The tuner's :class:`~lenpred.tuning.TuningSettings` of a config (its fields of the same names)."""
+    from lenpred.tuning import TuningSettings  # deferred: torch; the CLI imports this module at start-up
 
-    if cfg.layers is None:
-        return default_layers(num_layers)
-    if any(not -num_layers - 1 <= l <= num_layers for l in cfg.layers):
-        raise LenpredError(f"--layers must lie in -{num_layers + 1}..{num_layers} for this model ({num_layers} "
-                           f"layers), got {list(cfg.layers)}")
-    if cfg.trail_layers is not None and any(not 1 <= l <= num_layers for l in cfg.trail_layers):
-        raise LenpredError(f"--trail-layers must lie in 1..{num_layers} for this model, got {list(cfg.trail_layers)}")
-    return resolve_layers(cfg.layers, num_layers)
-
-
-def native_bf16() -> bool:
-    """Whether this CPU multiplies bfloat16 natively (AVX512-BF16 or AMX): there bf16 autocast halves the text
-    proxies' fine-tuning time; without it (e.g. an AVX2-only CPU) bf16 is ~15x *slower* than float32 (measured:
-    40 vs 2.4 s per SSJF step, `scripts/proxy_fit_time.py`)."""
-    import torch
-
-    capability = torch.backends.cpu.get_cpu_capability()
-    return "BF16" in capability or "AMX" in capability
+    return TuningSettings(**{f.name: getattr(cfg, f.name) for f in fields(TuningSettings)})
 
 
 def tuning_context(cfg: EvalConfig, layers: tuple[int, ...], num_layers: int, values: dict):
-    """The :class:`~lenpred.tuning.TuningContext` of a config."""
-    from lenpred.tuning import TuningContext
+    """The :class:`~lenpred.tuning.TuningContext` of a config (:func:`lenpred.tuning.tuning_context`)."""
+    from lenpred import tuning
 
-    return TuningContext(
-        layers=layers, trail_layers=cfg.trail_layers or tuple(range(1, num_layers + 1)),
-        lambda1_grid=cfg.lambda1_grid, alpha_grid=cfg.alpha_grid,
-        pooled_settings={"pool_span": cfg.pool_span, "semantic_divisor": cfg.semantic_divisor,
-                         "head": {"epochs": cfg.epochs, "binning": cfg.binning}},
-        proxy_settings={"encoder": cfg.proxy_encoder, "epochs": cfg.proxy_epochs, "max_length": cfg.proxy_max_length,
-                        "precision": "bfloat16" if native_bf16() else "float32"},
-        values=values)
+    return tuning.tuning_context(tuning_settings(cfg), layers, num_layers, values)
 
 
 @dataclass
@@ -176,26 +156,20 @@ class PreparedRun:
 def prepare_run(cfg: EvalConfig, needs: set[str], backbone=None) -> PreparedRun:
     """Records (checked before the model loads) → backbone → requests → the inputs ``needs`` names → tuning context.
 
-    The one loading path of ``lenpred evaluate``, ``LengthPredictor.fit`` and the choice scripts. The model is
-    ``cfg.model`` or the benchmark's own (:func:`lenpred.bench.build.benchmark_model`), and must be the revision the
+    :func:`lenpred.dataset.load_dataset` with the config's settings, plus the config's tuning context. The model is
+    ``cfg.model`` or the benchmark's own (:func:`lenpred.bench.records.benchmark_model`), and must be the revision the
     benchmark was sampled from.
 
     Raises:
         LenpredError: a broken benchmark, a model of another revision than the benchmark's, bad layers, or any
             input provider's error.
     """
-    from lenpred.backbone import load_backbone
-    from lenpred.bench.build import benchmark_model, check_benchmark_model, load_records
-    from lenpred.dataset import load_eval_data
-    from lenpred.inputs import provide_inputs
+    from lenpred.dataset import load_dataset
 
-    table = load_records(cfg.bench)  # a missing or broken benchmark fails before the model loads
-    backbone = backbone or load_backbone(benchmark_model(cfg.bench, cfg.model), num_threads=cfg.threads)
-    check_benchmark_model(cfg.bench, backbone.model_id, backbone.revision)
-    layers = _check_layers(cfg, backbone.num_layers)
-    data = load_eval_data(cfg.bench, backbone.tokenizer, cfg.data_dir, table)
-    values, timing = provide_inputs(needs, backbone, data, {"layers": layers, "cache": cfg.cache, "bench": cfg.bench})
-    return PreparedRun(backbone, data, layers, tuning_context(cfg, layers, backbone.num_layers, values), table, timing)
+    ds = load_dataset(cfg.bench, needs, model=cfg.model, backbone=backbone, data_dir=cfg.data_dir, cache=cfg.cache,
+                      layers=cfg.layers, trail_layers=cfg.trail_layers, threads=cfg.threads)
+    ctx = tuning_context(cfg, ds.layers, ds.backbone.num_layers, ds.values)
+    return PreparedRun(ds.backbone, ds.data, ds.layers, ctx, ds.table, ds.timing)
 
 
 @dataclass
@@ -298,9 +272,6 @@ def _overhead(backbone, data, layers) -> dict:
 def _save(report: EvalReport, fitted: dict, out_dir: Path) -> dict[str, Path]:
     """Write the fitted predictors (``out_dir/predictors``, replaced whole once every method has run) and the
     report (:func:`lenpred.studies.evaluate_report.save_report`); returns the report's paths."""
-    from lenpred.io import atomic_path
-    from lenpred.studies.evaluate_report import save_report
-
     with atomic_path(out_dir / "predictors") as tmp:
         for method, predictor in fitted.items():
             predictor.save(tmp / f"{method}.safetensors")
@@ -312,8 +283,6 @@ def render_evaluate(report: EvalReport, console, title: str = "output-length pre
     """Print the report on ``console`` (a ``rich`` console): the MAE and floor-difference tables in a form that
     fits an 80-100 column terminal (:func:`lenpred.studies.evaluate_report.render_terminal_table`), the oracle
     floor, pooling weights, signal overhead and where every table went (the Markdown file holds them all)."""
-    from lenpred.studies.evaluate_report import render_terminal_table
-
     n_seeds = len(report.config["seeds"])
     seed_note = f"± std over {n_seeds} head seeds" if n_seeds > 1 else f"seed {report.config['seeds'][0]}"
     captions = {"mae": f"MAE in tokens ({seed_note}) and its 95 % prompt-bootstrap interval",

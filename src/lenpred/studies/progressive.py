@@ -28,11 +28,17 @@ from pathlib import Path
 
 import numpy as np
 
+from lenpred.dataset import load_dataset
 from lenpred.errors import LenpredError
-from lenpred.studies import DEFAULT_BENCH
+from lenpred.inputs.decode_states import DECODE_STEPS, benchmark_decode_states
 from lenpred.intervals import conditional_remaining
-from lenpred.inputs.decode_states import DECODE_STEPS
+from lenpred.io import atomic_path, write_json, write_parquet_checked
+from lenpred.metrics import clustered_bootstrap
+from lenpred.predictors import make_predictor
 from lenpred.predictors.progressive import PLPHead, ProgressiveRows, TrailProgressive
+from lenpred.serving.progressive import save_plp, update_cost
+from lenpred.studies import DEFAULT_BENCH
+from lenpred.tuning import check_run_settings, torch_threads
 
 logger = logging.getLogger(__name__)
 
@@ -104,8 +110,6 @@ def curve_table(preds: dict[str, np.ndarray], rows: ProgressiveRows, scenarios: 
                 steps: tuple[int, ...], fixed_after: int, n_resamples: int = 2000) -> list[dict]:
     """MAE (with a prompt-clustered 95 % interval) of each method per population, scenario and step; one dict per
     cell: ``population, scenario, step, method, mae, low, high, n``."""
-    from lenpred.metrics import clustered_bootstrap
-
     observed = rows.observed_remaining
     long_enough = rows.length > fixed_after
     out = []
@@ -128,8 +132,6 @@ def curve_table(preds: dict[str, np.ndarray], rows: ProgressiveRows, scenarios: 
 def paired_difference(a: np.ndarray, b: np.ndarray, rows: ProgressiveRows, mask: np.ndarray,
                       prompt_ids: np.ndarray) -> dict:
     """Paired MAE difference ``a - b`` (tokens, 95 % prompt-clustered interval) over the rows in ``mask``."""
-    from lenpred.metrics import clustered_bootstrap
-
     observed = rows.observed_remaining
     m = mask & np.isfinite(a) & np.isfinite(b)
     d, lo, hi = clustered_bootstrap(np.abs(a[m] - observed[m]) - np.abs(b[m] - observed[m]), prompt_ids[rows.sample[m]])
@@ -162,8 +164,6 @@ def export_test_estimates(path: str | Path, rows: ProgressiveRows, data, preds: 
     import json
 
     import pyarrow as pa
-
-    from lenpred.io import write_parquet_checked
 
     cols = {"prompt_id": data.cols["prompt_id"][rows.sample].astype(str).tolist(),
             "sample_index": data.cols["sample_index"][rows.sample].astype(np.int64),
@@ -213,15 +213,10 @@ def run_progressive(cfg: ProgressiveConfig) -> ProgressiveReport:
     """Extract (or read) the decode states, fit PLP and TRAIL-progressive (choices on validation), score every
     method on the test split, and write ``results.json``, ``results.md`` and ``curves.png`` under ``cfg.out``;
     :func:`render_progressive` prints the report. Progress goes to the ``lenpred`` logger."""
-    from lenpred.studies.evaluate import EvalConfig, prepare_run
-    from lenpred.tuning import torch_threads
-    from lenpred.predictors import make_predictor
-    from lenpred.inputs.decode_states import benchmark_decode_states
-    from lenpred.io import write_json
-
     t0 = time.perf_counter()
-    run = prepare_run(EvalConfig(model=cfg.model, bench=cfg.bench, data_dir=cfg.data_dir, cache=cfg.cache, threads=cfg.threads,
-                                 layers=cfg.signal_layers, methods=(cfg.static[0],)), {"signals"})
+    check_run_settings((cfg.static[0],), threads=cfg.threads)
+    run = load_dataset(cfg.bench, {"signals"}, model=cfg.model, data_dir=cfg.data_dir, cache=cfg.cache,
+                       layers=cfg.signal_layers, threads=cfg.threads)
     data, backbone = run.data, run.backbone
     with torch_threads(cfg.threads):
         decode = benchmark_decode_states(backbone, data, tuple(sorted({*cfg.plp_layers, *cfg.trail_layers})),
@@ -288,7 +283,6 @@ def run_progressive(cfg: ProgressiveConfig) -> ProgressiveReport:
                      ("plp", "static_conditional")):
             if at.sum() > 1:
                 report["paired"][f"rl/step{t}/{a}-{b}"] = paired_difference(preds[a], preds[b], te, at, prompt_ids)
-    from lenpred.serving.progressive import save_plp, update_cost
 
     report["update_cost_us"] = update_cost(plp, te.prompt_features, te.plp_state, te.step, te.cap)
 
@@ -318,8 +312,6 @@ def _fmt(c: dict | None) -> str:
 
 
 def _write_markdown(report: dict, path: Path) -> None:
-    from lenpred.io import atomic_path
-
     steps = [0, 32, 64, 128]
     lines = ["# Progressive remaining-length prediction (test split)", "",
              f"PLP prompt representation: {report['plp']['prompt']}, decode-state layer {report['plp']['plp_layer']}; "
@@ -354,8 +346,6 @@ def _plot(report: dict, path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from lenpred.io import atomic_path
 
     fig, axes = plt.subplots(2, 3, figsize=(15, 8), sharex=True)
     for r, population in enumerate(("running", "fixed")):

@@ -10,8 +10,12 @@ from pathlib import Path
 import numpy as np
 
 from lenpred.errors import LenpredError
+from lenpred.serving.cost_model import CostModel
+from lenpred.serving.policies import countdown_remaining, make_policy, progressive_remaining
+from lenpred.serving.simulator import ARRIVALS, SimConfig, simulate
 from lenpred.studies import DEFAULT_BENCH
-from lenpred.studies.workload import DEFAULT_PREDICTORS, DEFAULT_PREDICTORS_DIR, DEFAULT_TABLE
+from lenpred.studies.workload import (DEFAULT_PREDICTORS, DEFAULT_PREDICTORS_DIR, DEFAULT_TABLE, check_predictors,
+                                      draw_workload, load_workload_table, progressive_estimates)
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +72,6 @@ class SimExperimentConfig:
             raise LenpredError("--draws and --num-requests must be >= 2 (intervals need several draws)")
         if not 0 < self.load:
             raise LenpredError(f"--load must be > 0, got {self.load}")
-        from lenpred.serving.simulator import ARRIVALS
 
         bad = [a for a in self.arrivals if a not in ARRIVALS]
         if bad:
@@ -129,10 +132,6 @@ def draw_bootstrap(per_draw: dict[str, np.ndarray], stat, n_resamples: int = 200
 
 def _rate(table, cfg: SimExperimentConfig, cost) -> float:
     """Arrival rate (requests/s) = load × FCFS all-at-once throughput of the first draw."""
-    from lenpred.serving.policies import make_policy
-    from lenpred.serving.simulator import SimConfig, simulate
-    from lenpred.studies.workload import draw_workload
-
     requests = draw_workload(table, cfg.num_requests, cfg.seed)
     summary, _ = simulate(requests, make_policy("fcfs"), cost,
                           SimConfig(max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens))
@@ -145,12 +144,6 @@ def run_simulation(cfg: SimExperimentConfig, table=None) -> SimReport:
     saves its :meth:`~SimReport.to_dict`): per row and draw the summary metrics, per-request JCTs of draw 0 (CDF
     plot), and bootstrap summaries. ``table``: the workload table (``None``: read from ``cfg.workload``)."""
     from tqdm.auto import tqdm
-
-    from lenpred.serving.cost_model import CostModel
-    from lenpred.serving.policies import countdown_remaining, make_policy, progressive_remaining
-    from lenpred.serving.simulator import SimConfig, simulate
-    from lenpred.studies.workload import (check_predictors, draw_workload, load_workload_table,
-                                             progressive_estimates)
 
     cost = CostModel.load(cfg.cost_model)
     table = table if table is not None else load_workload_table(cfg.workload, cfg.bench, cfg.predictors_dir,

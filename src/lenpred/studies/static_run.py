@@ -13,11 +13,17 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from lenpred.backbone import DEFAULT_MODEL
+from lenpred.backbone import DEFAULT_MODEL, eos_token_ids, load_backbone
+from lenpred.engines.hf import without_model_defaults
 from lenpred.errors import LenpredError
+from lenpred.io import write_json
+from lenpred.serving.cost_model import CostModel, hardware_description
+from lenpred.serving.metrics import RequestTiming, summarize
+from lenpred.serving.policies import make_policy, padding_ratio, static_batches
+from lenpred.serving.simulator import simulate_static
 from lenpred.studies import DEFAULT_BENCH
 from lenpred.studies.resume import load_resumable
-from lenpred.studies.workload import DEFAULT_PREDICTORS_DIR, DEFAULT_TABLE
+from lenpred.studies.workload import DEFAULT_PREDICTORS_DIR, DEFAULT_TABLE, draw_workload, load_workload_table
 
 
 class ExactLengthProcessor:
@@ -59,8 +65,6 @@ def generate_static_batch(model, prompts: list[list[int]], lengths: list[int], s
     """
     import torch
     from transformers import GenerationConfig, LogitsProcessorList
-
-    from lenpred.engines.hf import without_model_defaults
 
     B, P = len(prompts), max(len(p) for p in prompts)
     ids = torch.full((B, P), pad_token_id, dtype=torch.long)
@@ -109,9 +113,6 @@ def calibrate_transformers(cfg: CalibrationConfig):
     """Time ``generate`` on the grid, fit :class:`~lenpred.serving.cost_model.CostModel` and save it (with the
     raw measurements under ``settings["measurements"]``). Returns the model."""
     from tqdm.auto import tqdm
-
-    from lenpred.backbone import eos_token_ids, load_backbone
-    from lenpred.serving.cost_model import CostModel, hardware_description
 
     backbone = load_backbone(cfg.model, num_threads=cfg.threads)
     stop = eos_token_ids(backbone.model_dir, backbone.tokenizer)
@@ -215,14 +216,6 @@ def run_static(cfg: StaticRunConfig, table=None) -> StaticRunReport:
     from pathlib import Path
 
     from tqdm.auto import tqdm
-
-    from lenpred.backbone import eos_token_ids, load_backbone
-    from lenpred.io import write_json
-    from lenpred.serving.cost_model import CostModel, hardware_description
-    from lenpred.serving.metrics import RequestTiming, summarize
-    from lenpred.serving.policies import make_policy, padding_ratio, static_batches
-    from lenpred.serving.simulator import simulate_static
-    from lenpred.studies.workload import draw_workload, load_workload_table
 
     cost = CostModel.load(cfg.cost_model)
     table = table if table is not None else load_workload_table(cfg.workload, cfg.bench, cfg.predictors_dir,

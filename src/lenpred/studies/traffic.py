@@ -26,9 +26,19 @@ from pathlib import Path
 
 import numpy as np
 
+from lenpred.backbone import cache_dir
 from lenpred.errors import LenpredError
+from lenpred.io import atomic_path, write_json
+from lenpred.pipeline import LengthPredictor, bench_train_rows
+from lenpred.serving.adaptive import AdaptiveConfig, adapted_interval, replay_intervals
+from lenpred.serving.refit import TrafficRows, choose_finetune, finetune_head, fit_head, head_quantiles, rows_from_log
+from lenpred.serving.traffic_log import TrafficLogConfig, TrafficLogWriter, predictor_metadata, read_traffic_log
 from lenpred.studies import DEFAULT_BENCH
+from lenpred.studies.scheduling_report import markdown
+from lenpred.studies.traffic_data import split_prompt_ids, stream_signals
 
+# torch / scipy modules (dataset, metrics) are imported inside the functions, so the study's config imports
+# without them.
 logger = logging.getLogger(__name__)
 
 
@@ -171,9 +181,6 @@ def run_traffic_replay(cfg: TrafficReplayConfig) -> TrafficReport:
             sample has.
     """
     from lenpred.dataset import load_eval_data
-    from lenpred.pipeline import LengthPredictor
-    from lenpred.serving.refit import head_quantiles
-    from lenpred.studies.traffic_data import split_prompt_ids, stream_signals
 
     t0 = time.perf_counter()
     shipped = LengthPredictor.from_pretrained(cfg.predictor)
@@ -220,16 +227,12 @@ def render_traffic(report: TrafficReport, console) -> None:
 
 
 def _bench_rows_or_none(shipped, cfg):
-    from lenpred.pipeline import _bench_rows
-
-    rows, _ = _bench_rows(shipped, cfg.bench, cfg.data_dir, cfg.cache)
+    rows, _ = bench_train_rows(shipped, cfg.bench, cfg.data_dir, cfg.cache)
     return rows
 
 
 def _serve_stream(s: dict, shipped, head, bench_rows, cfg: TrafficReplayConfig, name: str, late: np.ndarray) -> dict:
     """Log the stream, replay the intervals, refit on the earlier part, score the later part."""
-    from lenpred.serving.adaptive import AdaptiveConfig, adapted_interval, replay_intervals
-
     log, log_stats = _write_log(s, shipped, cfg, name)
     n = len(s["y"])
     earlier, later = later_part(s["prompt_id"], new_prompts_only=(name == "new-prompts"))
@@ -262,9 +265,6 @@ def _write_log(s: dict, shipped, cfg: TrafficReplayConfig, name: str):
     import hashlib
     import shutil
 
-    from lenpred.backbone import cache_dir
-    from lenpred.serving.traffic_log import TrafficLogConfig, TrafficLogWriter, predictor_metadata, read_traffic_log
-
     directory = Path(cfg.log_dir or cache_dir() / "traffic-replay") / name
     shutil.rmtree(directory, ignore_errors=True)
     t, n = 1.7e9, len(s["y"])
@@ -288,7 +288,6 @@ def _refits(log, s: dict, shipped, head, bench_rows, earlier, later, cfg: Traffi
     """Shipped vs heads refitted on the earlier part (from the log; with and without the benchmark's train split),
     on the later part: MAE and Kendall tau with paired prompt-clustered intervals; and the learning curve."""
     from lenpred.metrics import clustered_bootstrap
-    from lenpred.serving.refit import TrafficRows, choose_finetune, finetune_head, fit_head, head_quantiles, rows_from_log
 
     rows = rows_from_log(log)  # in finish order = the stream's order here
     params = shipped.predictor_.params
@@ -347,8 +346,6 @@ def _fmt(ci, digits=1) -> str:
 
 
 def render_markdown(report: dict) -> str:
-    from lenpred.studies.scheduling_report import markdown
-
     cfg = report["config"]
     lines = [f"# Learning from served traffic: replayed `{Path(cfg['bench']).name}` test split, "
              f"'{cfg['late']}' arriving late", "",
@@ -387,8 +384,6 @@ def _save(report: dict, cfg: TrafficReplayConfig) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from lenpred.io import atomic_path, write_json
 
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -10,6 +10,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from lenpred.backbone import load_backbone
+from lenpred.inputs.signals import signal_cache_path
+
+# torch modules (dataset, inputs.cache) are imported inside the functions.
+
 STREAM_LAYERS = (15,)  # the shipped predictor's layer; its config.json says so (checked in stream_signals)
 
 
@@ -26,7 +31,6 @@ def stream_signals(data, backbone, cache: str | Path | None, prompt_ids: list[st
         bench: the benchmark directory (names the default cache).
     """
     from lenpred.inputs.cache import extract_cached
-    from lenpred.inputs.signals import signal_cache_path
 
     cache = Path(cache) if cache else signal_cache_path(backbone, bench, STREAM_LAYERS)
     signals = extract_cached(backbone, {p: data.by_prompt[p].token_ids for p in prompt_ids}, STREAM_LAYERS, cache,
@@ -47,7 +51,6 @@ def prefetch(bench: str, split: str, chunk: int, num_chunks: int, data_dir: str 
              cache: str | None = None) -> None:
     """Extract chunk ``chunk`` of ``num_chunks`` of ``split``'s prompts into the signal cache (a background job runs
     this chunk by chunk, each under the CPU lock, so no hold is long; rerunning a chunk reads it back)."""
-    from lenpred.backbone import load_backbone
     from lenpred.dataset import load_eval_data
 
     backbone = load_backbone()

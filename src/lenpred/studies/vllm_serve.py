@@ -193,7 +193,7 @@ def run_vllm_serve(cfg: VLLMServeConfig, table=None) -> dict:
 
     from lenpred.backbone import resolve_model
     from lenpred.bench.build import read_manifest
-    from lenpred.bench.sources import prompt_messages
+    from lenpred.bench.user_prompts import prompt_messages
     from lenpred.io import write_json
     from lenpred.serving.simulator import arrival_times
     from lenpred.studies.workload import draw_workload, load_workload_table

@@ -15,10 +15,15 @@ from pathlib import Path
 
 import numpy as np
 
-from lenpred.backbone import DEFAULT_MODEL
+from lenpred.backbone import DEFAULT_MODEL, resolve_model
+from lenpred.bench.user_prompts import prompt_messages
 from lenpred.errors import LenpredError
+from lenpred.io import file_sha256, read_parquet_checked, stable_hash, write_parquet_checked
+from lenpred.prompts import prepare_prompt
 from lenpred.studies import DEFAULT_BENCH
 
+# torch / pyarrow modules (dataset, tuning, predictors, bench.records) are imported inside the functions, so the
+# study's config and the table helpers import without them.
 logger = logging.getLogger(__name__)
 
 DEFAULT_PREDICTORS = ("estp", "egtp", "trail", "ssjf_reg", "last")
@@ -90,8 +95,6 @@ def _bench_key(bench: str | Path) -> dict[str, str]:
 
 def _bench_fingerprint(bench: str | Path) -> str:
     """Hash of :func:`_bench_key`."""
-    from lenpred.io import stable_hash
-
     return stable_hash(_bench_key(bench))
 
 
@@ -105,8 +108,6 @@ def _inputs_fingerprint(bench: str | Path, predictors_dir: Path, predictors: tup
     Raises:
         LenpredError: a predictor file is missing.
     """
-    from lenpred.io import file_sha256, stable_hash
-
     files = {}
     for name, path in _predictor_files(predictors_dir, predictors).items():
         if not path.exists():
@@ -121,7 +122,7 @@ def build_workload_table(bench: str | Path = DEFAULT_BENCH,
                          predictors: tuple[str, ...] = DEFAULT_PREDICTORS, model: str = DEFAULT_MODEL,
                          threads: int | None = None):
     """Predict every test request's length with each saved predictor, the way ``lenpred evaluate`` scores them
-    (same loading path :func:`lenpred.studies.evaluate.prepare_run`, predictions clipped to each request's cap by
+    (same loading path :func:`lenpred.dataset.load_dataset`, predictions clipped to each request's cap by
     :func:`lenpred.tuning.clipped_predict`).
 
     Returns:
@@ -131,14 +132,14 @@ def build_workload_table(bench: str | Path = DEFAULT_BENCH,
     """
     import pyarrow as pa
 
-    from lenpred.studies.evaluate import EvalConfig, prepare_run
-    from lenpred.tuning import clipped_predict
+    from lenpred.dataset import load_dataset
+    from lenpred.tuning import check_run_settings, clipped_predict
     from lenpred.predictors import PREDICTORS, Predictor
 
     predictors_dir = Path(predictors_dir)
     fingerprint = _inputs_fingerprint(bench, predictors_dir, predictors)
-    cfg = EvalConfig(model=model, bench=str(bench), methods=tuple(predictors), threads=threads)
-    run = prepare_run(cfg, {i for m in predictors for i in PREDICTORS[m].inputs})
+    check_run_settings(tuple(predictors), threads=threads)
+    run = load_dataset(str(bench), {i for m in predictors for i in PREDICTORS[m].inputs}, model=model, threads=threads)
     data, test = run.data, run.data.index["test"]
     requests = data.rows("test")
     cols = {"request_index": np.arange(len(test)), "prompt_id": data.cols["prompt_id"][test].astype(str),
@@ -177,8 +178,6 @@ def load_workload_table(path: str | Path = DEFAULT_TABLE, bench: str | Path = DE
             cannot stand in for it; a prompt re-tokenises to a different length than the benchmark recorded.
     """
     import pyarrow as pa
-
-    from lenpred.io import read_parquet_checked, write_parquet_checked
 
     path = Path(path)
     table = read_parquet_checked(path)
@@ -220,10 +219,7 @@ def _prompt_token_ids(bench, model: str, data_dir: str | None, table) -> list[li
     """Each row's chat-formatted prompt token ids, re-read from the data sets (tokenizer only)."""
     from transformers import AutoTokenizer
 
-    from lenpred.backbone import resolve_model
-    from lenpred.bench.build import read_manifest
-    from lenpred.bench.sources import prompt_messages
-    from lenpred.prompts import prepare_prompt
+    from lenpred.bench.records import read_manifest
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(model)[0])
     prompt_files = read_manifest(Path(bench)).get("prompt_files")
@@ -251,8 +247,6 @@ def progressive_estimates(path: str | Path, table) -> dict[str, dict[int, dict[i
         LenpredError: the file is missing or fails its checksum (rerun ``lenpred progressive``), or a test
             request of the table has no estimate at step 0 (the two were made from different benchmarks).
     """
-    from lenpred.io import read_parquet_checked
-
     est = read_parquet_checked(path)
     if est is None:
         raise LenpredError(f"{path} is missing or fails its checksum: run `lenpred progressive` to write it")

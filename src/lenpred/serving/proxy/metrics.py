@@ -22,6 +22,8 @@ Names follow Prometheus conventions (``_total`` counters, ``_seconds`` / ``_toke
 
 from __future__ import annotations
 
+from lenpred.errors import LenpredError
+
 OUTCOMES = ("forwarded", "upstream_error", "unreachable", "refused", "cancelled")
 STAGES = ("predicting", "waiting_upstream", "streaming")
 _TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, float("inf"))
@@ -40,8 +42,6 @@ class ProxyMetrics:
         try:
             from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
         except ImportError:
-            from lenpred.errors import LenpredError
-
             raise LenpredError("lenpred serve needs prometheus_client: pip install 'lenpred[serve]'") from None
         self.registry = r = CollectorRegistry()
         self.requests = Counter("lenpred_proxy_requests", "Predicted-path requests by outcome",

@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, fields
 
+from lenpred.backbone import local_model_revision
 from lenpred.errors import LenpredError
+from lenpred.pipeline import LengthPredictor
 
 ENGINE_POLICIES = ("observe", "fcfs", "sjf", "srpt")
 """``observe``: capture and predict, schedule as stock vLLM (the overhead reference); ``fcfs`` / ``sjf`` / ``srpt``:
@@ -116,8 +118,6 @@ def load_head(cfg: EngineConfig):
     Raises:
         LenpredError: unreadable, or a predictor whose input an engine cannot capture (it pools many tokens, or
             reads entropy, attention or text)."""
-    from lenpred.pipeline import LengthPredictor
-
     predictor = LengthPredictor.from_pretrained(cfg.predictor, load_model=False)
     if predictor.engine_layer is None:
         raise LenpredError(f"predictor '{predictor.method}' ({cfg.predictor or 'shipped'}) reads more than the last "
@@ -133,8 +133,6 @@ def check_served_model(predictor, vllm_config) -> None:
         LenpredError: the served model directory's revision differs from the predictor's ``model_revision``, or its
             hidden size / depth cannot hold the predictor's layer."""
     from pathlib import Path
-
-    from lenpred.backbone import local_model_revision
 
     model = vllm_config.model_config.model
     path = Path(model)

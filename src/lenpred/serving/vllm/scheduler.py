@@ -28,7 +28,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lenpred.intervals import conditional_remaining
+from lenpred.io import write_json
+from lenpred.serving.adaptive import AdaptiveConfig
+from lenpred.serving.online import OnlineLearning
 from lenpred.serving.parked import SlotRequest, choose_decoders, preemption_order
+from lenpred.serving.progressive import start_states, update_batch
+from lenpred.serving.traffic_log import TrafficLogConfig
 from lenpred.serving.vllm.config import EngineConfig, check_served_model, load_head
 from lenpred.serving.vllm.worker import STATES_ATTR
 
@@ -80,8 +86,6 @@ class RequestPrediction:
         """Tokens still to come after ``generated``: the latest PLP estimate counted down, else the static
         distribution conditioned on ``T > generated`` (:func:`lenpred.intervals.conditional_remaining`), else the
         countdown of the expectation."""
-        from lenpred.intervals import conditional_remaining
-
         if self.plp_remaining is not None:
             return max(self.plp_remaining - (generated - self.plp_step), 0.0)
         if self.probs is not None:
@@ -122,10 +126,6 @@ class LenpredScheduler(Scheduler):
         self._lp_log = open(cfg.log_path, "a", buffering=1) if cfg.log_path else None  # noqa: SIM115 - engine lifetime
         self._lp_online = None
         if cfg.traffic_log or cfg.adaptive_interval:
-            from lenpred.serving.adaptive import AdaptiveConfig
-            from lenpred.serving.online import OnlineLearning
-            from lenpred.serving.traffic_log import TrafficLogConfig
-
             self._lp_online = OnlineLearning(
                 self.lenpred_predictor, log=TrafficLogConfig(cfg.traffic_log) if cfg.traffic_log else None,
                 adaptive=AdaptiveConfig(method=cfg.adaptive_interval) if cfg.adaptive_interval else None)
@@ -178,8 +178,6 @@ class LenpredScheduler(Scheduler):
                                       and self.lenpred_predictions[rid].plp_state is not None})
 
     def _lenpred_plp_start(self, ids: list[str], states: dict) -> None:
-        from lenpred.serving.progressive import start_states
-
         layer = self.lenpred_predictor.engine_layer
         preds = [self.lenpred_predictions[r] for r in ids]
         plp_states = start_states(self._lp_plp, np.stack([states[r]["states"][layer] for r in ids]),
@@ -189,8 +187,6 @@ class LenpredScheduler(Scheduler):
             p.plp_state, p.plp_step, p.plp_remaining = s, 0, s.remaining
 
     def _lenpred_plp_update(self, states: dict) -> None:
-        from lenpred.serving.progressive import update_batch
-
         if not states:
             return
         ids = list(states)
@@ -235,8 +231,6 @@ class LenpredScheduler(Scheduler):
         c["steps"] += 1
         c["policy_s"] += policy_s
         if self.lenpred_config.log_path and c["steps"] % 256 == 0:
-            from lenpred.io import write_json
-
             write_json(f"{self.lenpred_config.log_path}.scheduler.json", c)
 
     def _lenpred_slot(self, request, now: float) -> SlotRequest:

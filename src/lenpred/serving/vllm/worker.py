@@ -19,6 +19,7 @@ import time
 import numpy as np
 
 from lenpred.errors import LenpredError
+from lenpred.io import write_json
 from lenpred.serving.vllm.capture import (LayerCapture, ScheduledRequest, capture_plan, decoder_layers,
                                           scheduled_requests)
 from lenpred.serving.vllm.config import EngineConfig, check_served_model, load_head
@@ -86,8 +87,6 @@ class CaptureMixin:
         stats["plugin_s"] += (t1 - t0) + (now - t2)
         stats["hook_s"] = self._lenpred_capture.hook_s
         if self._lenpred_stats_path and stats["steps"] % 256 == 0:
-            from lenpred.io import write_json
-
             write_json(self._lenpred_stats_path, stats)
 
     def _collect(self, scheduled: list[ScheduledRequest], states: dict) -> dict:

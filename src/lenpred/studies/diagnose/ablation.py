@@ -3,8 +3,8 @@ the soft-label width and the CE/MSE mix — each choice on validation, each repo
 prompt-clustered bootstrap against entropy-only pooling.
 
 Every candidate is one registered pooled predictor (``entropy_only``, ``semantic_only``, ``estp``) fitted with
-:func:`lenpred.tuning.fit_predictor` on train (one torch thread, as ``lenpred evaluate``), scored on
-validation and test with predictions clipped to each request's cap (:func:`lenpred.tuning.clipped_predict`).
+:func:`lenpred.tuning.fit_and_score` on train (one torch thread, as ``lenpred evaluate``), scored on
+validation and test with predictions clipped to each request's cap.
 ESTP's ``lambda2`` is fixed at 1 and ``lambda1`` varies (only the ratio and ``alpha`` matter: the softmax is scale
 free up to ``alpha``); ``lambda1 / lambda2 = 0`` is entropy-only and ``inf`` semantic-only.
 """
@@ -14,6 +14,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
+
+# torch / scipy modules (tuning, metrics) are imported inside run_ablations, so `candidate` imports without them.
 
 RATIOS = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, math.inf)
 ALPHAS = (0.5, 1.0, 2.0, 4.0)
@@ -46,17 +48,13 @@ def run_ablations(data, settings: dict, layers: tuple[int, ...], grid_layer: int
     from tqdm.auto import tqdm
 
     from lenpred.metrics import clustered_bootstrap
-    from lenpred.tuning import clipped_predict, fit_predictor, torch_threads
+    from lenpred.tuning import fit_and_score, torch_threads
 
-    train, val, test = data.index["train"], data.index["validation"], data.index["test"]
-    train_req, val_req, test_req = data.rows("train"), data.rows("validation"), data.rows("test")
-    y_val, y_test = data.y[val], data.y[test]
-    test_ids = data.cols["prompt_id"][test]
+    test_ids = data.cols["prompt_id"][data.index["test"]]
 
     def fit(method: str, params: dict, seed: int) -> dict:
-        p = fit_predictor(method, params, train_req, data.y[train], data.censored[train], seed)
-        pv, pt = clipped_predict(p, val_req), clipped_predict(p, test_req)
-        return {"val_mae": float(np.mean(np.abs(pv - y_val))), "test_abs_err": np.abs(pt - y_test)}
+        scored = fit_and_score(method, params, data, seed)
+        return {"val_mae": scored.val_mae, "test_abs_err": scored.test_abs_err}
 
     grid_points = [(r, a) for r in ratios for a in alphas]
     bar = tqdm(total=len(grid_points) + 3 * (len(seeds) - 1) + (len(layers) - 1) + len(bins) + len(taus) + len(lams),

@@ -16,6 +16,8 @@ import numpy as np
 import torch
 
 from lenpred.errors import LenpredError
+from lenpred.predictors import max_new_tokens
+from lenpred.predictors.pooled import PooledHeadPredictor
 
 
 def correlations(x: np.ndarray, y: np.ndarray) -> dict:
@@ -48,15 +50,12 @@ def gradient_attribution(backbone, predictor, request) -> torch.Tensor:
     Raises:
         LenpredError: the predictor is not a pooled head.
     """
-    from lenpred.predictors import max_new_tokens
-    from lenpred.predictors.pooled import PooledHeadPredictor
-
     if not isinstance(predictor, PooledHeadPredictor):
         raise LenpredError(f"gradient attribution needs a pooled-head predictor, got {type(predictor).__name__}")
     model, head = backbone.model, predictor.head_
     layer = predictor.layer if predictor.layer >= 0 else backbone.num_layers + 1 + predictor.layer
     n = len(request.token_ids)
-    start, end = _span(request, predictor.params["pool_span"], n)
+    start, end = pooled_span(request, predictor.params["pool_span"], n)
     ids = torch.tensor([request.token_ids])
     with torch.enable_grad():
         emb = model.get_input_embeddings()(ids).detach().requires_grad_(True)
@@ -77,7 +76,7 @@ def gradient_attribution(backbone, predictor, request) -> torch.Tensor:
     return grad[0, start:end].norm(dim=-1).detach()
 
 
-def _span(request, pool_span: str, n: int) -> tuple[int, int]:
+def pooled_span(request, pool_span: str, n: int) -> tuple[int, int]:
     """``[start, end)`` of the pooled span, as :func:`lenpred.predictors.pooled.request_spans` and
     :meth:`lenpred.signals.PromptSignals.span` compute it."""
     if pool_span == "all" or request.content_span is None:

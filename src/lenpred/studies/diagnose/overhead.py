@@ -27,6 +27,9 @@ import time
 import numpy as np
 import torch
 
+from lenpred.predictors import Request
+from lenpred.signals import extract_signals, plain_prefill
+
 VARIANTS = ("plain", "entropy_full", "signals_full", "entropy_pruned", "signals_pruned")
 
 
@@ -61,8 +64,6 @@ class PeakRSS:
 
 def variant_functions(backbone, layers: tuple[int, ...], vocab: torch.Tensor) -> dict:
     """``{variant: fn(batch_token_ids)}`` for :data:`VARIANTS` (see the module docstring)."""
-    from lenpred.signals import extract_signals, plain_prefill
-
     return {"plain": lambda ids: plain_prefill(backbone, ids),
             "entropy_full": lambda ids: extract_signals(backbone, ids, layers, semantic=False),
             "signals_full": lambda ids: extract_signals(backbone, ids, layers, semantic=True),
@@ -73,8 +74,6 @@ def variant_functions(backbone, layers: tuple[int, ...], vocab: torch.Tensor) ->
 def pool_head_seconds(predictors: dict, signals: list, repeats: int = 3) -> dict:
     """Fastest wall time (s) of ``predictor.predict`` on requests carrying ``signals`` (pooling over the whole prompt
     + the head), per predictor name."""
-    from lenpred.predictors import Request
-
     reqs = [Request(f"p{i}", [0] * len(s.token_entropy), signals=s, content_span=None) for i, s in enumerate(signals)]
     out = {}
     with torch.inference_mode():

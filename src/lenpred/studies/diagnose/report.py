@@ -10,6 +10,9 @@ import numpy as np
 
 from lenpred.io import atomic_path, write_json
 
+SECTIONS = ("misalignment", "attribution", "ablation", "entropy", "overhead")
+"""The sections of ``lenpred diagnose``, in the order they run and are reported."""
+
 SCENARIOS = ("longseq", "reasoning", "rl", "overall")
 
 
@@ -268,8 +271,6 @@ def write_report(out: Path) -> dict:
     """Read every ``<section>.json`` in ``out``; write ``REPORT.md``, the PNGs and ``diagnose.json``. Returns
     ``{section: its result}`` for the sections present (:func:`lenpred.studies.diagnose.run.render_diagnose` prints
     where they went)."""
-    from lenpred.studies.diagnose.run import SECTIONS
-
     out = Path(out)
     sections = {s: json.loads((out / f"{s}.json").read_text()) for s in SECTIONS if (out / f"{s}.json").is_file()}
     lines = ["# lenpred diagnose: misalignment, attribution, ablations, cheaper entropy, overhead", "",

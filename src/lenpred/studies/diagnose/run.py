@@ -7,20 +7,33 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from lenpred.dataset import load_dataset
 from lenpred.errors import LenpredError
+from lenpred.io import atomic_path, write_json
+from lenpred.metrics import clustered_bootstrap
+from lenpred.pooling import Pooler
+from lenpred.predictors import Predictor
+from lenpred.predictors.pooled import request_spans
 from lenpred.studies import DEFAULT_BENCH
+from lenpred.studies.diagnose.ablation import run_ablations
+from lenpred.studies.diagnose.attribution import correlations, gradient_attribution, pooled_span
+from lenpred.studies.diagnose.entropy import (entropy_agreement, frequent_vocabulary, pruned_entropy,
+                                              verify_cached_entropy, with_entropy)
+from lenpred.studies.diagnose.misalignment import (TokenWeightTally, misalignment_shares, top_token_share,
+                                                   within_prompt_percentile)
+from lenpred.studies.diagnose.overhead import breakdown, overhead_grid
+from lenpred.studies.diagnose.report import SECTIONS, write_report
+from lenpred.tuning import TuningSettings, check_run_settings, fit_and_score, torch_threads, tuning_context
 
 logger = logging.getLogger(__name__)
 
 SINK_ALPHAS = (0.25, 0.5, 1.0, 2.0, 4.0)
-SECTIONS = ("misalignment", "attribution", "ablation", "entropy", "overhead")
 
 
 @dataclass
@@ -81,8 +94,6 @@ def _chosen(cfg: DiagnoseConfig) -> dict:
 
 def _scenario_ci(values: np.ndarray, scenarios: np.ndarray, ids: np.ndarray, n_resamples: int) -> dict:
     """Mean of per-prompt values per scenario and overall, with a prompt bootstrap 95 % interval."""
-    from lenpred.metrics import clustered_bootstrap
-
     out = {}
     for g in [*sorted(set(scenarios.tolist())), "overall"]:
         m = np.ones(len(values), bool) if g == "overall" else scenarios == g
@@ -108,11 +119,6 @@ def misalignment_section(data, tokenizer, chosen: dict, n_resamples: int) -> tup
     """Misalignment shares, semantic-score concentration, pooling-weight concentration and the EGTP-vs-ESTP token
     tally over every distinct prompt (spans of >= 5 tokens). Returns ``(json, arrays for the figure)``."""
     from collections import Counter
-
-    from lenpred.studies.diagnose.misalignment import (TokenWeightTally, misalignment_shares, top_token_share,
-                                                  within_prompt_percentile)
-    from lenpred.pooling import Pooler
-    from lenpred.predictors.pooled import request_spans
 
     settings = chosen["estp"]
     pool_span, divisor = settings["pool_span"], settings["semantic_divisor"]
@@ -170,10 +176,6 @@ def attribution_section(backbone, data, evaluate_dir: str, per_scenario: int, n_
     scenario (first in test order); correlations with entropy and semantic score."""
     from tqdm.auto import tqdm
 
-    from lenpred.studies.diagnose.attribution import _span, correlations, gradient_attribution
-    from lenpred.metrics import clustered_bootstrap
-    from lenpred.predictors import Predictor
-
     predictor = Predictor.load(Path(evaluate_dir) / "predictors" / "mean.safetensors")
     test_ids = list(dict.fromkeys(data.cols["prompt_id"][data.index["test"]]))
     picked, counts = [], {}
@@ -186,7 +188,7 @@ def attribution_section(backbone, data, evaluate_dir: str, per_scenario: int, n_
     per_prompt = []
     for pid in tqdm(picked, desc="gradient attribution", unit="prompt"):
         req = data.by_prompt[pid]
-        start, end = _span(req, predictor.params["pool_span"], len(req.token_ids))
+        start, end = pooled_span(req, predictor.params["pool_span"], len(req.token_ids))
         span = req.signals.span(start, end, predictor.params["semantic_divisor"])
         G = gradient_attribution(backbone, predictor, req).numpy()
         H, S = span.token_entropy.numpy(), span.semantic_score.numpy()
@@ -219,8 +221,6 @@ class swapped_entropy:
         self.data, self.entropies = data, entropies
 
     def __enter__(self):
-        from lenpred.studies.diagnose.entropy import with_entropy
-
         self.saved = {p: r.signals for p, r in self.data.by_prompt.items()}
         for p, r in self.data.by_prompt.items():
             r.signals = with_entropy(r.signals, self.entropies[p])
@@ -234,8 +234,6 @@ class swapped_entropy:
 
 def train_vocabulary(data, k: int, vocab_size: int) -> torch.Tensor:
     """The pruned head's vocabulary: the ``k`` ids most frequent in the train split's prompts and responses."""
-    from lenpred.studies.diagnose.entropy import frequent_vocabulary
-
     train = data.index["train"]
     prompts = {p: data.by_prompt[p].token_ids for p in data.cols["prompt_id"][train]}
     return frequent_vocabulary([*prompts.values(), *data.responses[train]], k, vocab_size)
@@ -247,16 +245,11 @@ def entropy_section(backbone, data, chosen: dict, ks: tuple[int, ...], seeds: tu
     every ``k`` and score EGTP and ESTP (their chosen settings) with each, paired with full entropy, per seed."""
     from tqdm.auto import tqdm
 
-    from lenpred.studies.diagnose.entropy import entropy_agreement, pruned_entropy, verify_cached_entropy
-    from lenpred.metrics import clustered_bootstrap
-    from lenpred.tuning import clipped_predict, fit_predictor, torch_threads
-
     W = backbone.model.get_output_embeddings().weight.detach()
     V = W.shape[0]
     prompts = list(data.by_prompt)
     check = verify_cached_entropy([data.by_prompt[p].signals for p in prompts[:100]], W, final_layer)
-    train, val, test = data.index["train"], data.index["validation"], data.index["test"]
-    test_ids = data.cols["prompt_id"][test]
+    test_ids = data.cols["prompt_id"][data.index["test"]]
     methods = {m: {k: v for k, v in chosen[m].items() if k != "val_mae"} for m in ("egtp", "estp") if m in chosen}
 
     def score() -> dict:
@@ -265,9 +258,9 @@ def entropy_section(backbone, data, chosen: dict, ks: tuple[int, ...], seeds: tu
             for m, params in methods.items():
                 errs, vals = [], []
                 for s in seeds:
-                    p = fit_predictor(m, params, data.rows("train"), data.y[train], data.censored[train], s)
-                    vals.append(float(np.mean(np.abs(clipped_predict(p, data.rows("validation")) - data.y[val]))))
-                    errs.append(np.abs(clipped_predict(p, data.rows("test")) - data.y[test]))
+                    scored = fit_and_score(m, params, data, s)
+                    vals.append(scored.val_mae)
+                    errs.append(scored.test_abs_err)
                 out[m] = {"val_mae": float(np.mean(vals)), "errors": np.mean(errs, axis=0),
                           "test_mae_seeds": [float(e.mean()) for e in errs]}
         return out
@@ -294,9 +287,6 @@ def overhead_section(backbone, data, evaluate_dir: str, k: int, max_batch_tokens
                      batch_sizes=(1, 8, 32), lengths=(128, 512, 2048), layers=(15, 22, 30)) -> dict:
     """:func:`lenpred.studies.diagnose.overhead.overhead_grid` with the evaluate run's EGTP and ESTP heads and the pruned
     vocabulary of size ``k``, extracting hidden states at ``layers`` (the evaluate run's)."""
-    from lenpred.studies.diagnose.overhead import breakdown, overhead_grid
-    from lenpred.predictors import Predictor
-
     predictors = {m: Predictor.load(Path(evaluate_dir) / "predictors" / f"{m}.safetensors") for m in ("egtp", "estp")}
     vocab = train_vocabulary(data, k, backbone.model.get_output_embeddings().weight.shape[0])
     result = overhead_grid(backbone, predictors, vocab, layers, batch_sizes, lengths, max_batch_tokens, repeats)
@@ -337,10 +327,6 @@ def run_diagnose(cfg: DiagnoseConfig) -> DiagnoseReport:
         LenpredError: ``cfg.out`` lies under a file, ``cfg.evaluate`` holds no ``lenpred evaluate`` results, or any
             loading error of the benchmark.
     """
-    from lenpred.studies.diagnose.report import write_report
-    from lenpred.studies.evaluate import EvalConfig, prepare_run
-    from lenpred.io import write_json
-
     out = Path(cfg.out)
     if any(p.exists() and not p.is_dir() for p in (out, *out.parents)):
         raise LenpredError(f"--out {out} is (or lies under) a file: pass a directory")
@@ -348,11 +334,12 @@ def run_diagnose(cfg: DiagnoseConfig) -> DiagnoseReport:
     figures = {}
     if cfg.sections:
         ev = chosen["_config"]  # the evaluate run's settings: same layers, span, divisor, epochs and bins
-        ecfg = EvalConfig(model=cfg.model, bench=cfg.bench, data_dir=cfg.data_dir, cache=cfg.cache,
-                          layers=tuple(ev["layers"]), threads=cfg.threads, methods=("estp",), epochs=ev["epochs"],
-                          binning=ev["binning"], pool_span=ev["pool_span"], semantic_divisor=ev["semantic_divisor"])
+        check_run_settings(("estp",), threads=cfg.threads)
+        settings = TuningSettings(epochs=ev["epochs"], binning=ev["binning"], pool_span=ev["pool_span"],
+                                  semantic_divisor=ev["semantic_divisor"])
         needs = {"signals"} if set(cfg.sections) - {"overhead"} else set()
-        run = prepare_run(ecfg, needs)
+        run = load_dataset(cfg.bench, needs, model=cfg.model, data_dir=cfg.data_dir, cache=cfg.cache,
+                           layers=tuple(ev["layers"]), threads=cfg.threads)
         final = run.backbone.num_layers
         for section in cfg.sections:
             logger.info("diagnose: %s …", section)
@@ -363,9 +350,8 @@ def run_diagnose(cfg: DiagnoseConfig) -> DiagnoseReport:
                 result = attribution_section(run.backbone, run.data, cfg.evaluate, cfg.attribution_prompts,
                                              cfg.bootstrap_resamples)
             elif section == "ablation":
-                from lenpred.studies.diagnose.ablation import run_ablations
-
-                result = run_ablations(run.data, run.ctx.pooled_settings, run.layers, chosen["estp"]["layer"],
+                ctx = tuning_context(settings, run.layers, run.backbone.num_layers, run.values)
+                result = run_ablations(run.data, ctx.pooled_settings, run.layers, chosen["estp"]["layer"],
                                        cfg.seeds, n_resamples=cfg.bootstrap_resamples)
             elif section == "entropy":
                 result = entropy_section(run.backbone, run.data, chosen, cfg.pruned_ks, cfg.seeds,
@@ -375,8 +361,6 @@ def run_diagnose(cfg: DiagnoseConfig) -> DiagnoseReport:
                                           cfg.overhead_repeats, cfg.overhead_batch_sizes, cfg.overhead_lengths, run.layers)
             write_json(out / f"{section}.json", result)
             if section == "misalignment":
-                from lenpred.io import atomic_path
-
                 fig = figures["misalignment"]
                 with atomic_path(out / "misalignment_percentiles.npz") as tmp, open(tmp, "wb") as f:
                     np.savez_compressed(f, entropy=fig["entropy"].astype(np.float32),

@@ -1,0 +1,44 @@
+"""The input-provider registry: :data:`PROVIDERS`, :func:`register_provider` and :func:`provide_inputs`
+(:mod:`lenpred.inputs` describes the providers)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+from lenpred.errors import LenpredError
+
+PROVIDERS: dict[str, Callable[..., dict[str, Any]] | None] = {"text": None, "scenario": None}
+
+
+def register_provider(name: str):
+    """Function decorator adding a provider ``fn(backbone, data, settings) -> values`` under ``name``."""
+    def wrap(fn):
+        PROVIDERS[name] = fn
+        return fn
+    return wrap
+
+
+def provide_inputs(needs: set[str], backbone, data, settings: dict[str, Any]) -> tuple[dict[str, Any], dict[str, float]]:
+    """Run the provider of every needed input; returns ``(values, seconds per input)``.
+
+    Args:
+        needs: input names (union of the chosen predictors' ``inputs``).
+        backbone: the serving model.
+        data: a :class:`lenpred.dataset.EvalData`.
+        settings: provider settings (``layers``, ``cache``, ``bench``).
+
+    Raises:
+        LenpredError: an input no provider produces.
+    """
+    unknown = sorted(needs - set(PROVIDERS))
+    if unknown:
+        raise LenpredError(f"no provider for inputs {unknown}; known inputs: {', '.join(sorted(PROVIDERS))}")
+    values, seconds = {}, {}
+    for name in sorted(needs):
+        if PROVIDERS[name] is None:
+            continue
+        t = time.perf_counter()
+        values.update(PROVIDERS[name](backbone, data, settings))
+        seconds[name] = time.perf_counter() - t
+    return values, seconds

@@ -1,0 +1,172 @@
+"""The predictor contract and registry: :class:`Request`, :class:`Predictor` (save / load), :func:`register`,
+:func:`make_predictor` and helpers over lists of requests (:mod:`lenpred.predictors` describes the contract)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from lenpred.errors import LenpredError
+from lenpred.io import atomic_path
+
+PREDICTORS: dict[str, Callable[..., "Predictor"]] = {}
+
+
+@dataclass(eq=False)
+class Request:
+    """What a length predictor may look at for one request, before any output token exists.
+
+    Attributes:
+        prompt_id: stable id (``<source>/<index>`` for benchmark prompts).
+        token_ids: the chat-formatted prompt as the serving model's token ids (``num_prompt_tokens`` long).
+        text: the user-visible prompt text (the messages' contents joined by blank lines), for text-only
+            proxies (SSJF, S3).
+        signals: the serving model's prefill signals (:class:`lenpred.signals.PromptSignals`), or ``None``
+            when no predictor in use needs them.
+        self_report: the serving model's own answer to "how long will your answer be?" (PiA), or ``None``.
+        content_span: token positions ``[start, end)`` of the users' content (:mod:`lenpred.prompts`); ``None``
+            means the whole prompt.
+        max_new_tokens: the request's generation cap in tokens (known when it arrives): no response is longer,
+            so predictions are clipped to it; ``None``: no cap.
+        scenario: the workload the request comes from (``longseq``, ``reasoning``, ``rl``, or a user's name), for
+            predictors that condition on it (the per-scenario floors); ``None``: unknown.
+    """
+
+    prompt_id: str
+    token_ids: list[int]
+    text: str = ""
+    signals: Any = None
+    self_report: str | None = None
+    content_span: tuple[int, int] | None = None
+    max_new_tokens: int | None = None
+    scenario: str | None = None
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+def register(name: str):
+    """Class decorator adding a predictor to :data:`PREDICTORS` under ``name``."""
+    def wrap(cls):
+        PREDICTORS[name] = cls
+        cls.registry_name = name
+        return cls
+    return wrap
+
+
+def make_predictor(name: str, **params: Any) -> "Predictor":
+    """Build a registered predictor.
+
+    Raises:
+        LenpredError: unknown name (the message lists the valid ones).
+    """
+    if name not in PREDICTORS:
+        raise LenpredError(f"unknown predictor '{name}'; valid predictors: {', '.join(sorted(PREDICTORS))}")
+    return PREDICTORS[name](**params)
+
+
+class Predictor:
+    """Base class: subclasses implement ``fit``/``predict`` and ``_get_state``/``_set_state``.
+
+    ``params`` (constructor arguments) are JSON-able; the fitted state is a dict of numpy arrays /
+    tensors, stored with safetensors (no pickle) next to a JSON header.
+    """
+
+    registry_name = "base"
+    inputs: tuple[str, ...] = ()  # Request fields beyond token_ids that fit/predict read
+    supports_censoring = False  # fit(requests, y, censored=...) treats capped samples as lower bounds
+    tune_after: tuple[str, ...] = ()  # predictors whose chosen hyper-parameters param_grid reads (fitted first)
+
+    def __init__(self, **params: Any):
+        self.params = params
+
+    @classmethod
+    def param_grid(cls, ctx: Any) -> list[dict[str, Any]]:
+        """Constructor arguments to try on validation (the seed is added by the tuner): a list of dicts.
+
+        ``ctx`` is a :class:`lenpred.tuning.TuningContext` (layers, grids, settings, and the ``chosen``
+        hyper-parameters of the predictors in ``tune_after``). Default: the constructor's defaults only.
+        """
+        return [{}]
+
+    def diagnostics(self, requests: list[Request]) -> dict[str, Any]:
+        """JSON-able facts about how the fitted predictor treats ``requests`` (e.g. pooling weights); default none."""
+        return {}
+
+    def fit(self, requests: list[Request], y: np.ndarray) -> "Predictor":
+        raise NotImplementedError
+
+    def predict(self, requests: list[Request]) -> np.ndarray:
+        raise NotImplementedError
+
+    def _get_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        raise NotImplementedError
+
+    def _set_state(self, tensors: dict[str, torch.Tensor], info: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def save(self, path: str | Path) -> None:
+        """Write the fitted predictor to ``path`` (a safetensors file with a JSON header), atomically."""
+        tensors, info = self._get_state()
+        header = {"predictor": self.registry_name, "params": json.dumps(self.params), "info": json.dumps(info)}
+        with atomic_path(path) as tmp:
+            save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata=header)
+
+    @staticmethod
+    def load(path: str | Path) -> "Predictor":
+        """Read a predictor written by :meth:`save`.
+
+        Raises:
+            LenpredError: the file is missing, unreadable, or not a lenpred predictor.
+        """
+        from safetensors import SafetensorError, safe_open
+
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                header = f.metadata() or {}
+            tensors = load_file(str(path))
+            name, params, info = header["predictor"], json.loads(header["params"]), json.loads(header["info"])
+        except (OSError, KeyError, ValueError, RuntimeError, SafetensorError) as exc:
+            raise LenpredError(f"{path} is not a readable lenpred predictor ({type(exc).__name__}); retrain it") from None
+        predictor = make_predictor(name, **params)
+        predictor._set_state(tensors, info)
+        return predictor
+
+
+def num_prompt_tokens(requests: list[Request]) -> np.ndarray:
+    """``(n,)`` float64 prompt lengths in tokens."""
+    return np.array([r.num_prompt_tokens for r in requests], dtype=np.float64)
+
+
+def max_new_tokens(requests: list[Request]) -> np.ndarray:
+    """``(n,)`` float64 generation caps in tokens (``inf`` where a request has none)."""
+    return np.array([np.inf if r.max_new_tokens is None else r.max_new_tokens for r in requests], dtype=np.float64)
+
+
+def distinct_requests(requests: list[Request]) -> tuple[list[Request], np.ndarray]:
+    """Distinct request objects in first-seen order (samples of a prompt share one) and, for every input row,
+    the index of its object: ``(unique, owner)`` with ``owner`` ``(n,)`` int64 and ``requests[i] is
+    unique[owner[i]]``. First-seen order (never memory addresses) keeps seeded training reproducible."""
+    index: dict[int, int] = {}
+    unique: list[Request] = []
+    owner = np.empty(len(requests), dtype=np.int64)
+    for i, r in enumerate(requests):
+        if id(r) not in index:
+            index[id(r)] = len(unique)
+            unique.append(r)
+        owner[i] = index[id(r)]
+    return unique, owner
+
+
+def unique_map(requests: list[Request], fn: Callable[[Request], Any]) -> list:
+    """``[fn(r) for r in requests]``, calling ``fn`` once per distinct object (samples of a prompt share one)."""
+    unique, owner = distinct_requests(requests)
+    values = [fn(r) for r in unique]
+    return [values[o] for o in owner]
