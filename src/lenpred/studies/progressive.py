@@ -31,6 +31,7 @@ from lenpred.errors import LenpredError
 from lenpred.intervals import conditional_remaining
 from lenpred.inputs.decode_states import DECODE_STEPS
 from lenpred.predictors.progressive import PLPHead, ProgressiveRows, TrailProgressive
+from lenpred.tables import markdown_table
 
 PLP_LAYERS = (30, 20)  # the paper's final layer first; 20 was TRAIL's pick on validation
 TRAIL_LAYERS = (10, 15, 20, 25)
@@ -294,17 +295,13 @@ def _write_markdown(report: dict, path: Path) -> None:
     for population, title in (("running", "every rollout still running at t"),
                               (f"fixed", f"the fixed set of rollouts longer than {max(report['steps'])} tokens")):
         for scenario in SCENARIOS:
-            lines += [f"## {scenario}: {title}", "", "| method | " + " | ".join(f"t = {t}" for t in steps) + " |",
-                      "|---|" + "---|" * len(steps)]
-            for m in METHODS:
-                lines.append(f"| {m} | " + " | ".join(_fmt(_cell(report, population, scenario, t, m)) for t in steps)
-                             + " |")
+            rows = [[m, *(_fmt(_cell(report, population, scenario, t, m)) for t in steps)] for m in METHODS]
             n = [_cell(report, population, scenario, t, "plp") for t in steps]
-            lines += ["| rollouts | " + " | ".join(str(c["n"]) if c else "—" for c in n) + " |", ""]
-    lines += ["## Paired differences (RL, every rollout running at t)", "", "| comparison | Δ MAE [95 % CI] | n |",
-              "|---|---|---|"]
-    for k, v in report["paired"].items():
-        lines.append(f"| {k} | {v['diff']:+.1f} [{v['low']:+.1f}, {v['high']:+.1f}] | {v['n']} |")
+            rows.append(["rollouts", *(str(c["n"]) if c else "—" for c in n)])
+            lines += [f"## {scenario}: {title}", "", markdown_table(["method", *(f"t = {t}" for t in steps)], rows), ""]
+    rows = [[k, f"{v['diff']:+.1f} [{v['low']:+.1f}, {v['high']:+.1f}]", v["n"]] for k, v in report["paired"].items()]
+    lines += ["## Paired differences (RL, every rollout running at t)", "",
+              markdown_table(["comparison", "Δ MAE [95 % CI]", "n"], rows)]
     c = report["update_cost_us"]
     lines += ["", f"PLP update cost (one torch thread, this run's machine load): {c['batch1_us']:.0f} µs for one "
                   f"request, {c['batch64_us']:.0f} µs for 64 ({c['batch64_per_request_us']:.1f} µs per request); "
