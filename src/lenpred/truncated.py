@@ -24,8 +24,11 @@ from dataclasses import dataclass
 
 import torch
 
-HIDDEN_ONLY_POOLERS = ("last", "mean", "max")
-"""Poolers that read hidden states only (no entropy, no semantic score)."""
+from lenpred.pooling import POOLER_KINDS
+from lenpred.torch_state import with_backbone_threads
+
+HIDDEN_ONLY_POOLERS = tuple(name for name, kind in POOLER_KINDS.items() if kind.hidden_only)
+"""Poolers that read hidden states only (no entropy, no semantic score): ``mean``, ``last``, ``max``."""
 
 
 @dataclass(frozen=True)
@@ -129,6 +132,7 @@ class PrefixCache:
         return self._entries[key]
 
 
+@with_backbone_threads
 @torch.inference_mode()
 def truncated_hidden_states(backbone, batch_token_ids: list[list[int]], layer: int, prefix_len: int = 0,
                             prefix_cache: PrefixCache | None = None) -> list[torch.Tensor]:

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from lenpred.errors import LenpredError
+from lenpred.torch_state import with_threads_of
 
 
 class ExactLengthProcessor:
@@ -101,6 +102,7 @@ class CalibrationConfig:
     out: str = "results/scheduling/cost_transformers.json"
 
 
+@with_threads_of("threads")  # cfg.threads while it runs
 def calibrate_transformers(cfg: CalibrationConfig, console=None):
     """Time ``generate`` on the grid, fit :class:`~lenpred.serving.cost_model.CostModel` and save it (with the
     raw measurements under ``settings["measurements"]``). Returns the model."""
@@ -162,6 +164,7 @@ class StaticRunConfig:
             raise LenpredError("num_requests, batch_size and max_output_len must be >= 1")
 
 
+@with_threads_of("threads")  # cfg.threads while it runs
 def run_static(cfg: StaticRunConfig, table=None) -> dict:
     """Real run 1: for each grouping, form the static batches, run them with ``generate`` one after another and
     record each batch's wall time; compare with the simulator's prediction from the cost model.

@@ -559,6 +559,7 @@ def serve(upstream: str, host: str = "127.0.0.1", port: int = 8001, predictor: s
                                "--host") from None
     from lenpred.serving.proxy.batching import LengthPredictorService
     from lenpred.truncated import truncated_plan
+    from lenpred.torch_state import torch_threads
 
     model = LengthPredictor.from_pretrained(predictor, threads=threads)
     plan = truncated_plan(model) if truncated else None
@@ -570,4 +571,5 @@ def serve(upstream: str, host: str = "127.0.0.1", port: int = 8001, predictor: s
     app = create_app(upstream, service, timeout_s=timeout_s,
                      max_connections=max_connections, default_max_tokens=default_max_tokens, batch=batch)
     # uvicorn's own connection cap stays off (limit_concurrency=None): queueing is the engine's job
-    uvicorn.run(app, host=host, port=port, log_level="warning", backlog=4096)
+    with torch_threads(threads):  # the process's count while it serves; restored when the server stops
+        uvicorn.run(app, host=host, port=port, log_level="warning", backlog=4096)
