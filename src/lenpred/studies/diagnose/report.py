@@ -11,8 +11,6 @@ import numpy as np
 from lenpred.io import atomic_path, write_json
 from lenpred.tables import markdown_table
 
-SCENARIOS = ("longseq", "reasoning", "rl", "overall")
-
 
 def _ci(x: dict | list | None, digits: int = 1, pct: bool = False) -> str:
     """``est [lo, hi]`` from ``{"mean", "ci"}`` or ``[est, lo, hi]``."""
@@ -62,12 +60,12 @@ def misalignment_md(m: dict, out: Path) -> list[str]:
              markdown_table(["scenario", "high entropy, low semantic", "high semantic, low entropy", "chance"],
                     [[g, _ci(s["high_entropy_low_semantic"][g], 1, True),
                       _ci(s["high_semantic_low_entropy"][g], 1, True), _ci(s["chance"][g], 1, True)]
-                     for g in SCENARIOS if g in s["chance"]]), "",
+                     for g in s["chance"]]), "",
              "![misalignment](misalignment.png)", "",
              "**Attention sinks.** How concentrated the semantic score (attention received in the last layer / n) is: "
              f"the median prompt's heaviest span token holds {100 * m['semantic_top_share_median']:.1f} % of the span's "
              "semantic score (mean per scenario: " + ", ".join(
-                 f"{g} {_ci(s['semantic_top_share'][g], 1, True)}" for g in SCENARIOS if g in s['semantic_top_share'])
+                 f"{g} {_ci(s['semantic_top_share'][g], 1, True)}" for g in s['semantic_top_share'])
              + "). The heaviest token is most often:", "",
              markdown_table(["token", "prompts where it is the top semantic token", "share"],
                     [[_tok(t['token']), t["prompts"], f"{100 * t['share']:.1f} %"] for t in m["top_semantic_tokens"]]),
@@ -89,7 +87,7 @@ def misalignment_md(m: dict, out: Path) -> list[str]:
     npz = out / "misalignment_percentiles.npz"
     if npz.is_file():
         d = np.load(npz, allow_pickle=False)
-        scen = [g for g in SCENARIOS[:3] if (d["scenario"] == g).any()]
+        scen = sorted(set(d["scenario"].tolist()))  # the benchmark's scenarios, in the sections' order
         fig, axes = plt.subplots(1, len(scen), figsize=(5.2 * len(scen), 4.2), squeeze=False, layout="constrained")
         for i, (ax, g) in enumerate(zip(axes[0], scen)):
             k = d["scenario"] == g
@@ -106,10 +104,7 @@ def misalignment_md(m: dict, out: Path) -> list[str]:
 
 def attribution_md(a: dict) -> list[str]:
     rows = []
-    for g in SCENARIOS:
-        if g not in a["pooled"]:
-            continue
-        p = a["pooled"][g]
+    for g, p in a["pooled"].items():  # the benchmark's scenarios (sorted) and overall, as the section wrote them
         w = a["within_prompt_spearman"]
         rows.append([g, p["HG"]["n"], *(f"{_num(p[k]['pearson'])} / {_num(p[k]['spearman'])}" for k in ("HG", "SG", "HS")),
                      *(_ci(w[k].get(g), 3) for k in ("HG", "SG"))])
