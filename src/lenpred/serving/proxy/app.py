@@ -54,6 +54,7 @@ import uuid
 from typing import Any, Callable
 
 from lenpred.errors import ContextWindowError, LenpredError
+from lenpred.torch_state import torch_threads
 
 PREDICTED_PATHS = ("/v1/chat/completions", "/v1/completions")
 EXPECTED_HEADER, PRIORITY_HEADER, SKIPPED_HEADER = "x-lenpred-expected", "x-lenpred-priority", "x-lenpred-skipped"
@@ -559,7 +560,6 @@ def serve(upstream: str, host: str = "127.0.0.1", port: int = 8001, predictor: s
                                "--host") from None
     from lenpred.serving.proxy.batching import LengthPredictorService
     from lenpred.truncated import truncated_plan
-    from lenpred.torch_state import torch_threads
 
     model = LengthPredictor.from_pretrained(predictor, threads=threads)
     plan = truncated_plan(model) if truncated else None
