@@ -112,15 +112,23 @@ def main() -> None:
         cell["minus_prompt_oracle_s"] = draw_bootstrap({"x": x, "o": porc}, lambda v: v["x"].mean() - v["o"].mean())
         report["rows"][key] = cell
     write_json(args.out + ".json", report)
+    text = markdown(report)
+    open(args.out + ".md", "w").write(text)
+    print(text, end="")
+
+
+def markdown(report: dict) -> str:
+    """The report as Markdown: settings, then one row per arrivals / policy (draw mean [95 % bootstrap interval])."""
+    from lenpred.tables import markdown_table
+
     f = lambda t, p=1: f"{t[0]:.{p}f} [{t[1]:.{p}f}, {t[2]:.{p}f}]"  # noqa: E731
-    lines = ["# Parked decoding in the simulator", "", f"settings: {vars(args)}; Poisson rate {rate:.4f} req/s", "",
-             "| arrivals / policy | mean JCT s | cut vs FCFS | share of parked oracle | share of prompt oracle | "
-             "minus prompt oracle (s) |", "|---|---|---|---|---|---|"]
-    for key, c in report["rows"].items():
-        lines.append(f"| {key} | {f(c['mean_jct_s'])} | {f(c['jct_cut_vs_fcfs'], 3)} | {f(c['share_of_oracle'], 2)} | "
-                     f"{f(c['share_of_prompt_oracle'], 2)} | {f(c['minus_prompt_oracle_s'])} |")
-    open(args.out + ".md", "w").write("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    rows = [[key, f(c["mean_jct_s"]), f(c["jct_cut_vs_fcfs"], 3), f(c["share_of_oracle"], 2),
+             f(c["share_of_prompt_oracle"], 2), f(c["minus_prompt_oracle_s"])] for key, c in report["rows"].items()]
+    lines = ["# Parked decoding in the simulator", "",
+             f"settings: {report['settings']}; Poisson rate {report['rate_per_s']:.4f} req/s", "",
+             markdown_table(["arrivals / policy", "mean JCT s", "cut vs FCFS", "share of parked oracle",
+                             "share of prompt oracle", "minus prompt oracle (s)"], rows)]
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

@@ -218,13 +218,13 @@ def time_predictions(prompts: list[str], repeats: int = 20) -> dict:
 
 
 def markdown(report: dict) -> str:
-    lines = ["| impl | concurrent | n | predict ms p50 / p90 / p99 | added ms p50 / p90 / p99 | added TTFT ms p50 / p90 |",
-             "|---|---:|---:|---|---|---|"]
+    from lenpred.tables import markdown_table
+
     f = lambda d, ks: " / ".join("–" if d[k] is None else f"{d[k]:.0f}" for k in ks)  # noqa: E731
-    for impl in ("before", "after"):
-        for conc, s in report[impl].items():
-            lines.append(f"| {impl} | {conc} | {s['n']} | {f(s['predict_ms'], ('p50', 'p90', 'p99'))} | "
-                         f"{f(s['added_ms'], ('p50', 'p90', 'p99'))} | {f(s['added_ttft_ms'], ('p50', 'p90'))} |")
+    rows = [[impl, conc, s["n"], f(s["predict_ms"], ("p50", "p90", "p99")), f(s["added_ms"], ("p50", "p90", "p99")),
+             f(s["added_ttft_ms"], ("p50", "p90"))] for impl in ("before", "after") for conc, s in report[impl].items()]
+    lines = [markdown_table(["impl", "concurrent", "n", "predict ms p50 / p90 / p99", "added ms p50 / p90 / p99",
+                             "added TTFT ms p50 / p90"], rows, "lrrlll")]
     t, p = report["target"], report["predictions"]
     lines += ["", f"Target: added latency p90 at 32 concurrent ≤ 2 × one request's prediction time (after, 1 "
               f"concurrent, p50 = {t['one_prediction_ms']:.0f} ms): {t['added_p90_32_ms']:.0f} ms vs "

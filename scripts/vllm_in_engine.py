@@ -322,23 +322,23 @@ def report(args, partial: dict, draws) -> dict:
 
 
 def markdown(rep: dict) -> str:
+    from lenpred.tables import markdown_table
+
     lines = [f"# lenpred inside vLLM: `vllm serve`, {rep['label']}", "",
              f"settings: `{json.dumps(rep['settings'])}`", ""]
     ci = lambda t: f"{t[0]:+.1%} [{t[1]:+.1%}, {t[2]:+.1%}]"  # noqa: E731
     sh = lambda t: f"{t[0]:.2f} [{t[1]:.2f}, {t[2]:.2f}]"  # noqa: E731
     for rate, per_mode in rep["rates"].items():
+        rows = [[mode, f"{c['mean_jct_s']:.2f}", f"{c['p50_jct_s']:.2f}", f"{c['p90_jct_s']:.2f}",
+                 f"{c['p99_jct_s']:.2f}", f"{c['mean_ttft_s']:.2f}", f"{c['throughput_tok_s']:.1f}",
+                 ci(c["jct_cut_vs_fcfs"]) if "jct_cut_vs_fcfs" in c else "–",
+                 sh(c["share_of_oracle_sjf"]) if "share_of_oracle_sjf" in c else "–",
+                 sh(c["share_of_prompt_oracle_sjf"]) if "share_of_prompt_oracle_sjf" in c else "–",
+                 f"{c.get('simulated_mean_jct_s', float('nan')):.2f}",
+                 f"{c.get('prediction_mae_tokens', float('nan')):.1f}"] for mode, c in per_mode.items()]
         lines += [f"## Poisson {rate} req/s", "",
-                  "| mode | mean JCT s | p50 | p90 | p99 | mean TTFT s | tok/s | JCT cut vs FCFS | share of oracle "
-                  "| share of prompt oracle | sim. mean JCT s | pred. MAE |", "|---|" + "---|" * 11]
-        for mode, c in per_mode.items():
-            lines.append(
-                f"| {mode} | {c['mean_jct_s']:.2f} | {c['p50_jct_s']:.2f} | {c['p90_jct_s']:.2f} | {c['p99_jct_s']:.2f}"
-                f" | {c['mean_ttft_s']:.2f} | {c['throughput_tok_s']:.1f} | "
-                f"{ci(c['jct_cut_vs_fcfs']) if 'jct_cut_vs_fcfs' in c else '–'} | "
-                f"{sh(c['share_of_oracle_sjf']) if 'share_of_oracle_sjf' in c else '–'} | "
-                f"{sh(c['share_of_prompt_oracle_sjf']) if 'share_of_prompt_oracle_sjf' in c else '–'} | "
-                f"{c.get('simulated_mean_jct_s', float('nan')):.2f} | {c.get('prediction_mae_tokens', float('nan')):.1f} |")
-        lines.append("")
+                  markdown_table(["mode", "mean JCT s", "p50", "p90", "p99", "mean TTFT s", "tok/s", "JCT cut vs FCFS",
+                                  "share of oracle", "share of prompt oracle", "sim. mean JCT s", "pred. MAE"], rows), ""]
     return "\n".join(lines) + "\n"
 
 

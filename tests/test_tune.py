@@ -59,7 +59,7 @@ def test_predictions_are_clipped_to_each_requests_cap():
 
 def test_fit_order_puts_tune_after_dependencies_first():
     assert fit_order(("ltr", "mean", "estp")) == ["mean", "estp", "ltr"]
-    assert fit_order(("ltr", "mean")) == ["ltr", "mean"]  # without estp, ltr tunes its own layer grid
+    assert fit_order(("ltr", "mean")) == ["ltr", "mean"]  # without estp in the run, ltr tunes ESTP's choice itself
 
 
 def test_fit_and_score_fits_on_train_and_scores_clipped_validation_and_test():
@@ -109,3 +109,24 @@ def test_run_settings_are_checked_with_the_configs_messages():
         check_run_settings(("mean",), (2**32,))
     with pytest.raises(LenpredError, match="--threads must be >= 1, got 0"):
         check_run_settings(("mean",), threads=0)
+
+
+def test_ltr_grid_does_not_depend_on_whether_estp_ran():
+    """ltr pools as ESTP chose on validation: alone, after estp, or before it, the same single candidate and the
+    same test predictions (the committed run fitted estp first; that choice is what ltr reads in every case)."""
+    from lenpred.errors import LenpredError
+    from lenpred.predictors import PREDICTORS
+
+    data = _data()
+    with pytest.raises(LenpredError, match="no ESTP choice"):
+        PREDICTORS["ltr"].param_grid(_ctx())
+    after_estp = _ctx()
+    estp = tune_and_refit("estp", data, after_estp, (0,))
+    with_estp = tune_and_refit("ltr", data, after_estp, (0,))
+    alone_ctx = _ctx()
+    alone = tune_and_refit("ltr", data, alone_ctx, (0,))
+    assert alone_ctx.chosen["estp"] == estp.chosen  # made by tune_dependencies, the same choice
+    assert alone.chosen == with_estp.chosen and len(alone.sweep) == 1
+    assert {k: alone.chosen[k] for k in ("layer", "lambda1", "alpha")} == {k: estp.chosen[k] for k in
+                                                                          ("layer", "lambda1", "alpha")}
+    np.testing.assert_array_equal(alone.predictions[0], with_estp.predictions[0])

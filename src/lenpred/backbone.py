@@ -56,6 +56,9 @@ class Backbone:
         model_id: the name the user gave (alias, hub id or path).
         model_dir: local directory the weights were loaded from (also what vLLM loads).
         revision: content fingerprint of the weights (GGUF sha256 prefix, or hub commit hash).
+        num_threads: torch intra-op threads the functions that run the model (signal extraction, teacher forcing,
+            self-report generation, the diagnose sections) use while they run (:func:`lenpred.torch_state.
+            with_backbone_threads`); ``None``: the caller's count. Loading never changes the process's count.
     """
 
     model: Any
@@ -63,6 +66,7 @@ class Backbone:
     model_id: str
     model_dir: Path
     revision: str
+    num_threads: int | None = None
 
     @property
     def num_layers(self) -> int:
@@ -398,7 +402,8 @@ def load_backbone(model_id: str = DEFAULT_MODEL, attn_implementation: str = "sdp
         attn_implementation: ``"sdpa"`` (fast; the signals module switches only the last layer to
             eager when it needs attention weights) or ``"eager"``. A model that soft-caps attention logits (Gemma 2)
             always gets ``"eager"``: SDPA cannot soft-cap.
-        num_threads: torch intra-op threads; ``None`` keeps torch's default.
+        num_threads: torch intra-op threads used while the backbone computes (stored as
+            :attr:`Backbone.num_threads`; the process's count is left as it is); ``None``: the caller's count.
 
     Raises:
         LenpredError: unknown model, or a directory that does not hold a causal LM.
@@ -411,8 +416,6 @@ def load_backbone(model_id: str = DEFAULT_MODEL, attn_implementation: str = "sdp
     hf_logging.disable_progress_bar()  # per-tensor "Loading weights" bars: noise for a sub-second load
     if num_threads is not None and num_threads < 1:
         raise LenpredError(f"--threads must be >= 1, got {num_threads}")
-    if num_threads:
-        torch.set_num_threads(num_threads)
     model_dir, revision = resolve_model(model_id)
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -426,7 +429,8 @@ def load_backbone(model_id: str = DEFAULT_MODEL, attn_implementation: str = "sdp
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    return Backbone(model=model, tokenizer=tokenizer, model_id=model_id, model_dir=model_dir, revision=revision)
+    return Backbone(model=model, tokenizer=tokenizer, model_id=model_id, model_dir=model_dir, revision=revision,
+                    num_threads=num_threads)
 
 
 def _attention_softcapping(model_dir: Path) -> bool:

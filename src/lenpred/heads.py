@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from lenpred.errors import LenpredError
+from lenpred.torch_state import torch_seed
 
 
 BINNINGS = ("log", "quantile", "width")
@@ -223,9 +224,15 @@ class SoftLabelRegressor:
             raise LenpredError(f"sample_weight must be (n,) = ({n},) and > 0, got shape {w.shape}")
         if not np.isfinite(caps[censored]).all():
             raise LenpredError("a capped sample (censored) needs its finite max_new_tokens")
+        with torch_seed(self.seed):  # nn.Linear init and dropout draw from the global generator; the caller's is kept
+            return self._train(X, y, groups, censored, caps, w)
+
+    def _train(self, X: np.ndarray, y: np.ndarray, groups, censored: np.ndarray, caps: np.ndarray,
+               w: np.ndarray) -> "SoftLabelRegressor":
+        """:meth:`fit` on validated arrays (``w``: the sample weights), run under :func:`torch_seed`."""
+        n = len(y)
         cfg = self.config
         gen = torch.Generator().manual_seed(self.seed)
-        torch.manual_seed(self.seed)  # nn.Linear init draws from the global generator
         if not (self.warm_start and hasattr(self, "module_")):
             self.edges_ = length_bin_edges(y, cfg.num_bins, cfg.binning, caps[censored], censored)
             self.centres_ = bin_centres(y, self.edges_)

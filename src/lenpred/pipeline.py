@@ -31,6 +31,7 @@ from lenpred.prompts import TEMPLATE_RULE, check_fits, prepare_prompt, prompt_te
 from lenpred.serving.refit import (TrafficRows, choose_finetune, finetune_head, fit_head, head_quantiles, rows_from_log,
                                    time_split)
 from lenpred.serving.traffic_log import read_traffic_log
+from lenpred.tables import markdown_table
 from lenpred.version import __version__
 
 # The modules that import torch (predictors, tuning, dataset, truncated, inputs.cache, serving.progressive) and
@@ -588,13 +589,12 @@ def render_card(config: dict, card: dict) -> str:
     """The Markdown card of a saved predictor: what it is, how it was trained, its test scores."""
     lines = [f"# lenpred predictor: {config['method']} on {config['model_id']}", "",
              f"* model revision `{config['model_revision']}`, layers {config['layers']}, prompt rule "
-             f"`{config['template_rule']}`, lenpred {config['lenpred_version']}", *_data_lines(config), "",
-             "| test group | samples | MAE (tokens) | 95 % CI | interval coverage | mean interval width |",
-             "|---|---:|---:|---:|---:|---:|"]
-    for g, c in card.items():
-        ci = "–" if c["mae_ci"][0] is None else f"[{c['mae_ci'][0]:.1f}, {c['mae_ci'][1]:.1f}]"
-        lines.append(f"| {g} | {c['n']} | {c['mae']:.1f} | {ci} | {c['interval_coverage']:.3f} | "
-                     f"{c['mean_interval_width']:.0f} |")
+             f"`{config['template_rule']}`, lenpred {config['lenpred_version']}", *_data_lines(config), ""]
+    rows = [[g, c["n"], f"{c['mae']:.1f}",
+             "–" if c["mae_ci"][0] is None else f"[{c['mae_ci'][0]:.1f}, {c['mae_ci'][1]:.1f}]",
+             f"{c['interval_coverage']:.3f}", f"{c['mean_interval_width']:.0f}"] for g, c in card.items()]
+    lines.append(markdown_table(["test group", "samples", "MAE (tokens)", "95 % CI", "interval coverage",
+                                 "mean interval width"], rows, "lrrrrr"))
     for g, c in card.items():
         if "base_mae" in c:
             d = c["mae_minus_base"]

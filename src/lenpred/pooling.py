@@ -61,14 +61,50 @@ def weighted_pool(hidden_states: torch.Tensor, pooling_weights: torch.Tensor) ->
     return pooling_weights.to(hidden_states.dtype) @ hidden_states
 
 
-POOLING_WEIGHTS: dict[str, Callable[..., torch.Tensor]] = {
-    "egtp": lambda p, H, S: egtp_weights(H),
-    "estp": lambda p, H, S: estp_weights(H, S, p.lambda1, p.lambda2, p.alpha),
-    "entropy_only": lambda p, H, S: estp_weights(H, H if S is None else S, 0.0, 1.0, p.alpha),
-    "semantic_only": lambda p, H, S: estp_weights(H, S, 1.0, 0.0, p.alpha),
-    "mean": lambda p, H, S: torch.full_like(H, 1.0 / H.numel()),
-    "last": lambda p, H, S: torch.nn.functional.one_hot(torch.tensor(H.numel() - 1), H.numel()).to(H.dtype),
+@dataclass(frozen=True)
+class PoolerKind:
+    """What one named pooler computes and which signals it reads (one entry of :data:`POOLER_KINDS`).
+
+    Attributes:
+        weights: ``fn(pooler, token_entropy (n,), semantic_score (n,) | None) -> pooling_weights (n,)`` summing to
+            1, or ``None`` for a pooler that is not a weighted sum (max).
+        pool: ``fn(pooler, hidden_states (n, d), token_entropy, semantic_score) -> (d,)``; ``None``: the weighted
+            sum of ``weights`` (:func:`weighted_pool`).
+        reads_entropy: the features depend on ``token_entropy``.
+        needs_semantic_score: the features depend on ``semantic_score`` (attention, which costs an eager last
+            layer).
+        searches_weights: tuning searches ``lambda1`` x ``alpha`` on top of the layer grid (ESTP's extra search).
+    """
+
+    weights: Callable[..., torch.Tensor] | None
+    pool: Callable[..., torch.Tensor] | None = None
+    reads_entropy: bool = True
+    needs_semantic_score: bool = False
+    searches_weights: bool = False
+
+    @property
+    def hidden_only(self) -> bool:
+        """Reads the hidden states only (neither entropy nor semantic score)."""
+        return not (self.reads_entropy or self.needs_semantic_score)
+
+
+POOLER_KINDS: dict[str, PoolerKind] = {
+    "egtp": PoolerKind(lambda p, H, S: egtp_weights(H)),
+    "estp": PoolerKind(lambda p, H, S: estp_weights(H, S, p.lambda1, p.lambda2, p.alpha), needs_semantic_score=True,
+                       searches_weights=True),
+    "entropy_only": PoolerKind(lambda p, H, S: estp_weights(H, H if S is None else S, 0.0, 1.0, p.alpha)),
+    "semantic_only": PoolerKind(lambda p, H, S: estp_weights(H, S, 1.0, 0.0, p.alpha), needs_semantic_score=True),
+    "mean": PoolerKind(lambda p, H, S: torch.full_like(H, 1.0 / H.numel()), lambda p, h, H, S: h.mean(dim=0),
+                       reads_entropy=False),
+    "last": PoolerKind(lambda p, H, S: torch.nn.functional.one_hot(torch.tensor(H.numel() - 1), H.numel()).to(H.dtype),
+                       lambda p, h, H, S: h[-1], reads_entropy=False),
+    "max": PoolerKind(None, lambda p, h, H, S: h.max(dim=0).values, reads_entropy=False),
 }
+"""Registry of poolers: name -> :class:`PoolerKind` (a new pooler is one entry). mean and last are computed directly
+(exact, and cheaper than their weighted sum)."""
+
+POOLING_WEIGHTS: dict[str, Callable[..., torch.Tensor]] = {
+    name: kind.weights for name, kind in POOLER_KINDS.items() if kind.weights is not None}
 """Weighted poolers: name -> ``fn(pooler, token_entropy, semantic_score) -> pooling_weights (n,)`` summing to 1.
 
 ``entropy_only`` / ``semantic_only`` are the ESTP ablations (one term, z-scored, temperature alpha); ``egtp`` uses
@@ -92,9 +128,14 @@ class Pooler:
             raise LenpredError(f"unknown pooler '{self.name}'; valid poolers: {', '.join(POOLERS)}")
 
     @property
+    def kind(self) -> PoolerKind:
+        """What this pooler computes and reads (:data:`POOLER_KINDS`)."""
+        return POOLER_KINDS[self.name]
+
+    @property
     def needs_semantic_score(self) -> bool:
         """Whether the pooler reads attention (which costs an eager last layer)."""
-        return self.name in ("estp", "semantic_only")
+        return self.kind.needs_semantic_score
 
     def _check(self, semantic_score):
         if self.needs_semantic_score and semantic_score is None:
@@ -114,10 +155,8 @@ class Pooler:
 
 POOLERS: dict[str, Callable[..., torch.Tensor]] = {
     **{name: (lambda name: lambda p, h, H, S: weighted_pool(h, POOLING_WEIGHTS[name](p, H, S)))(name)
-       for name in POOLING_WEIGHTS if name not in ("mean", "last")},
-    "mean": lambda p, h, H, S: h.mean(dim=0),
-    "last": lambda p, h, H, S: h[-1],
-    "max": lambda p, h, H, S: h.max(dim=0).values,
+       for name, kind in POOLER_KINDS.items() if kind.pool is None},
+    **{name: kind.pool for name, kind in POOLER_KINDS.items() if kind.pool is not None},
 }
 """Registry of poolers: name -> ``fn(pooler, hidden_states, token_entropy, semantic_score) -> (d,)``; the weighted
 ones are ``weighted_pool`` of :data:`POOLING_WEIGHTS` (mean and last are computed directly: exact, and cheaper)."""

@@ -26,6 +26,7 @@ are masked, so a prompt's signals do not depend on its batch-mates (tested to 1e
 
 from __future__ import annotations
 
+import functools
 import sys
 from dataclasses import dataclass
 
@@ -33,6 +34,7 @@ import torch
 
 from lenpred.errors import LenpredError
 from lenpred.prompts import check_fits
+from lenpred.torch_state import with_backbone_threads
 
 _ATTN_NAME = "lenpred_last_layer_eager"
 
@@ -153,8 +155,11 @@ def attention_received_from_attention(attentions: torch.Tensor, attention_mask: 
     return received * mask
 
 
+@functools.cache
 def _register_attention() -> None:
-    """Register the SDPA-except-last-layer attention and its (eager-format) mask once per process."""
+    """Register the SDPA-except-last-layer attention and its (eager-format) mask under :data:`_ATTN_NAME`, once per
+    process (a lenpred-only name in transformers' registries: no other model's attention changes). A model uses it
+    only inside :func:`extract_signals` (``set_attn_implementation``, then the previous implementation again)."""
     from transformers import AttentionInterface
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     from transformers.masking_utils import AttentionMaskInterface, eager_mask
@@ -218,6 +223,7 @@ def left_pad(batch_token_ids: list[list[int]], pad_token_id: int) -> tuple[torch
     return input_ids, mask
 
 
+@with_backbone_threads
 @torch.inference_mode()
 def extract_signals(backbone, batch_token_ids: list[list[int]], layers: list[int] | tuple[int, ...],
                     semantic: bool = True, entropy_chunk_tokens: int = 512,
@@ -251,19 +257,20 @@ def extract_signals(backbone, batch_token_ids: list[list[int]], layers: list[int
 
     attn_modules = _attention_modules(model) if semantic else []
     last = max(attn_modules, key=lambda m: m.layer_idx) if attn_modules else None
-    previous = model.config._attn_implementation
+    previous = model.config._attn_implementation  # read only: it is set through set_attn_implementation
     if semantic:
         if last is None:
             raise LenpredError(f"cannot find attention layers in {type(model).__name__} for semantic_score")
         _register_attention()
-        model.config._attn_implementation = _ATTN_NAME
+        model.set_attn_implementation(_ATTN_NAME)
         last._lenpred_capture = True
     try:
         out = model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
                     output_hidden_states=True, use_cache=False, logits_to_keep=1)
         weights = last._lenpred_weights if semantic else None
     finally:
-        model.config._attn_implementation = previous
+        if semantic:
+            model.set_attn_implementation(previous)
         if last is not None:
             last._lenpred_capture = False
             last.__dict__.pop("_lenpred_weights", None)
@@ -295,6 +302,7 @@ def extract_signals(backbone, batch_token_ids: list[list[int]], layers: list[int
     return results
 
 
+@with_backbone_threads
 @torch.inference_mode()
 def plain_prefill(backbone, batch_token_ids: list[list[int]]) -> None:
     """Plain serving prefill of the same batch (SDPA, last-position logits only): the cost reference."""

@@ -27,11 +27,13 @@ import torch
 from lenpred.errors import LenpredError
 from lenpred.inputs.cache import token_batches
 from lenpred.predictors.pooled import PooledHeadPredictor
+from lenpred.pooling import POOLER_KINDS
 from lenpred.prompts import check_fits
 from lenpred.signals import PromptSignals, left_pad
+from lenpred.torch_state import with_backbone_threads
 
-HIDDEN_ONLY_POOLERS = ("last", "mean", "max")
-"""Poolers that read hidden states only (no entropy, no semantic score)."""
+HIDDEN_ONLY_POOLERS = tuple(name for name, kind in POOLER_KINDS.items() if kind.hidden_only)
+"""Poolers that read hidden states only (no entropy, no semantic score): ``mean``, ``last``, ``max``."""
 
 
 @dataclass(frozen=True)
@@ -133,6 +135,7 @@ class PrefixCache:
         return self._entries[key]
 
 
+@with_backbone_threads
 @torch.inference_mode()
 def truncated_hidden_states(backbone, batch_token_ids: list[list[int]], layer: int, prefix_len: int = 0,
                             prefix_cache: PrefixCache | None = None) -> list[torch.Tensor]:

@@ -7,7 +7,6 @@ candidate on train with the first seed, keeps the lowest validation MAE (predict
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import time
 from dataclasses import dataclass, field
@@ -22,6 +21,8 @@ from lenpred.heads import BINNINGS
 from lenpred.predictors import PREDICTORS, make_predictor, max_new_tokens
 from lenpred.predictors.pooled import POOL_SPANS
 from lenpred.signals import SEMANTIC_DIVISORS
+
+from lenpred.torch_state import torch_threads  # also imported from here by studies and scripts
 
 
 @dataclass
@@ -147,25 +148,14 @@ class MethodRun:
     diagnostics: dict
 
 
-@contextlib.contextmanager
-def torch_threads(n: int | None):
-    """Run a block with ``n`` torch intra-op threads (``None``: unchanged), restoring the previous count."""
-    before = torch.get_num_threads()
-    if n:
-        torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def takes_seed(method: str) -> bool:
     """Whether the registered predictor is learned with a seed (its constructor takes ``seed``)."""
     return "seed" in inspect.signature(PREDICTORS[method]).parameters
 
 
 def fit_order(methods: tuple[str, ...]) -> list[str]:
-    """Methods in an order where each one's ``tune_after`` predictors come first (stable otherwise)."""
+    """Methods in an order where each one's ``tune_after`` predictors come first (stable otherwise), so a choice a
+    later method reads is made once (:func:`tune_dependencies` makes it anyway when it is missing)."""
     return sorted(methods, key=lambda m: bool(set(PREDICTORS[m].tune_after) & set(methods)))
 
 
@@ -239,12 +229,26 @@ def fit_with_validation(method: str, candidates: list[dict], data, seed: int) ->
     return best, chosen, sweep
 
 
+def tune_dependencies(method: str, data, ctx: TuningContext, seed: int) -> None:
+    """Put in ``ctx.chosen`` the validation choice of every predictor ``method``'s ``param_grid`` reads
+    (``tune_after``, e.g. ESTP's pooling for ``ltr``), tuning one not chosen yet now with ``seed`` — the choice its
+    own :func:`tune_and_refit` with the same first seed makes. So a method's grid never depends on which methods ran
+    before it, or whether they ran at all."""
+    for dep in PREDICTORS[method].tune_after:
+        if dep not in ctx.chosen:
+            tune_dependencies(dep, data, ctx, seed)
+            with torch_threads(1):
+                _, ctx.chosen[dep], _ = fit_with_validation(dep, PREDICTORS[dep].param_grid(ctx), data, seed)
+
+
 def tune_and_refit(method: str, data, ctx: TuningContext, seeds: tuple[int, ...]) -> MethodRun:
     """Tune ``method`` on validation with ``seeds[0]``, refit with the other seeds, predict test (clipped).
 
-    Runs on one torch thread (small heads: faster on a busy machine, and the same numbers in any process); the text
-    proxies fix their own thread count inside ``fit`` / ``predict``."""
+    The choices its grid reads are made first if this run has not made them (:func:`tune_dependencies`). Runs on
+    one torch thread (small heads: faster on a busy machine, and the same numbers in any process); the text proxies
+    fix their own thread count inside ``fit`` / ``predict``."""
     t = time.perf_counter()
+    tune_dependencies(method, data, ctx, seeds[0])
     cls = PREDICTORS[method]
     test_req = data.rows("test")
     train = data.index["train"]

@@ -18,6 +18,7 @@ import pyarrow as pa
 from lenpred.bench.records import load_records, read_manifest
 from lenpred.bench.plan import SPLITS
 from lenpred.io import atomic_path
+from lenpred.tables import markdown_table
 
 logger = logging.getLogger(__name__)
 
@@ -67,29 +68,28 @@ def card_stats(bench_dir: str | Path, records: pa.Table | None = None) -> list[d
 def prompt_files_markdown(entries: list[dict]) -> str:
     """A Markdown table of a benchmark's prompt files (``bench.json["prompt_files"]``): scenario and sampling settings
     per file, and the file's SHA-256 (the card never shows prompt text)."""
-    lines = ["## Prompt files", "", "| name | scenario | file | SHA-256 | samples (train / eval) | temperature | top_p "
-             "| max_new_tokens |", "|---" * 8 + "|"]
-    for e in entries:
-        lines.append(f"| {e['name']} | {e['scenario']} | {Path(e['path']).name} | {e['sha256'][:12]} | "
-                     f"{e['samples_per_prompt']} / {e['eval_samples_per_prompt']} | {e['temperature']} | "
-                     f"{e['top_p']} | {e['max_new_tokens']} |")
-    return "\n".join(lines) + "\n"
+    header = ["name", "scenario", "file", "SHA-256", "samples (train / eval)", "temperature", "top_p", "max_new_tokens"]
+    rows = [[e["name"], e["scenario"], Path(e["path"]).name, e["sha256"][:12],
+             f"{e['samples_per_prompt']} / {e['eval_samples_per_prompt']}", e["temperature"], e["top_p"],
+             e["max_new_tokens"]] for e in entries]
+    return "\n".join(["## Prompt files", "", markdown_table(header, rows)]) + "\n"
 
 
 def card_markdown(rows: list[dict], title: str, note: str = "", prompt_files: list[dict] | None = None) -> str:
     """The card's Markdown table, with ``note`` (e.g. a warning) under the title and, for a benchmark built from
     prompt files, a table of those files (:func:`prompt_files_markdown`) after it."""
-    head = ("| scenario | split | prompts | responses | prompt tok (mean) | length mean | median | p90 | max | "
-            "truncated | within-prompt std | within-prompt max/min |")
+    header = ["scenario", "split", "prompts", "responses", "prompt tok (mean)", "length mean", "median", "p90", "max",
+              "truncated", "within-prompt std", "within-prompt max/min"]
+    cells = []
+    for r in rows:
+        spread = ([f"{r['within_prompt_std']:.1f}", f"{r['within_prompt_max_min_ratio']:.2f}"]
+                  if r["multi_sample_prompts"] else ["–", "–"])
+        cells.append([r["scenario"], r["split"], r["prompts"], r["responses"], f"{r['prompt_tokens_mean']:.0f}",
+                      f"{r['mean']:.1f}", f"{r['median']:.0f}", f"{r['p90']:.0f}", r["max"],
+                      f"{100 * r['truncated']:.1f}%", *spread])
     lines = [f"# {title}", "", *([note, ""] if note else []),
              "Lengths in tokens (EOS excluded); *truncated* = share that hit max_new_tokens; "
-             "within-prompt columns use prompts with >= 2 samples.", "", head, "|---" * 12 + "|"]
-    for r in rows:
-        spread = (f"{r['within_prompt_std']:.1f} | {r['within_prompt_max_min_ratio']:.2f}" if r["multi_sample_prompts"]
-                  else "– | –")
-        lines.append(f"| {r['scenario']} | {r['split']} | {r['prompts']} | {r['responses']} | "
-                     f"{r['prompt_tokens_mean']:.0f} | {r['mean']:.1f} | {r['median']:.0f} | {r['p90']:.0f} | "
-                     f"{r['max']} | {100 * r['truncated']:.1f}% | {spread} |")
+             "within-prompt columns use prompts with >= 2 samples.", "", markdown_table(header, cells)]
     return "\n".join(lines) + "\n" + ("\n" + prompt_files_markdown(prompt_files) if prompt_files else "")
 
 

@@ -27,6 +27,7 @@ from lenpred.errors import LenpredError
 from lenpred.inputs.cache import read_part, token_batches, write_part
 from lenpred.io import stable_hash, write_json
 from lenpred.prompts import TEMPLATE_RULE
+from lenpred.torch_state import with_backbone_threads
 
 DECODE_STEPS = (0, 8, 16, 24, 32, 40, 48, 56, 64, 128)
 DECODE_CACHE_FORMAT = 1
@@ -37,6 +38,7 @@ def steps_before(length: int, steps: tuple[int, ...] = DECODE_STEPS) -> np.ndarr
     return np.asarray([t for t in steps if t < length], dtype=np.int64)
 
 
+@with_backbone_threads
 @torch.inference_mode()
 def teacher_forced_states(backbone, sequences: list[tuple[list[int], list[int]]], steps: list[np.ndarray],
                           layers: tuple[int, ...]) -> list[torch.Tensor]:
@@ -82,6 +84,7 @@ def teacher_forced_states(backbone, sequences: list[tuple[list[int], list[int]]]
     return result
 
 
+@with_backbone_threads
 @torch.inference_mode()
 def teacher_forced_shared_prompt(backbone, prompt: list[int], responses: list[list[int]], steps: list[np.ndarray],
                                  layers: tuple[int, ...]) -> list[torch.Tensor]:
@@ -119,6 +122,7 @@ def teacher_forced_shared_prompt(backbone, prompt: list[int], responses: list[li
     return result
 
 
+@with_backbone_threads
 @torch.inference_mode()
 def incremental_decode_states(backbone, prompt: list[int], response: list[int], steps: np.ndarray,
                               layers: tuple[int, ...]) -> torch.Tensor:

@@ -32,6 +32,7 @@ from lenpred.engines.hf import without_model_defaults
 from lenpred.errors import LenpredError
 from lenpred.io import stable_hash, write_json
 from lenpred.prompts import chat_token_ids, check_fits
+from lenpred.torch_state import with_backbone_threads
 
 PIA_INSTRUCTION = (
     "Before responding to the instruction above, predict the length of your response. Write the estimated "
@@ -105,6 +106,7 @@ def _read_cache(path: Path, key: dict[str, Any]) -> dict[str, dict[str, str]]:
     return answers
 
 
+@with_backbone_threads
 def _generate_batch(backbone, batch_token_ids: list[list[int]], max_new_tokens: int,
                     eos: tuple[int, ...], pad_token_id: int) -> list[str]:
     """Greedy continuation of one left-padded batch, decoded up to (excluding) the first EOS."""

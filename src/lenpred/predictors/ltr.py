@@ -17,8 +17,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from lenpred.errors import LenpredError
 from lenpred.predictors.registry import register
 from lenpred.predictors.pooled import PooledHeadPredictor
+from lenpred.torch_state import torch_seed
 
 
 def list_mle_loss(scores: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
@@ -74,13 +76,18 @@ class ListwiseRankingPredictor(PooledHeadPredictor):
 
     @classmethod
     def param_grid(cls, ctx) -> list[dict]:
-        """ESTP's pooled features as chosen for ESTP on validation (layer, lambda1, alpha); without an ESTP choice,
-        the layer grid at lambda1 = alpha = 1."""
+        """One candidate: ESTP's pooled features as chosen for ESTP on validation (layer, lambda1, alpha), whatever
+        else the run fits (:func:`lenpred.tuning.tune_dependencies` tunes ESTP first when it has not been).
+
+        Raises:
+            LenpredError: ``ctx.chosen`` has no ESTP choice (call ``tune_dependencies("ltr", ...)`` first).
+        """
         settings = {k: v for k, v in ctx.pooled_settings.items() if k != "head"}
         estp = ctx.chosen.get("estp")
-        if estp:
-            return [{k: estp[k] for k in ("layer", "lambda1", "alpha")} | settings]
-        return [{"layer": l} | settings for l in ctx.layers]
+        if not estp:
+            raise LenpredError("ltr pools as ESTP chose on validation, and no ESTP choice is made yet: tune it first "
+                               "(lenpred.tuning.tune_dependencies)")
+        return [{k: estp[k] for k in ("layer", "lambda1", "alpha")} | settings]
 
     def _head(self) -> dict:
         return {"epochs": 60, "lr": 1e-3, "weight_decay": 1e-2, "list_size": 32, **self.params["head"]}
@@ -94,24 +101,24 @@ class ListwiseRankingPredictor(PooledHeadPredictor):
     def fit(self, requests, y):
         cfg = self._head()
         X, y = self.features(requests), np.asarray(y, dtype=np.float64)
-        gen = torch.Generator().manual_seed(self.params["seed"])
-        torch.manual_seed(self.params["seed"])
-        self.mean_, self.std_ = X.mean(0), X.std(0) + 1e-6
-        Xt, yt = torch.from_numpy((X - self.mean_) / self.std_), torch.from_numpy(y)
-        self.module_ = _Scorer(X.shape[1])
-        opt = torch.optim.AdamW(self.module_.parameters(), lr=cfg["lr"], weight_decay=cfg["weight_decay"])
-        self.module_.train()
-        for _ in range(cfg["epochs"]):
-            order = torch.randperm(len(Xt), generator=gen)
-            for s in range(0, len(order), cfg["list_size"]):
-                idx = order[s:s + cfg["list_size"]]
-                if len(idx) < 2:
-                    continue
-                loss = list_mle_loss(self.module_(Xt[idx]), yt[idx]) / len(idx)
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-        self.module_.eval()
+        with torch_seed(self.params["seed"]):  # _Scorer's init draws from the global generator; the caller's is kept
+            gen = torch.Generator().manual_seed(self.params["seed"])
+            self.mean_, self.std_ = X.mean(0), X.std(0) + 1e-6
+            Xt, yt = torch.from_numpy((X - self.mean_) / self.std_), torch.from_numpy(y)
+            self.module_ = _Scorer(X.shape[1])
+            opt = torch.optim.AdamW(self.module_.parameters(), lr=cfg["lr"], weight_decay=cfg["weight_decay"])
+            self.module_.train()
+            for _ in range(cfg["epochs"]):
+                order = torch.randperm(len(Xt), generator=gen)
+                for s in range(0, len(order), cfg["list_size"]):
+                    idx = order[s:s + cfg["list_size"]]
+                    if len(idx) < 2:
+                        continue
+                    loss = list_mle_loss(self.module_(Xt[idx]), yt[idx]) / len(idx)
+                    opt.zero_grad()
+                    loss.backward()
+                    opt.step()
+            self.module_.eval()
         self.train_scores_ = np.sort(self.scores(requests))
         self.train_lengths_ = np.sort(y)
         return self

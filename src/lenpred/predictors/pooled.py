@@ -11,7 +11,7 @@ import torch
 
 from lenpred.errors import LenpredError
 from lenpred.heads import HeadConfig, SoftLabelRegressor, head_from_tensors, head_tensors
-from lenpred.pooling import POOLERS, Pooler
+from lenpred.pooling import POOLER_KINDS, POOLERS, Pooler
 from lenpred.predictors.registry import Predictor, distinct_requests, max_new_tokens, register
 from lenpred.signals import TokenSpan
 
@@ -64,7 +64,7 @@ class PooledHeadPredictor(Predictor):
     pooler_name = "mean"
     inputs = ("signals",)
     supports_censoring = True
-    searches_weights = False  # ESTP: lambda1 x alpha on top of the layer grid (the only extra search)
+    searches_weights = False  # lambda1 x alpha on top of the layer grid (PoolerKind.searches_weights: ESTP)
 
     @classmethod
     def param_grid(cls, ctx) -> list[dict]:
@@ -142,5 +142,5 @@ class PooledHeadPredictor(Predictor):
 
 for _name in POOLERS:
     register(_name)(type(f"{_name.title().replace('_', '')}Predictor", (PooledHeadPredictor,),
-                         {"pooler_name": _name, "searches_weights": _name == "estp",
+                         {"pooler_name": _name, "searches_weights": POOLER_KINDS[_name].searches_weights,
                           "__doc__": f"Soft-label head over '{_name}'-pooled hidden states."}))

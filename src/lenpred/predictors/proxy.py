@@ -40,8 +40,6 @@ Two opt-in levers, off by default so the baselines stay as published: ``precisio
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import numpy as np
 import torch
 from torch import nn
@@ -50,6 +48,7 @@ from lenpred.errors import LenpredError
 from lenpred.heads import assign_bins, bin_centres, length_bin_edges
 from lenpred.predictors.registry import Predictor, Request, distinct_requests, register
 from lenpred.predictors.text_encoder import DEFAULT_PROXY, ProxyEncoder, load_proxy_encoder, mean_pool, pad_batch
+from lenpred.torch_state import torch_seed, torch_threads
 
 _POOL_BATCHES = 50  # length-sorting pool, in batches
 _PREDICT_BATCH = 64  # prompts per inference batch (sorted by length, so little padding)
@@ -126,17 +125,6 @@ def freeze_lower_layers(model: nn.Module, train_layers: int | None) -> None:
     model.requires_grad_(False)
     for layer in layers[len(layers) - train_layers:]:
         layer.requires_grad_(True)
-
-
-@contextmanager
-def fixed_threads(n: int):
-    """Run a block with exactly ``n`` torch intra-op threads, restoring the caller's count after."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(int(n))
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 class ProxyPredictor(Predictor):
@@ -226,7 +214,7 @@ class ProxyPredictor(Predictor):
             LenpredError: ``y`` does not match the requests, a request has no text, the encoder cannot be
                 loaded, or too few lengths for the buckets.
         """
-        with fixed_threads(self.params.get("num_threads", 2)):
+        with torch_threads(self.params.get("num_threads", 2)):
             return self._fit(requests, y)
 
     def _fit(self, requests: list[Request], y: np.ndarray) -> "ProxyPredictor":
@@ -247,8 +235,7 @@ class ProxyPredictor(Predictor):
         total = steps_per_epoch * p["epochs"]
         warm = max(int(total * p["warmup"]), 1) if p["warmup"] > 0 else 0
 
-        with torch.random.fork_rng(devices=[]):  # dropout draws from the global generator; leave the caller's
-            torch.manual_seed(p["seed"])
+        with torch_seed(p["seed"]):  # dropout draws from the global generator; leave the caller's
             gen = torch.Generator().manual_seed(p["seed"])
             self.head_ = nn.Linear(self.encoder_.hidden_size, k)
             self._init_head(self.head_, y)
@@ -297,7 +284,7 @@ class ProxyPredictor(Predictor):
         Raises:
             LenpredError: called before ``fit``/``load``, or a request has no text.
         """
-        with fixed_threads(self.params.get("num_threads", 2)):
+        with torch_threads(self.params.get("num_threads", 2)):
             return self._predict(requests)
 
     def _predict(self, requests: list[Request]) -> np.ndarray:

@@ -225,7 +225,7 @@ def run_evaluate(cfg: EvalConfig) -> EvalReport:
     from tqdm.auto import tqdm
 
     from lenpred.metrics import score_methods
-    from lenpred.tuning import fit_order, tune_and_refit
+    from lenpred.tuning import fit_order, tune_and_refit, tune_dependencies
     from lenpred.predictors import PREDICTORS
 
     check_output_paths(cfg)
@@ -240,6 +240,7 @@ def run_evaluate(cfg: EvalConfig) -> EvalReport:
     runs = {}
     with tqdm(fit_order(cfg.methods), desc="train + tune on validation", unit="method") as bar:
         for method in bar:
+            tune_dependencies(method, data, ctx, cfg.seeds[0])  # the choices its grid reads (ltr: ESTP's)
             bar.set_postfix(method=method, candidates=len(PREDICTORS[method].param_grid(ctx)))
             runs[method] = tune_and_refit(method, data, ctx, cfg.seeds)
     test = data.index["test"]

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
+from lenpred import tables
 from lenpred.io import atomic_path, write_json
 
 
@@ -122,8 +123,7 @@ def render_terminal_table(results: dict[str, dict[str, dict]], title: str, kind:
 def markdown_table(results: dict[str, dict[str, dict]], kind: str = "mae") -> str:
     """The same table as Markdown (for the README)."""
     header, rows = table_rows(results, kind)
-    lines = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
-    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+    return tables.markdown_table(header, rows, "l" + "r" * (len(header) - 1))
 
 
 def plot_mae(results: dict[str, dict[str, dict]], path: str | Path, title: str = "MAE (tokens), test split",
@@ -173,11 +173,11 @@ def save_report(results: dict, extra: dict, out_dir: str | Path, stem: str = "re
     paths = report_paths(out_dir, stem)
     write_json(paths["json"], {"results": results, **extra})
     plot_mae(results, paths["png"], floor=extra.get("oracle_floor"))
-    tables = [markdown_table(results, kind) for kind in TABLES]
+    parts = [markdown_table(results, kind) for kind in TABLES]
     if extra.get("tuning"):
-        tables.append(tuning_markdown(extra["tuning"]))
+        parts.append(tuning_markdown(extra["tuning"]))
     with atomic_path(paths["md"]) as tmp:
-        tmp.write_text("\n\n".join(tables) + "\n")
+        tmp.write_text("\n\n".join(parts) + "\n")
     return paths
 
 
@@ -185,13 +185,12 @@ def tuning_markdown(tuning: dict[str, dict]) -> str:
     """Per method: candidates searched on validation, the choice, and how its pooling weights spread (median and
     p90 over test prompts of the heaviest token's weight; share of prompts whose heaviest token is the span's last) —
     so a pooler that collapses onto one token shows it."""
-    lines = ["| method | candidates | chosen on validation | top-token weight (median) | (p90) | heaviest = last |",
-             "|---|---:|---|---:|---:|---:|"]
+    rows = []
     for method, t in tuning.items():
         chosen = {k: v for k, v in t["chosen"].items() if k in ("layer", "lambda1", "alpha")}
         d = t.get("diagnostics", {})
-        lines.append(f"| {method} | {t.get('num_candidates', len(t.get('sweep', [])))} | "
-                     f"{', '.join(f'{k} {v}' for k, v in chosen.items()) or '–'} | "
-                     + " | ".join(_fmt(d.get(k), None, 3) for k in ("top_token_weight", "top_token_weight_p90",
-                                                                      "top_token_is_last")) + " |")
-    return "\n".join(lines)
+        rows.append([method, t.get("num_candidates", len(t.get("sweep", []))),
+                     ", ".join(f"{k} {v}" for k, v in chosen.items()) or "–",
+                     *(_fmt(d.get(k), None, 3) for k in ("top_token_weight", "top_token_weight_p90", "top_token_is_last"))])
+    return tables.markdown_table(["method", "candidates", "chosen on validation", "top-token weight (median)", "(p90)",
+                                  "heaviest = last"], rows, "lrlrrr")

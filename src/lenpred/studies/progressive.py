@@ -38,6 +38,7 @@ from lenpred.predictors import make_predictor
 from lenpred.predictors.progressive import PLPHead, ProgressiveRows, TrailProgressive
 from lenpred.serving.progressive import save_plp, update_cost
 from lenpred.studies import DEFAULT_BENCH
+from lenpred.tables import markdown_table
 from lenpred.tuning import check_run_settings, torch_threads
 
 logger = logging.getLogger(__name__)
@@ -48,7 +49,7 @@ DECODE_LAYERS = (10, 15, 20, 25, 30)
 PROMPT_CANDIDATES = (("last", 15), ("egtp", 15))  # the best static pooler and EGTP, at lenpred evaluate's layer
 METHODS = ("plp", "trail_progressive", "static_minus_t", "static_conditional", "countdown", "oracle_minus_t",
            "oracle_conditional")
-SCENARIOS = ("longseq", "reasoning", "rl", "overall")
+OVERALL = "overall"  # the group of every scenario's rows, after the benchmark's own scenarios
 
 
 @dataclass
@@ -70,6 +71,8 @@ class ProgressiveConfig:
     prompt_candidates: tuple = PROMPT_CANDIDATES
     static: tuple = ("last", 15)  # the best static predictor of lenpred evaluate (pooler, layer)
     signal_layers: tuple[int, ...] | None = None  # the prompt-signal cache of lenpred evaluate (default_layers)
+    paired_scenario: str = "rl"  # paired differences on this scenario's rollouts (ForeLen's RL rollouts, the PLP
+    # setting); "overall", or a name the benchmark does not have: every test rollout
 
 
 def build_rows(data, decode, prompt_features: np.ndarray, plp_layer: int, trail_layers: tuple[int, ...],
@@ -114,8 +117,8 @@ def curve_table(preds: dict[str, np.ndarray], rows: ProgressiveRows, scenarios: 
     long_enough = rows.length > fixed_after
     out = []
     for population, pop_mask in (("running", np.ones(len(observed), bool)), ("fixed", long_enough)):
-        for scenario in SCENARIOS:
-            sc = np.ones(len(observed), bool) if scenario == "overall" else scenarios[rows.sample] == scenario
+        for scenario in [*benchmark_scenarios(scenarios), OVERALL]:
+            sc = np.ones(len(observed), bool) if scenario == OVERALL else scenarios[rows.sample] == scenario
             for t in steps:
                 m = pop_mask & sc & (rows.step == t)
                 for name, p in preds.items():
@@ -127,6 +130,17 @@ def curve_table(preds: dict[str, np.ndarray], rows: ProgressiveRows, scenarios: 
                     out.append({"population": population, "scenario": scenario, "step": int(t), "method": name,
                                 "mae": mae, "low": lo, "high": hi, "n": int(ok.sum())})
     return out
+
+
+def benchmark_scenarios(scenarios: np.ndarray) -> list[str]:
+    """The scenario names of a benchmark's samples (``(n,)`` str, the records' ``scenario`` column), sorted, as the
+    benchmark card lists them; never a fixed list (a user's benchmark has its own names)."""
+    return sorted({str(s) for s in scenarios.tolist()})
+
+
+def report_scenarios(report: dict) -> list[str]:
+    """The scenarios a report's curves cover, in their order, without :data:`OVERALL`."""
+    return [s for s in dict.fromkeys(c["scenario"] for c in report["curves"]) if s != OVERALL]
 
 
 def paired_difference(a: np.ndarray, b: np.ndarray, rows: ProgressiveRows, mask: np.ndarray,
@@ -275,14 +289,16 @@ def run_progressive(cfg: ProgressiveConfig) -> ProgressiveReport:
         preds = {k: clip_remaining(v, te) for k, v in preds.items()}
     fixed_after = max(cfg.steps)
     report["curves"] = curve_table(preds, te, scenarios, prompt_ids, cfg.steps, fixed_after)
-    rl_running = scenarios[te.sample] == "rl"
+    paired = cfg.paired_scenario if cfg.paired_scenario in benchmark_scenarios(scenarios) else OVERALL
+    in_paired = np.ones(len(te.step), bool) if paired == OVERALL else scenarios[te.sample] == paired
     report["paired"] = {}
     for t in (0, 32, 128):
-        at = rl_running & (te.step == t)
+        at = in_paired & (te.step == t)
         for a, b in (("plp", "oracle_minus_t"), ("plp", "oracle_conditional"), ("plp", "trail_progressive"),
                      ("plp", "static_conditional")):
             if at.sum() > 1:
-                report["paired"][f"rl/step{t}/{a}-{b}"] = paired_difference(preds[a], preds[b], te, at, prompt_ids)
+                report["paired"][f"{paired}/step{t}/{a}-{b}"] = paired_difference(preds[a], preds[b], te, at,
+                                                                                   prompt_ids)
 
     report["update_cost_us"] = update_cost(plp, te.prompt_features, te.plp_state, te.step, te.cap)
 
@@ -311,6 +327,13 @@ def _fmt(c: dict | None) -> str:
     return f"{c['mae']:.1f} [{c['low']:.1f}, {c['high']:.1f}]" if c["low"] is not None else f"{c['mae']:.1f}"
 
 
+def _paired_label(report: dict) -> str:
+    """The paired differences' scenario as the report's heading names it (``rl`` -> ``RL``)."""
+    first = next(iter(report["paired"]), None)
+    scenario = first.split("/", 1)[0] if first else report["config"].get("paired_scenario", OVERALL)
+    return "every scenario" if scenario == OVERALL else scenario.upper()
+
+
 def _write_markdown(report: dict, path: Path) -> None:
     steps = [0, 32, 64, 128]
     lines = ["# Progressive remaining-length prediction (test split)", "",
@@ -321,18 +344,14 @@ def _write_markdown(report: dict, path: Path) -> None:
              "interval.", ""]
     for population, title in (("running", "every rollout still running at t"),
                               (f"fixed", f"the fixed set of rollouts longer than {max(report['steps'])} tokens")):
-        for scenario in SCENARIOS:
-            lines += [f"## {scenario}: {title}", "", "| method | " + " | ".join(f"t = {t}" for t in steps) + " |",
-                      "|---|" + "---|" * len(steps)]
-            for m in METHODS:
-                lines.append(f"| {m} | " + " | ".join(_fmt(_cell(report, population, scenario, t, m)) for t in steps)
-                             + " |")
+        for scenario in [*report_scenarios(report), OVERALL]:
+            rows = [[m, *(_fmt(_cell(report, population, scenario, t, m)) for t in steps)] for m in METHODS]
             n = [_cell(report, population, scenario, t, "plp") for t in steps]
-            lines += ["| rollouts | " + " | ".join(str(c["n"]) if c else "—" for c in n) + " |", ""]
-    lines += ["## Paired differences (RL, every rollout running at t)", "", "| comparison | Δ MAE [95 % CI] | n |",
-              "|---|---|---|"]
-    for k, v in report["paired"].items():
-        lines.append(f"| {k} | {v['diff']:+.1f} [{v['low']:+.1f}, {v['high']:+.1f}] | {v['n']} |")
+            rows.append(["rollouts", *(str(c["n"]) if c else "—" for c in n)])
+            lines += [f"## {scenario}: {title}", "", markdown_table(["method", *(f"t = {t}" for t in steps)], rows), ""]
+    rows = [[k, f"{v['diff']:+.1f} [{v['low']:+.1f}, {v['high']:+.1f}]", v["n"]] for k, v in report["paired"].items()]
+    lines += [f"## Paired differences ({_paired_label(report)}, every rollout running at t)", "",
+              markdown_table(["comparison", "Δ MAE [95 % CI]", "n"], rows)]
     c = report["update_cost_us"]
     lines += ["", f"PLP update cost (one torch thread, this run's machine load): {c['batch1_us']:.0f} µs for one "
                   f"request, {c['batch64_us']:.0f} µs for 64 ({c['batch64_per_request_us']:.1f} µs per request); "
@@ -347,9 +366,10 @@ def _plot(report: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 3, figsize=(15, 8), sharex=True)
+    names = report_scenarios(report)
+    fig, axes = plt.subplots(2, len(names), figsize=(5 * len(names), 8), sharex=True, squeeze=False)
     for r, population in enumerate(("running", "fixed")):
-        for c, scenario in enumerate(("longseq", "reasoning", "rl")):
+        for c, scenario in enumerate(names):
             ax = axes[r, c]
             for m in METHODS:
                 cells = sorted((x for x in report["curves"] if (x["population"], x["scenario"], x["method"])
@@ -379,7 +399,7 @@ def render_progressive(report: ProgressiveReport, console) -> None:
 
     report = report.to_dict()
     steps = [0, 32, 64, 128]
-    for scenario in SCENARIOS:
+    for scenario in [*report_scenarios(report), OVERALL]:
         table = Table(title=f"remaining-length MAE, {scenario}, rollouts running at t (tokens, 95 % CI)")
         table.add_column("method")
         for t in steps:

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from lenpred.io import atomic_path, write_json
+from lenpred.tables import markdown_table
 
 COLUMNS = (("throughput_tok_s", "tok/s", 1), ("mean_jct_s", "mean JCT s", 1), ("p50_jct_s", "p50 JCT", 1),
            ("p90_jct_s", "p90 JCT", 1), ("p99_jct_s", "p99 JCT", 1), ("mean_ttft_s", "mean TTFT s", 1),
@@ -52,8 +53,9 @@ def static_real_table(report: dict) -> tuple[list[str], list[list[str]]]:
 
 
 def markdown(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows]) + "\n"
+    """A scheduling table as Markdown (:func:`lenpred.tables.markdown_table`, every column ``---``) ending in a
+    newline."""
+    return markdown_table(header, rows) + "\n"
 
 
 def render(header: list[str], rows: list[list[str]], title: str):

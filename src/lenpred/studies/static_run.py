@@ -23,6 +23,7 @@ from lenpred.serving.policies import make_policy, padding_ratio, static_batches
 from lenpred.serving.simulator import simulate_static
 from lenpred.studies import DEFAULT_BENCH
 from lenpred.studies.resume import load_resumable
+from lenpred.torch_state import with_threads_of
 from lenpred.studies.workload import DEFAULT_PREDICTORS_DIR, DEFAULT_TABLE, draw_workload, load_workload_table
 
 
@@ -109,6 +110,7 @@ class CalibrationConfig:
     out: str = "results/scheduling/cost_transformers.json"
 
 
+@with_threads_of("threads")  # cfg.threads while it runs
 def calibrate_transformers(cfg: CalibrationConfig):
     """Time ``generate`` on the grid, fit :class:`~lenpred.serving.cost_model.CostModel` and save it (with the
     raw measurements under ``settings["measurements"]``). Returns the model."""
@@ -201,6 +203,7 @@ class StaticRunReport:
                 "model_revision": self.model_revision}
 
 
+@with_threads_of("threads")  # cfg.threads while it runs
 def run_static(cfg: StaticRunConfig, table=None) -> StaticRunReport:
     """Real run 1: for each grouping, form the static batches, run them with ``generate`` one after another and
     record each batch's wall time; compare with the simulator's prediction from the cost model. The JSON is

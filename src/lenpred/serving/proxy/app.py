@@ -74,6 +74,7 @@ from lenpred.serving.proxy.state import (CAP_HEADER, CLIENT_ID_HEADER, DEFAULT_M
                                          UPSTREAM_ID_HEADER, FinishedHook, FinishedRequest, ProxiedRequest,
                                          ProxyState)
 from lenpred.serving.proxy.upstream import ClientGone, ClientWatch, error_response, forward, gone_response
+from lenpred.torch_state import torch_threads
 
 PREDICTED_PATHS = ("/v1/chat/completions", "/v1/completions")
 
@@ -511,7 +512,8 @@ def serve(upstream: str, host: str = "127.0.0.1", port: int = 8001, predictor: s
                      default_max_tokens=default_max_tokens, batch=batch, group_header=group_header,
                      on_finished=() if online is None else (traffic_hook(online),))
     try:  # uvicorn's own connection cap stays off (limit_concurrency=None): queueing is the engine's job
-        uvicorn.run(app, host=host, port=port, log_level="warning", backlog=4096)
+        with torch_threads(threads):  # the process's count while it serves; restored when the server stops
+            uvicorn.run(app, host=host, port=port, log_level="warning", backlog=4096)
     finally:
         if online is not None:
             online.close()

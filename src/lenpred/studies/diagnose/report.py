@@ -9,11 +9,10 @@ from pathlib import Path
 import numpy as np
 
 from lenpred.io import atomic_path, write_json
+from lenpred.tables import markdown_table
 
 SECTIONS = ("misalignment", "attribution", "ablation", "entropy", "overhead")
 """The sections of ``lenpred diagnose``, in the order they run and are reported."""
-
-SCENARIOS = ("longseq", "reasoning", "rl", "overall")
 
 
 def _ci(x: dict | list | None, digits: int = 1, pct: bool = False) -> str:
@@ -30,11 +29,6 @@ def _ci(x: dict | list | None, digits: int = 1, pct: bool = False) -> str:
 
 def _num(v, digits: int = 3) -> str:
     return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{digits}f}"
-
-
-def _table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    return "\n".join(lines + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows])
 
 
 def _tok(token: str) -> str:
@@ -66,17 +60,17 @@ def misalignment_md(m: dict, out: Path) -> list[str]:
              "semantic score, and the converse (top 40 % by semantic score in the bottom half by entropy); mean over "
              "prompts with a prompt-bootstrap 95 % interval. *Chance* is the share if the two rankings were "
              "independent (`floor(m/2)/m`): ESTP's \"more than 20 %\" is only informative next to it.", "",
-             _table(["scenario", "high entropy, low semantic", "high semantic, low entropy", "chance"],
+             markdown_table(["scenario", "high entropy, low semantic", "high semantic, low entropy", "chance"],
                     [[g, _ci(s["high_entropy_low_semantic"][g], 1, True),
                       _ci(s["high_semantic_low_entropy"][g], 1, True), _ci(s["chance"][g], 1, True)]
-                     for g in SCENARIOS if g in s["chance"]]), "",
+                     for g in s["chance"]]), "",
              "![misalignment](misalignment.png)", "",
              "**Attention sinks.** How concentrated the semantic score (attention received in the last layer / n) is: "
              f"the median prompt's heaviest span token holds {100 * m['semantic_top_share_median']:.1f} % of the span's "
              "semantic score (mean per scenario: " + ", ".join(
-                 f"{g} {_ci(s['semantic_top_share'][g], 1, True)}" for g in SCENARIOS if g in s['semantic_top_share'])
+                 f"{g} {_ci(s['semantic_top_share'][g], 1, True)}" for g in s['semantic_top_share'])
              + "). The heaviest token is most often:", "",
-             _table(["token", "prompts where it is the top semantic token", "share"],
+             markdown_table(["token", "prompts where it is the top semantic token", "share"],
                     [[_tok(t['token']), t["prompts"], f"{100 * t['share']:.1f} %"] for t in m["top_semantic_tokens"]]),
              "", "Median largest pooling weight per prompt (1 = one token gets all the weight): " + ", ".join(
                  f"{k} {v:.3f}" for k, v in m["median_top_weight"].items())
@@ -92,11 +86,11 @@ def misalignment_md(m: dict, out: Path) -> list[str]:
     t = m["egtp_vs_estp_tokens"]
     rows = [[_tok(a['token']), f"{a['mass_per_prompt']:+.4f}", a["count"], _tok(b['token']),
              f"{b['mass_per_prompt']:+.4f}", b["count"]] for a, b in zip(t["over"], t["under"])]
-    lines += [_table(["EGTP over-weights", "mass", "count", "EGTP under-weights", "mass", "count"], rows), ""]
+    lines += [markdown_table(["EGTP over-weights", "mass", "count", "EGTP under-weights", "mass", "count"], rows), ""]
     npz = out / "misalignment_percentiles.npz"
     if npz.is_file():
         d = np.load(npz, allow_pickle=False)
-        scen = [g for g in SCENARIOS[:3] if (d["scenario"] == g).any()]
+        scen = sorted(set(d["scenario"].tolist()))  # the benchmark's scenarios, in the sections' order
         fig, axes = plt.subplots(1, len(scen), figsize=(5.2 * len(scen), 4.2), squeeze=False, layout="constrained")
         for i, (ax, g) in enumerate(zip(axes[0], scen)):
             k = d["scenario"] == g
@@ -113,10 +107,7 @@ def misalignment_md(m: dict, out: Path) -> list[str]:
 
 def attribution_md(a: dict) -> list[str]:
     rows = []
-    for g in SCENARIOS:
-        if g not in a["pooled"]:
-            continue
-        p = a["pooled"][g]
+    for g, p in a["pooled"].items():  # the benchmark's scenarios (sorted) and overall, as the section wrote them
         w = a["within_prompt_spearman"]
         rows.append([g, p["HG"]["n"], *(f"{_num(p[k]['pearson'])} / {_num(p[k]['spearman'])}" for k in ("HG", "SG", "HS")),
                      *(_ci(w[k].get(g), 3) for k in ("HG", "SG"))])
@@ -127,7 +118,7 @@ def attribution_md(a: dict) -> list[str]:
             f"themselves), on the first {max(a['num_prompts'].values())} test prompts of each scenario. Correlations "
             "over all span tokens of a scenario (Pearson / Spearman), and the mean within-prompt Spearman with a "
             "prompt-bootstrap 95 % interval. EGTP reports Pearson r = 0.451 between entropy and gradient importance.",
-            "", _table(["scenario", "tokens", "H–G", "S–G", "H–S", "within-prompt ρ(H, G)", "within-prompt ρ(S, G)"],
+            "", markdown_table(["scenario", "tokens", "H–G", "S–G", "H–S", "within-prompt ρ(H, G)", "within-prompt ρ(S, G)"],
                        rows), ""]
 
 
@@ -143,7 +134,7 @@ def ablation_md(ab: dict, out: Path) -> list[str]:
              f"{ab['seeds'][0]}); test MAE is the mean over seeds {ab['seeds']} of the absolute errors, with a "
              "prompt-bootstrap 95 % interval, and the paired, prompt-clustered difference to the best entropy-only "
              "head (negative = better). λ2 = 1, so λ1/λ2 = λ1.", "",
-             _table(["pooling", "λ1/λ2", "α", "val MAE", "test MAE [95 % CI]", "test − entropy-only [95 % CI]"],
+             markdown_table(["pooling", "λ1/λ2", "α", "val MAE", "test MAE [95 % CI]", "test − entropy-only [95 % CI]"],
                     [[k, _ratio_label(v["ratio"]), v["alpha"], _num(v["val_mae"], 1),
                       f"{v['test_mae']:.1f} [{v['test_mae_ci'][0]:.1f}, {v['test_mae_ci'][1]:.1f}]",
                       _ci(v["diff_entropy_only"]) if v["diff_entropy_only"] else "(reference)"]
@@ -167,7 +158,7 @@ def ablation_md(ab: dict, out: Path) -> list[str]:
     one = [r for r in ab["rows"] if r["group"] != "grid"]
     lines += ["One change at a time from the best joint point (seed " f"{ab['seeds'][0]}; the head's defaults are "
               "K = 20 bins, τ = 1, λ = 0.95):", "",
-              _table(["change", "val MAE", "test MAE", "test − entropy-only [95 % CI]"],
+              markdown_table(["change", "val MAE", "test MAE", "test − entropy-only [95 % CI]"],
                      [[f"{r['group']} = {r[r['group']]}", _num(r["val_mae"], 1), _num(r["test_mae"], 1),
                        _ci(r["test_diff_entropy_only"])] for r in one]), "",
               f"Layer: {ab['note']}.", ""]
@@ -190,7 +181,7 @@ def entropy_md(e: dict) -> list[str]:
             "entropy of the softmax renormalised over them replaces the full entropy everywhere (train, validation, "
             f"test). EGTP and ESTP at the evaluate run's chosen settings, mean over seeds {e['seeds']}; differences "
             "are paired with the full-entropy head of the same seeds (prompt-clustered bootstrap, negative = better).",
-            "", _table(["entropy", "k", "Spearman vs full (tokens)", *(f"{m} val / test MAE" for m in methods),
+            "", markdown_table(["entropy", "k", "Spearman vs full (tokens)", *(f"{m} val / test MAE" for m in methods),
                         *(f"{m} test − full [95 % CI]" for m in methods)], rows), ""]
 
 
@@ -213,7 +204,7 @@ def overhead_md(o: dict, out: Path) -> list[str]:
              f"and the evaluate run's head; `*_pruned`: the pruned output head (k = {o['pruned_k']} of "
              f"{o['vocab_size']}). Peak memory: RSS increase during the call (MiB; plain / signals_full / "
              "signals_pruned).", "",
-             _table(["B × n", "plain tok/s", *show, "peak MiB"], rows), "",
+             markdown_table(["B × n", "plain tok/s", *show, "peak MiB"], rows), "",
              "Every variant does strictly more work than `plain`, so a ratio below 1 is run-to-run timing noise (other "
              "processes, frequency scaling): differences of a few percent are within this machine's noise.", ""]
     if o["skipped"]:
@@ -223,7 +214,7 @@ def overhead_md(o: dict, out: Path) -> list[str]:
     ref = next((c for c in o["cases"] if c["batch_size"] == 8 and c["prompt_tokens"] == 512), None)
     if ref:
         lines += ["Breakdown at 8 × 512 (extra seconds and share of the plain prefill):", "",
-                  _table(["part", "seconds", "share of plain"],
+                  markdown_table(["part", "seconds", "share of plain"],
                          [[k, f"{v['seconds']:.3f}", f"{100 * v['share_of_plain']:.1f} %"]
                           for k, v in ref["breakdown"].items()]), ""]
     lines += ["![overhead](overhead.png)", ""]

@@ -29,6 +29,7 @@ from lenpred.studies.diagnose.misalignment import (TokenWeightTally, misalignmen
                                                    within_prompt_percentile)
 from lenpred.studies.diagnose.overhead import breakdown, overhead_grid
 from lenpred.studies.diagnose.report import SECTIONS, write_report
+from lenpred.torch_state import with_backbone_threads
 from lenpred.tuning import TuningSettings, check_run_settings, fit_and_score, torch_threads, tuning_context
 
 logger = logging.getLogger(__name__)
@@ -171,6 +172,7 @@ def misalignment_section(data, tokenizer, chosen: dict, n_resamples: int) -> tup
     return out, figure
 
 
+@with_backbone_threads
 def attribution_section(backbone, data, evaluate_dir: str, per_scenario: int, n_resamples: int) -> dict:
     """Gradient attribution of the evaluate run's mean-pooling head on up to ``per_scenario`` test prompts per
     scenario (first in test order); correlations with entropy and semantic score."""
@@ -239,6 +241,7 @@ def train_vocabulary(data, k: int, vocab_size: int) -> torch.Tensor:
     return frequent_vocabulary([*prompts.values(), *data.responses[train]], k, vocab_size)
 
 
+@with_backbone_threads
 def entropy_section(backbone, data, chosen: dict, ks: tuple[int, ...], seeds: tuple[int, ...],
                     n_resamples: int, final_layer: int) -> dict:
     """Verify the cached entropy from the cached final states (100 prompts), compute pruned entropies offline for
@@ -283,6 +286,7 @@ def entropy_section(backbone, data, chosen: dict, ks: tuple[int, ...], seeds: tu
             "seeds": list(seeds), "methods": methods, "variants": variants}
 
 
+@with_backbone_threads
 def overhead_section(backbone, data, evaluate_dir: str, k: int, max_batch_tokens: int, repeats: int,
                      batch_sizes=(1, 8, 32), lengths=(128, 512, 2048), layers=(15, 22, 30)) -> dict:
     """:func:`lenpred.studies.diagnose.overhead.overhead_grid` with the evaluate run's EGTP and ESTP heads and the pruned
