@@ -274,3 +274,40 @@ def tiny_bench(tiny_model_dir, tmp_path_factory):
                             str(tiny_model_dir), "--engine", "transformers", "--data-dir", str(data), "--seed", "5"])
     assert r.exit_code == 0, r.output
     return root / "bench", data, root
+
+
+def free_port() -> int:
+    """A TCP port free on the loopback address right now."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LoopbackServer:
+    """An ASGI app under uvicorn in a daemon thread on a free loopback port; ``with`` gives its base URL."""
+
+    def __init__(self, app):
+        import threading
+
+        import uvicorn
+
+        self.port = free_port()
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error",
+                                                   lifespan="on"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> str:
+        import time
+
+        self.thread.start()
+        for _ in range(500):
+            if self.server.started:
+                return f"http://127.0.0.1:{self.port}"
+            time.sleep(0.01)
+        raise RuntimeError("server did not start")
+
+    def __exit__(self, *exc):
+        self.server.should_exit = True
+        self.thread.join(10)

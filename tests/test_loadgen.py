@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import threading
 import time
 
@@ -19,6 +18,7 @@ from starlette.applications import Starlette  # noqa: E402
 from starlette.responses import JSONResponse, StreamingResponse  # noqa: E402
 from starlette.routing import Route  # noqa: E402
 
+from conftest import free_port  # noqa: E402
 from lenpred.serving.loadgen import (FORCED_LENGTHS, NATURAL_EOS, LoadRequest, LoadResult,  # noqa: E402
                                         carries_output, request_body, run_replay, summarize_replay)
 
@@ -70,16 +70,12 @@ class Upstream:
         return StreamingResponse(events(), media_type="text/event-stream", headers={"x-lenpred-predict-ms": "3.5"})
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def upstream():
     up = Upstream()
-    port = _free_port()
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(Starlette(routes=[Route("/v1/chat/completions", up.chat,
                                                                    methods=["POST"])]),
                                            host="127.0.0.1", port=port, log_level="critical"))

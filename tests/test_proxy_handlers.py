@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
-import threading
 import time
 from types import SimpleNamespace
 
@@ -26,6 +24,7 @@ from lenpred.serving.proxy.app import create_app, encode_body, health_endpoint, 
 from lenpred.serving.proxy.metrics import ProxyMetrics  # noqa: E402
 from lenpred.serving.proxy.state import ProxiedRequest, ProxyState  # noqa: E402
 from lenpred.serving.proxy.upstream import ResponseTail  # noqa: E402
+from conftest import LoopbackServer  # noqa: E402
 
 
 def _state(**kw) -> ProxyState:
@@ -79,30 +78,7 @@ def test_tail_reads_the_last_finish_reason():
     assert ResponseTail().finish_reason("application/json") is None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
-
-class _Server:
-    def __init__(self, app):
-        self.port = _free_port()
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error",
-                                                   lifespan="on"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        for _ in range(500):
-            if self.server.started:
-                return f"http://127.0.0.1:{self.port}"
-            time.sleep(0.01)
-        raise RuntimeError("server did not start")
-
-    def __exit__(self, *exc):
-        self.server.should_exit = True
-        self.thread.join(10)
 
 
 async def _chat(request):
@@ -124,9 +100,9 @@ def test_on_finished_hooks_get_id_prediction_observed_tokens_reason_cap_and_time
 
     upstream = Starlette(routes=[Route("/v1/chat/completions", _chat, methods=["POST"])])
     predict = lambda prompts, cap: 30.4  # noqa: E731
-    with _Server(upstream) as up_url:
+    with LoopbackServer(upstream) as up_url:
         app = create_app(up_url, predict, on_finished=(broken, records.append))
-        with _Server(app) as url, httpx.Client(base_url=url, timeout=10) as client:
+        with LoopbackServer(app) as url, httpx.Client(base_url=url, timeout=10) as client:
             t0 = time.time()
             r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "a"}],
                                                          "max_tokens": 9}, headers={"x-request-id": "c1"})
@@ -180,10 +156,10 @@ def test_lenpred_serve_logs_answered_requests_with_the_interval_it_served(tiny_b
     upstream = Starlette(routes=[Route(p, _usage_chat, methods=["POST"]) for p in ("/v1/chat/completions",
                                                                                   "/v1/completions")])
     chat = [[{"role": "user", "content": TINY_PROMPTS[0]}], TINY_PROMPTS[2]]
-    with _Server(upstream) as up_url:
+    with LoopbackServer(upstream) as up_url:
         app = create_app(up_url, LengthPredictorService(lp, tokenizers=1, online=online), group_header="x-tenant",
                          on_finished=(lambda r: (hook(r), calls.append(r)),))
-        with _Server(app) as url, httpx.Client(base_url=url, timeout=30) as client:
+        with LoopbackServer(app) as url, httpx.Client(base_url=url, timeout=30) as client:
             answers = [client.post("/v1/chat/completions", json={"messages": chat[0], "max_tokens": 16},
                                    headers={"x-tenant": "a"}),
                        client.post("/v1/chat/completions", json={"messages": chat[1], "max_tokens": 16})]

@@ -21,34 +21,10 @@ from starlette.routing import Route  # noqa: E402
 
 from lenpred.errors import LenpredError  # noqa: E402
 from lenpred.serving.proxy.app import create_app, request_prompts  # noqa: E402
+from conftest import LoopbackServer, free_port  # noqa: E402
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
-
-class _Server:
-    """A uvicorn server in a thread on a free loopback port."""
-
-    def __init__(self, app):
-        self.port = _free_port()
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error",
-                                                   lifespan="on"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        for _ in range(500):
-            if self.server.started:
-                return f"http://127.0.0.1:{self.port}"
-            time.sleep(0.01)
-        raise RuntimeError("server did not start")
-
-    def __exit__(self, *exc):
-        self.server.should_exit = True
-        self.thread.join(10)
 
 
 class Upstream:
@@ -111,7 +87,7 @@ class StubPredictor:
 @pytest.fixture()
 def stack():
     up, predictor = Upstream(), StubPredictor()
-    with _Server(up.app()) as up_url, _Server(create_app(up_url, predictor)) as proxy_url:
+    with LoopbackServer(up.app()) as up_url, LoopbackServer(create_app(up_url, predictor)) as proxy_url:
         with httpx.Client(base_url=proxy_url, timeout=10) as client:
             yield client, up, predictor
 
@@ -225,8 +201,8 @@ def test_unreadable_prompts_are_forwarded_unchanged_and_say_why(stack):
 
 
 def test_unreachable_upstream_is_a_502():
-    app = create_app(f"http://127.0.0.1:{_free_port()}", StubPredictor())
-    with _Server(app) as url, httpx.Client(base_url=url, timeout=10) as client:
+    app = create_app(f"http://127.0.0.1:{free_port()}", StubPredictor())
+    with LoopbackServer(app) as url, httpx.Client(base_url=url, timeout=10) as client:
         r = client.get("/v1/models")
     assert r.status_code == 502 and "unreachable" in r.json()["error"]["message"]
     assert r.json()["error"]["type"] == "server_error"
@@ -234,7 +210,7 @@ def test_unreachable_upstream_is_a_502():
 
 def test_openai_base_url_with_v1_is_not_doubled():
     up = Upstream()
-    with _Server(up.app()) as up_url, _Server(create_app(up_url + "/v1/", StubPredictor())) as url:
+    with LoopbackServer(up.app()) as up_url, LoopbackServer(create_app(up_url + "/v1/", StubPredictor())) as url:
         with httpx.Client(base_url=url, timeout=10) as client:
             r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "a b"}]})
     assert r.status_code == 200 and up.received[-1]["priority"] == 20
@@ -294,7 +270,7 @@ def test_port_in_use_is_a_one_line_error_before_the_predictor_loads(monkeypatch)
         assert errors == [f"error: port {port} on 127.0.0.1 is already in use (another server listens there): pass "
                           "a free one with --port, or stop that server"], r.stderr
     assert loads == []
-    free = _free_port()  # a free port passes the check and goes on to load the predictor
+    free = free_port()  # a free port passes the check and goes on to load the predictor
     r = CliRunner().invoke(app, ["serve", "--upstream", "http://127.0.0.1:9", "--port", str(free)])
     assert r.exit_code == 2 and "error: predictor load reached" in r.stderr and len(loads) == 1
     r = CliRunner().invoke(app, ["serve", "--upstream", "http://127.0.0.1:9", "--port", "70000"])
@@ -405,9 +381,9 @@ class BlockingPredictor(StubPredictor):
 
 def test_a_non_streaming_client_that_leaves_aborts_the_upstream_request_within_1_s():
     up = Watching()
-    with _Server(up.app()) as up_url:
+    with LoopbackServer(up.app()) as up_url:
         app = create_app(up_url, StubPredictor())
-        with _Server(app) as url:
+        with LoopbackServer(app) as url:
             with httpx.Client(base_url=url, timeout=0.5) as client, pytest.raises(httpx.ReadTimeout):
                 client.post("/v1/chat/completions", json={"model": "slow", "messages": [{"role": "user",
                                                                                           "content": "a"}]})
@@ -423,9 +399,9 @@ def test_a_non_streaming_client_that_leaves_aborts_the_upstream_request_within_1
 
 def test_a_client_that_leaves_while_predicted_is_never_sent_upstream():
     up, predictor = Watching(), BlockingPredictor()
-    with _Server(up.app()) as up_url:
+    with LoopbackServer(up.app()) as up_url:
         app = create_app(up_url, predictor)
-        with _Server(app) as url:
+        with LoopbackServer(app) as url:
             with httpx.Client(base_url=url, timeout=0.5) as client, pytest.raises(httpx.ReadTimeout):
                 client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "a b"}]})
             assert predictor.started.is_set()
@@ -444,9 +420,9 @@ def test_a_client_that_leaves_while_predicted_is_never_sent_upstream():
 
 def test_a_streaming_client_that_leaves_aborts_the_stream():
     up = Watching()
-    with _Server(up.app()) as up_url:
+    with LoopbackServer(up.app()) as up_url:
         app = create_app(up_url, StubPredictor())
-        with _Server(app) as url, httpx.Client(base_url=url, timeout=10) as client:
+        with LoopbackServer(app) as url, httpx.Client(base_url=url, timeout=10) as client:
             body = {"messages": [{"role": "user", "content": "hi"}], "stream": True}
             with client.stream("POST", "/v1/chat/completions", json=body) as r:
                 next(r.iter_raw())
@@ -464,7 +440,7 @@ def test_150_concurrent_streams_all_reach_the_upstream_without_a_pool_wait():
     import asyncio
 
     up = Watching(hold_count=150)
-    with _Server(up.app()) as up_url, _Server(create_app(up_url, StubPredictor())) as url:
+    with LoopbackServer(up.app()) as up_url, LoopbackServer(create_app(up_url, StubPredictor())) as url:
         async def one(client):
             body = {"model": "hold", "messages": [{"role": "user", "content": "a"}], "stream": True}
             async with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
@@ -484,9 +460,9 @@ def test_150_concurrent_streams_all_reach_the_upstream_without_a_pool_wait():
 def test_a_pool_wait_is_recorded():
     up = Upstream()
     up.release.set()
-    with _Server(up.app()) as up_url:
+    with LoopbackServer(up.app()) as up_url:
         app = create_app(up_url, StubPredictor(), max_connections=1)
-        with _Server(app) as url, httpx.Client(base_url=url, timeout=10) as client:
+        with LoopbackServer(app) as url, httpx.Client(base_url=url, timeout=10) as client:
             body = {"messages": [{"role": "user", "content": "hi"}], "stream": True}
             up.release.clear()
             with client.stream("POST", "/v1/chat/completions", json=body) as first:  # holds the one connection
@@ -503,7 +479,7 @@ def test_a_pool_wait_is_recorded():
 
 def test_every_attempt_gets_its_own_upstream_id_and_the_client_id_is_kept():
     up = Watching()
-    with _Server(up.app()) as up_url, _Server(create_app(up_url, StubPredictor())) as url:
+    with LoopbackServer(up.app()) as up_url, LoopbackServer(create_app(up_url, StubPredictor())) as url:
         with httpx.Client(base_url=url, timeout=10) as client:
             body = {"messages": [{"role": "user", "content": "a"}], "request_id": "req-7"}
             rs = [client.post("/v1/chat/completions", json=body, headers={"x-request-id": "req-7"}) for _ in range(2)]
@@ -518,9 +494,9 @@ def test_every_attempt_gets_its_own_upstream_id_and_the_client_id_is_kept():
 
 def test_a_missing_or_null_cap_gets_the_default_forwarded_and_recorded():
     up, predictor = Watching(), StubPredictor()
-    with _Server(up.app()) as up_url:
+    with LoopbackServer(up.app()) as up_url:
         app = create_app(up_url, predictor, default_max_tokens=24)
-        with _Server(app) as url, httpx.Client(base_url=url, timeout=10) as client:
+        with LoopbackServer(app) as url, httpx.Client(base_url=url, timeout=10) as client:
             msgs = [{"role": "user", "content": "one two three"}]
             for extra in ({}, {"max_tokens": None}, {"max_tokens": None, "max_completion_tokens": None}):
                 r = client.post("/v1/chat/completions", json={"messages": msgs, **extra})
@@ -534,9 +510,9 @@ def test_a_missing_or_null_cap_gets_the_default_forwarded_and_recorded():
 def test_health_and_metrics_count_outcomes_predictions_and_observed_tokens():
     up = Watching()
     up.release.set()
-    with _Server(up.app()) as up_url:
+    with LoopbackServer(up.app()) as up_url:
         app = create_app(up_url, StubPredictor())
-        with _Server(app) as url, httpx.Client(base_url=url, timeout=10) as client:
+        with LoopbackServer(app) as url, httpx.Client(base_url=url, timeout=10) as client:
             assert client.get("/health").json()["status"] == "ok"
             msgs = [{"role": "user", "content": "one two"}]  # the stub predicts 20.4
             client.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 64})  # usage: 12 tokens

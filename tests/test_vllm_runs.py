@@ -18,6 +18,7 @@ from lenpred.studies.vllm_offline import StepRecord, check_priorities, cost_meas
 from lenpred.studies.vllm_serve import (VLLMServeConfig, load_requests, pin_load_generator, proxy_command,
                                         vllm_serve_command)
 from lenpred.studies.workload import WorkloadRequest
+from conftest import free_port  # noqa: E402
 
 
 def _req(i, out_len, preds, prompt=10):
@@ -118,14 +119,10 @@ def test_commands_bind_loopback_with_priority_scheduling():
     assert proxy[proxy.index("--upstream") + 1] == "http://127.0.0.1:9001" and proxy[proxy.index("--port") + 1] == "9002"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_servers_are_killed_on_exit_even_after_an_error(tmp_path):
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(tmp_path)]
     servers = ServerGroup([cmd], [f"http://127.0.0.1:{port}/"], [tmp_path / "log"], timeout_s=30)
     with pytest.raises(RuntimeError):
@@ -149,7 +146,7 @@ def test_cpu_sets_parse_and_pin_the_server(tmp_path):
         parse_cpu_set("3-1", "--vllm-cpus")
     with pytest.raises(LenpredError, match="--draws must be >= 2"):
         VLLMServeConfig(draws=1)
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(tmp_path)]
     with ServerGroup([cmd], [f"http://127.0.0.1:{port}/"], [tmp_path / "log"], timeout_s=30, cpus=[{have[-1]}]) as s:
         assert os.sched_getaffinity(s.procs[0].pid) == {have[-1]}
@@ -158,7 +155,7 @@ def test_cpu_sets_parse_and_pin_the_server(tmp_path):
 def test_a_server_that_exits_is_reported(tmp_path):
     cmd = [sys.executable, "-c", "import sys; sys.exit(3)"]
     with pytest.raises(LenpredError, match=r"exited \(3\)"):
-        with ServerGroup([cmd], [f"http://127.0.0.1:{_free_port()}/"], [tmp_path / "log"], timeout_s=30):
+        with ServerGroup([cmd], [f"http://127.0.0.1:{free_port()}/"], [tmp_path / "log"], timeout_s=30):
             pass
 
 
@@ -190,7 +187,7 @@ def test_replay_records_stream_timing_usage_and_headers():
                                  headers={"x-lenpred-expected": "12.5", "x-lenpred-priority": "13",
                                           "x-lenpred-predict-ms": "4.0"})
 
-    port = _free_port()
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])]),
                                            host="127.0.0.1", port=port, log_level="error"))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -288,7 +285,7 @@ def test_a_busy_port_is_refused_before_anything_starts(tmp_path):
         s.listen()
         port = s.getsockname()[1]
         with pytest.raises(LenpredError, match=f"127.0.0.1:{port} is in use"):
-            check_ports_free(_free_port(), port)
+            check_ports_free(free_port(), port)
         cmd = [sys.executable, "-c", "import time; time.sleep(60)"]
         group = ServerGroup([cmd], [f"http://127.0.0.1:{port}/"], [tmp_path / "log"], timeout_s=5, ports=(port,))
         with pytest.raises(LenpredError, match="is in use"):
