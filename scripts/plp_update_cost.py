@@ -1,6 +1,6 @@
 """Cost of one PLP update (the online call a serving loop makes every k decode steps), on the shipped head.
 
-Times `lenpred.serving.progressive.update_batch` for 1 and for 64 running requests (one torch thread, median of
+Times `lenpred.online.progressive.update_batch` for 1 and for 64 running requests (one torch thread, median of
 `--repeats` calls after a warm-up) with the shipped predictor's PLP head and representative inputs, and writes
 `results/scripts/progressive/update_cost.json`. Run it on an idle machine (the numbers are wall-clock microseconds).
 
@@ -18,7 +18,7 @@ import torch
 
 from lenpred.io import write_json
 from lenpred.pipeline import DEFAULT_PREDICTOR, PROGRESSIVE_FILE
-from lenpred.serving.progressive import load_plp, update_cost
+from lenpred.online.progressive import load_plp, update_cost
 
 
 def main() -> None:

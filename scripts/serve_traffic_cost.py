@@ -36,12 +36,12 @@ def main() -> None:
     import torch
 
     from lenpred.pipeline import LengthPredictor
-    from lenpred.serving.adaptive import AdaptiveConfig
-    from lenpred.serving.online import OnlineLearning
+    from lenpred.online.adaptive import AdaptiveConfig
+    from lenpred.online.learning import OnlineLearning
     from lenpred.serving.proxy.app import traffic_hook
     from lenpred.serving.proxy.batching import LengthPredictorService
     from lenpred.serving.proxy.state import FinishedRequest
-    from lenpred.serving.traffic_log import TrafficLogConfig
+    from lenpred.online.traffic_log import TrafficLogConfig
 
     torch.set_num_threads(1)
     lp = LengthPredictor.from_pretrained()

@@ -22,7 +22,7 @@ import torch
 
 
 def log_cost(dtype: str, n: int = 20000, dim: int = 576) -> dict:
-    from lenpred.serving.traffic_log import TrafficLogConfig, TrafficLogWriter
+    from lenpred.online.traffic_log import TrafficLogConfig, TrafficLogWriter
 
     rng = np.random.default_rng(0)
     feats = rng.normal(0, 1, (n, dim)).astype(np.float32)  # every row distinct (repeats would compress)
@@ -45,7 +45,7 @@ def log_cost(dtype: str, n: int = 20000, dim: int = 576) -> dict:
 
 
 def refit_cost(n: int, dim: int = 576) -> dict:
-    from lenpred.serving.refit import TrafficRows, fit_head
+    from lenpred.online.refit import TrafficRows, fit_head
 
     rng = np.random.default_rng(n)
     y = np.minimum(np.round(rng.lognormal(5, 1, n)), 512)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from lenpred.errors import LenpredError
-from lenpred.serving.adaptive import (AdaptiveConfig, AdaptiveInterval, aci_update, adapted_interval,
+from lenpred.online.adaptive import (AdaptiveConfig, AdaptiveInterval, aci_update, adapted_interval,
                                       conformal_quantile, conformity_score, replay_intervals)
 
 

@@ -34,9 +34,9 @@ RANKS = {
     "engines": 1, "inputs": 1, "predictors": 1, "truncated": 1,
     # benchmarks and the one loader / tuner on top of them (the loader reads benchmark files)
     "bench": 2, "dataset": 2, "tuning": 2,
-    # the state a LengthPredictor carries into serving: the online PLP state, the traffic log it refits from and the
-    # refit itself; none of them imports the pipeline, which uses all three (attach_progressive, fit_traffic)
-    "serving.progressive": 2, "serving.traffic_log": 2, "serving.refit": 2,
+    # learning while serving: the online PLP state, the traffic log, adaptive intervals, refits and OnlineLearning;
+    # none of them imports the pipeline, which uses them (attach_progressive, fit_traffic)
+    "online": 2,
     "pipeline": 3,  # LengthPredictor: dataset + tuning + predictors
     "serving": 4,  # policies, simulator, proxy (serves a LengthPredictor), vLLM plug-in
     "studies": 5,
@@ -132,7 +132,7 @@ def test_checker_finds_a_hand_made_cycle_and_layer_breaks(tmp_path):
 
 
 def test_layer_of_takes_the_longest_prefix():
-    assert layer_of("lenpred.serving.refit") == 2
+    assert layer_of("lenpred.online.refit") == 2
     assert layer_of("lenpred.serving.proxy.app") == 4
     assert layer_of("lenpred.studies.diagnose.run") == 5
     assert layer_of("lenpred.nosuch") is None

@@ -12,7 +12,7 @@ from lenpred.intervals import conditional_remaining
 from lenpred.studies.progressive import oracle_remaining
 from lenpred.predictors.progressive import (PLPHead, ProgressiveRows, TrailProgressive, bayes_update, remaining_targets,
                                        transition_prior)
-from lenpred.serving.progressive import load_plp, save_plp, start_states, update_batch
+from lenpred.online.progressive import load_plp, save_plp, start_states, update_batch
 
 
 def test_steps_before_keeps_steps_of_a_running_request():

@@ -144,10 +144,10 @@ def test_lenpred_serve_logs_answered_requests_with_the_interval_it_served(tiny_b
     teach nothing."""
     from conftest import TINY_PROMPTS, fit_tiny_predictor
 
-    from lenpred.serving.online import OnlineLearning, prompt_features
+    from lenpred.online.learning import OnlineLearning, prompt_features
     from lenpred.serving.proxy.app import traffic_hook
     from lenpred.serving.proxy.batching import LengthPredictorService
-    from lenpred.serving.traffic_log import TrafficLogConfig, read_traffic_log
+    from lenpred.online.traffic_log import TrafficLogConfig, read_traffic_log
 
     lp = fit_tiny_predictor(tiny_backbone, "last", 2)
     lp.config_ |= {"model_id": "tiny", "model_revision": "r0", "method": "last", "template_rule": "t"}  # the card

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from lenpred.errors import LenpredError
-from lenpred.serving.traffic_log import TrafficLogConfig, TrafficLogWriter, list_parts, read_traffic_log
+from lenpred.online.traffic_log import TrafficLogConfig, TrafficLogWriter, list_parts, read_traffic_log
 
 
 def _log(writer, i, **kw):
@@ -111,7 +111,7 @@ def test_corrupt_and_unverifiable_parts_refused(tmp_path):
 
 _KILLED_WRITER = textwrap.dedent("""
     import sys, numpy as np
-    from lenpred.serving.traffic_log import TrafficLogConfig, TrafficLogWriter
+    from lenpred.online.traffic_log import TrafficLogConfig, TrafficLogWriter
     w = TrafficLogWriter(TrafficLogConfig(sys.argv[1], max_records_per_part=50, max_part_age_s=3600))
     i = 0
     while True:  # killed from outside; parts are cut on the background thread

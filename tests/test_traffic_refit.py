@@ -10,10 +10,10 @@ from typer.testing import CliRunner
 from lenpred.cli import app
 from lenpred.errors import LenpredError
 from lenpred.pipeline import LengthPredictor
-from lenpred.serving.adaptive import AdaptiveConfig
-from lenpred.serving.online import OnlineLearning, prompt_features
-from lenpred.serving.refit import time_split
-from lenpred.serving.traffic_log import TrafficLogConfig, TrafficLogWriter, read_traffic_log
+from lenpred.online.adaptive import AdaptiveConfig
+from lenpred.online.learning import OnlineLearning, prompt_features
+from lenpred.online.refit import time_split
+from lenpred.online.traffic_log import TrafficLogConfig, TrafficLogWriter, read_traffic_log
 
 runner = CliRunner()
 

@@ -101,7 +101,7 @@ def test_the_proxy_service_serves_the_interval_and_features_of_the_same_pass(tin
     """With online learning on, each single-prompt request carries its ServedPrediction: predict's expected value
     and interval (fixed margin), and the features the head read (what the traffic log stores); a request of several
     prompts carries none."""
-    from lenpred.serving.online import OnlineLearning, prompt_features
+    from lenpred.online.learning import OnlineLearning, prompt_features
     from lenpred.serving.proxy.batching import LengthPredictorService
 
     lp = _fitted(tiny_backbone, "last", 2)

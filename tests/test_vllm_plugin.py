@@ -88,7 +88,7 @@ def test_scheduler_decodes_the_shorter_prediction_first(served):
 
 
 def test_traffic_log_holds_each_finished_request_with_the_state_the_head_read(served):
-    from lenpred.serving.traffic_log import read_traffic_log
+    from lenpred.online.traffic_log import read_traffic_log
 
     _, lines, _, _, traffic = served
     log = read_traffic_log(traffic)  # every part verified against its checksum

@@ -247,7 +247,7 @@ def train(
     method: str = FIT("method", help="Predictor to train (see `lenpred evaluate --help` for the list); with "
                       "--traffic, the --base predictor's method is kept."),
     out: str = typer.Option(..., help="Directory to save the predictor in (config.json, predictor.safetensors, CARD.md)."),
-    traffic: Optional[str] = typer.Option(None, help="Refit on a traffic log directory (lenpred.serving.traffic_log): "
+    traffic: Optional[str] = typer.Option(None, help="Refit on a traffic log directory (lenpred.online.traffic_log): "
                                           "train on its earliest requests, calibrate on the next, score the latest."),
     base: Optional[str] = TRAFFIC_FIT("base", help="With --traffic: the predictor that served the log (its method, "
                                       "layer and head settings are kept) \\[default: the shipped predictor]."),

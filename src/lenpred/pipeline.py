@@ -28,13 +28,13 @@ from lenpred.inputs.signals import signal_cache_path
 from lenpred.intervals import conformal_margin, distribution_quantiles, interval_coverage
 from lenpred.io import atomic_path
 from lenpred.prompts import TEMPLATE_RULE, check_fits, prepare_prompt, prompt_text
-from lenpred.serving.refit import (TrafficRows, choose_finetune, finetune_head, fit_head, head_quantiles, rows_from_log,
+from lenpred.online.refit import (TrafficRows, choose_finetune, finetune_head, fit_head, head_quantiles, rows_from_log,
                                    time_split)
-from lenpred.serving.traffic_log import read_traffic_log
+from lenpred.online.traffic_log import read_traffic_log
 from lenpred.tables import markdown_table
 from lenpred.version import __version__
 
-# The modules that import torch (predictors, tuning, dataset, truncated, inputs.cache, serving.progressive) and
+# The modules that import torch (predictors, tuning, dataset, truncated, inputs.cache, online.progressive) and
 # scipy (metrics) are imported inside the methods: `import lenpred` and `LengthPredictor(...)` stay light, and bad
 # input is reported before they load.
 
@@ -175,19 +175,19 @@ class LengthPredictor:
                     calibration_share: float = 0.1, test_share: float = 0.2, finetune: bool = False,
                     data_dir: str | None = None, cache: str | None = None, backbone=None,
                     threads: int | None = None) -> "LengthPredictor":
-        """Refit ``base``'s head on logged traffic (:mod:`lenpred.serving.traffic_log`), optionally mixed with a
+        """Refit ``base``'s head on logged traffic (:mod:`lenpred.online.traffic_log`), optionally mixed with a
         benchmark's train split; no model pass over the log (it holds the head's input features).
 
-        The log is split in time (:func:`lenpred.serving.refit.time_split`): the head is trained on the earliest
+        The log is split in time (:func:`lenpred.online.refit.time_split`): the head is trained on the earliest
         requests (plus ``bench``'s train split), its interval calibrated on the next ``calibration_share`` and its
         card scored on the latest ``test_share``, beside ``base`` on the same requests. Censoring as in training.
         With ``finetune``, ``base``'s head is trained further instead of refitted from scratch (epochs and learning
-        rate chosen on the training part's latest 20 %, :func:`lenpred.serving.refit.choose_finetune`).
+        rate chosen on the training part's latest 20 %, :func:`lenpred.online.refit.choose_finetune`).
         ``base``'s method, layer, model and head hyper-parameters are kept (default: the shipped predictor); the
         settings given to ``__init__`` are replaced by ``base``'s.
 
         Raises:
-            LenpredError: an unreadable or corrupt log (:func:`lenpred.serving.traffic_log.read_traffic_log`), a log
+            LenpredError: an unreadable or corrupt log (:func:`lenpred.online.traffic_log.read_traffic_log`), a log
                 written for another model revision / layer / feature width than ``base``, a ``base`` that is not a
                 pooled-head predictor, too few requests for the shares or the coverage.
         """
@@ -346,7 +346,7 @@ class LengthPredictor:
 
         Raises:
             LenpredError: unreadable, or trained on another prompt representation or model revision."""
-        from lenpred.serving.progressive import load_plp
+        from lenpred.online.progressive import load_plp
 
         plp, info = load_plp(path)
         mine = f"{self.method}@{self.predictor_.params.get('layer')}"
@@ -359,12 +359,12 @@ class LengthPredictor:
         return self
 
     def start(self, prompts: Iterable[str | list[dict[str, str]]], max_new_tokens: int | None = None) -> list:
-        """Prefill each prompt and return its online state (:class:`lenpred.serving.progressive.RequestState`) with
+        """Prefill each prompt and return its online state (:class:`lenpred.online.progressive.RequestState`) with
         the first remaining-length estimate (PLP at decode step 0, from the prefill's signals).
 
         Raises:
             LenpredError: no progressive head attached, or a bad prompt."""
-        from lenpred.serving.progressive import start_states
+        from lenpred.online.progressive import start_states
 
         if not hasattr(self, "progressive_"):
             raise LenpredError("this LengthPredictor has no progressive head: attach_progressive('plp.safetensors') "
@@ -379,8 +379,8 @@ class LengthPredictor:
     def update(self, states: list, steps, hidden_states) -> np.ndarray:
         """Re-estimate the remaining tokens of running requests: ``steps`` ``(B,)`` tokens generated, ``hidden_states``
         ``(B, d)`` each current token's hidden state at the layer in ``progressive_info_['plp_layer']``. ``(B,)`` float64 (see
-        :func:`lenpred.serving.progressive.update_batch`)."""
-        from lenpred.serving.progressive import update_batch
+        :func:`lenpred.online.progressive.update_batch`)."""
+        from lenpred.online.progressive import update_batch
 
         if not hasattr(self, "progressive_"):
             raise LenpredError("this LengthPredictor has no progressive head: attach_progressive(...) first")
@@ -472,7 +472,7 @@ class LengthPredictor:
                                                       indent=2) + "\n")
             (tmp / CARD_FILE).write_text(render_card(self.config_, self.card_))
             if hasattr(self, "progressive_"):
-                from lenpred.serving.progressive import save_plp
+                from lenpred.online.progressive import save_plp
 
                 save_plp(self.progressive_, tmp / PROGRESSIVE_FILE, self.progressive_info_)
         return Path(path)

@@ -36,7 +36,7 @@ from lenpred.io import atomic_path, write_json, write_parquet_checked
 from lenpred.metrics import clustered_bootstrap
 from lenpred.predictors import make_predictor
 from lenpred.predictors.progressive import PLPHead, ProgressiveRows, TrailProgressive
-from lenpred.serving.progressive import save_plp, update_cost
+from lenpred.online.progressive import save_plp, update_cost
 from lenpred.studies import DEFAULT_BENCH
 from lenpred.tables import markdown_table
 from lenpred.tuning import check_run_settings, torch_threads

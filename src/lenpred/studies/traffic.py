@@ -1,7 +1,7 @@
 """Study: learn from the traffic a predictor serves — a replayed stream whose mix drifts away from the training
-benchmark, served by the shipped predictor, logged (:mod:`lenpred.serving.traffic_log`), with the fixed vs the
-online-adaptive interval (:mod:`lenpred.serving.adaptive`) and a head refitted on the stream's earlier part
-(:mod:`lenpred.serving.refit`) scored on its later part.
+benchmark, served by the shipped predictor, logged (:mod:`lenpred.online.traffic_log`), with the fixed vs the
+online-adaptive interval (:mod:`lenpred.online.adaptive`) and a head refitted on the stream's earlier part
+(:mod:`lenpred.online.refit`) scored on its later part.
 
 The stream: the benchmark's **test** split (the shipped head never trained or calibrated on it), every sample a
 request, in an order where one scenario (or source) arrives late: each prompt draws a popularity time ``c_p``
@@ -30,9 +30,9 @@ from lenpred.backbone import cache_dir
 from lenpred.errors import LenpredError
 from lenpred.io import atomic_path, write_json
 from lenpred.pipeline import LengthPredictor, bench_train_rows
-from lenpred.serving.adaptive import AdaptiveConfig, adapted_interval, replay_intervals
-from lenpred.serving.refit import TrafficRows, choose_finetune, finetune_head, fit_head, head_quantiles, rows_from_log
-from lenpred.serving.traffic_log import TrafficLogConfig, TrafficLogWriter, predictor_metadata, read_traffic_log
+from lenpred.online.adaptive import AdaptiveConfig, adapted_interval, replay_intervals
+from lenpred.online.refit import TrafficRows, choose_finetune, finetune_head, fit_head, head_quantiles, rows_from_log
+from lenpred.online.traffic_log import TrafficLogConfig, TrafficLogWriter, predictor_metadata, read_traffic_log
 from lenpred.studies import DEFAULT_BENCH
 from lenpred.studies.scheduling_report import markdown
 from lenpred.studies.traffic_data import split_prompt_ids, stream_signals
@@ -55,7 +55,7 @@ class TrafficReplayConfig:
         late: the scenarios or sources (comma-separated) whose prompts arrive late (the shift).
         late_start: the late group's popularity times are ``U(late_start, 1)``.
         spread: how far apart one prompt's samples arrive in the ``recurring`` stream (share of the stream).
-        adaptive_window, gamma: :class:`lenpred.serving.adaptive.AdaptiveConfig` settings (gamma for ACI).
+        adaptive_window, gamma: :class:`lenpred.online.adaptive.AdaptiveConfig` settings (gamma for ACI).
         refit_sizes: logged requests (the stream's first n) the learning curve refits on.
         mix_bench: also refit on the logged requests plus the benchmark's train split (the shipped head's own
             training data; needs its layer-15 signals, extracted once into the cache).

@@ -43,7 +43,7 @@ What it does to each request (Starlette app, httpx ``AsyncClient`` to the upstre
   prediction service also serves each single-prompt request's interval, from the features its head read in the
   same pass, in ``x-lenpred-low`` / ``x-lenpred-high`` (adaptive online with ``adaptive_interval``, per the
   ``group_header`` value when given), and :func:`traffic_hook` feeds each answered request's observed
-  ``usage.completion_tokens`` to :class:`lenpred.serving.online.OnlineLearning` (the traffic log's row, the
+  ``usage.completion_tokens`` to :class:`lenpred.online.learning.OnlineLearning` (the traffic log's row, the
   adaptive margin's update). A stream logs only when its client asked for the usage
   (``stream_options.include_usage``); the proxy never changes what the client receives.
 * Responses are streamed back chunk by chunk (SSE passes through as the upstream writes it) with the upstream's
@@ -426,7 +426,7 @@ def create_app(upstream: str, predict, client=None, timeout_s: float | None = No
 
 
 def traffic_hook(online) -> FinishedHook:
-    """The ``on_finished`` hook that teaches ``online`` (a :class:`lenpred.serving.online.OnlineLearning`) from
+    """The ``on_finished`` hook that teaches ``online`` (a :class:`lenpred.online.learning.OnlineLearning`) from
     each answered request: its served prediction, ``observed_tokens`` (``usage.completion_tokens``), finish reason
     and times. Requests without a served prediction (several prompts, skipped, online learning off), without a
     usage, or not answered (upstream error, client gone) teach nothing: their length is unknown. The traffic log's
@@ -449,8 +449,8 @@ def serve(upstream: str, host: str = "127.0.0.1", port: int = 8001, predictor: s
 
     ``max_connections``, ``default_max_tokens``, ``batch``, ``group_header``: see :func:`create_app`;
     ``truncated``: the truncated forward for hidden-state-only predictors (:mod:`lenpred.truncated`; off: the full
-    prefill). ``traffic_log`` (a directory: :mod:`lenpred.serving.traffic_log`) and ``adaptive_interval`` (``aci``
-    or ``rolling``: :mod:`lenpred.serving.adaptive`) switch on learning from served traffic (a pooled-head
+    prefill). ``traffic_log`` (a directory: :mod:`lenpred.online.traffic_log`) and ``adaptive_interval`` (``aci``
+    or ``rolling``: :mod:`lenpred.online.adaptive`) switch on learning from served traffic (a pooled-head
     predictor only); the log is flushed when the server stops. ``on_ready(message)`` is called once the predictor
     is loaded, before uvicorn starts (``None``: the message is logged at INFO).
 
@@ -475,7 +475,7 @@ def serve(upstream: str, host: str = "127.0.0.1", port: int = 8001, predictor: s
     if max_connections < 1 or default_max_tokens < 1:
         raise LenpredError(f"--max-connections and --default-max-tokens must be >= 1, got {max_connections} and "
                            f"{default_max_tokens}")
-    from lenpred.serving.adaptive import METHODS
+    from lenpred.online.adaptive import METHODS
 
     if adaptive_interval is not None and adaptive_interval not in METHODS:
         raise LenpredError(f"unknown --adaptive-interval '{adaptive_interval}'; valid: {', '.join(METHODS)}")
@@ -500,9 +500,9 @@ def serve(upstream: str, host: str = "127.0.0.1", port: int = 8001, predictor: s
     (on_ready or logging.getLogger(__name__).info)(message)
     online = None
     if traffic_log or adaptive_interval:
-        from lenpred.serving.adaptive import AdaptiveConfig
-        from lenpred.serving.online import OnlineLearning
-        from lenpred.serving.traffic_log import TrafficLogConfig
+        from lenpred.online.adaptive import AdaptiveConfig
+        from lenpred.online.learning import OnlineLearning
+        from lenpred.online.traffic_log import TrafficLogConfig
 
         online = OnlineLearning(model, log=TrafficLogConfig(traffic_log) if traffic_log else None,
                                 adaptive=AdaptiveConfig(method=adaptive_interval) if adaptive_interval else None)

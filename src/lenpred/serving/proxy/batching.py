@@ -53,7 +53,7 @@ class Prepared:
         payload: service-specific (tokenised requests, or the raw prompts for a plain function).
         num_tokens: prompt tokens (0 when unknown), for the batch-token limit.
         served: filled by a service that learns from its traffic (:class:`LengthPredictorService` with ``online``)
-            once predicted: the request's :class:`lenpred.serving.online.ServedPrediction` (the interval served and
+            once predicted: the request's :class:`lenpred.online.learning.ServedPrediction` (the interval served and
             the features to log when it finishes); ``None`` otherwise, and for a request of several prompts.
     """
 
@@ -98,8 +98,8 @@ class LengthPredictorService:
     ``max_tokens`` to an upstream with a longer window) is not an error: the prediction is made uncapped and then
     clipped to the cap.
 
-    ``online`` (a :class:`lenpred.serving.online.OnlineLearning`): each single-prompt request also gets its
-    :class:`~lenpred.serving.online.ServedPrediction` in :attr:`Prepared.served`, from the features the head read
+    ``online`` (a :class:`lenpred.online.learning.OnlineLearning`): each single-prompt request also gets its
+    :class:`~lenpred.online.learning.ServedPrediction` in :attr:`Prepared.served`, from the features the head read
     in the same pass (pooling them again costs microseconds; no second forward). ``group`` of
     :meth:`prepare` is its Mondrian group key.
     """

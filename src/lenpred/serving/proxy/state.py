@@ -39,7 +39,7 @@ class FinishedRequest:
         prediction_cap_tokens: the cap the prediction was clipped to (``max_tokens`` unless ``x-lenpred-cap``).
         received_at_s, first_chunk_at_s, finished_at_s: Unix times (``time.time()``, seconds) of the request's
             arrival, the upstream's first body chunk (``None``: none arrived) and the end.
-        served: the :class:`lenpred.serving.online.ServedPrediction` (interval served, features the head read)
+        served: the :class:`lenpred.online.learning.ServedPrediction` (interval served, features the head read)
             when the service learns from its traffic and the request had one prompt; else ``None``.
     """
 

@@ -44,10 +44,10 @@ class EngineConfig:
         log_path: append one JSON line per finished request (predictions, observed length, times) to this file;
             ``None``: no log. Holds no prompt or response text.
         traffic_log: a directory: log every finished request for learning from served traffic
-            (:mod:`lenpred.serving.traffic_log`: the captured state the head read, the prediction, the observed length;
+            (:mod:`lenpred.online.traffic_log`: the captured state the head read, the prediction, the observed length;
             rotating checksummed parquet parts, no text); ``None``: off. ``lenpred train --traffic DIR`` refits on it.
         adaptive_interval: ``aci`` or ``rolling``: the served ``[low, high]`` interval's margin adapts online to the
-            finished requests (:mod:`lenpred.serving.adaptive`); ``None``: the predictor's fixed calibrated margin.
+            finished requests (:mod:`lenpred.online.adaptive`); ``None``: the predictor's fixed calibrated margin.
         log_states: also write each request's captured prefill state (``(d,)`` floats) into its log line — a
             diagnostic for comparing with transformers; hidden states can be inverted towards the prompt, so treat
             such a log as sensitive as the prompts themselves.

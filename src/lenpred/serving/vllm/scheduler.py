@@ -14,7 +14,7 @@ schedules with the predictions.
   rounded remaining estimate, for ``--scheduling-policy priority``).
 * **Expose**: a finished request's prediction rides in the response's ``kv_transfer_params`` (``{"lenpred": {...}}``,
   non-streaming responses; a KV connector's own parameters take precedence), and each finished request can be logged
-  as one JSON line (``log_path``) and into the traffic log for refits (``traffic_log``; :mod:`lenpred.serving.online`,
+  as one JSON line (``log_path``) and into the traffic log for refits (``traffic_log``; :mod:`lenpred.online.learning`,
   which also adapts the interval online with ``adaptive_interval``). vLLM's ``/metrics`` lives in the API-server process, which never sees the
   scheduler's objects: counters go to the log and to :attr:`LenpredScheduler.lenpred_counters`.
 """
@@ -30,11 +30,11 @@ import numpy as np
 
 from lenpred.intervals import conditional_remaining
 from lenpred.io import write_json
-from lenpred.serving.adaptive import AdaptiveConfig
-from lenpred.serving.online import OnlineLearning
+from lenpred.online.adaptive import AdaptiveConfig
+from lenpred.online.learning import OnlineLearning
 from lenpred.serving.parked import SlotRequest, choose_decoders, preemption_order
-from lenpred.serving.progressive import start_states, update_batch
-from lenpred.serving.traffic_log import TrafficLogConfig
+from lenpred.online.progressive import start_states, update_batch
+from lenpred.online.traffic_log import TrafficLogConfig
 from lenpred.serving.vllm.config import EngineConfig, check_served_model, load_head
 from lenpred.serving.vllm.worker import STATES_ATTR
 
@@ -60,7 +60,7 @@ class RequestPrediction:
         plp_step, plp_remaining: the latest PLP estimate (tokens left after ``plp_step`` generated); ``None``: none.
         num_plp_updates, num_parked_steps: counters.
         state: the captured prefill state (``log_states`` only).
-        served: the :class:`lenpred.serving.online.ServedPrediction` (traffic log / adaptive interval on).
+        served: the :class:`lenpred.online.learning.ServedPrediction` (traffic log / adaptive interval on).
         first_token_time_s: wall time its prefill ended (its first token), for the traffic log.
     """
 

@@ -1,6 +1,6 @@
 """Refit a pooled-head predictor on logged traffic (features-level kernels of ``LengthPredictor.fit_traffic``).
 
-The traffic log (:mod:`lenpred.serving.traffic_log`) holds exactly what the head reads (the pooled state), so a
+The traffic log (:mod:`lenpred.online.traffic_log`) holds exactly what the head reads (the pooled state), so a
 refit needs no model pass. A stream is split **in time** — train on the earliest requests, calibrate the
 interval on the next ones, score the latest ones — never at random: a random split of a stream puts tomorrow's
 traffic in today's training set. Censoring is as in training (:class:`lenpred.heads.SoftLabelRegressor`): a
@@ -54,7 +54,7 @@ class TrafficRows:
 
 
 def rows_from_log(log) -> TrafficRows:
-    """A :class:`lenpred.serving.traffic_log.TrafficLog` as training rows, in finish-time order (stable).
+    """A :class:`lenpred.online.traffic_log.TrafficLog` as training rows, in finish-time order (stable).
 
     A capped request without a logged cap is taken as capped at its observed length."""
     c = log.columns

@@ -2,7 +2,7 @@
 rotating parquet parts with a SHA-256 sidecar each — never prompt or response text.
 
 Why: every finished request is a free training example (``lenpred train --traffic``) and a calibration point for
-the online interval (:mod:`lenpred.serving.adaptive`). The features are the pooled hidden state the predictor read
+the online interval (:mod:`lenpred.online.adaptive`). The features are the pooled hidden state the predictor read
 (for the shipped predictor the final prompt token's layer-15 state): hidden states are **sensitive data** — a
 prompt's text can be partly recovered from them (embedding inversion) — so the log is off unless a serving path
 is given a directory, and it should be stored and deleted like the prompts themselves.
@@ -166,7 +166,7 @@ class TrafficLogWriter:
             low_raw, high_raw: the head's interval before the conformal margin (what an adaptive margin needs).
             num_prompt_tokens: the chat-formatted prompt's length.
             prompt_sha256: hex SHA-256 of the prompt (to group samples of one prompt; optional).
-            group: a route / client tag (the Mondrian group of :mod:`lenpred.serving.adaptive`; optional).
+            group: a route / client tag (the Mondrian group of :mod:`lenpred.online.adaptive`; optional).
 
         Raises:
             LenpredError: features of another width than the log's, non-finite features, a negative length, or the

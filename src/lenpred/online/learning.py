@@ -4,9 +4,9 @@ that serves the interval (fixed or online-adaptive) and, when switched on, logs 
 Integration (both are off by default; the serving paths expose ``--traffic-log DIR`` and
 ``--adaptive-interval aci|rolling``)::
 
-    from lenpred.serving.online import OnlineLearning
-    from lenpred.serving.adaptive import AdaptiveConfig
-    from lenpred.serving.traffic_log import TrafficLogConfig
+    from lenpred.online.learning import OnlineLearning
+    from lenpred.online.adaptive import AdaptiveConfig
+    from lenpred.online.traffic_log import TrafficLogConfig
 
     online = OnlineLearning(predictor, log=TrafficLogConfig("traffic/") if args.traffic_log else None,
                             adaptive=AdaptiveConfig(method="aci") if args.adaptive_interval else None)
@@ -30,9 +30,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from lenpred.errors import LenpredError
-from lenpred.serving.adaptive import AdaptiveInterval, adapted_interval
-from lenpred.serving.refit import head_quantiles
-from lenpred.serving.traffic_log import TrafficLogWriter, predictor_metadata
+from lenpred.online.adaptive import AdaptiveInterval, adapted_interval
+from lenpred.online.refit import head_quantiles
+from lenpred.online.traffic_log import TrafficLogWriter, predictor_metadata
 
 
 @dataclass
