@@ -17,7 +17,8 @@ import numpy as np
 
 def main() -> None:
     from lenpred.dataset import load_dataset
-    from lenpred.tuning import fit_and_score, torch_threads
+    from lenpred.torch_state import torch_threads
+    from lenpred.tuning import fit_and_score
     from lenpred.io import write_json
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

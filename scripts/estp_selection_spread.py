@@ -25,7 +25,8 @@ def main() -> None:
 
     from lenpred.metrics import clustered_bootstrap
     from lenpred.dataset import load_dataset
-    from lenpred.tuning import TuningSettings, fit_and_score, torch_threads
+    from lenpred.torch_state import torch_threads
+    from lenpred.tuning import TuningSettings, fit_and_score
     from lenpred.io import write_json
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -22,7 +22,7 @@ from lenpred.predictors import PREDICTORS, make_predictor, max_new_tokens
 from lenpred.predictors.pooled import POOL_SPANS
 from lenpred.signals import SEMANTIC_DIVISORS
 
-from lenpred.torch_state import torch_threads  # also imported from here by studies and scripts
+from lenpred.torch_state import torch_threads
 
 
 @dataclass

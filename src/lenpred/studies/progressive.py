@@ -39,7 +39,8 @@ from lenpred.predictors.progressive import PLPHead, ProgressiveRows, TrailProgre
 from lenpred.online.progressive import save_plp, update_cost
 from lenpred.studies import DEFAULT_BENCH
 from lenpred.tables import markdown_table
-from lenpred.tuning import check_run_settings, torch_threads
+from lenpred.torch_state import torch_threads
+from lenpred.tuning import check_run_settings
 
 logger = logging.getLogger(__name__)
 

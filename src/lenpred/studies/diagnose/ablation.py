@@ -48,7 +48,8 @@ def run_ablations(data, settings: dict, layers: tuple[int, ...], grid_layer: int
     from tqdm.auto import tqdm
 
     from lenpred.metrics import clustered_bootstrap
-    from lenpred.tuning import fit_and_score, torch_threads
+    from lenpred.torch_state import torch_threads
+    from lenpred.tuning import fit_and_score
 
     test_ids = data.cols["prompt_id"][data.index["test"]]
 

@@ -29,8 +29,8 @@ from lenpred.studies.diagnose.misalignment import (TokenWeightTally, misalignmen
                                                    within_prompt_percentile)
 from lenpred.studies.diagnose.overhead import breakdown, overhead_grid
 from lenpred.studies.diagnose.report import SECTIONS, write_report
-from lenpred.torch_state import with_backbone_threads
-from lenpred.tuning import TuningSettings, check_run_settings, fit_and_score, torch_threads, tuning_context
+from lenpred.torch_state import torch_threads, with_backbone_threads
+from lenpred.tuning import TuningSettings, check_run_settings, fit_and_score, tuning_context
 
 logger = logging.getLogger(__name__)
 
