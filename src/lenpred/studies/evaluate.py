@@ -86,29 +86,12 @@ class EvalConfig:
     bootstrap_resamples: int = 2000
 
     def __post_init__(self):
-        from lenpred.heads import BINNINGS
-        from lenpred.predictors import PREDICTORS
-        from lenpred.predictors.pooled import POOL_SPANS
-        from lenpred.signals import SEMANTIC_DIVISORS
+        from lenpred.tuning import check_run_settings  # deferred: torch; the CLI imports this module at start-up
 
-        unknown = [m for m in self.methods if m not in PREDICTORS]
-        if unknown:
-            raise LenpredError(f"unknown methods {unknown}; valid: {', '.join(sorted(PREDICTORS))}")
-        checks = [(not self.methods, "no methods given: pass --methods with at least one predictor"),
-                  (not self.seeds, "no seeds given: pass --seeds like 0,1,2"),
-                  (any(not 0 <= s < 2**32 for s in self.seeds),
-                   f"seeds must lie in 0..{2**32 - 1} (the range numpy and torch accept), got {list(self.seeds)}"),
-                  (self.epochs < 1, f"--epochs must be >= 1, got {self.epochs}"),
-                  (self.proxy_epochs < 1, f"--proxy-epochs must be >= 1, got {self.proxy_epochs}"),
-                  (self.threads is not None and self.threads < 1, f"--threads must be >= 1, got {self.threads}"),
-                  (self.pool_span not in POOL_SPANS, f"--pool-span must be one of {', '.join(POOL_SPANS)}"),
-                  (self.semantic_divisor not in SEMANTIC_DIVISORS,
-                   f"--semantic-divisor must be one of {', '.join(SEMANTIC_DIVISORS)}"),
-                  (self.binning not in BINNINGS, f"--binning must be one of {', '.join(BINNINGS)}"),
-                  (self.bootstrap_resamples < 100, "--bootstrap-resamples must be >= 100")]
-        for failed, message in checks:
-            if failed:
-                raise LenpredError(message)
+        check_run_settings(self.methods, self.seeds, self.threads)
+        tuning_settings(self)  # checks the tuning fields
+        if self.bootstrap_resamples < 100:
+            raise LenpredError("--bootstrap-resamples must be >= 100")
 
 
 def check_output_paths(cfg: EvalConfig) -> None:
