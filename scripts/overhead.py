@@ -11,7 +11,8 @@ import argparse
 
 from rich.console import Console
 
-from lenpred.studies.diagnose.run import DiagnoseConfig, render_diagnose, run_diagnose
+from lenpred.studies.diagnose.config import DiagnoseConfig
+from lenpred.studies.diagnose.run import render_diagnose, run_diagnose
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -17,7 +17,7 @@ from lenpred.engines import VLLMOptions
 from lenpred.pipeline import LengthPredictor
 from lenpred.serving.proxy.app import serve as run_proxy
 from lenpred.serving.proxy.batching import BatchConfig
-from lenpred.studies.diagnose.run import DiagnoseConfig
+from lenpred.studies.diagnose.config import DiagnoseConfig
 from lenpred.studies.evaluate import DEMO_DEFAULTS, EvalConfig
 from lenpred.studies.progressive import ProgressiveConfig
 from lenpred.studies.simulate import SimExperimentConfig

@@ -28,7 +28,7 @@ shape = _load_code_shape()
 RANKS = {
     # core kernels: pure functions and the serving model's signals
     "errors": 0, "io": 0, "prompts": 0, "pooling": 0, "heads": 0, "intervals": 0, "metrics": 0, "signals": 0,
-    "backbone": 0, "version": 0, "tables": 0, "torch_state": 0,
+    "backbone": 0, "version": 0, "tables": 0, "torch_state": 0, "steps": 0,
     # what a predictor reads, the predictors, the engines that generate responses; `truncated` turns signals of a
     # cut prompt into a prediction with `inputs.cache`'s batching
     "engines": 1, "inputs": 1, "predictors": 1, "truncated": 1,
@@ -149,3 +149,15 @@ def test_checker_passes_a_clean_package(tmp_path):
     assert shape.cycles(edges) == []
     assert layer_violations(edges) == []
     assert sum(e.in_function for e in edges) == 2
+
+
+def test_the_cli_starts_without_torch():
+    """`lenpred --help` stays fast: the CLI and every config it reads at start-up import no torch, transformers or
+    scipy (those load inside the commands)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, lenpred.cli; heavy = [m for m in ('torch', 'transformers', 'scipy') if m in sys.modules]; "
+            "print(','.join(heavy))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""

@@ -94,7 +94,8 @@ def test_diagnose_report_rerenders_the_committed_report(tmp_path):
     from rich.console import Console
 
     from lenpred.studies.diagnose.report import write_report
-    from lenpred.studies.diagnose.run import SECTIONS, DiagnoseReport, render_diagnose
+    from lenpred.studies.diagnose.report import SECTIONS
+    from lenpred.studies.diagnose.run import DiagnoseReport, render_diagnose
 
     for section in SECTIONS:
         shutil.copy(RESULTS / "diagnose" / f"{section}.json", tmp_path)

@@ -24,7 +24,7 @@ from lenpred.pipeline import LengthPredictor
 from lenpred.serving.proxy.app import serve as run_proxy
 from lenpred.serving.proxy.batching import BatchConfig
 from lenpred.studies import DEFAULT_BENCH
-from lenpred.studies.diagnose.run import DiagnoseConfig
+from lenpred.studies.diagnose.config import DiagnoseConfig
 from lenpred.studies.evaluate import DEMO_DEFAULTS, EvalConfig
 from lenpred.studies.progressive import ProgressiveConfig
 from lenpred.studies.simulate import SimExperimentConfig

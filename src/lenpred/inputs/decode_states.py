@@ -27,9 +27,9 @@ from lenpred.errors import LenpredError
 from lenpred.inputs.cache import read_part, token_batches, write_part
 from lenpred.io import stable_hash, write_json
 from lenpred.prompts import TEMPLATE_RULE
+from lenpred.steps import DECODE_STEPS
 from lenpred.torch_state import with_backbone_threads
 
-DECODE_STEPS = (0, 8, 16, 24, 32, 40, 48, 56, 64, 128)
 DECODE_CACHE_FORMAT = 1
 
 

@@ -25,22 +25,20 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from lenpred.dataset import load_dataset
-from lenpred.errors import LenpredError
-from lenpred.inputs.decode_states import DECODE_STEPS, benchmark_decode_states
 from lenpred.intervals import conditional_remaining
 from lenpred.io import atomic_path, write_json, write_parquet_checked
-from lenpred.metrics import clustered_bootstrap
-from lenpred.predictors import make_predictor
-from lenpred.predictors.progressive import PLPHead, ProgressiveRows, TrailProgressive
-from lenpred.online.progressive import save_plp, update_cost
+from lenpred.steps import DECODE_STEPS
 from lenpred.studies import DEFAULT_BENCH
 from lenpred.tables import markdown_table
-from lenpred.torch_state import torch_threads
-from lenpred.tuning import check_run_settings
+
+# torch / scipy modules (dataset, decode states, predictors, metrics, tuning) are imported inside the functions: the
+# CLI imports this module (and its config) at start-up.
+if TYPE_CHECKING:
+    from lenpred.predictors.progressive import ProgressiveRows
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +77,8 @@ class ProgressiveConfig:
 def build_rows(data, decode, prompt_features: np.ndarray, plp_layer: int, trail_layers: tuple[int, ...],
                samples: np.ndarray) -> ProgressiveRows:
     """Rows of the rollouts ``samples`` (row indices of ``data``): one per (rollout, step held in ``decode``)."""
+    from lenpred.predictors.progressive import ProgressiveRows
+
     final = decode.layer(plp_layer)
     trail = {l: decode.layer(l) for l in trail_layers}
     idx = [i for i in samples for _ in range(len(decode.steps[i]))]
@@ -114,6 +114,8 @@ def curve_table(preds: dict[str, np.ndarray], rows: ProgressiveRows, scenarios: 
                 steps: tuple[int, ...], fixed_after: int, n_resamples: int = 2000) -> list[dict]:
     """MAE (with a prompt-clustered 95 % interval) of each method per population, scenario and step; one dict per
     cell: ``population, scenario, step, method, mae, low, high, n``."""
+    from lenpred.metrics import clustered_bootstrap
+
     observed = rows.observed_remaining
     long_enough = rows.length > fixed_after
     out = []
@@ -147,6 +149,8 @@ def report_scenarios(report: dict) -> list[str]:
 def paired_difference(a: np.ndarray, b: np.ndarray, rows: ProgressiveRows, mask: np.ndarray,
                       prompt_ids: np.ndarray) -> dict:
     """Paired MAE difference ``a - b`` (tokens, 95 % prompt-clustered interval) over the rows in ``mask``."""
+    from lenpred.metrics import clustered_bootstrap
+
     observed = rows.observed_remaining
     m = mask & np.isfinite(a) & np.isfinite(b)
     d, lo, hi = clustered_bootstrap(np.abs(a[m] - observed[m]) - np.abs(b[m] - observed[m]), prompt_ids[rows.sample[m]])
@@ -228,6 +232,14 @@ def run_progressive(cfg: ProgressiveConfig) -> ProgressiveReport:
     """Extract (or read) the decode states, fit PLP and TRAIL-progressive (choices on validation), score every
     method on the test split, and write ``results.json``, ``results.md`` and ``curves.png`` under ``cfg.out``;
     :func:`render_progressive` prints the report. Progress goes to the ``lenpred`` logger."""
+    from lenpred.dataset import load_dataset
+    from lenpred.inputs.decode_states import benchmark_decode_states
+    from lenpred.online.progressive import save_plp, update_cost
+    from lenpred.predictors import make_predictor
+    from lenpred.predictors.progressive import PLPHead, TrailProgressive
+    from lenpred.torch_state import torch_threads
+    from lenpred.tuning import check_run_settings
+
     t0 = time.perf_counter()
     check_run_settings((cfg.static[0],), threads=cfg.threads)
     run = load_dataset(cfg.bench, {"signals"}, model=cfg.model, data_dir=cfg.data_dir, cache=cfg.cache,
