@@ -279,6 +279,12 @@ def test_port_in_use_is_a_one_line_error_before_the_predictor_loads(monkeypatch)
                                  "--adaptive-interval", "kalman"])
     assert r.exit_code == 2 and len(loads) == 1, r.stderr
     assert "error: unknown --adaptive-interval 'kalman'; valid: aci, rolling" in r.stderr
+    r = CliRunner().invoke(app, ["serve", "--upstream", "http://", "--port", str(free)])
+    assert r.exit_code == 2 and len(loads) == 1 and "--upstream must be an http(s) URL with a host" in r.stderr
+    r = CliRunner().invoke(app, ["serve", "--upstream", "http://127.0.0.1:9", "--port", str(free), "--traffic-log",
+                                 __file__])
+    assert r.exit_code == 2 and len(loads) == 1, r.stderr
+    assert f"error: --traffic-log {__file__} is (or lies under) a file: pass a directory" in r.stderr
 
 
 def test_cap_and_non_finite_numbers_are_read_as_the_upstream_reads_them(stack):

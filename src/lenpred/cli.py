@@ -518,7 +518,7 @@ def schedule_calibrate(
     prompt_tokens: str = CALIBRATE("prompt_tokens", help="Prompt lengths measured (random token ids)."),
     new_tokens: str = CALIBRATE("new_tokens", help="Generated tokens per run (1 = prefill only)."),
     repeats: int = CALIBRATE("repeats", help="Timed repeats per point (median kept)."),
-    threads: int = CALIBRATE("threads", help="torch threads (run under the CPU lock)."),
+    threads: int = CALIBRATE("threads", help="torch threads (time it on an otherwise idle machine)."),
     out: str = CALIBRATE("out", help="Cost model JSON."),
 ):
     """Time transformers `generate` on a grid and fit the simulator's cost model (prefill and decode-step time)."""
@@ -576,7 +576,7 @@ def schedule_run_static(
     groupings: str = STATIC("groupings", help="Batch groupings (policies)."),
     cost_model: str = STATIC("cost_model", help="Calibrated cost model."),
     out: str = STATIC("out", help="Result JSON (resumes per grouping)."),
-    threads: int = STATIC("threads", help="torch threads (run under the CPU lock)."),
+    threads: int = STATIC("threads", help="torch threads (time it on an otherwise idle machine)."),
     workload: str = STATIC("workload", help=WORKLOAD_HELP),
     bench: str = STATIC("bench", help="Benchmark the table was built from (the prompts are re-read from it)."),
     predictors_dir: str = STATIC("predictors_dir", help=PREDICTORS_DIR_HELP),
@@ -679,7 +679,7 @@ def schedule_vllm_offline(
     out: str = OFFLINE("out", help="Output directory (resumes per run)."),
 ):
     """Real run 2: vllm.LLM with priority scheduling, FCFS vs SJF by each predictor vs oracle; the vLLM cost model
-    and the simulator's replay. Needs vllm (`pip install -e '.\\[vllm]'`); run under the CPU lock."""
+    and the simulator's replay. Needs vllm (`pip install -e '.\\[vllm]'`); run it on an otherwise idle machine."""
     from lenpred.studies.vllm_offline import run_vllm_offline, save_offline_report
 
     cfg = VLLMOfflineConfig(num_requests=num_requests, draws=draws, seed=seed, max_output_len=max_output_len,
@@ -762,7 +762,7 @@ def diagnose(
     threads: Optional[int] = DIAGNOSE("threads", help=THREADS_HELP),
 ):
     """Diagnostics: entropy/semantic misalignment, gradient attribution, ablations, a cheaper entropy and the
-    signals' overhead; writes OUT/REPORT.md (+ PNGs, diagnose.json). Time it under the CPU lock."""
+    signals' overhead; writes OUT/REPORT.md (+ PNGs, diagnose.json). Time it on an otherwise idle machine."""
     from rich.console import Console
 
     from lenpred.studies.diagnose.run import render_diagnose, run_diagnose

@@ -218,7 +218,11 @@ class LengthPredictor:
         else:
             self.predictor_.head_ = fit_head(fit_rows, params["head"], params["seed"])
         _, low, high = head_quantiles(self.predictor_.head_, rows.X[cal], rows.caps[cal], self.coverage)
-        self.margin_ = conformal_margin(low, high, rows.y[cal], self.coverage)
+        try:
+            self.margin_ = conformal_margin(low, high, rows.y[cal], self.coverage)
+        except LenpredError as exc:
+            raise LenpredError(f"{exc} (the log's {len(rows)} requests give {len(cal)} to calibrate on): log more "
+                               "requests or raise --calibration-share") from None
         c = traffic_log.columns
         self.config_ = {**{k: v for k, v in base_p.config_.items() if k in ("method", "params", "model_id",
                                                                            "model_revision", "layers", "semantic",
@@ -618,7 +622,7 @@ def _data_lines(config: dict) -> list[str]:
             lines.append(f"* mixed into training: benchmark {what} of its {bench.get('split', 'train')} split)")
     if traffic is not None:
         lines.append(f"* trained on logged traffic `{traffic['log']}`: {traffic['num_records']} finished requests "
-                     f"({traffic['parts']} parts, {traffic['features_dtype']} features), split in time: the earliest "
+                     f"({traffic['parts']} part{'' if traffic['parts'] == 1 else 's'}, {traffic['features_dtype']} features), split in time: the earliest "
                      f"{traffic['num_train']} train, the next {traffic['num_calibration']} calibrate the interval, the "
                      f"latest {traffic['num_test']} are scored below; "
                      + (f"fine-tuned from {config['chosen_on_validation'].get('refit_of')} "

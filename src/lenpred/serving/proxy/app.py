@@ -63,6 +63,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+from pathlib import Path
 import math
 import time
 import uuid
@@ -468,8 +469,15 @@ def serve(upstream: str, host: str = "127.0.0.1", port: int = 8001, predictor: s
 
     from lenpred.pipeline import LengthPredictor
 
-    if not upstream.startswith(("http://", "https://")):
-        raise LenpredError(f"--upstream must be an http(s) URL such as http://127.0.0.1:8000, got '{upstream}'")
+    import urllib.parse
+
+    parts = urllib.parse.urlsplit(upstream)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise LenpredError(f"--upstream must be an http(s) URL with a host, such as http://127.0.0.1:8000, got "
+                           f"'{upstream}'")
+    if traffic_log is not None and any(p.exists() and not p.is_dir() for p in (Path(traffic_log),
+                                                                                *Path(traffic_log).parents)):
+        raise LenpredError(f"--traffic-log {traffic_log} is (or lies under) a file: pass a directory")
     if not 0 <= port <= 65535:
         raise LenpredError(f"--port must be in 0..65535, got {port}")
     if max_connections < 1 or default_max_tokens < 1:

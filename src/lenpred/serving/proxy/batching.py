@@ -40,9 +40,10 @@ class BatchConfig:
     def __post_init__(self):
         if not self.window_ms >= 0:
             raise LenpredError(f"--batch-window-ms must be >= 0, got {self.window_ms}")
-        if self.max_batch_tokens < 1 or self.max_batch_size < 1:
-            raise LenpredError(f"--max-batch-tokens and --max-batch-size must be >= 1, got {self.max_batch_tokens} "
-                               f"and {self.max_batch_size}")
+        if self.max_batch_tokens < 1:
+            raise LenpredError(f"--max-batch-tokens must be >= 1, got {self.max_batch_tokens}")
+        if self.max_batch_size < 1:
+            raise LenpredError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
 
 
 @dataclass
