@@ -33,7 +33,7 @@ RANKS = {
     # cut prompt into a prediction with `inputs.cache`'s batching
     "engines": 1, "inputs": 1, "predictors": 1, "truncated": 1,
     # benchmarks and the one loader / tuner on top of them (the loader reads benchmark files)
-    "bench": 2, "dataset": 2, "tuning": 2,
+    "bench": 2, "dataset": 2, "tuning": 2, "tuning_settings": 2,
     # learning while serving: the online PLP state, the traffic log, adaptive intervals, refits and OnlineLearning;
     # none of them imports the pipeline, which uses them (attach_progressive, fit_traffic)
     "online": 2,

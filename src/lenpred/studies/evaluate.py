@@ -14,6 +14,7 @@ from lenpred.errors import LenpredError
 from lenpred.io import atomic_path
 from lenpred.studies import DEFAULT_BENCH
 from lenpred.studies.evaluate_report import render_terminal_table, report_paths, save_report
+from lenpred.tuning_settings import TuningSettings
 
 # torch / scipy modules (dataset, tuning, predictors, metrics, heads, signals) are imported inside the functions:
 # the CLI imports this module (and its config) at start-up.
@@ -72,16 +73,17 @@ class EvalConfig:
     layers: tuple[int, ...] | None = None
     methods: tuple[str, ...] = ALL_METHODS
     seeds: tuple[int, ...] = (0, 1, 2)
-    lambda1_grid: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0)
-    alpha_grid: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0)
-    trail_layers: tuple[int, ...] | None = None
-    pool_span: str = "after_prefix"
-    semantic_divisor: str = "n"
-    epochs: int = 150
-    binning: str = "log"
-    proxy_encoder: str = "minilm"
-    proxy_epochs: int = 2
-    proxy_max_length: int = 128
+    # the tuner's settings: their defaults are TuningSettings' (one copy); listed here for the CLI and results.json
+    lambda1_grid: tuple[float, ...] = TuningSettings.lambda1_grid
+    alpha_grid: tuple[float, ...] = TuningSettings.alpha_grid
+    trail_layers: tuple[int, ...] | None = TuningSettings.trail_layers
+    pool_span: str = TuningSettings.pool_span
+    semantic_divisor: str = TuningSettings.semantic_divisor
+    epochs: int = TuningSettings.epochs
+    binning: str = TuningSettings.binning
+    proxy_encoder: str = TuningSettings.proxy_encoder
+    proxy_epochs: int = TuningSettings.proxy_epochs
+    proxy_max_length: int = TuningSettings.proxy_max_length
     threads: int | None = None
     bootstrap_resamples: int = 2000
 
@@ -111,8 +113,6 @@ def check_output_paths(cfg: EvalConfig) -> None:
 
 def tuning_settings(cfg: EvalConfig):
     """The tuner's :class:`~lenpred.tuning.TuningSettings` of a config (its fields of the same names)."""
-    from lenpred.tuning import TuningSettings  # deferred: torch; the CLI imports this module at start-up
-
     return TuningSettings(**{f.name: getattr(cfg, f.name) for f in fields(TuningSettings)})
 
 
