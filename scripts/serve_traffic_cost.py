@@ -62,7 +62,7 @@ def main() -> None:
         serve_s = []
         for _ in range(200):  # the step online learning adds to a batch, timed alone
             t0 = time.perf_counter()
-            services["on"]._serve(items, lp.predictor_.features(flat))
+            services["on"].attach_served(items, lp.predictor_.features(flat))
             serve_s.append((time.perf_counter() - t0) / len(items))
         hook_s = []
         for i in range(2000):

@@ -32,7 +32,7 @@ import numpy as np
 from lenpred.intervals import conditional_remaining
 from lenpred.io import atomic_path, write_json, write_parquet_checked
 from lenpred.steps import DECODE_STEPS
-from lenpred.studies import DEFAULT_BENCH
+from lenpred.studies import DEFAULT_BENCH, report_dict
 from lenpred.tables import markdown_table
 
 # torch / scipy modules (dataset, decode states, predictors, metrics, tuning) are imported inside the functions: the
@@ -224,8 +224,7 @@ class ProgressiveReport:
 
     def to_dict(self) -> dict:
         """The ``results.json`` content, in its key order."""
-        return {k: getattr(self, k) for k in ("config", "model_revision", "steps", "plp", "trail_progressive",
-                                              "curves", "paired", "update_cost_us", "timing_s", "num_rows")}
+        return report_dict(self)
 
 
 def run_progressive(cfg: ProgressiveConfig) -> ProgressiveReport:

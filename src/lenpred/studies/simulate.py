@@ -13,7 +13,7 @@ from lenpred.errors import LenpredError
 from lenpred.serving.cost_model import CostModel
 from lenpred.serving.policies import countdown_remaining, make_policy, progressive_remaining
 from lenpred.serving.simulator import ARRIVALS, SimConfig, simulate
-from lenpred.studies import DEFAULT_BENCH
+from lenpred.studies import DEFAULT_BENCH, report_dict
 from lenpred.studies.workload import (DEFAULT_PREDICTORS, DEFAULT_PREDICTORS_DIR, DEFAULT_TABLE, check_predictors,
                                       draw_workload, load_workload_table, progressive_estimates)
 
@@ -114,8 +114,7 @@ class SimReport:
 
     def to_dict(self) -> dict:
         """The ``simulation.json`` content, in its key order."""
-        return {"config": self.config, "arrival_rate_per_s": self.arrival_rate_per_s, "cost_model": self.cost_model,
-                "runs": self.runs, "jct_draw0": self.jct_draw0, "summary": self.summary}
+        return report_dict(self)
 
 
 def draw_bootstrap(per_draw: dict[str, np.ndarray], stat, n_resamples: int = 2000, seed: int = 0,

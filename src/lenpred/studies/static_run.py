@@ -21,7 +21,7 @@ from lenpred.serving.cost_model import CostModel, hardware_description
 from lenpred.serving.metrics import RequestTiming, summarize
 from lenpred.serving.policies import make_policy, padding_ratio, static_batches
 from lenpred.serving.simulator import simulate_static
-from lenpred.studies import DEFAULT_BENCH
+from lenpred.studies import DEFAULT_BENCH, report_dict
 from lenpred.studies.resume import load_resumable
 from lenpred.torch_state import with_threads_of
 from lenpred.studies.workload import DEFAULT_PREDICTORS_DIR, DEFAULT_TABLE, draw_workload, load_workload_table
@@ -199,8 +199,7 @@ class StaticRunReport:
 
     def to_dict(self) -> dict:
         """The result JSON's content, in its key order."""
-        return {"config": self.config, "runs": self.runs, "workload": self.workload, "hardware": self.hardware,
-                "model_revision": self.model_revision}
+        return report_dict(self)
 
 
 @with_threads_of("threads")  # cfg.threads while it runs

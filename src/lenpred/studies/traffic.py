@@ -33,7 +33,7 @@ from lenpred.pipeline import LengthPredictor, bench_train_rows
 from lenpred.online.adaptive import AdaptiveConfig, adapted_interval, replay_intervals
 from lenpred.online.refit import TrafficRows, choose_finetune, finetune_head, fit_head, head_quantiles, rows_from_log
 from lenpred.online.traffic_log import TrafficLogConfig, TrafficLogWriter, predictor_metadata, read_traffic_log
-from lenpred.studies import DEFAULT_BENCH
+from lenpred.studies import DEFAULT_BENCH, report_dict
 from lenpred.studies.scheduling_report import markdown
 from lenpred.studies.traffic_data import split_prompt_ids, stream_signals
 
@@ -167,8 +167,7 @@ class TrafficReport:
 
     def to_dict(self) -> dict:
         """The ``results.json`` content, in its key order."""
-        return {k: getattr(self, k) for k in ("config", "shipped_margin", "num_requests", "late_share", "streams",
-                                              "timing_s")}
+        return report_dict(self)
 
 
 def run_traffic_replay(cfg: TrafficReplayConfig) -> TrafficReport:

@@ -155,11 +155,13 @@ class LengthPredictorService:
             value = max(next(predictions).expected for _ in requests)
             out.append(value if clip is None else min(value, clip))
         if self.online is not None:
-            self._serve(items, self.predictor.predictor_.features(flat))
+            self.attach_served(items, self.predictor.predictor_.features(flat))
         return out
 
-    def _serve(self, items: list[Prepared], features) -> None:
-        """Each single-prompt item's served prediction (interval, features to log) from its row of ``features``."""
+    def attach_served(self, items: list[Prepared], features) -> None:
+        """Set :attr:`Prepared.served` of each single-prompt item (interval, features to log) from its row of
+        ``features``: ``(n, d)`` float32, one row per request of ``items`` in order (an item of several prompts holds
+        several rows and gets none)."""
         row = 0
         for item in items:
             requests, _, cap, group = item.payload
