@@ -86,7 +86,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from vllm_in_engine import _exit_on_sigterm  # scripts/ is on sys.path when run as a script
+    from lenpred.serving.supervisor import exit_on_sigterm
 
-    _exit_on_sigterm()
+    exit_on_sigterm()
     main()

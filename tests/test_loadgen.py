@@ -58,7 +58,9 @@ class Upstream:
                 yield _frame({"error": {"message": "engine died", "code": 500}})
                 return
             if kind not in ("empty", "tool"):
-                for _ in range(body["max_tokens"]):
+                for k in range(body["max_tokens"]):
+                    if kind == "stall" and k == 1:
+                        await asyncio.sleep(0.4)  # one token, then a pause (a parked request)
                     yield _delta(content="x")
             if kind == "break":
                 raise RuntimeError("upstream broke mid-stream")
@@ -119,6 +121,15 @@ def test_every_outcome_is_recorded_and_one_failure_loses_nothing(upstream):
     assert summary["finish_reasons"] == {"stop": 3}
 
 
+def test_a_stall_after_the_first_token_is_the_longest_gap(upstream):
+    url, _ = upstream
+    stall, normal = run_replay(url, [_req(0, "stall"), _req(1, "normal")], "m")
+    assert stall["num_chunks"] == 3 and len(stall["gaps_s"]) == 2
+    assert 0.4 <= stall["max_gap_s"] < 1.5 and stall["max_gap_s"] == stall["gaps_s"][0]  # between tokens 1 and 2
+    assert stall["ttft_s"] < 0.3  # a short TTFT hides the stall
+    assert normal["max_gap_s"] < 0.2
+
+
 def test_bodies_natural_eos_by_default_and_extra_fields_pass_through(upstream):
     url, up = upstream
     n = len(up.received)
@@ -159,5 +170,10 @@ def test_summary_measures_latency_from_the_planned_time_and_reports_the_achieved
     assert s["max_send_lag_s"] == 0.5 and s["outcomes"]["failed"] == 1
     assert s["num_output_tokens"] == 15 and s["throughput_tok_s"] == 15 / 4.0
     assert s["finish_reasons"] == {"length": 1, "stop": 1} and s["mean_predict_ms"] == 4.0
+    rows[0].gaps_s, rows[1].gaps_s = [0.1, 0.3], [0.5]
+    s = summarize_replay(rows)
+    assert s["mean_tbt_s"] == pytest.approx(0.3) and s["p50_tbt_s"] == pytest.approx(0.3)  # 0.1, 0.3, 0.5 pooled
+    assert s["mean_max_gap_s"] == pytest.approx(0.4)  # per request: 0.3 and 0.5
+    assert s["mean_jct_per_token_s"] == pytest.approx((2.0 / 10 + 3.0 / 5) / 2)
     empty = summarize_replay([res(0, 0.0, 0.0, None, 1.0, "cancelled")])
     assert empty["mean_jct_s"] is None and empty["throughput_tok_s"] is None and empty["achieved_rate_per_s"] is None

@@ -6,9 +6,10 @@ import math
 import numpy as np
 import pytest
 
-from lenpred.metrics import (aggregate_seeds, censored_metrics, clustered_bootstrap, gap_closed,
-                                        leave_one_out_median, length_metrics, metrics_by_scenario, oracle_floor,
-                                        prompt_mean_mae, score_methods)
+from lenpred.errors import LenpredError
+from lenpred.metrics import (aggregate_seeds, censored_metrics, clustered_bootstrap, gap_closed, leave_one_out_median,
+                             length_metrics, metrics_by_scenario, oracle_floor, paired_cluster_bootstrap,
+                             prompt_mean_mae, score_methods)
 from lenpred.studies.evaluate_report import markdown_table, plot_mae, render_table, save_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -185,3 +186,18 @@ def test_score_methods_pairs_differences_and_marks_the_reference():
     assert lo <= s["results"]["scenario_median"]["overall"]["mae"] <= hi
     md = markdown_table(s["results"], "diff").splitlines()
     assert "-4.0 [-4.0, -4.0]*" in md[[l.split(" | ")[0] for l in md].index("| mine")]
+
+
+def test_paired_cluster_bootstrap_keeps_requests_paired():
+    cut = lambda v: 1 - v["p"].mean() / v["f"].mean()  # noqa: E731
+    f = [np.array([1.0, 5.0, 20.0]), np.array([2.0, 9.0])]
+    # halving every request's JCT is a 50 % cut in every resample: pairing leaves no spread
+    assert paired_cluster_bootstrap({"f": f, "p": [x / 2 for x in f]}, cut, n_resamples=200) == (0.5, 0.5, 0.5)
+    # one request 10 s faster out of 5: the estimate is the pooled one, 1 - 27/37; resamples spread around it
+    p = [np.array([1.0, 5.0, 10.0]), np.array([2.0, 9.0])]
+    est, lo, hi = paired_cluster_bootstrap({"f": f, "p": p}, cut, n_resamples=500, seed=1)
+    assert est == pytest.approx(1 - 27 / 37) and 0.0 <= lo < est < hi <= 1 - 10 / 20
+    # the same seed gives the same interval; unpaired request counts are refused
+    assert paired_cluster_bootstrap({"f": f, "p": p}, cut, n_resamples=500, seed=1) == (est, lo, hi)
+    with pytest.raises(LenpredError, match="pair the requests"):
+        paired_cluster_bootstrap({"f": f, "p": [np.array([1.0]), p[1]]}, cut)

@@ -120,6 +120,50 @@ def clustered_bootstrap(abs_errors: np.ndarray, prompt_ids: np.ndarray, n_resamp
     return float(sums.sum() / counts.sum()), float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
+def paired_cluster_bootstrap(samples: dict[str, list[np.ndarray]], stat, n_resamples: int = 2000, seed: int = 0,
+                             confidence: float = 0.95) -> tuple[float, float, float]:
+    """Two-stage paired bootstrap of a statistic over requests clustered by workload draw (serving runs).
+
+    Each resample draws clusters (draws) with replacement, then, inside each drawn cluster, requests with
+    replacement; the *same* indices are used for every entry of ``samples``, so a mode and its reference stay paired
+    request by request (Davison & Hinkley 1997, §3.8, the two-stage cluster bootstrap). With one cluster it
+    reduces to a paired bootstrap over that draw's requests.
+
+    Args:
+        samples: ``{name: [values of cluster 0, values of cluster 1, ...]}``; every name has the same number of
+            clusters and, per cluster, ``(n_c,)`` arrays of equal length aligned by request (e.g. JCT in seconds of
+            request i under each mode).
+        stat: ``stat({name: (n,) pooled values}) -> float``, e.g. ``lambda v: 1 - v["p"].mean() / v["f"].mean()``.
+        n_resamples, seed, confidence: bootstrap settings (percentile interval).
+
+    Returns:
+        ``(estimate on the data as given, low, high)``.
+
+    Raises:
+        LenpredError: no clusters, or clusters whose lengths differ between names.
+    """
+    from lenpred.errors import LenpredError
+
+    names = list(samples)
+    k = len(samples[names[0]]) if names else 0
+    if k == 0 or any(len(samples[n]) != k for n in names):
+        raise LenpredError("paired_cluster_bootstrap needs the same number (>= 1) of clusters for every name")
+    sizes = [len(samples[names[0]][c]) for c in range(k)]
+    if any(len(samples[n][c]) != sizes[c] for n in names for c in range(k)):
+        raise LenpredError("paired_cluster_bootstrap: a cluster holds different request counts for two names; pair "
+                           "the requests first (drop a request from every name when one lost it)")
+    arrays = {n: [np.asarray(v, dtype=np.float64) for v in samples[n]] for n in names}
+    pooled = lambda picks: {n: np.concatenate([arrays[n][c][i] for c, i in picks]) for n in names}  # noqa: E731
+    estimate = float(stat(pooled([(c, np.arange(sizes[c])) for c in range(k)])))
+    rng = np.random.default_rng(seed)
+    values = []
+    for _ in range(n_resamples):
+        picks = [(c, rng.integers(0, sizes[c], sizes[c])) for c in rng.integers(0, k, k)]
+        values.append(stat(pooled(picks)))
+    alpha = (1 - confidence) / 2
+    return estimate, float(np.nanquantile(values, alpha)), float(np.nanquantile(values, 1 - alpha))
+
+
 def leave_one_out_median(y: np.ndarray, prompt_ids: np.ndarray) -> np.ndarray:
     """For each sample, the median of its prompt's *other* samples ``(n,)`` float64; NaN for single-sample prompts."""
     y, prompt_ids = np.asarray(y, dtype=np.float64), np.asarray(prompt_ids)

@@ -13,6 +13,10 @@ How it measures (the rules :func:`summarize_replay` relies on):
 * **TTFT** is the first frame that carries generated output: ``delta.content``, ``delta.reasoning_content`` /
   ``delta.reasoning`` (reasoning parsers) or ``delta.tool_calls`` (chat), or ``text`` (completions). An empty
   role-only first frame is not a token.
+* **Stalls.** Every frame with generated output is timed: the gaps between consecutive ones (time between tokens,
+  TBT; vLLM streams one frame per engine step, so a frame may carry more than one token when the client lags) are
+  kept per request, and its **longest stall** is the largest gap (``max_gap_s``): a request that got its first token
+  and then waited (parked, preempted) shows it there, not in TTFT.
 * ``completion_tokens`` / ``prompt_tokens`` come from the usage chunk (``stream_options: {"include_usage": true}``
   is always sent).
 * **Every request ends with an outcome** (:data:`OUTCOMES`): ``ok``; ``no_content`` (a 200 stream that ended
@@ -88,6 +92,7 @@ class LoadResult:
         expected, priority, predict_ms, pool_wait_ms, skipped: the ``x-lenpred-expected`` / ``-priority`` /
             ``-predict-ms`` / ``-pool-wait-ms`` / ``-skipped`` response headers (``None`` if absent).
         error: why it was not ``ok`` (the error body's first 300 characters for an HTTP error).
+        gaps_s: seconds between consecutive frames with generated output (``num_chunks − 1`` values).
     """
 
     request_id: int
@@ -107,6 +112,13 @@ class LoadResult:
     pool_wait_ms: float | None = None
     skipped: str | None = None
     error: str | None = None
+    gaps_s: list[float] = field(default_factory=list)
+
+    @property
+    def max_gap_s(self) -> float | None:
+        """The request's longest stall: the largest gap between two of its output frames, seconds (``None`` with
+        fewer than two frames)."""
+        return max(self.gaps_s) if self.gaps_s else None
 
     @property
     def jct_s(self) -> float:
@@ -166,6 +178,7 @@ class _Stream:
 
     def __init__(self):
         self.first, self.chunks, self.usage, self.finish_reason, self.done = None, 0, {}, None, False
+        self.last, self.gaps = None, []
 
     def feed(self, line: str, now: float) -> str | None:
         """Read one SSE line; returns an error message for an error event, else ``None``."""
@@ -183,6 +196,9 @@ class _Stream:
             if carries_output(choice):
                 self.chunks += 1
                 self.first = now if self.first is None else self.first
+                if self.last is not None:
+                    self.gaps.append(now - self.last)
+                self.last = now
             self.finish_reason = choice.get("finish_reason") or self.finish_reason
         return None
 
@@ -220,7 +236,7 @@ async def _one(client, url: str, req: LoadRequest, model: str, t0: float, extra:
     read = {k: _header(headers, name, kind) for k, (name, kind) in _HEADERS.items()}
     return LoadResult(req.request_id, req.arrival_s, sent, status, outcome, stream.first, time.perf_counter() - t0,
                       stream.chunks, stream.usage.get("prompt_tokens"), stream.usage.get("completion_tokens"),
-                      stream.finish_reason, error=error, **read)
+                      stream.finish_reason, error=error, gaps_s=stream.gaps, **read)
 
 
 def _header(headers, name: str, kind):
@@ -260,9 +276,10 @@ async def replay(base_url: str, requests: list[LoadRequest], model: str, timeout
 
 def run_replay(base_url: str, requests: list[LoadRequest], model: str, timeout_s: float = 600.0,
                extra_body: dict | None = None, ignore_eos: bool = False) -> list[dict]:
-    """:func:`replay` from synchronous code; results as dicts (JSON-able) with ``jct_s`` and ``ttft_s`` added."""
+    """:func:`replay` from synchronous code; results as dicts (JSON-able) with ``jct_s``, ``ttft_s`` and
+    ``max_gap_s`` added."""
     results = asyncio.run(replay(base_url, requests, model, timeout_s, extra_body, ignore_eos))
-    return [asdict(r) | {"jct_s": r.jct_s, "ttft_s": r.ttft_s} for r in results]
+    return [asdict(r) | {"jct_s": r.jct_s, "ttft_s": r.ttft_s, "max_gap_s": r.max_gap_s} for r in results]
 
 
 def _rate_per_s(times: list[float]) -> float | None:
@@ -285,7 +302,10 @@ def summarize_replay(results: list[LoadResult | dict], ignore_eos: bool = False)
     """One replay's summary: the run label, request counts by outcome, planned and achieved send rates (req/s) and
     the generator's send lag, then over ``ok`` requests only: JCT and TTFT (s, from the planned send time; mean,
     p50, p90, p99), output tokens (usage), throughput (output tokens / (last finish − first planned send), tok/s),
-    finish-reason counts, and the proxy's prediction latency (``predict_ms``) when its header was there.
+    finish-reason counts, JCT per output token (s/token, mean over requests), time between tokens (``tbt_s``:
+    every gap of every request pooled) and the longest stall per request (``max_gap_s``), and the proxy's
+    prediction latency (``predict_ms``) when its header was there. Rows without ``gaps_s`` (older records) count as
+    having no gaps.
 
     Never raises on failed or empty runs: statistics without data are ``None``.
     """
@@ -307,5 +327,9 @@ def summarize_replay(results: list[LoadResult | dict], ignore_eos: bool = False)
            "throughput_tok_s": sum(tokens) / span if span > 0 and tokens else None, "finish_reasons": reasons}
     out |= _stats([r["finish_s"] - r["arrival_s"] for r in ok], "jct_s")
     out |= _stats([r["first_token_s"] - r["arrival_s"] for r in ok], "ttft_s")
+    out |= _stats([g for r in ok for g in r.get("gaps_s") or ()], "tbt_s")
+    out |= _stats([max(r["gaps_s"]) for r in ok if r.get("gaps_s")], "max_gap_s")
+    out |= _stats([(r["finish_s"] - r["arrival_s"]) / r["completion_tokens"] for r in ok
+                   if r["completion_tokens"]], "jct_per_token_s")
     predict_ms = [r["predict_ms"] for r in rows if r.get("predict_ms") is not None and math.isfinite(r["predict_ms"])]
     return out | _stats(predict_ms, "predict_ms")
