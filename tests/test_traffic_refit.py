@@ -13,9 +13,14 @@ from lenpred.pipeline import LengthPredictor
 from lenpred.online.adaptive import AdaptiveConfig
 from lenpred.online.learning import OnlineLearning, prompt_features
 from lenpred.online.refit import time_split
-from lenpred.online.traffic_log import TrafficLogConfig, TrafficLogWriter, read_traffic_log
+from lenpred.online.traffic_log import TrafficLogConfig, TrafficLogWriter, TrafficRecord, read_traffic_log
 
 runner = CliRunner()
+
+
+def _row(features, finish_time_s):
+    return TrafficRecord(features=features, expected=1.0, low=0.0, high=2.0, num_output_tokens=1, finish_reason="stop",
+                         arrival_time_s=0.0, finish_time_s=finish_time_s)
 
 
 def test_time_split_by_hand():
@@ -97,13 +102,13 @@ def test_logs_of_another_predictor_are_refused(base, tmp_path):
     base_p, base_dir, _ = base
     with TrafficLogWriter(TrafficLogConfig(tmp_path / "wide")) as w:
         for i in range(20):
-            w.record(np.zeros(3), 1, 0, 2, 1, "stop", None, 0, None, float(i))
+            w.record(_row(np.zeros(3), float(i)))
     with pytest.raises(LenpredError, match="3-wide features"):
         LengthPredictor().fit_traffic(tmp_path / "wide", base=base_dir)
     d = len(base_p.predictor_.head_.mean_)
     with TrafficLogWriter(TrafficLogConfig(tmp_path / "rev", metadata={"model_revision": "other"})) as w:
         for i in range(20):
-            w.record(np.zeros(d), 1, 0, 2, 1, "stop", None, 0, None, float(i))
+            w.record(_row(np.zeros(d), float(i)))
     with pytest.raises(LenpredError, match="model_revision other"):
         LengthPredictor().fit_traffic(tmp_path / "rev", base=base_dir)
 

@@ -32,7 +32,7 @@ import numpy as np
 from lenpred.errors import LenpredError
 from lenpred.online.adaptive import AdaptiveInterval, adapted_interval
 from lenpred.online.refit import head_quantiles
-from lenpred.online.traffic_log import TrafficLogWriter, predictor_metadata
+from lenpred.online.traffic_log import TrafficLogWriter, TrafficRecord, predictor_metadata
 
 
 @dataclass
@@ -122,11 +122,9 @@ class OnlineLearning:
             if self.adaptive is not None:
                 self.adaptive.update(served.low_raw, served.high_raw, num_output_tokens, served.group)
         if self.log is not None:
-            self.log.record(served.features, served.expected, served.low, served.high, num_output_tokens,
-                            finish_reason, served.max_new_tokens, arrival_time_s, first_token_time_s, finish_time_s,
-                            low_raw=served.low_raw, high_raw=served.high_raw,
-                            num_prompt_tokens=served.num_prompt_tokens, prompt_sha256=served.prompt_sha256,
-                            group=served.group)
+            self.log.record(TrafficRecord(**vars(served), num_output_tokens=num_output_tokens,
+                                          finish_reason=finish_reason, arrival_time_s=arrival_time_s,
+                                          first_token_time_s=first_token_time_s, finish_time_s=finish_time_s))
 
     def close(self) -> None:
         """Flush and close the log (if on)."""

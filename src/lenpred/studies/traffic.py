@@ -32,7 +32,8 @@ from lenpred.io import atomic_path, write_json
 from lenpred.pipeline import LengthPredictor, bench_train_rows
 from lenpred.online.adaptive import AdaptiveConfig, adapted_interval, replay_intervals
 from lenpred.online.refit import TrafficRows, choose_finetune, finetune_head, fit_head, head_quantiles, rows_from_log
-from lenpred.online.traffic_log import TrafficLogConfig, TrafficLogWriter, predictor_metadata, read_traffic_log
+from lenpred.online.traffic_log import (TrafficLogConfig, TrafficLogWriter, TrafficRecord, predictor_metadata,
+                                        read_traffic_log)
 from lenpred.studies import DEFAULT_BENCH, report_dict
 from lenpred.studies.scheduling_report import markdown
 from lenpred.studies.traffic_data import split_prompt_ids, stream_signals
@@ -271,10 +272,12 @@ def _write_log(s: dict, shipped, cfg: TrafficReplayConfig, name: str):
                                            metadata=predictor_metadata(shipped))) as w:
         for i in range(n):
             low, high = max(s["low_raw"][i] - shipped.margin_, 0), min(s["high_raw"][i] + shipped.margin_, s["caps"][i])
-            w.record(s["X"][i], s["expected"][i], low, high, int(s["y"][i]), "length" if s["censored"][i] else "stop",
-                     int(s["caps"][i]), t + i, t + i + 0.05, t + i + 1 + s["y"][i] / 50, low_raw=s["low_raw"][i],
-                     high_raw=s["high_raw"][i], prompt_sha256=hashlib.sha256(s["prompt_id"][i].encode()).hexdigest(),
-                     group=s["scenario"][i])
+            w.record(TrafficRecord(
+                features=s["X"][i], expected=s["expected"][i], low=low, high=high, num_output_tokens=int(s["y"][i]),
+                finish_reason="length" if s["censored"][i] else "stop", max_new_tokens=int(s["caps"][i]),
+                arrival_time_s=t + i, first_token_time_s=t + i + 0.05, finish_time_s=t + i + 1 + s["y"][i] / 50,
+                low_raw=s["low_raw"][i], high_raw=s["high_raw"][i],
+                prompt_sha256=hashlib.sha256(s["prompt_id"][i].encode()).hexdigest(), group=s["scenario"][i]))
     log = read_traffic_log(directory)
     size = sum(p.stat().st_size for p in directory.iterdir())
     return log, {"dir": str(directory), "parts": len(log.parts), "bytes": size, "bytes_per_request": size / n,
