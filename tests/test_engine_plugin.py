@@ -9,7 +9,8 @@ import torch
 
 from lenpred.errors import LenpredError
 from lenpred.pipeline import LengthPredictor
-from lenpred.serving.vllm.capture import (CaptureTarget, LayerCapture, ScheduledRequest, capture_plan, last_rows)
+from lenpred.serving.vllm.capture import (CaptureTarget, LayerCapture, ScheduledRequest, capture_plan, collect_states,
+                                          last_rows)
 from lenpred.serving.vllm.config import EngineConfig
 
 
@@ -30,6 +31,22 @@ def test_capture_plan_keeps_the_last_prompt_token_and_plp_steps():
 def test_last_rows_from_query_start_loc():
     # three requests of 4, 1 and 3 tokens: rows 3, 4, 7
     assert last_rows(torch.tensor([0, 4, 5, 8], dtype=torch.int32), 3).tolist() == [3, 4, 7]
+
+
+def test_collect_states_matches_rows_by_the_outputs_order_and_refuses_a_mismatched_step():
+    rows = {15: torch.tensor([[0.0, 0.5], [1.0, 1.5], [2.0, 2.5]])}
+    targets = [CaptureTarget("r0", 0), CaptureTarget("r1", 8), CaptureTarget("gone", 0)]
+    step = collect_states(targets, rows, ["r2", "r0", "r1"])  # row k belongs to req_ids[k], not to the plan's order
+    assert step.error is None and step.missing == ["gone"] and list(step.states) == ["r0", "r1"]
+    assert step.states["r0"]["step"] == 0 and step.states["r1"]["step"] == 8
+    np.testing.assert_array_equal(step.states["r0"]["states"][15], [1.0, 1.5])
+    np.testing.assert_array_equal(step.states["r1"]["states"][15], [2.0, 2.5])
+    assert step.states["r1"]["states"][15].dtype == np.float32
+    wrong = collect_states(targets[:2], rows, ["r0", "r1"])  # 3 rows for 2 requests: never matched by guesswork
+    assert wrong.states == {} and wrong.missing == ["r0", "r1"] and "3 rows for the output's 2" in wrong.error
+    nothing = collect_states(targets[:1], {}, ["r0"])
+    assert nothing.missing == ["r0"] and "captured nothing" in nothing.error
+    assert collect_states([], rows, ["r2", "r0", "r1"]).states == {}
 
 
 class _FusedLayer(torch.nn.Module):
