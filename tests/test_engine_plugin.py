@@ -1,6 +1,7 @@
 """The vLLM plug-in's engine-independent parts, without vLLM: which rows are captured, the hooks on a fake layer,
 the settings, and predictions from captured states equal the full ``LengthPredictor.predict`` (tiny model)."""
 
+import os
 from types import SimpleNamespace
 
 import numpy as np
@@ -148,3 +149,30 @@ def test_predictors_that_pool_many_tokens_are_refused_by_the_plugin(fitted_last,
         fitted_last.method = "last"
     assert load_head(EngineConfig()).engine_layer == 15  # the shipped predictor: last@15
 
+
+
+_METRICS = """
+import os, sys
+from prometheus_client import CollectorRegistry, generate_latest, multiprocess
+from lenpred.serving.vllm.prometheus import PluginMetrics
+m = PluginMetrics()
+assert m.enabled
+m.update({"predicted": 3, "head_s": 0.25, "released": 0})
+m.update({"predicted": 5, "head_s": 0.5, "released": 1})
+registry = CollectorRegistry()
+multiprocess.MultiProcessCollector(registry)  # what vLLM's /metrics does with PROMETHEUS_MULTIPROC_DIR set
+sys.stdout.write(generate_latest(registry).decode())
+"""
+
+
+def test_plugin_counters_reach_a_prometheus_multiprocess_directory(tmp_path):
+    """The engine-core process writes, another process collects: each counter once, with the running total."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    text = subprocess.run([sys.executable, "-c", _METRICS], env=env, capture_output=True, text=True, check=True).stdout
+    lines = [line for line in text.splitlines() if line.startswith("lenpred_")]
+    assert "lenpred_predicted_total 5.0" in lines and "lenpred_head_seconds_total 0.5" in lines
+    assert "lenpred_released_total 1.0" in lines and "lenpred_missing_states_total 0.0" in lines
+    assert sum(line.startswith("lenpred_predicted_total ") for line in lines) == 1

@@ -22,7 +22,8 @@ schedules with the predictions.
   non-streaming responses; a KV connector's own parameters take precedence), and each finished request can be logged
   as one JSON line (``log_path``) and into the traffic log for refits (``traffic_log``; :mod:`lenpred.online.learning`,
   which also adapts the interval online with ``adaptive_interval``). vLLM's ``/metrics`` lives in the API-server process, which never sees the
-  scheduler's objects: counters go to the log and to :attr:`LenpredScheduler.lenpred_counters`.
+  scheduler's objects: counters go to ``/metrics`` when vLLM runs with ``PROMETHEUS_MULTIPROC_DIR``
+  (:mod:`lenpred.serving.vllm.prometheus`), to the log and to :attr:`LenpredScheduler.lenpred_counters`.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from lenpred.serving.parked import SlotRequest, choose_decoders, preemption_orde
 from lenpred.online.progressive import start_states, update_batch
 from lenpred.online.traffic_log import TrafficLogConfig
 from lenpred.serving.vllm.config import EngineConfig, check_served_model, load_head
+from lenpred.serving.vllm.prometheus import PluginMetrics
 from lenpred.serving.vllm.worker import STATES_ATTR
 
 logger = logging.getLogger("vllm.lenpred.scheduler")  # under "vllm": printed by vLLM's own log handler
@@ -146,6 +148,7 @@ class LenpredScheduler(Scheduler):
                                  "kv_parked": 0, "missing_states": 0, "kv_preempted": 0, "released": 0,
                                  "recomputed_tokens": 0, "head_s": 0.0, "policy_s": 0.0, "steps": 0}
         self._lp_missing: set[str] = set()
+        self._lp_metrics = PluginMetrics()
         self._lp_decoding: set[str] = set()
         self._lp_last_decode: dict[str, float] = {}
         self._lp_client_priority: dict[str, int] = {}
@@ -244,7 +247,9 @@ class LenpredScheduler(Scheduler):
 
     def schedule(self, *args, **kwargs):
         if self.lenpred_config.policy == "observe":
-            return super().schedule(*args, **kwargs)
+            output = super().schedule(*args, **kwargs)
+            self._lenpred_count(0.0)
+            return output
         t0 = time.perf_counter()
         parked = self._lenpred_park()
         t1 = time.perf_counter()
@@ -269,11 +274,14 @@ class LenpredScheduler(Scheduler):
         return output
 
     def _lenpred_count(self, policy_s: float) -> None:
-        """The policy's own time per step (outside vLLM's scheduler), written with the counters to
-        ``<log_path>.scheduler.json`` every 256 steps when logging."""
+        """The policy's own time per step (outside vLLM's scheduler), written with the counters to ``/metrics``
+        every 16 steps (:mod:`lenpred.serving.vllm.prometheus`) and to ``<log_path>.scheduler.json`` every 256 steps
+        when logging."""
         c = self.lenpred_counters
         c["steps"] += 1
         c["policy_s"] += policy_s
+        if c["steps"] % 16 == 0:
+            self._lp_metrics.update(c)
         if self.lenpred_config.log_path and c["steps"] % 256 == 0:
             write_json(f"{self.lenpred_config.log_path}.scheduler.json", c)
 
