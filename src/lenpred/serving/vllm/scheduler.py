@@ -378,6 +378,9 @@ class LenpredScheduler(Scheduler):
         return kv_params, ec_params
 
     def shutdown(self) -> None:
+        self._lp_metrics.update(self.lenpred_counters)
+        if self.lenpred_config.log_path:
+            write_json(f"{self.lenpred_config.log_path}.scheduler.json", self.lenpred_counters)
         if self._lp_online is not None:
             self._lp_online.close()
         if self._lp_log is not None:
