@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from lenpred.errors import LenpredError
-from lenpred.online.adaptive import (AdaptiveConfig, AdaptiveInterval, aci_update, adapted_interval,
+from lenpred.online.adaptive import (AdaptiveConfig, AdaptiveInterval, aci_update,
                                       conformal_quantile, conformity_score, replay_intervals)
 
 
@@ -19,7 +19,6 @@ def test_pure_functions():
     assert conformal_quantile([-3, 0, 5, 10], 0.0) == -math.inf
     assert aci_update(0.2, True, 0.2, 0.01) == pytest.approx(0.192)
     assert aci_update(0.2, False, 0.2, 0.01) == pytest.approx(0.202)
-    assert adapted_interval(10, 20, 5, cap=22) == (5, 22) and adapted_interval(10, 20, 15) == (0, 35)
 
 
 def test_rolling_window_by_hand():

@@ -43,3 +43,11 @@ def test_conformal_interval_reaches_its_coverage_on_exchangeable_data():
     pred = np.full_like(y, 70.0)
     m = conformal_margin(pred[:2000], pred[:2000], y[:2000], 0.8)
     assert interval_coverage(pred[2000:] - m, pred[2000:] + m, y[2000:]) == pytest.approx(0.8, abs=0.02)
+
+
+def test_widened_interval_applies_the_margin_then_the_floor_and_the_cap():
+    from lenpred.intervals import widened_interval
+
+    assert widened_interval(10, 20, 5, cap=22) == (5, 22) and widened_interval(10, 20, 15) == (0, 35)
+    lo, hi = widened_interval(np.float32([3, 30]), np.float32([8, 90]), 4.5, np.array([100.0, 60.0]))
+    assert lo.tolist() == [0.0, 25.5] and hi.tolist() == [12.5, 60.0] and lo.dtype == np.float32

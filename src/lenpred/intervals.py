@@ -7,6 +7,7 @@
   ``ceil((n + 1) * coverage) / n`` empirical quantile of ``E``, and ``[low - margin, high + margin]`` covers a new
   exchangeable sample with probability ``>= coverage``. A point predictor is the special case ``low = high``.
   Samples of one prompt are not exchangeable with each other; the coverage on test is reported, not assumed.
+* :func:`widened_interval`: the served interval, the one place the margin and the cap are applied.
 """
 
 from __future__ import annotations
@@ -73,6 +74,24 @@ def conformal_margin(low: np.ndarray, high: np.ndarray, y: np.ndarray, coverage:
                        "lower --coverage", n, 100 * coverage, need, 100 * n / (n + 1))
         k = n
     return float(np.sort(scores)[k - 1])
+
+
+def widened_interval(low, high, margin: float, cap=None):
+    """The served interval in tokens: ``[max(low - margin, 0), min(high + margin, cap)]`` (CQR's widening, Romano et
+    al. 2019, clipped to what the request can generate). Every predict path, the online interval and the traffic
+    replay call this one rule.
+
+    Args:
+        low, high: the head's quantiles, scalars or ``(n,)`` arrays (their dtype is kept).
+        margin: the conformal margin, tokens (fixed or online-adapted).
+        cap: the request's ``max_new_tokens``, scalar or ``(n,)``; ``None``: uncapped.
+
+    Returns:
+        ``(low, high)``: Python floats for scalar input, else arrays.
+    """
+    lo = np.maximum(np.asarray(low) - margin, 0.0)
+    hi = np.minimum(np.asarray(high) + margin, np.inf if cap is None else cap)
+    return (float(lo), float(hi)) if lo.ndim == 0 else (lo, hi)
 
 
 def interval_coverage(low: np.ndarray, high: np.ndarray, y: np.ndarray) -> float:

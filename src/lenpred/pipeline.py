@@ -25,7 +25,7 @@ import numpy as np
 from lenpred.backbone import load_backbone, recorded_model_name
 from lenpred.errors import LenpredError
 from lenpred.inputs.signals import signal_cache_path
-from lenpred.intervals import conformal_margin, distribution_quantiles, interval_coverage
+from lenpred.intervals import conformal_margin, distribution_quantiles, interval_coverage, widened_interval
 from lenpred.io import atomic_path
 from lenpred.prompts import TEMPLATE_RULE, check_fits, prepare_prompt, prompt_text
 from lenpred.online.refit import (TrafficRows, choose_finetune, finetune_head, fit_head, head_quantiles, rows_from_log,
@@ -455,7 +455,7 @@ class LengthPredictor:
             cap = np.inf if r.max_new_tokens is None else r.max_new_tokens
             out.append(LengthPrediction(
                 r.num_prompt_tokens, float(expected[i]), float(min(median[i], cap)),
-                float(max(low[i] - self.margin_, 0.0)), float(min(high[i] + self.margin_, cap)), self.coverage,
+                *widened_interval(low[i], high[i], self.margin_, cap), self.coverage,
                 r.max_new_tokens, None if probs is None else values[i].tolist(),
                 None if probs is None else probs[i].tolist()))
         return out
@@ -579,7 +579,7 @@ def _traffic_card(head, base: "LengthPredictor", test, margin: float, coverage: 
         return {}
     expected, low, high = head_quantiles(head, test.X, test.caps, coverage)
     base_expected = head_quantiles(base.predictor_.head_, test.X, test.caps, coverage)[0]
-    low, high = np.maximum(low - margin, 0), np.minimum(high + margin, test.caps)
+    low, high = widened_interval(low, high, margin, test.caps)
     err, base_err = np.abs(expected - test.y), np.abs(base_expected - test.y)
     mae, lo, hi = clustered_bootstrap(err, test.groups.astype(str))
     diff = clustered_bootstrap(err - base_err, test.groups.astype(str))

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from lenpred.errors import LenpredError
+from lenpred.intervals import widened_interval
 
 METHODS = ("aci", "rolling")
 
@@ -63,12 +64,6 @@ def conformal_quantile(sorted_scores: list[float] | np.ndarray, level: float) ->
 def aci_update(alpha_t: float, err_t: int | bool, alpha: float, gamma: float) -> float:
     """One ACI step (Gibbs & Candès 2021, eq. 2): ``alpha_t + gamma * (alpha - err_t)``."""
     return alpha_t + gamma * (alpha - float(err_t))
-
-
-def adapted_interval(low_raw: float, high_raw: float, margin: float, cap: float | None = None) -> tuple[float, float]:
-    """``[max(low_raw - margin, 0), min(high_raw + margin, cap)]`` in tokens (``cap`` ``None``: uncapped)."""
-    hi_bound = math.inf if cap is None else float(cap)
-    return max(low_raw - margin, 0.0), min(high_raw + margin, hi_bound)
 
 
 # ---------------------------------------------------------------------------------------------- state
@@ -150,8 +145,8 @@ class AdaptiveInterval:
 
     def interval(self, low_raw: float, high_raw: float, group: str | None = None,
                  cap: float | None = None) -> tuple[float, float]:
-        """The adapted ``(low, high)`` in tokens for a new request (:func:`adapted_interval` with :meth:`margin`)."""
-        return adapted_interval(low_raw, high_raw, self.margin(group), cap)
+        """The adapted ``(low, high)`` in tokens for a new request (:func:`lenpred.intervals.widened_interval` with :meth:`margin`)."""
+        return widened_interval(low_raw, high_raw, self.margin(group), cap)
 
     def update(self, low_raw: float, high_raw: float, num_output_tokens: float, group: str | None = None) -> bool:
         """Record a finished request: its score joins the pooled window and its group's; ACI levels step.

@@ -30,7 +30,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from lenpred.errors import LenpredError
-from lenpred.online.adaptive import AdaptiveInterval, adapted_interval
+from lenpred.intervals import widened_interval
+from lenpred.online.adaptive import AdaptiveInterval
 from lenpred.online.refit import head_quantiles
 from lenpred.online.traffic_log import TrafficLogWriter, TrafficRecord, predictor_metadata
 
@@ -109,7 +110,7 @@ class OnlineLearning:
         with self._lock:
             for i in range(n):
                 lo, hi = (self.adaptive.interval(low_raw[i], high_raw[i], group, max_new_tokens) if self.adaptive
-                          else adapted_interval(low_raw[i], high_raw[i], self.margin, max_new_tokens))
+                          else widened_interval(low_raw[i], high_raw[i], self.margin, max_new_tokens))
                 out.append(ServedPrediction(X[i], float(expected[i]), lo, hi, float(low_raw[i]), float(high_raw[i]),
                                             max_new_tokens, group, None if prompt_sha256 is None else prompt_sha256[i],
                                             None if num_prompt_tokens is None else num_prompt_tokens[i]))

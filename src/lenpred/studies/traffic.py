@@ -30,7 +30,8 @@ from lenpred.backbone import cache_dir
 from lenpred.errors import LenpredError
 from lenpred.io import atomic_path, write_json
 from lenpred.pipeline import LengthPredictor, bench_train_rows
-from lenpred.online.adaptive import AdaptiveConfig, adapted_interval, replay_intervals
+from lenpred.intervals import widened_interval
+from lenpred.online.adaptive import AdaptiveConfig, replay_intervals
 from lenpred.online.refit import TrafficRows, choose_finetune, finetune_head, fit_head, head_quantiles, rows_from_log
 from lenpred.online.traffic_log import (TrafficLogConfig, TrafficLogWriter, TrafficRecord, predictor_metadata,
                                         read_traffic_log)
@@ -236,9 +237,7 @@ def _serve_stream(s: dict, shipped, head, bench_rows, cfg: TrafficReplayConfig, 
     log, log_stats = _write_log(s, shipped, cfg, name)
     n = len(s["y"])
     earlier, later = later_part(s["prompt_id"], new_prompts_only=(name == "new-prompts"))
-    fixed = np.array([adapted_interval(lo, hi, shipped.margin_, cap) for lo, hi, cap in
-                      zip(s["low_raw"], s["high_raw"], s["caps"])])
-    intervals = {"fixed": (fixed[:, 0], fixed[:, 1])}
+    intervals = {"fixed": widened_interval(s["low_raw"], s["high_raw"], shipped.margin_, s["caps"])}
     for method in ("aci", "rolling"):
         for mondrian in (False, True):
             acfg = AdaptiveConfig(coverage=shipped.coverage, method=method, window=cfg.adaptive_window,
@@ -271,7 +270,7 @@ def _write_log(s: dict, shipped, cfg: TrafficReplayConfig, name: str):
     with TrafficLogWriter(TrafficLogConfig(directory, max_records_per_part=512,
                                            metadata=predictor_metadata(shipped))) as w:
         for i in range(n):
-            low, high = max(s["low_raw"][i] - shipped.margin_, 0), min(s["high_raw"][i] + shipped.margin_, s["caps"][i])
+            low, high = widened_interval(s["low_raw"][i], s["high_raw"][i], shipped.margin_, s["caps"][i])
             w.record(TrafficRecord(
                 features=s["X"][i], expected=s["expected"][i], low=low, high=high, num_output_tokens=int(s["y"][i]),
                 finish_reason="length" if s["censored"][i] else "stop", max_new_tokens=int(s["caps"][i]),
