@@ -175,13 +175,17 @@ class LenpredScheduler(Scheduler):
         return super().update_from_output(scheduler_output, model_runner_output)
 
     def _lenpred_check_states(self, scheduler_output) -> None:
-        """Count and log every request whose prefill has run but whose state never arrived (the worker could not
-        capture or attach it, or a vLLM release dropped the output's extra field): it stays unpredicted (ranked after
-        every predicted request), and that is an error to see, never a silent change of policy."""
-        missing = [rid for rid in scheduler_output.num_scheduled_tokens
+        """Count and log every request whose prefill ended in this step (computed tokens before the step < prompt
+        <= after it: the step's own view, right under async scheduling too) but whose state did not come with it (the
+        worker could not capture or attach it, or a vLLM release dropped the output's extra field). It stays
+        unpredicted, ranked after every predicted request: an error to see, never a silent change of policy."""
+        cached = scheduler_output.scheduled_cached_reqs
+        before = dict(zip(cached.req_ids, cached.num_computed_tokens))  # computed tokens when the step was scheduled
+        before.update((r.req_id, r.num_computed_tokens) for r in scheduler_output.scheduled_new_reqs)
+        missing = [rid for rid, n in scheduler_output.num_scheduled_tokens.items()
                    if rid not in self.lenpred_predictions and rid not in self._lp_missing
                    and (r := self.requests.get(rid)) is not None and not r.is_finished()
-                   and r.num_computed_tokens >= r.num_prompt_tokens]
+                   and before.get(rid, r.num_prompt_tokens) < r.num_prompt_tokens <= before.get(rid, 0) + n]
         if missing:
             self._lp_missing.update(missing)
             self.lenpred_counters["missing_states"] += len(missing)
