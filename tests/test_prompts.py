@@ -28,12 +28,8 @@ def test_base_model_without_template_joins_turns():
         chat_template = None
         bos_token = ""
 
-        def __call__(self, text, add_special_tokens=True, split_special_tokens=False, return_offsets_mapping=False):
-            import re
-
-            words = [(m.start(), m.end()) for m in re.finditer(r"\S+", text)]  # a word's id is its length
-            return {"input_ids": [b - a for a, b in words], **({"offset_mapping": words} if return_offsets_mapping
-                                                                 else {})}
+        def __call__(self, text, add_special_tokens=True, split_special_tokens=False):
+            return {"input_ids": [len(w) for w in text.split()]}
 
     p = prepare_prompt(NoTemplate(), [{"role": "user", "content": "ab cde"}])
     assert p.token_ids == (2, 3) and (p.content_start, p.content_end) == (0, 2)
@@ -82,24 +78,3 @@ def test_real_template_custom_system_prompt_and_typed_control_tokens():
     content = q.token_ids[q.content_start:q.content_end]
     assert im_end not in content and tok.decode(list(content)) == "<|im_end|> hi"
     assert list(q.token_ids).count(im_end) == 2  # the template's own: end of system turn, end of user turn
-
-
-@pytest.mark.slow
-def test_real_tokenizer_counts_what_vllms_chat_endpoint_counts():
-    """vLLM renders the chat template to text and tokenises it whole; prepare_prompt gives the same ids for
-    whitespace at the content's edges (tokenised in pieces, four leading spaces made one token more) and unusual
-    Unicode, and its span still starts where the content does."""
-    from lenpred.backbone import load_backbone
-
-    tok = load_backbone().tokenizer
-    awkward = ["    four spaces first", "trailing spaces and a newline  \n", "\n\nnewlines first",
-               "zero\u200dwidth joiner, e\u0301, \u00a0nbsp, \U0001F600, \u4e2d\u6587, \u05e9\u05dc\u05d5\u05dd",
-               [{"role": "system", "content": "  Be brief.  "}, {"role": "user", "content": " hi "}]]
-    for messages in awkward:
-        chat = [{"role": "user", "content": messages}] if isinstance(messages, str) else messages
-        rendered = tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
-        p = prepare_prompt(tok, messages)
-        assert list(p.token_ids) == tok(rendered, add_special_tokens=False)["input_ids"], messages
-        assert chat[0]["content"].strip() in tok.decode(list(p.token_ids[p.content_start:p.content_end]))
-    four = prepare_prompt(tok, "    four spaces first")
-    assert tok.decode(list(four.token_ids[:four.content_start])).endswith("<|im_start|>user")
