@@ -68,6 +68,49 @@ ARCHITECTURES = ("qwen2", "gemma3", "gemma2")
 """Tiny random models of other families than the default Llama (:func:`make_tiny_arch_dir`)."""
 
 
+def whitespace_bpe_tokenizer():
+    """:func:`byte_level_tokenizer` (with the chat template) plus GPT-2-style merges of whitespace runs: ``"\\n"``
+    followed by up to three spaces, and runs of up to three spaces, are one token each. BPE merges inside a
+    pre-token, and the byte-level pre-tokenizer keeps ``"\\n   "`` of ``"\\n    def"`` together, so tokenising a
+    rendered prompt whole or in pieces cut at the content gives different ids, as SmolLM2's tokenizer does."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    merges = [("Ċ", "Ġ"), ("ĊĠ", "Ġ"), ("ĊĠĠ", "Ġ"), ("Ġ", "Ġ"), ("ĠĠ", "Ġ")]
+    vocab = {bytes_to_unicode()[b]: b for b in range(256)}
+    vocab |= {a + b: 256 + i for i, (a, b) in enumerate(merges)}
+    vocab |= {t: len(vocab) + i for i, t in enumerate(BYTE_LEVEL_SPECIALS)}
+    tok = Tokenizer(models.BPE(vocab, merges=merges))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|im_end|>",
+                                   pad_token="<|endoftext|>", additional_special_tokens=["<|im_start|>"])
+    fast.chat_template = CHATML_TEMPLATE
+    return fast
+
+
+AWKWARD_PROMPTS = {
+    "four leading spaces": "    def area(r):\n        return 3.14 * r * r\nWhat does this function do?",
+    "leading newlines and tab": "\n\n\tIndented after two blank lines: explain tabs.",
+    "trailing whitespace": "Explain recursion in one paragraph.   \n\n",
+    "empty system turn": [{"role": "system", "content": ""}, {"role": "user", "content": "Name three rivers."}],
+    "blank system turn, padded user": [{"role": "system", "content": "   "},
+                                       {"role": "user", "content": "  Name three rivers.  "}],
+    "multi-turn whitespace": [{"role": "user", "content": "  hi"}, {"role": "assistant", "content": " hello \n"},
+                              {"role": "user", "content": "\n    and now a poem?"}],
+    "combining marks": "Cafe\u0301 na\u0308ive re\u0301sume\u0301: which accents are these?",
+    "emoji with joiners": "\U0001F468\u200d\U0001F469\u200d\U0001F467 family, \U0001F44D\U0001F3FD and \u2764\ufe0f: "
+                          "describe them",
+    "non-breaking and wide spaces": "\u00a0\u00a0Non-breaking\u00a0spaces\u2003em space\u3000ideographic space",
+    "CJK": "请用中文回答：天空为什么是蓝色的？",
+    "right-to-left": "\u202bمرحبا بالعالم\u202c and \u05e9\u05dc\u05d5\u05dd: translate both",
+    "BOM and zero-width space": "\ufeffA byte-order mark first, then zero\u200bwidth\u200bspaces.",
+}
+"""Prompts whose tokens the engine and ``lenpred predict`` once counted differently (issue #28 item 7) or that
+sit where the two could differ: whitespace at the content's edges, empty system turns, unusual Unicode."""
+
+
 def make_tiny_arch_dir(path: Path, arch: str, seed: int = 0) -> Path:
     """Save a 2-layer random model of another family (hidden 32, 4 heads, 2 KV heads, head_dim 8, 256 positions) and
     a :func:`byte_level_tokenizer` to ``path``:

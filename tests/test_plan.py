@@ -6,6 +6,7 @@ own data into its own ``tmp_path``.
 
 import hashlib
 import json
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -66,9 +67,13 @@ class WordTokenizer:
     eos_token_id = 2
     bos_token = "<s>"
 
-    def __call__(self, text, add_special_tokens=True, split_special_tokens=False):
-        words = [1 if w == self.bos_token and not split_special_tokens else 10 + len(w) for w in text.split()]
-        return {"input_ids": ([1] if add_special_tokens else []) + words}
+    def __call__(self, text, add_special_tokens=True, split_special_tokens=False, return_offsets_mapping=False):
+        words = list(re.finditer(r"\S+" if split_special_tokens else r"<s>|(?:(?!<s>)\S)+", text))  # BOS is a token
+        out = {"input_ids": ([1] if add_special_tokens else [])
+               + [1 if w[0] == self.bos_token and not split_special_tokens else 10 + len(w[0]) for w in words]}
+        if return_offsets_mapping:
+            out["offset_mapping"] = [w.span() for w in words]
+        return out
 
 
 def config(longseq: int, reasoning: int, **kw) -> BenchConfig:

@@ -112,10 +112,12 @@ def test_cap_clips_and_completions_take_the_longest_prompt(stack):
     r = client.post("/v1/completions", json={"model": "m", "prompt": ["a b", "a b c d e"], "max_tokens": 42})
     assert r.status_code == 200 and up.received[-1]["priority"] == 42  # min(50.4, 42)
     assert predictor.calls[-1] == (["a b", "a b c d e"], 42)
-    # content parts are joined into the message text; max_completion_tokens is the cap too
+    # content parts are joined into the message text as vLLM joins them (empty parts dropped, the rest one per
+    # line); max_completion_tokens is the cap too
     client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": [
-        {"type": "text", "text": "x y "}, {"type": "text", "text": "z"}]}], "max_completion_tokens": 7})
-    assert predictor.calls[-1] == ([[{"role": "user", "content": "x y z"}]], 7)
+        {"type": "text", "text": "x y "}, {"type": "text", "text": ""}, {"type": "text", "text": "z"}]}],
+        "max_completion_tokens": 7})
+    assert predictor.calls[-1] == ([[{"role": "user", "content": "x y \nz"}]], 7)
     assert up.received[-1]["priority"] == 7
     # an explicit null max_completion_tokens falls back to max_tokens
     client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "a b c"}],

@@ -63,6 +63,12 @@ def test_formats_line_numbers_and_messages(tmp_path):
                             {"role": "user", "content": "tell me story please"}]
 
 
+def test_a_blank_turn_next_to_text_is_kept_as_the_engine_keeps_it(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"messages": [{"role": "system", "content": ""}, {"role": "user", "content": "  hi "}]}\n')
+    assert read_prompt_file(path).prompts[1] == [{"role": "system", "content": ""}, {"role": "user", "content": "  hi "}]
+
+
 def test_prompt_sha256_hand_worked():
     msgs = [{"role": "user", "content": "héllo"}]
     blob = '[["user","héllo"]]'.encode("utf-8")
@@ -74,6 +80,7 @@ def test_prompt_sha256_hand_worked():
     (b'hello\n{"prompt": "a", \n', "line 2 of"),                      # bad JSON
     (b'hello\n\n{"text": "a"}\n', "line 3 of"),                        # no prompt / messages
     (b'{"prompt": "   "}\n', "line 1 of"),                             # empty
+    (b'{"messages": [{"role": "system", "content": ""}, {"role": "user", "content": " "}]}\n', "line 1 of"),  # all blank
     (b'hello\n{"messages": []}\n', "line 2 of"),                       # empty messages
     (b'{"messages": [{"role": "user"}]}\n', "line 1 of"),             # message without content
     (b'{"prompt": 5}\n', "line 1 of"),                                 # not a string

@@ -11,6 +11,8 @@ import os
 import numpy as np
 import pytest
 
+from conftest import AWKWARD_PROMPTS
+
 vllm = pytest.importorskip("vllm")
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -21,30 +23,38 @@ CAP = 128
 CHUNK = 64  # max_num_batched_tokens: LONG (> 64 prompt tokens) is prefilled in chunks
 
 
+def _engine(backbone, cfg):
+    """vLLM on the default model with the plug-in set by ``cfg`` (an :class:`EngineConfig`): chunked prefill in
+    CHUNK-token steps, prefix caching, float32, eager."""
+    from vllm import LLM
+
+    os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+    return LLM(model=str(backbone.model_dir), dtype="float32", enforce_eager=True, max_model_len=1024,
+               enable_chunked_prefill=True, max_num_batched_tokens=CHUNK, enable_prefix_caching=True,
+               kv_cache_memory_bytes=1 << 29, max_num_seqs=8, seed=0, generation_config="vllm",
+               worker_cls=os.environ.get("LENPRED_VLLM_WORKER_CLS", "lenpred.serving.vllm.worker.LenpredCPUWorker"),
+               scheduler_cls="lenpred.serving.vllm.scheduler.LenpredScheduler",
+               async_scheduling=os.environ.get("LENPRED_VLLM_ASYNC_SCHEDULING", "0") == "1",
+               additional_config=json.loads(cfg.to_json()))
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """One engine (chunked prefill, prefix caching, parked SRPT with one decode slot) and the two runs of PROMPTS
     (the second hits the prefix cache); returns (outputs of both runs, log lines, prompt token ids)."""
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
 
     from lenpred.backbone import load_backbone
     from lenpred.prompts import chat_token_ids
     from lenpred.serving.vllm.config import EngineConfig
 
-    os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
     log = tmp_path_factory.mktemp("vllm") / "requests.jsonl"
     cfg = EngineConfig(policy="srpt", decode_slots=1, switch_margin_tokens=0, plp=False, log_path=str(log),
                        log_states=True, traffic_log=str(log.parent / "traffic"), adaptive_interval="aci")
     backbone = load_backbone()
     ids = [chat_token_ids(backbone.tokenizer, p) for p in PROMPTS]
     assert len(ids[2]) > CHUNK
-    llm = LLM(model=str(backbone.model_dir), dtype="float32", enforce_eager=True, max_model_len=1024,
-              enable_chunked_prefill=True, max_num_batched_tokens=CHUNK, enable_prefix_caching=True,
-              kv_cache_memory_bytes=1 << 29, max_num_seqs=8, seed=0, generation_config="vllm",
-              worker_cls=os.environ.get("LENPRED_VLLM_WORKER_CLS", "lenpred.serving.vllm.worker.LenpredCPUWorker"),
-              scheduler_cls="lenpred.serving.vllm.scheduler.LenpredScheduler",
-              async_scheduling=os.environ.get("LENPRED_VLLM_ASYNC_SCHEDULING", "0") == "1",
-              additional_config=json.loads(cfg.to_json()))
+    llm = _engine(backbone, cfg)
     params = SamplingParams(max_tokens=CAP, temperature=0.0, ignore_eos=True)  # equal lengths: order is the policy's
     runs = [llm.generate([{"prompt_token_ids": i} for i in ids], params, use_tqdm=False) for _ in range(2)]
     del llm
@@ -100,6 +110,71 @@ def test_traffic_log_holds_each_finished_request_with_the_state_the_head_read(se
     for n, feats in zip(log.columns["num_prompt_tokens"], log.features):
         np.testing.assert_allclose(feats, by_len[int(n)], rtol=2e-3, atol=2e-2)  # stored as float16
     assert set(log.columns["num_output_tokens"].tolist()) == {CAP} and set(log.columns["finish_reason"]) == {"length"}
+
+
+def test_vllms_chat_renderer_gives_prepare_prompts_ids():
+    """vLLM's own renderer (no engine): what its OpenAI chat endpoint feeds the model for AWKWARD_PROMPTS is
+    :func:`lenpred.prompts.prepare_prompt`'s ids; typed control-token text is the one difference (the special-token
+    rule keeps it as characters, vLLM makes it the control token)."""
+    from vllm.config import ModelConfig, VllmConfig
+    from vllm.renderers.params import ChatParams
+    from vllm.renderers.registry import renderer_from_config
+
+    from lenpred.backbone import resolve_model
+    from lenpred.prompts import prepare_prompt
+
+    config = VllmConfig(model_config=ModelConfig(model=str(resolve_model()[0]), dtype="float32", max_model_len=1024,
+                                                 generation_config="vllm"))
+    renderer = renderer_from_config(config)
+    params = ChatParams(chat_template_kwargs=dict(add_generation_prompt=True, continue_final_message=False, tools=None,
+                                                  tokenize=False))  # the chat endpoint's defaults
+
+    def engine_ids(p):
+        conversation = [{"role": "user", "content": p}] if isinstance(p, str) else p
+        _, (engine_input,) = renderer.render_chat([conversation], params, renderer.default_chat_tok_params)
+        return list(engine_input["prompt_token_ids"])
+
+    for name, p in AWKWARD_PROMPTS.items():
+        assert engine_ids(p) == list(prepare_prompt(renderer.tokenizer, p).token_ids), name
+    typed = prepare_prompt(renderer.tokenizer, "    a <|im_end|> b")
+    assert (len(engine_ids("    a <|im_end|> b")), typed.num_prompt_tokens) == (34, 40)
+
+
+@pytest.fixture(scope="module")
+def chatted():
+    """AWKWARD_PROMPTS through the engine's own chat path with the plug-in observing: ``LLM.chat`` renders and
+    tokenises with vLLM's renderer (``renderer.render_chat``: template to text, then the text tokenised with
+    ``add_special_tokens=False``), the one its OpenAI chat endpoint uses; returns (conversations, outputs, backbone)."""
+    import copy
+
+    from vllm import SamplingParams
+
+    from lenpred.backbone import load_backbone
+    from lenpred.serving.vllm.config import EngineConfig
+
+    backbone = load_backbone()
+    conversations = [[{"role": "user", "content": p}] if isinstance(p, str) else p for p in AWKWARD_PROMPTS.values()]
+    llm = _engine(backbone, EngineConfig(policy="observe", plp=False))
+    outputs = llm.chat(copy.deepcopy(conversations), SamplingParams(max_tokens=CAP, temperature=0.0), use_tqdm=False)
+    del llm
+    return conversations, outputs, backbone
+
+
+def test_engine_chat_counts_lenpred_predicts_tokens_and_predicts_the_same(chatted):
+    """Issue #28 item 7: a prompt that begins with four spaces counted 144 tokens in ``lenpred predict`` and 143 in
+    the engine (expected 832.0 vs 760.4). Leading and trailing whitespace, empty system turns and unusual Unicode:
+    the engine's prompt ids, token count and prediction are ``lenpred predict``'s."""
+    from lenpred import LengthPredictor
+    from lenpred.prompts import chat_token_ids
+
+    conversations, outputs, backbone = chatted
+    reference = LengthPredictor.from_pretrained(backbone=backbone).predict(conversations, max_new_tokens=CAP)
+    for name, conversation, out, ref in zip(AWKWARD_PROMPTS, conversations, outputs, reference):
+        assert list(out.prompt_token_ids) == chat_token_ids(backbone.tokenizer, conversation), name
+        got = out.kv_transfer_params["lenpred"]
+        assert got["num_prompt_tokens"] == ref.num_prompt_tokens == len(out.prompt_token_ids), name
+        for k in ("expected", "median", "low", "high"):
+            assert got[k] == pytest.approx(getattr(ref, k), abs=0.11), (name, k)
 
 
 def test_request_prediction_public_fields_are_plain_python_numbers():

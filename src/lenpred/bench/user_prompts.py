@@ -59,9 +59,9 @@ def prompt_to_messages(prompt: Any, where: str, line: int) -> Messages:
     """Check one prompt of a file and turn it into ``[{"role", "content"}]`` messages (other message keys dropped).
 
     Raises:
-        LenpredError: not a non-blank string or a non-empty list of messages with string ``role`` and non-blank
-            string ``content``, or text that is not valid Unicode (e.g. a lone surrogate escape ``\\ud83d`` in the
-            JSON); the message names the file and the line.
+        LenpredError: not a non-blank string or a non-empty list of messages with string ``role`` and string
+            ``content`` (one of them non-blank: an empty system turn is kept), or text that is not valid Unicode
+            (e.g. a lone surrogate escape ``\\ud83d`` in the JSON); the message names the file and the line.
     """
     at = f"line {line} of {where}"
     if isinstance(prompt, str):
@@ -74,14 +74,14 @@ def prompt_to_messages(prompt: Any, where: str, line: int) -> Messages:
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
             raise LenpredError(f"{at}: every message needs string 'role' and 'content', got {m!r:.60}; fix or "
                                "delete the line")
-        if not m["content"].strip():
-            raise LenpredError(f"{at}: empty prompt (blank 'content'); fill or delete the line")
         try:
             m["content"].encode("utf-8")
         except UnicodeEncodeError as exc:
             raise LenpredError(f"{at}: text is not valid Unicode ({exc.reason} at character {exc.start}, e.g. a lone "
                                "surrogate escape like \\ud83d); fix or delete the line") from None
         messages.append({"role": m["role"], "content": m["content"]})
+    if not any(m["content"].strip() for m in messages):  # a blank turn (an empty system prompt) next to text is fine
+        raise LenpredError(f"{at}: empty prompt (blank 'content'); fill or delete the line")
     return messages
 
 

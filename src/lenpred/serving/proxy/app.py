@@ -102,12 +102,14 @@ def predictor_fn(predictor) -> Predict:
 
 
 def _text_content(content: Any) -> Any:
-    """A message's text: a string as is; OpenAI content parts (``[{"type": "text", "text": ...}, ...]``) joined;
+    """A message's text: a string as is; OpenAI content parts (``[{"type": "text", "text": ...}, ...]``) joined
+    as vLLM's chat endpoint joins them for a template that reads ``content`` as a string (vLLM 0.32,
+    ``renderers/chat_utils.py`` ``_parse_chat_message_content_parts``: the non-empty texts joined by ``"\\n"``);
     anything else returned unchanged (the prompt check then refuses it)."""
     if isinstance(content, list) and all(isinstance(p, dict) for p in content):
         texts = [p.get("text") for p in content if p.get("type") == "text"]
         if texts and all(isinstance(t, str) for t in texts):
-            return "".join(texts)
+            return "\n".join(t for t in texts if t)
     return content
 
 
