@@ -94,6 +94,8 @@ def test_engine_config_refuses_unknown_keys_and_values():
         EngineConfig(plp="no")
     with pytest.raises(LenpredError, match="adaptive_interval 'ewma' is unknown; valid: None, aci, rolling"):
         EngineConfig(adaptive_interval="ewma")
+    with pytest.raises(LenpredError, match="on_missing_state 'drop' is unknown; valid: unpredicted, refuse"):
+        EngineConfig(on_missing_state="drop")
     assert EngineConfig.from_vllm(SimpleNamespace(additional_config={"lenpred": ok.to_json()[12:-1]})) == ok
 
 
