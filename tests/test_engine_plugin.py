@@ -88,6 +88,11 @@ def test_scheduled_requests_reads_new_and_cached_requests():
     got = scheduled_requests(out, lengths)
     assert got == [ScheduledRequest("a", 0, 3, 3), ScheduledRequest("b", 7, 1, 5), ScheduledRequest("a", 3, 3, 3)]
     assert lengths == {"a": 3, "b": 5}  # finished requests forgotten
+    resubmitted = SimpleNamespace(  # "b" aborted and resubmitted with another prompt between two steps
+        scheduled_new_reqs=[SimpleNamespace(req_id="b", prompt_token_ids=[1, 2], num_computed_tokens=0)],
+        scheduled_cached_reqs=SimpleNamespace(req_ids=[], num_computed_tokens=[]),
+        num_scheduled_tokens={"b": 2}, finished_req_ids={"b"})
+    assert scheduled_requests(resubmitted, lengths) == [ScheduledRequest("b", 0, 2, 2)] and lengths["b"] == 2
 
 
 def test_engine_config_refuses_unknown_keys_and_values():
@@ -107,6 +112,8 @@ def test_engine_config_refuses_unknown_keys_and_values():
         EngineConfig(plp="no")
     with pytest.raises(LenpredError, match="adaptive_interval 'ewma' is unknown; valid: None, aci, rolling"):
         EngineConfig(adaptive_interval="ewma")
+    with pytest.raises(LenpredError, match="on_missing_state 'drop' is unknown; valid: unpredicted, refuse"):
+        EngineConfig(on_missing_state="drop")
     assert EngineConfig.from_vllm(SimpleNamespace(additional_config={"lenpred": ok.to_json()[12:-1]})) == ok
 
 

@@ -1,193 +1,331 @@
-"""The plug-in's scheduler against the *installed* vLLM, without a model or an engine: ``LenpredScheduler`` driven
-through schedule -> update_from_output -> finish / abort with fake model-runner outputs, so that a vLLM release that
-moves what it overrides (``schedule``, ``update_from_output``, ``_free_request`` and its tuple return,
-``add_request``, ``running``, ``max_num_active_reqs``, the block pool, ``_preempt_request``) fails here in seconds.
-
-Each case ends with the KV pool back at its start and every side table empty. Runs in ``.venv-vllm`` (``pytest -m
-vllm``); needs the converted default model's config and tokenizer (no weights are read)."""
-
-import os
+"""The plug-in's scheduler against the *installed* vLLM's internals it overrides (``schedule``,
+``update_from_output``, ``_free_request``'s ``(kv, ec)`` return, ``add_request``, ``running``, ``max_num_active_reqs``,
+``kv_cache_manager.block_pool``, ``_preempt_request``, ``AsyncScheduler``) and the ``SchedulerOutput`` fields the
+worker reads: schedule -> update_from_output
+-> finish / abort with fake ``ModelRunnerOutput``s, no weights, no engine, seconds; so that a vLLM bump that moves
+them fails here, not in a benchmark. End to end with the model: ``test_vllm_plugin.py`` (slow)."""
 
 import numpy as np
 import pytest
 
-vllm = pytest.importorskip("vllm")
-pytestmark = pytest.mark.vllm
+pytest.importorskip("vllm")
+import torch  # noqa: E402 - after the skip: these need vLLM
+from vllm import SamplingParams  # noqa: E402
+from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig  # noqa: E402
+from vllm.utils.hashing import sha256  # noqa: E402
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec  # noqa: E402
+from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
+from vllm.v1.request import FinishReason, Request, RequestStatus  # noqa: E402
+from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
-BLOCK = 16
+from lenpred.serving.vllm.capture import capture_plan, scheduled_requests  # noqa: E402
+from lenpred.serving.vllm.scheduler import LenpredScheduler  # noqa: E402
+from lenpred.serving.vllm.worker import STATES_ATTR  # noqa: E402
+
+pytestmark = [pytest.mark.vllm]
+
+BLOCK, NUM_BLOCKS, CHUNK = 16, 64, 64  # a small KV pool; prompts longer than CHUNK tokens are prefilled in chunks
+FILL, STOP = 11, 13  # the token every fake step samples, and the requests' stop token
 
 
-def make_scheduler(num_blocks=64, async_scheduling=False, **lenpred):
-    """A ``LenpredScheduler`` over a fake KV pool of ``num_blocks`` blocks of 16 tokens; ``lenpred``: EngineConfig
-    settings (default: parked SJF by the request's ``priority``, one decode slot)."""
-    import torch
-    from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-    from vllm.v1.structured_output import StructuredOutputManager
-
+@pytest.fixture(scope="module")
+def model_dir():
+    """The converted default model directory (its config.json is what check_served_model compares the head with)."""
     from lenpred.backbone import resolve_model
-    from lenpred.serving.vllm.scheduler import LenpredScheduler
 
-    os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
-    settings = {"policy": "sjf", "decode_slots": 1, "rank_by": "priority", "max_idle_s": None, **lenpred}
-    vc = VllmConfig(model_config=ModelConfig(model=str(resolve_model()[0]), dtype="float32", enforce_eager=True,
-                                             max_model_len=512, seed=0),
-                    scheduler_config=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=512, max_model_len=512,
-                                                     enable_chunked_prefill=False, is_encoder_decoder=False,
-                                                     async_scheduling=async_scheduling),
-                    cache_config=CacheConfig(block_size=BLOCK, cache_dtype="auto", enable_prefix_caching=False),
-                    additional_config={"lenpred": settings})
-    vc.cache_config.num_gpu_blocks = num_blocks
-    vc.scheduler_config.async_scheduling = async_scheduling  # vllm-cpu's platform hook forces it off; GPUs keep it
-    kv = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(
-        ["layer"], FullAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=1, dtype=torch.float32))])
-    return LenpredScheduler(vllm_config=vc, kv_cache_config=kv, structured_output_manager=StructuredOutputManager(vc),
-                            block_size=BLOCK, log_stats=True)
+    return resolve_model()[0]
 
 
-def add(s, rid, priority, prompt_tokens=20, max_tokens=4):
-    from vllm.sampling_params import SamplingParams
-    from vllm.v1.request import Request
-
-    s.add_request(Request(rid, list(range(1, prompt_tokens + 1)), SamplingParams(max_tokens=max_tokens,
-                                                                                 ignore_eos=True), None,
-                          priority=priority))
-
-
-def step(s, with_states=True, drop=()):
-    """One engine step: schedule, then a fake output (token 7 for every scheduled request; the worker's states for
-    the requests whose prefill ran, unless ``with_states`` is off). Returns (scheduled ids, finished outputs)."""
-    from vllm.v1.outputs import ModelRunnerOutput
-
-    from lenpred.serving.vllm.worker import STATES_ATTR
-
-    out = s.schedule()
-    ids = [rid for rid in out.num_scheduled_tokens if rid not in drop]
-    mro = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-                            sampled_token_ids=[[7] for _ in ids])
-    prefilled = [r.req_id for r in out.scheduled_new_reqs] + sorted(out.scheduled_cached_reqs.resumed_req_ids)
-    if with_states:
-        layer, width = s.lenpred_predictor.engine_layer, len(s.lenpred_predictor.predictor_.head_.mean_)
-        rng = np.random.default_rng(len(s.lenpred_counters) + s.lenpred_counters["steps"])
-        setattr(mro, STATES_ATTR, {rid: {"step": 0, "states": {layer: rng.normal(0, 1, width).astype(np.float32)}}
-                                   for rid in prefilled if rid in ids})
-    engine_outputs = s.update_from_output(out, mro)
-    finished = [o for outs in engine_outputs.values() for o in outs.outputs if o.finish_reason is not None]
-    return list(out.num_scheduled_tokens), finished
+def make_scheduler(model_dir, prefix_caching: bool = False, async_scheduling: bool = False,
+                   num_blocks: int = NUM_BLOCKS, **lenpred):
+    """A ``LenpredScheduler`` (the shipped head, ``lenpred`` as its settings) on the local model directory's config
+    (no weights loaded): ``num_blocks`` KV blocks of ``BLOCK`` tokens, chunks of ``CHUNK`` tokens, 8 sequences;
+    returns it, a :class:`FakeWorker` for it and its free blocks. ``async_scheduling`` is set after the config is
+    built (vllm-cpu's platform hook forces it off; GPU builds keep it on)."""
+    model = ModelConfig(model=str(model_dir), dtype="float32", skip_tokenizer_init=True, max_model_len=512,
+                        enforce_eager=True)
+    cache = CacheConfig(block_size=BLOCK, enable_prefix_caching=prefix_caching)
+    cache.num_gpu_blocks = num_blocks
+    sched = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=CHUNK, max_model_len=512,
+                            enable_chunked_prefill=True, is_encoder_decoder=False)
+    config = VllmConfig(model_config=model, cache_config=cache, scheduler_config=sched,
+                        additional_config={"lenpred": lenpred})
+    config.scheduler_config.async_scheduling = async_scheduling
+    spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=1, dtype=torch.float32)
+    kv = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])
+    s = LenpredScheduler(vllm_config=config, kv_cache_config=kv, block_size=BLOCK,
+                         structured_output_manager=StructuredOutputManager(config))
+    return s, FakeWorker(s), free_blocks(s)
 
 
-def assert_clean(s, free_at_start):
-    assert s.kv_cache_manager.block_pool.get_num_free_blocks() == free_at_start
-    assert not s.requests and not s.running and not len(s.waiting)
-    assert not s.lenpred_predictions and not s._lp_decoding and not s._lp_last_decode
-    assert not s._lp_client_priority and not s._lp_missing
+def request(rid: str, prompt_len: int = 20, max_tokens: int = 300, priority: int = 0, first: int = 100,
+            hashed: bool = False):
+    """A vLLM ``Request`` of ``prompt_len`` token ids from ``first`` on that stops at ``STOP`` or ``max_tokens``
+    (``hashed``: with the block hasher prefix caching needs)."""
+    if hashed:
+        init_none_hash(sha256)
+    return Request(rid, list(range(first, first + prompt_len)), SamplingParams(max_tokens=max_tokens,
+                   stop_token_ids=[STOP]), None, priority=priority,
+                   block_hasher=get_request_block_hasher(BLOCK, sha256) if hashed else None)
 
 
-def run_to_end(s, max_steps=200):
-    order = []
-    for _ in range(max_steps):
-        if not s.requests:
-            return order
-        order += [o.request_id for o in step(s)[1]]
-    raise AssertionError(f"not finished after {max_steps} steps: {list(s.requests)}")
+class FakeWorker:
+    """The model runner and ``LenpredCPUWorker`` in one: samples ``FILL`` (or ``tokens[id]``) for each request whose
+    prompt is done; under ``STATES_ATTR``, a state for each one whose prefill ends, placed by the worker's own
+    ``scheduled_requests`` and ``capture_plan``: a function of the prompt around the head's feature mean and spread
+    (equal prompts, equal states; others, other predictions). ``sent``: the last state per request."""
+
+    def __init__(self, scheduler):
+        head = scheduler.lenpred_predictor.predictor_.head_
+        self.mean, self.std, self.layer = head.mean_, head.std_, scheduler.lenpred_predictor.engine_layer
+        self.prompts, self.prompt_lengths, self.sent = {}, {}, {}
+
+    def run(self, scheduler_output, tokens: dict | None = None, lose_states: tuple = ()):
+        """One step's ``ModelRunnerOutput``; the states of ``lose_states`` are not attached."""
+        so, cached = scheduler_output, scheduler_output.scheduled_cached_reqs
+        for rid in so.finished_req_ids:  # vLLM's model runner: finished ids go first (an id can be reused at once)
+            self.prompts.pop(rid, None)
+        self.prompts.update({new.req_id: new.prompt_token_ids for new in so.scheduled_new_reqs})
+        computed = {new.req_id: new.num_computed_tokens for new in so.scheduled_new_reqs}
+        computed.update(zip(cached.req_ids, cached.num_computed_tokens))
+        ids = list(so.num_scheduled_tokens)
+        done = [computed[rid] + so.num_scheduled_tokens[rid] >= len(self.prompts[rid]) for rid in ids]
+        sampled = [[(tokens or {}).get(rid, FILL)] if d else [] for rid, d in zip(ids, done)]  # none mid-prefill
+        out = ModelRunnerOutput(req_ids=ids, req_id_to_index={rid: k for k, rid in enumerate(ids)},
+                                sampled_token_ids=sampled)
+        scheduled = scheduled_requests(so, self.prompt_lengths)  # the worker's own reading, for its capture plan
+        states = {}
+        for target in capture_plan(scheduled):
+            if target.request_id not in lose_states:
+                noise = np.random.default_rng(self.prompts[target.request_id]).standard_normal(len(self.mean))
+                self.sent[target.request_id] = state = (self.mean + self.std * noise).astype(np.float32)
+                states[target.request_id] = {"step": target.step, "states": {self.layer: state}}
+        if states:
+            setattr(out, STATES_ATTR, states)
+        return out
 
 
-@pytest.mark.parametrize("async_scheduling", [False, True])
-def test_parked_sjf_decodes_the_shortest_first_and_frees_everything(async_scheduling):
+def step(scheduler, worker, **kwargs):
+    """schedule -> fake execution -> update_from_output: ``(SchedulerOutput, {request id: its final
+    EngineCoreOutput})``; a finished request's ``kv_transfer_params`` is what ``_free_request``'s ``(kv, ec)`` tuple
+    gave vLLM."""
+    so = scheduler.schedule()
+    engine_outputs = scheduler.update_from_output(so, worker.run(so, **kwargs))
+    return so, {o.request_id: o for eco in engine_outputs.values() for o in eco.outputs if o.finish_reason is not None}
+
+
+def drain(scheduler, worker) -> dict:
+    """Step until every request has finished: their final EngineCoreOutputs by request id."""
+    done = {}
+    while scheduler.requests:
+        done.update(step(scheduler, worker)[1])
+    return done
+
+
+def free_blocks(scheduler) -> int:
+    """The KV pool's free blocks."""
+    return scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
+
+
+def assert_clean(scheduler, free_at_start: int) -> None:
+    """Every KV block is back in the pool and no table, lenpred's or vLLM's, still holds a request."""
+    assert free_blocks(scheduler) == free_at_start
+    for table in ("lenpred_predictions", "_lp_decoding", "_lp_last_decode", "_lp_client_priority", "requests"):
+        assert not getattr(scheduler, table), table
+    assert (len(scheduler.running), len(scheduler.waiting)) == (0, 0)
+
+
+def test_sjf_decodes_the_shortest_prediction_until_it_finishes(model_dir):
+    s, worker, free = make_scheduler(model_dir, policy="sjf", decode_slots=1, max_idle_s=None)
+    caps = {"a": 300, "b": 300, "c": 300, "d": 4}  # d finishes by its cap, the others by STOP
+    lens = {rid: 12 + k for k, rid in enumerate(caps)}
+    for k, rid in enumerate(caps):
+        s.add_request(request(rid, prompt_len=lens[rid], max_tokens=caps[rid], priority=k, first=100 + 20 * k))
+    so, _ = step(s, worker)
+    assert so.num_scheduled_tokens == {"a": 12, "b": 13, "c": 14, "d": 15}  # every prefill in the first step
+    preds = dict(s.lenpred_predictions)
+    assert sorted(preds) == list(caps) and s.lenpred_counters["predicted"] == 4 and s._lp_client_priority == {
+        "a": 0, "b": 1, "c": 2, "d": 3}
+    for rid, p in preds.items():  # the head on the state the worker sent, clipped to the cap
+        want = s.lenpred_predictor.predict_states(worker.sent[rid][None], [lens[rid]], [caps[rid]])[0]
+        assert (p.expected, p.median) == (pytest.approx(want.expected), pytest.approx(want.median))
+        assert (p.max_tokens, p.num_prompt_tokens) == (caps[rid], lens[rid])
+    assert len({p.expected for p in preds.values()}) == 4  # distinct: the order below is the policy's
+    order, finished = sorted(preds, key=lambda r: preds[r].expected), {}
+    while s.requests:
+        live = [r for r in order if r not in finished]
+        stop = {live[0]: STOP} if live[0] != "d" and s.requests[live[0]].num_output_tokens == 2 else None
+        so, done = step(s, worker, tokens=stop)
+        assert so.num_scheduled_tokens == {live[0]: 1}  # one slot, to the shortest unfinished (parked: the rest)
+        assert s.max_num_active_reqs == 8  # restored after the parked requests were left out
+        finished.update(done)
+    assert list(finished) == order
+    for rid, out in finished.items():
+        assert out.finish_reason == (FinishReason.LENGTH if rid == "d" else FinishReason.STOP)
+        assert out.new_token_ids == [STOP] or rid == "d"
+        public = out.kv_transfer_params["lenpred"]
+        assert public["expected"] == round(preds[rid].expected, 1) and public["max_tokens"] == caps[rid]
+        assert public["num_parked_steps"] == preds[rid].num_parked_steps == sum(
+            caps[r] - 1 if r == "d" else 2 for r in order[:order.index(rid)])
+    assert s.lenpred_counters["parked_request_steps"] == sum(preds[r].num_parked_steps for r in order)
+    assert_clean(s, free)
+
+
+def test_aborts_parked_mid_chunked_prefill_in_flight_and_decoding_leave_nothing(model_dir):
+    aborted = RequestStatus.FINISHED_ABORTED
+    s, worker, free = make_scheduler(model_dir, policy="sjf", decode_slots=1, rank_by="priority")
+    s.add_request(request("short", priority=5))
+    s.add_request(request("parked", priority=50, first=200))
+    step(s, worker)
+    assert sorted(s.lenpred_predictions) == ["parked", "short"]
+    s.add_request(request("chunked", prompt_len=100, first=300))
+    so, _ = step(s, worker)
+    assert so.num_scheduled_tokens == {"short": 1, "chunked": CHUNK - 1}  # "parked" parked, "chunked" mid-prefill
+    assert s.requests["chunked"].num_computed_tokens < 100 and "chunked" not in s.lenpred_predictions
+    held = free - free_blocks(s)
+    assert sorted(r.request_id for r in s.finish_requests(["parked", "chunked"], aborted)) == ["chunked", "parked"]
+    assert free - free_blocks(s) == 2 < held  # only "short"'s 2 blocks (22 tokens) remain
+    s.add_request(request("in-flight", first=500))
+    so = s.schedule()
+    assert so.num_scheduled_tokens == {"short": 1, "in-flight": 20}
+    s.finish_requests("in-flight", aborted)  # before its prefill's output (and state) came back
+    s.update_from_output(so, worker.run(so))
+    assert "in-flight" in worker.sent and list(s.lenpred_predictions) == ["short"] and s._lp_decoding == {"short"}
+    s.finish_requests("short", aborted)  # while decoding
+    assert_clean(s, free)
+
+
+def test_same_id_resubmitted_after_an_abort_is_served_and_predicted_again(model_dir):
+    s, worker, free = make_scheduler(model_dir, policy="srpt", decode_slots=1, plp=False)
+    s.add_request(request("x", priority=7))
+    step(s, worker)
+    first = s.lenpred_predictions["x"]
+    s.finish_requests("x", RequestStatus.FINISHED_ABORTED)
+    assert_clean(s, free)
+    s.add_request(request("x", prompt_len=100, max_tokens=3, priority=9, first=700))  # another prompt, same id
+    assert s._lp_client_priority == {"x": 9}
+    step(s, worker)  # its first chunk, in the output that also reports the aborted "x" finished
+    assert "x" not in s.lenpred_predictions
+    step(s, worker)  # the last chunk: the worker must still know the new "x"'s prompt length
+    again = s.lenpred_predictions["x"]
+    assert again is not first and (again.num_prompt_tokens, again.max_tokens) == (100, 3)
+    assert again.expected == pytest.approx(s.lenpred_predictor.predict_states(worker.sent["x"][None], [100], [3])[0]
+                                           .expected)
+    done = drain(s, worker)
+    assert done["x"].kv_transfer_params["lenpred"]["num_prompt_tokens"] == 100
+    assert_clean(s, free)
+
+
+def test_n2_siblings_share_a_prompt_and_the_prefix_cache_hit_is_predicted_alike(model_dir):
+    # n > 1 never reaches the scheduler: vLLM's front end (LLMEngine / AsyncLLM via ParentRequest) fans it out into
+    # child requests with their own ids ("0_<id>", "1_<id>", ...) that share the prompt; so two requests here.
+    s, worker, free = make_scheduler(model_dir, prefix_caching=True, policy="sjf", decode_slots=2)
+    for rid in ("0_p", "1_p"):
+        s.add_request(request(rid, prompt_len=40, max_tokens=3, first=900, hashed=True))
+    so, _ = step(s, worker)
+    assert so.num_scheduled_tokens == {"0_p": 40, "1_p": 8}  # the second hits the first's two full blocks
+    assert [new.num_computed_tokens for new in so.scheduled_new_reqs] == [0, 32]
+    siblings = [s.lenpred_predictions[r].expected for r in ("0_p", "1_p")]
+    assert siblings[0] == siblings[1]  # one prompt, one state, one prediction
+    done = drain(s, worker)
+    assert sorted(done) == ["0_p", "1_p"]
+    assert {o.kv_transfer_params["lenpred"]["expected"] for o in done.values()} == {round(siblings[0], 1)}
+    assert_clean(s, free)
+
+
+def test_parked_requests_count_against_admission(model_dir):
+    s, worker, _ = make_scheduler(model_dir, policy="sjf", decode_slots=1, prefill_ahead=1, rank_by="priority")
+    for k, rid in enumerate("abcd"):
+        s.add_request(request(rid, priority=10 + k, first=100 + 30 * k))
+    so, _ = step(s, worker)
+    assert sorted(so.num_scheduled_tokens) == ["a", "b"]  # decode_slots + prefill_ahead admitted
+    so, _ = step(s, worker)
+    assert so.num_scheduled_tokens == {"a": 1} and len(s.waiting) == 2  # "b" parked holds the second place
+    assert s.max_num_active_reqs == 8 and [r.request_id for r in s.running] == ["a", "b"]
+    so, _ = step(s, worker, tokens={"a": STOP})
+    so, _ = step(s, worker)
+    assert so.num_scheduled_tokens == {"b": 1, "c": 20}  # "a" finished: "c" takes its place
+
+
+def test_observe_schedules_as_stock_vllm(model_dir):
+    s, worker, free = make_scheduler(model_dir, policy="observe", decode_slots=1)
+    for k, rid in enumerate("abc"):
+        s.add_request(request(rid, max_tokens=3, first=100 + 30 * k))
+    step(s, worker)
+    assert sorted(s.lenpred_predictions) == ["a", "b", "c"]
+    so, _ = step(s, worker)
+    assert so.num_scheduled_tokens == {"a": 1, "b": 1, "c": 1}  # every one decodes: decode_slots is not applied
+    so, done = step(s, worker)
+    assert sorted(done) == ["a", "b", "c"] and all("lenpred" in o.kv_transfer_params for o in done.values())
+    assert s.lenpred_counters["parked_request_steps"] == s.lenpred_counters["policy_s"] == 0  # no policy ran
+    assert_clean(s, free)
+
+
+def test_a_lost_state_is_counted_logged_and_served_unpredicted_as_an_sjf_incumbent(model_dir, caplog):
+    s, worker, free = make_scheduler(model_dir, policy="sjf", decode_slots=1)
+    s.add_request(request("lost"))
+    s.add_request(request("b", first=300))
+    with caplog.at_level("ERROR", logger="vllm.lenpred.scheduler"):
+        step(s, worker, lose_states=("lost",))
+    assert list(s.lenpred_predictions) == ["b"] and s.lenpred_counters["missing_states"] == 1
+    assert "lost" in s._lp_last_decode  # the starvation guard's clock runs for it too
+    logged = [r.getMessage() for r in caplog.records if r.name == "vllm.lenpred.scheduler"]
+    assert logged == ["lenpred: request lost ended its prefill without a captured state: no prediction "
+                      "(on_missing_state=unpredicted)"]
+    assert s._lenpred_slot(s.requests["lost"], 0.0).predicted_total == float("inf")
+    so, _ = step(s, worker, tokens={"b": STOP})
+    assert so.num_scheduled_tokens == {"b": 1}  # ranked after the predicted request
+    so, _ = step(s, worker)
+    assert so.num_scheduled_tokens == {"lost": 1} and s._lp_decoding == {"lost"}
+    s.add_request(request("c", first=500))
+    step(s, worker)  # "c" prefilled and predicted while "lost" decodes
+    so, done = step(s, worker, tokens={"lost": STOP})
+    assert so.num_scheduled_tokens == {"lost": 1}  # sjf: the incumbent keeps its slot, predicted or not
+    assert done["lost"].finish_reason == FinishReason.STOP and done["lost"].kv_transfer_params is None
+    so, done = step(s, worker, tokens={"c": STOP})
+    assert so.num_scheduled_tokens == {"c": 1} and list(done) == ["c"]
+    assert s.lenpred_counters["missing_states"] == 1  # counted once, not per step
+    assert_clean(s, free)
+
+
+def test_a_lost_state_is_refused_with_an_error_when_configured(model_dir):
+    s, worker, free = make_scheduler(model_dir, policy="sjf", decode_slots=1, on_missing_state="refuse")
+    s.add_request(request("lost"))
+    s.add_request(request("b", first=300))
+    _, done = step(s, worker, lose_states=("lost",))
+    assert list(done) == ["lost"] and done["lost"].finish_reason == FinishReason.ERROR
+    assert "lost" not in s.requests and s.lenpred_counters["missing_states"] == 1
+    _, done = step(s, worker, tokens={"b": STOP})
+    assert list(done) == ["b"] and done["b"].kv_transfer_params["lenpred"]["num_prompt_tokens"] == 20
+    assert_clean(s, free)
+
+
+def test_async_scheduling_stays_on_under_the_plugin_and_orders_alike(model_dir):
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 
-    s = make_scheduler(async_scheduling=async_scheduling)
-    assert isinstance(s, AsyncScheduler) == async_scheduling  # async scheduling stays on under the plug-in
-    free = s.kv_cache_manager.block_pool.get_num_free_blocks()
-    for rid, prio in (("a", 30), ("b", 10), ("c", 20)):
-        add(s, rid, prio)
-    scheduled, _ = step(s)
-    assert sorted(scheduled) == ["a", "b", "c"]  # every request prefilled on arrival
-    assert set(s.lenpred_predictions) == {"a", "b", "c"} and s.lenpred_counters["predicted"] == 3
-    scheduled, _ = step(s)
-    assert scheduled == ["b"]  # one slot, the shortest priority
-    finished = []
-    for _ in range(50):
-        scheduled, done = step(s)
-        finished += done
+    s, worker, free = make_scheduler(model_dir, async_scheduling=True, policy="sjf", decode_slots=1,
+                                     rank_by="priority", max_idle_s=None)
+    assert isinstance(s, AsyncScheduler) and type(s).__name__ == "LenpredAsyncScheduler"
+    for k, (rid, prio) in enumerate((("a", 30), ("b", 10), ("c", 20))):
+        s.add_request(request(rid, max_tokens=3, priority=prio, first=100 + 30 * k))
+    assert list(drain(s, worker)) == ["b", "c", "a"]
+    assert s.lenpred_counters["predicted"] == 3
+    assert_clean(s, free)
+
+
+def test_kv_pressure_preempts_parked_requests_not_the_decoder_and_everything_finishes(model_dir):
+    # 12 usable blocks; 6 requests of 40 prompt tokens (3 blocks) that grow to 70 tokens (5 blocks) each
+    s, worker, free = make_scheduler(model_dir, num_blocks=13, policy="sjf", decode_slots=1, rank_by="priority",
+                                     max_idle_s=None)
+    for k in range(6):
+        s.add_request(request(f"r{k}", prompt_len=40, max_tokens=30, priority=10 * (k + 1), first=100 + 50 * k))
+    done = {}
+    for _ in range(2000):
         if not s.requests:
             break
-    assert [o.request_id for o in finished] == ["b", "c", "a"]
-    public = finished[0].kv_transfer_params["lenpred"]
-    assert public["max_tokens"] == 4 and public["num_prompt_tokens"] == 20 and public["expected"] >= 0
-    assert s.lenpred_counters["parked_request_steps"] > 0 and s.lenpred_counters["missing_states"] == 0
-    assert_clean(s, free)
-
-
-def test_observe_is_stock_scheduling():
-    s = make_scheduler(policy="observe")
-    for rid, prio in (("a", 30), ("b", 10)):
-        add(s, rid, prio)
-    step(s)
-    assert sorted(step(s)[0]) == ["a", "b"]  # both decode: nothing parked
-    assert set(s.lenpred_predictions) == {"a", "b"}
-
-
-def test_aborts_while_parked_during_prefill_and_decoding_free_blocks_once():
-    from vllm.v1.request import RequestStatus
-
-    s = make_scheduler()
-    free = s.kv_cache_manager.block_pool.get_num_free_blocks()
-    for rid, prio in (("long", 300), ("short", 10)):
-        add(s, rid, prio, max_tokens=50)
-    step(s)
-    assert step(s)[0] == ["short"]  # "long" is parked
-    s.finish_requests("long", RequestStatus.FINISHED_ABORTED)  # abort while parked
-    add(s, "late", 5)
-    out = s.schedule()  # "late" is being prefilled ...
-    assert "late" in out.num_scheduled_tokens
-    s.finish_requests("late", RequestStatus.FINISHED_ABORTED)  # ... and aborted before its output returns
-    from vllm.v1.outputs import ModelRunnerOutput
-
-    ids = list(out.num_scheduled_tokens)
-    s.update_from_output(out, ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-                                                sampled_token_ids=[[7] for _ in ids]))
-    s.finish_requests("short", RequestStatus.FINISHED_ABORTED)  # abort while decoding
-    step(s)  # the aborted ids reach the worker in the next scheduler output
-    assert_clean(s, free)
-    add(s, "short", 10, max_tokens=3)  # the same id right after its abort: served and predicted again
-    assert run_to_end(s) == ["short"]
-    assert_clean(s, free)
-
-
-def test_two_samples_of_one_prompt_are_two_requests():
-    # n > 1 is fanned out above the scheduler (vLLM's parallel-sampling parent request makes one child request per
-    # sample, each with its own id): here, two requests with the same prompt.
-    s = make_scheduler(decode_slots=2)
-    free = s.kv_cache_manager.block_pool.get_num_free_blocks()
-    add(s, "0_parent", 10, max_tokens=3)
-    add(s, "1_parent", 10, max_tokens=5)
-    assert sorted(run_to_end(s)) == ["0_parent", "1_parent"]
-    assert_clean(s, free)
-
-
-def test_a_prefill_without_its_state_is_counted_not_silently_ranked_last(caplog):
-    s = make_scheduler()
-    add(s, "a", 10)
-    with caplog.at_level("ERROR"):
-        step(s, with_states=False)
-    assert s.lenpred_counters["missing_states"] == 1 and "a" not in s.lenpred_predictions
-    assert any("without a captured state" in r.getMessage() for r in caplog.records)
-    step(s, with_states=False)
-    assert s.lenpred_counters["missing_states"] == 1  # counted once per request
-    run_to_end(s)
-    assert not s._lp_missing
-
-
-def test_kv_pressure_preempts_parked_requests_not_the_decoder_and_everything_finishes():
-    # 12 usable blocks; 6 requests of 40 prompt tokens (3 blocks each) growing to 40 + 30 tokens (5 blocks each)
-    s = make_scheduler(num_blocks=13, decode_slots=1)
-    free = s.kv_cache_manager.block_pool.get_num_free_blocks()
-    for k in range(6):
-        add(s, f"r{k}", 10 * (k + 1), prompt_tokens=40, max_tokens=30)
-    order = run_to_end(s, max_steps=2000)
-    assert sorted(order) == [f"r{k}" for k in range(6)]
+        done.update(step(s, worker)[1])
+    assert list(done) == [f"r{k}" for k in range(6)]  # shortest first, and every one finishes
     c = s.lenpred_counters
     assert c["kv_preempted"] >= 1 and c["recomputed_tokens"] >= 40 * c["kv_preempted"]
-    assert order[0] == "r0"  # the shortest was never the victim
     assert_clean(s, free)

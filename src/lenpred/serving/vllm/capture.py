@@ -123,7 +123,12 @@ def collect_states(targets: list[CaptureTarget], states: dict[int, torch.Tensor]
 
 def scheduled_requests(scheduler_output, prompt_lengths: dict[str, int]) -> list[ScheduledRequest]:
     """The step's requests with their computed / scheduled / prompt token counts, from vLLM's ``SchedulerOutput``
-    (new requests carry their prompt; cached ones are looked up in ``prompt_lengths``, filled as they arrive)."""
+    (new requests carry their prompt; cached ones are looked up in ``prompt_lengths``, filled as they arrive).
+
+    Finished ids are forgotten first, as vLLM's model runner does: an id aborted and resubmitted between two steps is
+    in both ``finished_req_ids`` and ``scheduled_new_reqs`` of one output, and its new prompt length must stay."""
+    for rid in scheduler_output.finished_req_ids:
+        prompt_lengths.pop(rid, None)
     out = []
     for new in scheduler_output.scheduled_new_reqs:
         n = len(new.prompt_token_ids) if new.prompt_token_ids is not None else int(new.prompt_embeds.shape[0])
@@ -134,8 +139,6 @@ def scheduled_requests(scheduler_output, prompt_lengths: dict[str, int]) -> list
     for rid, computed in zip(cached.req_ids, cached.num_computed_tokens):
         if rid in prompt_lengths:
             out.append(ScheduledRequest(rid, computed, scheduler_output.num_scheduled_tokens[rid], prompt_lengths[rid]))
-    for rid in scheduler_output.finished_req_ids:
-        prompt_lengths.pop(rid, None)
     return out
 
 

