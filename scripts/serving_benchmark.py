@@ -32,10 +32,12 @@ requests clustered by draw (:func:`lenpred.metrics.paired_cluster_bootstrap`); e
 gains; ``parked_srpt`` against ``parked_sjf``; and the simulator on the same draws with the cost model measured here
 (predicted / measured mean JCT).
 
-One draw, as a newcomer would (about 45 min on 2 cores)::
+One draw, as a newcomer would (about 80 minutes on 2 cores: 8 modes x 3 patterns; a fresh ``--out``, since the
+committed ``runs.json`` already holds draw 0 and a restart only adds what is missing)::
 
-    .venv-vllm/bin/python scripts/decode_knee.py                 # once: the knee and this machine's cost model
-    .venv-vllm/bin/python scripts/serving_benchmark.py --draws 1
+    .venv-vllm/bin/python scripts/serving_benchmark.py --draws 1 --out /tmp/bench
+    .venv-vllm/bin/python scripts/decode_knee.py --out /tmp/knee   # optional: this machine's own knee and cost model
+                                                                  # (then pass --knee and --cost-model)
 """
 
 from __future__ import annotations

@@ -79,9 +79,10 @@ def main() -> None:
     ap.add_argument("--log-only", action="store_true", help="re-time the log only; keep the stored refit times")
     args = ap.parse_args()
     path = Path("results/scripts/traffic/cost.json")
-    out = {"torch_threads": torch.get_num_threads(), "log": [log_cost("float16"), log_cost("float32")]}
-    out["refit"] = (json.loads(path.read_text())["refit"] if args.log_only
-                    else [refit_cost(1000), refit_cost(10000)])
+    stored = json.loads(path.read_text()) if args.log_only else {}
+    out = {"torch_threads": stored.get("torch_threads", torch.get_num_threads()),  # the refit's (the log uses none)
+           "log": [log_cost("float16"), log_cost("float32")]}
+    out["refit"] = stored["refit"] if args.log_only else [refit_cost(1000), refit_cost(10000)]
     write_json(path, out)
     print(json.dumps(out, indent=2))
 
