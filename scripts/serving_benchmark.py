@@ -25,7 +25,7 @@ modes run in an order rotated by the draw (one server per mode and draw, all pat
 mode alike. Each run is written when it finishes (``runs.json``); a restart skips finished runs, and settings that
 differ from the stored ones are refused.
 
-Report (``results/scripts/serving/benchmark/``: ``report.json``, ``report.md``, ``jct_cdf.png``): per pattern and
+Report (``results/scripts/serving/benchmark/``: ``report.json``, ``report.md``, ``jct_cdf_<pattern>.png``): per pattern and
 mode mean / p50 / p90 / p99 JCT, mean TTFT, p99 time between tokens, mean and p99 longest stall, JCT per output
 token, throughput, preemptions, the capped share; paired against ``stock`` with two-stage bootstrap intervals over
 requests clustered by draw (:func:`lenpred.metrics.paired_cluster_bootstrap`); each mode's share of both oracles'
@@ -33,7 +33,8 @@ gains; ``parked_srpt`` against ``parked_sjf``; and the simulator on the same dra
 (predicted / measured mean JCT).
 
 One draw, as a newcomer would (about 80 minutes on 2 cores: 8 modes x 3 patterns; a fresh ``--out``, since the
-committed ``runs.json`` already holds draw 0 and a restart only adds what is missing)::
+committed ``runs.json`` already holds draws 0-3 and a restart only adds what is missing; the prompts are re-read from
+``../shared/datasets``, elsewhere set ``LENPRED_DATA_DIR``)::
 
     .venv-vllm/bin/python scripts/serving_benchmark.py --draws 1 --out /tmp/bench
     .venv-vllm/bin/python scripts/decode_knee.py --out /tmp/knee   # optional: this machine's own knee and cost model

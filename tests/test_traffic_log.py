@@ -241,3 +241,22 @@ def test_one_log_one_predictor(tmp_path):
         (tmp_path / "a" / "part-00000003.parquet.sha256").read_text().replace("00000001", "00000003"))
     with pytest.raises(LenpredError, match="part-00000003.parquet has model_revision='r2'"):
         read_traffic_log(tmp_path / "a")
+
+
+def test_one_writer_per_directory_closed_writers_and_empty_journals(tmp_path):
+    """A second live writer on a directory is refused (two would number parts alike and lose rows); a closed
+    writer refuses rows; a log of nothing but an empty journal (a kill before its schema) is 'no rows', not a crash."""
+    w = TrafficLogWriter(TrafficLogConfig(tmp_path / "a"))
+    with pytest.raises(LenpredError, match="open in another writer"):
+        TrafficLogWriter(TrafficLogConfig(tmp_path / "a"))
+    _log(w, 0)
+    w.close()
+    with pytest.raises(LenpredError, match="is closed"):
+        _log(w, 1)
+    with TrafficLogWriter(TrafficLogConfig(tmp_path / "a")) as again:  # the lock went with close()
+        _log(again, 2)
+    assert read_traffic_log(tmp_path / "a").num_records == 2
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "part-00000001.open").write_bytes(b"")
+    with pytest.raises(LenpredError, match="holds no rows"):
+        read_traffic_log(tmp_path / "b")

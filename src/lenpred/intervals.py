@@ -82,8 +82,10 @@ def widened_interval(low, high, margin: float, cap=None):
     replay call this one rule.
 
     Args:
-        low, high: the head's quantiles, scalars or ``(n,)`` arrays (their dtype is kept).
-        margin: the conformal margin, tokens (fixed or online-adapted).
+        low, high: the head's quantiles, scalars or ``(n,)`` arrays (NumPy's promotion rules set the result dtype:
+            float32 quantiles with a float margin stay float32).
+        margin: the conformal margin, tokens (fixed or online-adapted). The rule is the formula, nothing more: a
+            negative margin (which the online interval can reach) can give ``low > high``.
         cap: the request's ``max_new_tokens``, scalar or ``(n,)``; ``None``: uncapped.
 
     Returns:

@@ -43,6 +43,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import fcntl
 import threading
 import time
 from dataclasses import MISSING, dataclass, field, fields
@@ -247,8 +248,9 @@ class TrafficLogWriter:
         num_records_written: rows written as parts by this writer.
 
     Raises:
-        LenpredError: ``directory`` is a file; bad settings (:class:`TrafficLogConfig`); the directory's newest part
-            was written for another predictor (other ``metadata`` or ``features_dtype``).
+        LenpredError: ``directory`` is a file; bad settings (:class:`TrafficLogConfig`); another writer holds the
+            directory (one writer per directory: an ``flock`` on ``.writer.lock``); the directory's newest part was
+            written for another predictor (other ``metadata`` or ``features_dtype``).
     """
 
     def __init__(self, config: TrafficLogConfig):
@@ -257,14 +259,25 @@ class TrafficLogWriter:
         if self.directory.exists() and not self.directory.is_dir():
             raise LenpredError(f"traffic log {self.directory} is a file: pass a directory")
         self.directory.mkdir(parents=True, exist_ok=True)
+        self._dir_lock = open(self.directory / ".writer.lock", "w")  # noqa: SIM115 - held for the writer's life
+        try:
+            fcntl.flock(self._dir_lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._dir_lock.close()
+            raise LenpredError(f"traffic log {self.directory} is open in another writer (another process or engine): "
+                               "give each writer its own directory") from None
         for tmp in self.directory.glob(".*.tmp"):  # a killed writer's temporaries
             _remove_tree(tmp)
         self.num_records_written = 0
-        self.recovered = self._recover_journals()
-        parts = list_parts(self.directory)
+        try:
+            self.recovered = self._recover_journals()
+            parts = list_parts(self.directory)
+            self._feature_dim = self._check_same_predictor(parts[-1][1]) if parts else None
+        except BaseException:
+            self._dir_lock.close()
+            raise
         self._next_seq = (parts[-1][0] + 1) if parts else 1
         self._dtype = np.dtype(config.features_dtype)
-        self._feature_dim = self._check_same_predictor(parts[-1][1]) if parts else None
         self._buffers = [_Buffer()]
         self._journal = None  # (pyarrow file, IPC stream writer, path) of the oldest unwritten buffer
         self._lock = threading.Lock()  # guards the buffers
@@ -284,6 +297,8 @@ class TrafficLogWriter:
             LenpredError: features of another width than the log's, non-finite features, or the log's background
                 writer failed (its error is re-raised here).
         """
+        if self._stop.is_set():
+            raise LenpredError(f"traffic log {self.directory} is closed: record before close(), or open a new writer")
         if self._error is not None:
             raise LenpredError(f"traffic log {self.directory}: writing failed ({self._error}); fix the cause "
                                "(disk full? permissions?) and restart the writer") from self._error
@@ -324,6 +339,7 @@ class TrafficLogWriter:
         self._wake.set()
         self._thread.join()
         self.flush()
+        self._dir_lock.close()  # releases the directory's lock
 
     def __enter__(self) -> "TrafficLogWriter":
         return self
@@ -599,6 +615,9 @@ def read_traffic_log(directory: str | Path) -> TrafficLog:
                                    f"{key}={first[1].get(key)!r}: one log holds one predictor's features; split the "
                                    "directory")
         tables.append(t.replace_schema_metadata(None))
+    if first is None:
+        raise LenpredError(f"traffic log {directory} holds no rows (only empty journals of killed writers): log some "
+                           "traffic first")
     meta0 = first[1]
     table = pa.concat_tables(tables)
     dim = int(meta0["feature_dim"])
