@@ -106,14 +106,12 @@ class TrafficRecord:
 
     def values(self) -> tuple:
         """The row's :data:`COLUMNS` values, converted to their stored Python types (``None`` kept)."""
-        convert = {"float64": float, "float32": float, "int32": int, "string": str}
-        out = []
-        for f in _COLUMN_FIELDS:
-            v = getattr(self, f.name)
-            out.append(None if v is None else convert[f.metadata["arrow"]](v))
-        return tuple(out)
+        return tuple(None if (v := getattr(self, f.name)) is None else _PYTHON_TYPE[f.metadata["arrow"]](v)
+                     for f in _COLUMN_FIELDS)
 
 
+_PYTHON_TYPE = {"float64": float, "float32": float, "int32": int, "string": str}
+"""Stored arrow type -> the Python type a row's value is converted to."""
 _COLUMN_FIELDS = tuple(f for f in fields(TrafficRecord) if f.name != "features")
 COLUMNS = tuple(f.name for f in _COLUMN_FIELDS)
 """The log's scalar columns, in stored order (``features`` is stored after them as a fixed-size list)."""

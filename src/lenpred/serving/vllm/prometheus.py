@@ -34,7 +34,7 @@ COUNTERS = {
 
 
 def metric_name(key: str) -> str:
-    """``lenpred_<key>_total`` (``*_s`` keys become ``*_seconds_total``)."""
+    """``lenpred_<key>`` (``*_s`` keys become ``*_seconds``); ``prometheus_client`` adds the counters' ``_total``."""
     return f"lenpred_{key[:-2] + '_seconds' if key.endswith('_s') else key}"
 
 

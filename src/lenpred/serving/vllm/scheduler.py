@@ -335,7 +335,8 @@ class LenpredScheduler(Scheduler):
         parked_ids = set(decision.parked)
         parked = [r for r in self.running if r.request_id in parked_ids]
         need = sum(slots[rid].needs_new_block for rid in decision.decode)
-        by_remaining = sorted(parked, key=lambda r: -rank[r.request_id])  # the longest predicted remaining first
+        by_id = {r.request_id: r for r in parked}
+        by_remaining = [by_id[rid] for rid in victims if rid in by_id]  # preemption order: longest remaining first
         preempted = []
         while by_remaining and need > self.kv_cache_manager.block_pool.get_num_free_blocks():
             preempted.append(by_remaining.pop(0))  # a parked request's blocks, not a decoder's, make the room
