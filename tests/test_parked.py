@@ -1,11 +1,13 @@
-"""Parked decoding decisions (lenpred.serving.parked): hand-worked cases."""
+"""Parked decoding decisions (lenpred.serving.parked): hand-worked cases, and the policy registry."""
 
 import math
+from dataclasses import dataclass
 
 import pytest
 
 from lenpred.errors import LenpredError
-from lenpred.serving.parked import SlotRequest, choose_decoders, preemption_order
+from lenpred.serving.parked import (PARKED_POLICIES, ParkedPolicy, ParkedSJF, ParkedSRPT, SlotRequest, admission_limit,
+                                    choose_decoders, make_parked_policy, preemption_order, register_parked)
 
 
 def req(i, arrival, total=math.inf, remaining=None, decoding=False, idle=0.0, new_block=False):
@@ -74,3 +76,63 @@ def test_bad_arguments_are_refused():
         choose_decoders([], "lifo", 1)
     with pytest.raises(LenpredError, match="decode_slots must be >= 1"):
         choose_decoders([], "sjf", 0)
+
+
+def test_admission_limit_is_max_num_seqs_capped_by_prefill_ahead():
+    assert admission_limit(8, 4, None) == 8
+    assert admission_limit(8, 4, 2) == 6  # 4 decoding + 2 prefilled ahead
+    assert admission_limit(5, 4, 2) == 5 and admission_limit(8, 1, 0) == 1
+
+
+def test_registered_policies_carry_the_properties_the_engine_and_simulator_act_on():
+    assert list(PARKED_POLICIES) == ["fcfs", "sjf", "srpt"]
+    assert make_parked_policy("sjf") == ParkedSJF() and make_parked_policy(ParkedSRPT()) == ParkedSRPT()
+    flags = {name: (cls.reads_prediction, cls.reads_remaining, cls.preemptive) for name, cls in PARKED_POLICIES.items()}
+    assert flags == {"fcfs": (False, False, False), "sjf": (True, False, False), "srpt": (True, True, True)}
+    assert choose_decoders([req(0, 0.0, 500, decoding=True), req(1, 1.0, 10)], ParkedSRPT(), 1).decode == ("r1",)
+    with pytest.raises(LenpredError, match="parked policy name 'sjf' is already registered by ParkedSJF"):
+        register_parked("sjf")(type("Other", (ParkedPolicy,), {}))
+    assert PARKED_POLICIES["sjf"] is ParkedSJF
+
+
+@pytest.fixture
+def longest_first():
+    """``lpt``, longest static prediction first (non-preemptive), registered for one test: one class, nothing else."""
+    @register_parked("lpt")
+    @dataclass(frozen=True)
+    class LongestFirst(ParkedPolicy):
+        reads_prediction = True
+
+        def key(self, request, switch_margin_tokens):
+            return (-request.predicted_total, request.arrival_time_s, request.request_id)
+
+    yield LongestFirst
+    del PARKED_POLICIES["lpt"]
+
+
+def test_a_policy_registered_in_one_class_is_chosen_and_simulated_by_name(longest_first):
+    from lenpred.serving.cost_model import CostModel
+    from lenpred.serving.simulator import ParkedConfig, SimConfig, simulate_parked
+    from lenpred.studies.workload import WorkloadRequest
+
+    rs = [req(0, 0.0, 300), req(1, 1.0, 50), req(2, 2.0, 120, decoding=True), req(3, 3.0, 800)]
+    d = choose_decoders(rs, "lpt", 2)  # the incumbent keeps its slot (not preemptive), the free one goes to 800
+    assert d.decode == ("r2", "r3") and d.parked == ("r0", "r1")
+    with pytest.raises(LenpredError, match="unknown parked policy 'nope'; valid: fcfs, sjf, srpt, lpt"):
+        choose_decoders(rs, "nope", 1)
+    # the simulator: 3 requests of 2, 4 and 3 tokens at t = 0, one slot, 1 s per forward (prefill fused with decode).
+    # t = 1 prefills all three (first token each); longest first: r1 (3 more: t = 4), r2 (2 more: t = 6), r0 (t = 7)
+    unit = CostModel("unit", {"p0": 1.0, "p1": 0.0, "p2": 0.0, "d0": 1.0, "d1": 0.0, "d2": 0.0}, fused_prefill=True)
+    reqs = [WorkloadRequest(i, [], n, 64, "longseq", f"p{i}", {"oracle": float(n)}, num_prompt_tokens=10)
+            for i, n in enumerate([2, 4, 3])]
+    cfg = ParkedConfig("lpt", "oracle", decode_slots=1, max_idle_s=None)
+    assert cfg.label == "parked_lpt:oracle"
+    summary, timings = simulate_parked(reqs, cfg, unit, SimConfig(max_num_seqs=8))
+    assert [t.jct_s for t in timings] == [7, 4, 6] and summary["num_preemptions"] == 0
+    _, timings = simulate_parked(reqs, ParkedConfig("sjf", "oracle", decode_slots=1, max_idle_s=None), unit,
+                                 SimConfig(max_num_seqs=8))
+    assert [t.jct_s for t in timings] == [2, 7, 4]  # shortest first, for contrast
+    with pytest.raises(LenpredError, match="parked lpt needs a predictor"):
+        ParkedConfig("lpt", None)
+    with pytest.raises(LenpredError, match="unknown parked policy 'nope'"):
+        ParkedConfig("nope", "oracle")

@@ -6,7 +6,11 @@ and prefilled as soon as it fits; afterwards, each step, :func:`choose_decoders`
 decode. The others are **parked**: they keep their KV blocks and simply get no tokens this step — preemption without
 recomputation (the simulator showed recomputation is what made PLP-driven SRPT lose).
 
-Policies (:data:`PARKED_POLICIES`):
+Policies: one registered :class:`ParkedPolicy` subclass each (:func:`register_parked`, :data:`PARKED_POLICIES`),
+holding its ranking rule and the properties the engine and the simulator act on (:attr:`ParkedPolicy.preemptive`,
+:attr:`~ParkedPolicy.reads_prediction`, :attr:`~ParkedPolicy.reads_remaining`); a new policy is one class here,
+and the plug-in's ``--additional-config`` and the simulator's :class:`~lenpred.serving.simulator.ParkedConfig`
+accept its name. Registered:
 
 * ``fcfs``: slots by arrival; a decoding request keeps its slot (the reference that isolates parking's own effect).
 * ``sjf``: free slots go to the shortest *static* prediction (``predicted_total``); a decoding request keeps its
@@ -18,8 +22,8 @@ Policies (:data:`PARKED_POLICIES`):
 
 Starvation guard (every policy): a parked request idle for ``max_idle_s`` seconds or more (since its prefill ended or
 it last decoded) is *promoted*: it ranks ahead of every unpromoted request, longest-idle first (vllm-ltr's aging
-rule, in seconds instead of steps). Under ``sjf`` promotion takes the next free slot; under ``srpt`` it displaces the
-worst-ranked unpromoted incumbent.
+rule, in seconds instead of steps). Under a non-preemptive policy (``fcfs``, ``sjf``) promotion takes the next free
+slot; under a preemptive one (``srpt``) it displaces the worst-ranked unpromoted incumbent.
 
 KV budget: a decoding request whose next token starts a new KV block needs one free block. When fewer blocks are
 free than the chosen decoders need, the decoders with the longest predicted remaining length are parked instead
@@ -27,17 +31,17 @@ free than the chosen decoders need, the decoders with the longest predicted rema
 :func:`preemption_order` as its victim order (longest predicted remaining first).
 
 Everything here is a pure function of its arguments; the vLLM scheduler (:mod:`lenpred.serving.vllm.scheduler`)
-and the simulator both call it.
+and the simulator (:func:`lenpred.serving.simulator.simulate_parked`) both call :func:`choose_decoders` and
+:func:`admission_limit`.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 from lenpred.errors import LenpredError
-
-PARKED_POLICIES = ("fcfs", "sjf", "srpt")
 
 
 @dataclass(frozen=True)
@@ -81,25 +85,130 @@ class SlotDecision:
     kv_parked: tuple[str, ...] = ()
 
 
-def _rank_key(r: SlotRequest, policy: str, switch_margin_tokens: float) -> tuple:
-    if policy == "fcfs":
-        return (r.arrival_time_s, r.request_id)
-    if policy == "sjf":
-        return (r.predicted_total, r.arrival_time_s, r.request_id)
-    bonus = switch_margin_tokens if r.decoding else 0.0  # hysteresis for incumbents
-    return (r.predicted_remaining - bonus, r.arrival_time_s, r.request_id)
+PARKED_POLICIES: dict[str, type["ParkedPolicy"]] = {}
+"""Registered parked policies by name, in registration order (:func:`register_parked`)."""
 
 
-def choose_decoders(requests: list[SlotRequest], policy: str, decode_slots: int, max_idle_s: float | None = 60.0,
-                    switch_margin_tokens: float = 16.0, free_kv_blocks: int | None = None) -> SlotDecision:
+def register_parked(name: str):
+    """Class decorator adding a :class:`ParkedPolicy` subclass to :data:`PARKED_POLICIES` under ``name`` (its
+    ``name``).
+
+    Raises:
+        LenpredError: ``name`` is already registered (a second class would silently replace the first).
+    """
+    def wrap(cls):
+        if name in PARKED_POLICIES:
+            raise LenpredError(f"parked policy name '{name}' is already registered by "
+                               f"{PARKED_POLICIES[name].__qualname__}: register {cls.__qualname__} under another name")
+        cls.name = name
+        PARKED_POLICIES[name] = cls
+        return cls
+    return wrap
+
+
+@dataclass(frozen=True)
+class ParkedPolicy:
+    """Which prefilled requests get the decode slots: a rank (lower first, :meth:`key`) and whether a decoding request
+    can lose its slot. One registered subclass per policy; build one by name with :func:`make_parked_policy`.
+
+    Class attributes:
+        name: registry name (set by :func:`register_parked`).
+        reads_prediction: the rank reads a length prediction, so a simulated run needs a predictor (fcfs does not).
+        reads_remaining: the rank reads ``predicted_remaining``, so fresher estimates move it: the plug-in captures
+            PLP's decode states for it (``plp``), the simulator re-ranks at progressive re-prediction steps.
+        preemptive: every step every prefilled request is ranked and a decoding one can be parked again;
+            otherwise decoding requests keep their slots until they end and only free slots are handed out.
+    """
+
+    name: ClassVar[str] = ""
+    reads_prediction: ClassVar[bool] = False
+    reads_remaining: ClassVar[bool] = False
+    preemptive: ClassVar[bool] = False
+
+    def key(self, request: SlotRequest, switch_margin_tokens: float) -> tuple:
+        """Sort key of ``request`` (lower decodes first): the policy's rank, then arrival time and id (ties).
+        ``switch_margin_tokens`` is the hysteresis a preemptive policy gives incumbents (the others ignore it)."""
+        raise NotImplementedError
+
+
+def _tie(r: SlotRequest) -> tuple:
+    return (r.arrival_time_s, r.request_id)
+
+
+@register_parked("fcfs")
+@dataclass(frozen=True)
+class ParkedFCFS(ParkedPolicy):
+    """Slots by arrival; incumbents keep theirs."""
+
+    def key(self, request: SlotRequest, switch_margin_tokens: float) -> tuple:
+        return _tie(request)
+
+
+@register_parked("sjf")
+@dataclass(frozen=True)
+class ParkedSJF(ParkedPolicy):
+    """Free slots to the shortest static prediction (``predicted_total``); incumbents keep theirs."""
+
+    reads_prediction: ClassVar[bool] = True
+
+    def key(self, request: SlotRequest, switch_margin_tokens: float) -> tuple:
+        return (request.predicted_total, *_tie(request))
+
+
+@register_parked("srpt")
+@dataclass(frozen=True)
+class ParkedSRPT(ParkedPolicy):
+    """Every step, the shortest latest predicted remaining length; an incumbent counts ``switch_margin_tokens``
+    shorter than its estimate (hysteresis)."""
+
+    reads_prediction: ClassVar[bool] = True
+    reads_remaining: ClassVar[bool] = True
+    preemptive: ClassVar[bool] = True
+
+    def key(self, request: SlotRequest, switch_margin_tokens: float) -> tuple:
+        bonus = switch_margin_tokens if request.decoding else 0.0  # hysteresis for incumbents
+        return (request.predicted_remaining - bonus, *_tie(request))
+
+
+def make_parked_policy(policy: "ParkedPolicy | str") -> ParkedPolicy:
+    """The registered parked policy named ``policy`` (a :class:`ParkedPolicy` is returned as it is).
+
+    Raises:
+        LenpredError: an unknown name (the message lists the registered ones) or neither a name nor a policy.
+    """
+    if isinstance(policy, ParkedPolicy):
+        return policy
+    if not isinstance(policy, str) or policy not in PARKED_POLICIES:
+        raise LenpredError(f"unknown parked policy '{policy}'; valid: {', '.join(PARKED_POLICIES)}")
+    return PARKED_POLICIES[policy]()
+
+
+def admission_limit(max_num_seqs: int, decode_slots: int, prefill_ahead: int | None) -> int:
+    """How many requests may be admitted at once (decoding, parked, or prefilling): the engine's ``max_num_seqs``,
+    and with a prefill-ahead bound at most ``decode_slots + prefill_ahead`` (new arrivals are prefilled only while
+    fewer than ``prefill_ahead`` prefilled requests wait beyond the decoders).
+
+    Args:
+        max_num_seqs: the engine's concurrency limit (vLLM's ``--max-num-seqs``, the simulator's ``max_num_seqs``).
+        decode_slots: requests decoding per step.
+        prefill_ahead: the bound (``None``: none, every arrival is admitted as soon as it fits).
+    """
+    if prefill_ahead is None:
+        return max_num_seqs
+    return min(max_num_seqs, decode_slots + prefill_ahead)
+
+
+def choose_decoders(requests: list[SlotRequest], policy: ParkedPolicy | str, decode_slots: int,
+                    max_idle_s: float | None = 60.0, switch_margin_tokens: float = 16.0,
+                    free_kv_blocks: int | None = None) -> SlotDecision:
     """Pick the prefilled requests that decode this step (module docstring: the rules).
 
     Args:
         requests: every prefilled, unfinished request (any order).
-        policy: one of :data:`PARKED_POLICIES`.
+        policy: a :class:`ParkedPolicy` (resolved once, at configuration) or a registered name.
         decode_slots: how many may decode per step (>= 1).
         max_idle_s: starvation guard in seconds (``None``: off).
-        switch_margin_tokens: ``srpt`` hysteresis in tokens (>= 0).
+        switch_margin_tokens: a preemptive policy's hysteresis in tokens (>= 0; ``srpt``).
         free_kv_blocks: free KV-cache blocks before this step (``None``: do not check).
 
     Returns:
@@ -108,8 +217,7 @@ def choose_decoders(requests: list[SlotRequest], policy: str, decode_slots: int,
     Raises:
         LenpredError: an unknown policy, ``decode_slots < 1``, a negative margin or ``max_idle_s``.
     """
-    if policy not in PARKED_POLICIES:
-        raise LenpredError(f"unknown parked policy '{policy}'; valid: {', '.join(PARKED_POLICIES)}")
+    policy = make_parked_policy(policy)
     if decode_slots < 1:
         raise LenpredError(f"decode_slots must be >= 1, got {decode_slots}")
     if switch_margin_tokens < 0 or (max_idle_s is not None and max_idle_s < 0):
@@ -118,8 +226,8 @@ def choose_decoders(requests: list[SlotRequest], policy: str, decode_slots: int,
     promoted.sort(key=lambda r: (-r.idle_s, r.arrival_time_s, r.request_id))
     promoted_ids = {r.request_id for r in promoted}
     rest = sorted((r for r in requests if r.request_id not in promoted_ids),
-                  key=lambda r: _rank_key(r, policy, switch_margin_tokens))
-    if policy == "srpt":
+                  key=lambda r: policy.key(r, switch_margin_tokens))
+    if policy.preemptive:
         order = promoted + rest
     else:  # non-preemptive: incumbents keep their slots, free slots go to the promoted, then by rank
         incumbents = [r for r in rest if r.decoding]

@@ -24,8 +24,8 @@ import numpy as np
 
 from lenpred.errors import LenpredError
 from lenpred.serving.metrics import RequestTiming, summarize
-from lenpred.serving.parked import SlotRequest, choose_decoders
-from lenpred.serving.policies import Policy, countdown_remaining, make_policy, padding_ratio, static_batches
+from lenpred.serving.parked import ParkedPolicy, SlotRequest, admission_limit, choose_decoders, make_parked_policy
+from lenpred.serving.policies import FCFS, Policy, countdown_remaining, padding_ratio, static_batches
 
 ARRIVALS = ("all", "poisson", "gamma")
 BATCHINGS = ("static", "continuous")
@@ -256,13 +256,19 @@ class ParkedConfig:
     """Parked decoding in the simulator (:mod:`lenpred.serving.parked`, the in-engine policies).
 
     Attributes:
-        policy: ``fcfs``, ``sjf`` or ``srpt`` (:data:`lenpred.serving.parked.PARKED_POLICIES`).
-        predictor: the prediction ranked by (``oracle`` = the true length, ``prompt_oracle`` …); ``None`` for fcfs.
+        policy: a registered parked policy (:data:`lenpred.serving.parked.PARKED_POLICIES`: ``fcfs``, ``sjf``,
+            ``srpt``, …).
+        predictor: the prediction ranked by (``oracle`` = the true length, ``prompt_oracle`` …); ``None`` for a
+            policy that reads none (fcfs).
         decode_slots: requests decoding per step; every other prefilled request is parked (keeps its KV).
         max_idle_s: the starvation guard (seconds parked before promotion; ``None``: off).
         switch_margin_tokens: ``srpt`` hysteresis.
         prefill_ahead: at most this many prefilled requests wait parked (new arrivals are prefilled, in arrival
             order, only while fewer do); ``None``: every arrival is prefilled at once.
+
+    Raises:
+        LenpredError: an unknown policy (the message lists the registered ones), or a policy that reads a prediction
+            without a predictor.
     """
 
     policy: str = "sjf"
@@ -272,10 +278,19 @@ class ParkedConfig:
     switch_margin_tokens: float = 16.0
     prefill_ahead: int | None = None
 
+    def __post_init__(self):
+        if self.parked_policy().reads_prediction and self.predictor is None:
+            raise LenpredError(f"parked {self.policy} needs a predictor")
+
+    def parked_policy(self) -> ParkedPolicy:
+        """The registered policy :attr:`policy` names (:func:`lenpred.serving.parked.make_parked_policy`)."""
+        return make_parked_policy(self.policy)
+
     @property
     def label(self) -> str:
-        """``parked_<policy>[:<predictor>]`` (table rows)."""
-        return f"parked_{self.policy}" + (f":{self.predictor}" if self.predictor and self.policy != "fcfs" else "")
+        """``parked_<policy>[:<predictor>]`` (table rows; the predictor only where the policy reads one)."""
+        shown = self.predictor and self.parked_policy().reads_prediction
+        return f"parked_{self.policy}" + (f":{self.predictor}" if shown else "")
 
 
 def simulate_parked(requests: list, parked: ParkedConfig, cost, cfg: SimConfig,
@@ -286,14 +301,13 @@ def simulate_parked(requests: list, parked: ParkedConfig, cost, cfg: SimConfig,
     :func:`lenpred.serving.parked.choose_decoders`; the others keep their KV cache (no recomputation).
 
     Args:
-        remaining: ``remaining(request, generated) -> tokens`` for ``srpt`` (default: the countdown of the static
-            prediction; :func:`lenpred.serving.policies.progressive_remaining` re-ranks at its update steps).
+        remaining: ``remaining(request, generated) -> tokens`` for a policy that reads remaining lengths (``srpt``;
+            default: the countdown of the static prediction; :func:`lenpred.serving.policies.progressive_remaining`
+            re-ranks at its update steps).
 
     Returns:
         ``(summary metrics, per-request timings)`` as :func:`simulate`.
     """
-    if parked.policy != "fcfs" and parked.predictor is None:
-        raise LenpredError(f"parked {parked.policy} needs a predictor")
     requests = with_arrivals(requests, cfg)
     if remaining is None and parked.predictor is not None:
         remaining = countdown_remaining(parked.predictor)
@@ -304,8 +318,9 @@ class _Parked(_Continuous):
     """:class:`_Continuous` where ``running`` is the decode set and ``parked`` holds the other prefilled requests."""
 
     def __init__(self, requests: list, parked: ParkedConfig, remaining, cost, cfg: SimConfig):
-        super().__init__(requests, make_policy("fcfs"), cost, cfg)  # admission: arrival order
+        super().__init__(requests, FCFS(), cost, cfg)  # admission: arrival order
         self.parked_cfg, self.remaining_fn = parked, remaining
+        self.parked_policy = parked.parked_policy()  # resolved once
         self.parked: list = []
         self.last_decode_t: dict[int, float] = {}
 
@@ -320,9 +335,7 @@ class _Parked(_Continuous):
     def _admit(self) -> list:
         budget = self.cfg.max_num_batched_tokens - len(self.running)
         new = []
-        limit = self.cfg.max_num_seqs
-        if self.parked_cfg.prefill_ahead is not None:
-            limit = min(limit, self.parked_cfg.decode_slots + self.parked_cfg.prefill_ahead)
+        limit = admission_limit(self.cfg.max_num_seqs, self.parked_cfg.decode_slots, self.parked_cfg.prefill_ahead)
         for w in list(self.waiting):
             if len(self.running) + len(self.parked) + len(new) >= limit:
                 break
@@ -340,8 +353,8 @@ class _Parked(_Continuous):
             return
         c = self.parked_cfg
         decoding = {r.request_id for r in self.running}
-        decision = choose_decoders([self._slot(r, r.request_id in decoding) for r in pool], c.policy, c.decode_slots,
-                                   c.max_idle_s, c.switch_margin_tokens)
+        decision = choose_decoders([self._slot(r, r.request_id in decoding) for r in pool], self.parked_policy,
+                                   c.decode_slots, c.max_idle_s, c.switch_margin_tokens)
         by_id = {str(r.request_id): r for r in pool}
         for r in self.running:
             self.last_decode_t[r.request_id] = self.t
@@ -351,7 +364,7 @@ class _Parked(_Continuous):
     def _steps_until_event(self) -> int:
         k = min(self._tokens(r) - self.generated[r.request_id] for r in self.running)
         updates = getattr(self.remaining_fn, "update_steps", None)
-        if self.parked and self.parked_cfg.policy == "srpt" and updates:
+        if self.parked and self.parked_policy.reads_remaining and updates:  # re-rank when estimates move
             for r in self.running:
                 later = [s for s in updates if s > self.generated[r.request_id]]
                 if later:
