@@ -13,6 +13,7 @@ from lenpred.pipeline import LengthPredictor
 from lenpred.serving.vllm.capture import (CaptureTarget, LayerCapture, ScheduledRequest, capture_plan, collect_states,
                                           last_rows)
 from lenpred.serving.vllm.config import EngineConfig
+from lenpred.serving.vllm.worker import residual_stream_rows, scheduled_requests
 
 
 def test_capture_plan_keeps_the_last_prompt_token_and_plp_steps():
@@ -60,7 +61,7 @@ class _FusedLayer(torch.nn.Module):
 def test_layer_capture_sums_hidden_and_residual_at_each_last_row():
     layers = [_FusedLayer(), _FusedLayer()]
     qsl = torch.tensor([0, 2, 5])
-    cap = LayerCapture(layers, (2,), query_start_loc=lambda: qsl)
+    cap = LayerCapture(layers, (2,), row_starts=lambda: qsl, stream_rows=residual_stream_rows)
     x = torch.arange(10, dtype=torch.float32).reshape(5, 2)
     layers[1](x)
     states = cap.take()
@@ -71,15 +72,97 @@ def test_layer_capture_sums_hidden_and_residual_at_each_last_row():
     layers[1](x)
     assert cap.take() == {}
     with pytest.raises(LenpredError, match="cannot be captured from a 2-layer model"):
-        LayerCapture(layers, (3,))
-    none = LayerCapture(layers, (1,), query_start_loc=lambda: None)  # dummy / profiling runs: nothing kept
+        LayerCapture(layers, (3,), row_starts=lambda: qsl)
+    none = LayerCapture(layers, (1,), row_starts=lambda: None)  # dummy / profiling runs: nothing kept
     layers[0](x)
     assert none.take() == {}
 
 
-def test_scheduled_requests_reads_new_and_cached_requests():
-    from lenpred.serving.vllm.capture import scheduled_requests
+def test_layer_capture_reads_a_plain_layer_output_by_default():
+    layer = torch.nn.Linear(2, 2, bias=False)
+    torch.nn.init.eye_(layer.weight)  # identity: the output is the input
+    cap = LayerCapture([layer], (1,), row_starts=lambda: torch.tensor([0, 3, 4]))
+    x = torch.arange(8, dtype=torch.float32).reshape(4, 2)
+    with torch.no_grad():
+        layer(x)
+    np.testing.assert_allclose(cap.take()[1].numpy(), [[4.0, 5.0], [6.0, 7.0]])  # rows 2 and 3
+    cap.remove()
 
+
+def test_the_contract_module_imports_no_vllm_and_names_versions_and_attributes():
+    import subprocess
+    import sys
+
+    from lenpred.serving.vllm.contract import VLLM_VERSIONS, missing_attribute, require_attributes, vllm_version_warning
+
+    code = "import sys, lenpred.serving.vllm.contract; print([m for m in sys.modules if m.split('.')[0] == 'vllm'])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+    assert VLLM_VERSIONS == ("0.32.0",)
+    assert vllm_version_warning("0.32.0", "x") is None and vllm_version_warning("0.32.0+cpu", "x") is None
+    assert vllm_version_warning("0.33.1", "the lenpred scheduler") == (
+        "the lenpred scheduler was written for vLLM 0.32.0, and vLLM 0.33.1 is installed: it relies on non-public vLLM "
+        "internals, so check its results (tests/test_vllm_contract.py) or install vLLM 0.32.0")
+    obj = SimpleNamespace(running=[], kv_cache_manager=SimpleNamespace(block_pool=SimpleNamespace()))
+    assert missing_attribute(obj, ("running", "kv_cache_manager.block_pool")) is None
+    assert missing_attribute(obj, ("running", "kv_cache_manager.block_pool.get_num_free_blocks", "gone")) == (
+        "kv_cache_manager.block_pool.get_num_free_blocks")
+    from dataclasses import dataclass
+
+    @dataclass
+    class Output:  # a field without a default is no class attribute, and still counts
+        req_ids: list
+
+    assert missing_attribute(Output, ("req_ids",)) is None and missing_attribute(Output, ("req_id_to_index",)) == (
+        "req_id_to_index")
+    with pytest.raises(LenpredError, match=r"^vLLM's Scheduler in vLLM 0.33.1 has no 'max_num_active_reqs', which the "
+                                           r"lenpred plug-in \(written for vLLM 0.32.0\) needs: install vLLM 0.32.0$"):
+        require_attributes(obj, ("running", "max_num_active_reqs"), "vLLM's Scheduler", "0.33.1")
+
+
+def test_the_scheduler_module_imports_neither_the_worker_nor_the_capture():
+    import ast
+    from pathlib import Path
+
+    import lenpred.serving.vllm as plugin
+
+    tree = ast.parse((Path(plugin.__file__).parent / "scheduler.py").read_text())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert "lenpred.serving.vllm.contract" in imported  # STATES_ATTR comes from here
+    assert not {"lenpred.serving.vllm.worker", "lenpred.serving.vllm.capture"} & imported
+    assert not [m for m in imported if m and m.startswith("vllm.v1.worker")]
+
+
+def test_engine_config_takes_its_policy_names_and_properties_from_the_registry():
+    from dataclasses import dataclass
+
+    from lenpred.serving.parked import PARKED_POLICIES, ParkedPolicy, ParkedSJF, register_parked
+
+    assert EngineConfig(policy="observe").parked_policy() is None
+    assert EngineConfig(policy="sjf").parked_policy() == ParkedSJF()
+    assert EngineConfig(policy="srpt").refreshes_remaining and not EngineConfig(policy="srpt", plp=False
+                                                                                ).refreshes_remaining
+    assert not EngineConfig(policy="sjf").refreshes_remaining and not EngineConfig(policy="observe").refreshes_remaining
+
+    @register_parked("lifo")
+    @dataclass(frozen=True)
+    class LIFO(ParkedPolicy):  # a new policy is one registered class; its flags drive the engine
+        reads_remaining = True
+
+        def key(self, request, switch_margin_tokens):
+            return (-request.arrival_time_s, request.request_id)
+
+    try:
+        cfg = EngineConfig(policy="lifo")
+        assert cfg.parked_policy() == LIFO() and cfg.refreshes_remaining
+    finally:
+        del PARKED_POLICIES["lifo"]
+    with pytest.raises(LenpredError, match="policy 'lifo' is unknown; valid: observe, fcfs, sjf, srpt"):
+        EngineConfig(policy="lifo")
+
+
+def test_scheduled_requests_reads_new_and_cached_requests():
     out = SimpleNamespace(
         scheduled_new_reqs=[SimpleNamespace(req_id="a", prompt_token_ids=[1, 2, 3], num_computed_tokens=0)],
         scheduled_cached_reqs=SimpleNamespace(req_ids=["b", "a"], num_computed_tokens=[7, 3]),

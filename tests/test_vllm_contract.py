@@ -3,7 +3,8 @@
 ``kv_cache_manager.block_pool``, ``_preempt_request``, ``AsyncScheduler``) and the ``SchedulerOutput`` fields the
 worker reads: schedule -> update_from_output
 -> finish / abort with fake ``ModelRunnerOutput``s, no weights, no engine, seconds; so that a vLLM bump that moves
-them fails here, not in a benchmark. End to end with the model: ``test_vllm_plugin.py`` (slow)."""
+them fails here, not in a benchmark. Also: both adapters' start-up checks against the installed vLLM, and a parked
+policy registered in one class running in the engine by name. End to end with the model: ``test_vllm_plugin.py`` (slow)."""
 
 import numpy as np
 import pytest
@@ -19,9 +20,10 @@ from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import FinishReason, Request, RequestStatus  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
-from lenpred.serving.vllm.capture import capture_plan, scheduled_requests  # noqa: E402
+from lenpred.serving.vllm.capture import capture_plan  # noqa: E402
+from lenpred.serving.vllm.contract import STATES_ATTR  # noqa: E402
 from lenpred.serving.vllm.scheduler import LenpredScheduler  # noqa: E402
-from lenpred.serving.vllm.worker import STATES_ATTR  # noqa: E402
+from lenpred.serving.vllm.worker import scheduled_requests  # noqa: E402
 
 pytestmark = [pytest.mark.vllm]
 
@@ -329,3 +331,69 @@ def test_kv_pressure_preempts_parked_requests_not_the_decoder_and_everything_fin
     c = s.lenpred_counters
     assert c["kv_preempted"] >= 1 and c["recomputed_tokens"] >= 40 * c["kv_preempted"]
     assert_clean(s, free)
+
+
+def test_a_policy_registered_in_one_class_runs_in_the_engine_by_name(model_dir, caplog):
+    from dataclasses import dataclass
+
+    from lenpred.serving.parked import PARKED_POLICIES, ParkedPolicy, register_parked
+
+    @register_parked("lpt")
+    @dataclass(frozen=True)
+    class LongestFirst(ParkedPolicy):  # longest predicted first, non-preemptive: one class, nothing else
+        reads_prediction = True
+
+        def key(self, request, switch_margin_tokens):
+            return (-request.predicted_total, request.arrival_time_s, request.request_id)
+
+    try:
+        with caplog.at_level("WARNING", logger="vllm.lenpred.scheduler"):
+            s, worker, free = make_scheduler(model_dir, policy="lpt", decode_slots=1, rank_by="priority",
+                                             max_idle_s=None)
+        assert not [r for r in caplog.records if r.name == "vllm.lenpred.scheduler"]  # vLLM 0.32.0: no warning
+        assert s._lp_policy == LongestFirst() and s._lp_plp is None
+        for k, (rid, prio) in enumerate((("a", 30), ("b", 10), ("c", 20))):
+            s.add_request(request(rid, max_tokens=3, priority=prio, first=100 + 30 * k))
+        so, _ = step(s, worker)
+        assert so.num_scheduled_tokens == {"a": 20, "b": 20, "c": 20}  # every prefill at once
+        so, _ = step(s, worker)
+        assert so.num_scheduled_tokens == {"a": 1}  # the longest (30) decodes, the others are parked
+        assert list(drain(s, worker)) == ["a", "c", "b"]  # longest first (sjf: b, c, a; fcfs: a, b, c)
+        assert s.lenpred_counters["parked_request_steps"] == 2 + 2 + 1 + 1  # b, c while a decodes 2; b while c 2
+        assert_clean(s, free)
+    finally:
+        del PARKED_POLICIES["lpt"]
+
+
+def test_another_vllm_version_is_warned_about_and_a_missing_internal_refused_by_name(model_dir, caplog, monkeypatch):
+    import vllm
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    from lenpred.errors import LenpredError
+
+    monkeypatch.setattr(vllm, "__version__", "0.33.0")
+    with caplog.at_level("WARNING", logger="vllm.lenpred.scheduler"):
+        make_scheduler(model_dir, policy="sjf")
+    assert [r.getMessage() for r in caplog.records if r.name == "vllm.lenpred.scheduler"] == [
+        "lenpred: the lenpred scheduler was written for vLLM 0.32.0, and vLLM 0.33.0 is installed: it relies on "
+        "non-public vLLM internals, so check its results (tests/test_vllm_contract.py) or install vLLM 0.32.0"]
+    monkeypatch.delattr(Scheduler, "_preempt_request")
+    with pytest.raises(LenpredError, match=r"^vLLM's Scheduler class in vLLM 0.33.0 has no '_preempt_request', which "
+                                           r"the lenpred plug-in \(written for vLLM 0.32.0\) needs"):
+        make_scheduler(model_dir, policy="sjf")
+
+
+def test_the_worker_adapter_finds_what_it_reads_in_the_installed_vllm(caplog):
+    from types import SimpleNamespace
+
+    from lenpred.errors import LenpredError
+    from lenpred.serving.vllm.worker import LenpredCPUWorker, check_vllm
+
+    worker = object.__new__(LenpredCPUWorker)  # no __init__: only what check_vllm reads
+    worker.model_runner = SimpleNamespace(get_model=lambda: None)
+    with caplog.at_level("WARNING", logger="vllm.lenpred.worker"):
+        check_vllm(worker)  # forward context, SchedulerOutput / NewRequestData / CachedRequestData, CPUWorker
+    assert not [r for r in caplog.records if r.name == "vllm.lenpred.worker"]
+    worker.model_runner = SimpleNamespace()
+    with pytest.raises(LenpredError, match=r"^vLLM's worker in vLLM 0.32.0 has no 'model_runner.get_model'"):
+        check_vllm(worker)

