@@ -30,7 +30,7 @@ def vllm_version_warning(version: str, adapter: str) -> str | None:
 
 
 def missing_attribute(obj, paths: tuple[str, ...]) -> str | None:
-    """The first of ``paths`` (attribute names, dotted for nested ones: ``kv_cache_manager.block_pool``) that ``obj``
+    """The first of ``paths`` (attribute names, dotted for nested ones: ``outer.inner.method``) that ``obj``
     lacks, or ``None``. A dataclass's fields count as attributes of the class even without a default."""
     for path in paths:
         here = obj
