@@ -40,7 +40,8 @@ RANKS = {
     "pipeline": 3,  # LengthPredictor: dataset + tuning + predictors
     "serving": 4,  # policies, simulator, proxy (serves a LengthPredictor), vLLM plug-in
     "studies": 5,
-    "cli": 6,
+    "cli": 6, "cli_schedule": 6,  # the commands (`lenpred schedule ...` in their own module)
+    "cli_options": 6,  # how a command is declared: options from a config's fields, one-line errors
 }
 
 def layer_of(module: str) -> int | None:
