@@ -33,7 +33,7 @@ COMMANDS = {
     "demo": ([(EvalConfig, DEMO_DEFAULTS)], {}, {}),
     "evaluate": ([EvalConfig], {}, {}),
     "progressive": ([ProgressiveConfig], {}, {}),
-    "train": ([LengthPredictor, LengthPredictor.fit_traffic, LengthPredictor.fit],
+    "train": ([LengthPredictor, LengthPredictor.from_traffic, LengthPredictor.fit],
               {}, {"bench", "out", "traffic", "data_dir", "cache", "threads"}),
     "traffic-replay": ([TrafficReplayConfig], {}, {}),
     "predict": ([], {}, {"predictor", "file", "max_new_tokens", "scenario", "distribution", "threads"}),
@@ -105,7 +105,7 @@ def test_default_of_reads_fields_signatures_and_overrides():
     assert default_of(EvalConfig, "out") == "results/evaluate"
     assert default_of(EvalConfig, "out", DEMO_DEFAULTS) == "results/demo"
     assert default_of(TrafficReplayConfig, "streams") == "recurring,new-prompts"  # a field(default=...)
-    assert default_of(LengthPredictor.fit_traffic, "calibration_share") == 0.1
+    assert default_of(LengthPredictor.from_traffic, "calibration_share") == 0.1
     with pytest.raises(KeyError):
         default_of(EvalConfig, "no_such_field")
     with pytest.raises(KeyError):

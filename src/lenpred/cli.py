@@ -235,7 +235,7 @@ def progressive(
                                                          threads=threads)), Console())
 
 
-FIT, TRAFFIC_FIT = Defaults(LengthPredictor), Defaults(LengthPredictor.fit_traffic)
+FIT, TRAFFIC_FIT = Defaults(LengthPredictor), Defaults(LengthPredictor.from_traffic)
 
 
 @app.command()
@@ -277,8 +277,8 @@ def train(
     if any(p.exists() and not p.is_dir() for p in (out_path, *out_path.parents)):  # refused before any work
         raise LenpredError(f"--out {out} is (or lies under) a file: pass a directory")
     if traffic is not None:
-        predictor = LengthPredictor().fit_traffic(traffic, bench, base, calibration_share, test_share, finetune,
-                                                  data_dir=data_dir, cache=cache, threads=threads)
+        predictor = LengthPredictor.from_traffic(traffic, bench, base, calibration_share, test_share, finetune,
+                                                 data_dir=data_dir, cache=cache, threads=threads)
     else:
         predictor = LengthPredictor(method, model, _ints("--layers", layers), coverage, seed, epochs,
                                     pool_span=pool_span)
