@@ -149,6 +149,19 @@ def make_tiny_arch_dir(path: Path, arch: str, seed: int = 0) -> Path:
     return path
 
 
+def gguf_tensor_names(num_layers: int) -> dict[str, str]:
+    """HF Llama weight names -> llama.cpp's GGUF tensor names."""
+    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+             "lm_head.weight": "output.weight"}
+    for i in range(num_layers):
+        for hf, gg in (("input_layernorm", "attn_norm"), ("self_attn.q_proj", "attn_q"), ("self_attn.k_proj", "attn_k"),
+                       ("self_attn.v_proj", "attn_v"), ("self_attn.o_proj", "attn_output"),
+                       ("post_attention_layernorm", "ffn_norm"), ("mlp.gate_proj", "ffn_gate"),
+                       ("mlp.up_proj", "ffn_up"), ("mlp.down_proj", "ffn_down")):
+            names[f"model.layers.{i}.{hf}.weight"] = f"blk.{i}.{gg}.weight"
+    return names
+
+
 def write_tiny_gguf(path: Path, seed: int = 0):
     """Write a 2-layer random Llama as an F32 GGUF file with a byte-level BPE vocabulary (the 256 byte symbols, no
     merges, then three control tokens), the way llama.cpp's converter lays it out (q / k rows permuted for its rope
@@ -191,15 +204,7 @@ def write_tiny_gguf(path: Path, seed: int = 0):
     writer.add_bos_token_id(256)
     writer.add_eos_token_id(258)
     sd = {k: v.detach().numpy().astype(np.float32) for k, v in model.state_dict().items()}
-    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-             "lm_head.weight": "output.weight"}
-    for i in range(2):
-        for hf, gg in (("input_layernorm", "attn_norm"), ("self_attn.q_proj", "attn_q"), ("self_attn.k_proj", "attn_k"),
-                       ("self_attn.v_proj", "attn_v"), ("self_attn.o_proj", "attn_output"),
-                       ("post_attention_layernorm", "ffn_norm"), ("mlp.gate_proj", "ffn_gate"),
-                       ("mlp.up_proj", "ffn_up"), ("mlp.down_proj", "ffn_down")):
-            names[f"model.layers.{i}.{hf}.weight"] = f"blk.{i}.{gg}.weight"
-    for hf, gg in names.items():
+    for hf, gg in gguf_tensor_names(2).items():
         w = sd[hf]
         if hf.endswith("q_proj.weight"):
             w = permute(w, n_head)
@@ -266,15 +271,17 @@ TINY_PROMPTS = ["hello world", "write a long poem about sea please", [{"role": "
 
 def fit_tiny_predictor(backbone, method: str, layer: int):
     """A :class:`lenpred.pipeline.LengthPredictor` on the tiny model, its head fitted (3 epochs, 4 bins) on the full path's features
-    of TINY_PROMPTS; margin 1.5 tokens."""
+    of TINY_PROMPTS; margin 1.5 tokens (its config_ made up: no benchmark, prompt rule "t")."""
     import numpy as np
 
     from lenpred.pipeline import LengthPredictor
     from lenpred.predictors import make_predictor
 
+    from lenpred.predictor_config import PredictorConfig
+
     lp = LengthPredictor(method, "tiny", layers=(layer,))
     lp.backbone_, lp.margin_, lp.card_ = backbone, 1.5, {}
-    lp.config_ = {"layers": [layer], "semantic": False}
+    lp.config_ = PredictorConfig(method, {}, {}, "tiny", backbone.revision, [layer], False, "t", lp.coverage, 1.5, None)
     lp.predictor_ = make_predictor(method, layer=layer, head={"epochs": 3, "num_bins": 4})
     train = lp.prepare(TINY_PROMPTS * 4, 16)
     lp._attach_signals(train, 4096, False)

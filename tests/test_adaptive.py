@@ -68,3 +68,21 @@ def test_replay_matches_the_wrapper_and_bad_settings():
         AdaptiveConfig(method="pid")
     with pytest.raises(LenpredError, match="coverage"):
         AdaptiveConfig(coverage=1.0)
+
+
+def test_an_aci_margin_of_minus_infinity_serves_a_point_not_an_inverted_interval():
+    """alpha_t >= 1 makes ACI ask for an empty set (margin -inf): the served interval is the raw midpoint (clipped to
+    the cap), never low > high; a replay whose large gamma drives alpha_t past 1 serves no inverted interval."""
+    s = AdaptiveInterval(AdaptiveConfig(method="aci", min_scores=1))
+    s.update(10, 20, 15)
+    s.pooled.alpha_t = 1.2
+    assert s.margin() == -math.inf
+    assert s.interval(10, 20) == (15, 15) and s.interval(10, 20, cap=12) == (12, 12)
+    rng = np.random.default_rng(1)
+    low_raw = rng.uniform(0, 50, 400)
+    high_raw = low_raw + rng.uniform(0, 40, 400)
+    y = rng.uniform(0, 60, 400)  # covered far more often than 50 %: alpha_t climbs
+    cfg = AdaptiveConfig(coverage=0.5, method="aci", gamma=0.5, window=50, min_scores=5)
+    low, high = replay_intervals(low_raw, high_raw, y, np.full(400, 64.0), config=cfg)
+    assert (low <= high).all() and (high <= 64).all()
+    assert (low == high).any()  # the -inf margin was reached

@@ -52,7 +52,7 @@ COMMANDS = {
     "demo": ([EvalConfig], set()),
     "evaluate": ([EvalConfig], set()),
     "progressive": ([ProgressiveConfig], set()),
-    "train": ([LengthPredictor, LengthPredictor.fit, LengthPredictor.fit_traffic], {"out", "traffic"}),
+    "train": ([LengthPredictor, LengthPredictor.fit, LengthPredictor.from_traffic], {"out", "traffic"}),
     "traffic-replay": ([TrafficReplayConfig], set()),
     "predict": ([], {"predictor", "file", "max_new_tokens", "scenario", "distribution", "threads"}),
     "serve": ([run_proxy, BatchConfig], set()),

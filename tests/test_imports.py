@@ -32,12 +32,15 @@ RANKS = {
     # what a predictor reads, the predictors, the engines that generate responses; `truncated` turns signals of a
     # cut prompt into a prediction with `inputs.cache`'s batching
     "engines": 1, "inputs": 1, "predictors": 1, "truncated": 1,
+    # the last predict stage (one head pass -> distribution -> interval), numpy only
+    "prediction": 1,
     # benchmarks and the one loader / tuner on top of them (the loader reads benchmark files)
     "bench": 2, "dataset": 2, "tuning": 2, "tuning_settings": 2,
     # learning while serving: the online PLP state, the traffic log, adaptive intervals, refits and OnlineLearning;
-    # none of them imports the pipeline, which uses them (attach_progressive, fit_traffic)
+    # none of them imports the pipeline, which uses them (attach_progressive, from_traffic)
     "online": 2,
     "pipeline": 3,  # LengthPredictor: dataset + tuning + predictors
+    "predictor_config": 3, "predictor_card": 3, "traffic_refit": 3,  # its config.json, card, refit on traffic
     "serving": 4,  # policies, simulator, proxy (serves a LengthPredictor), vLLM plug-in
     "studies": 5,
     "cli": 6, "cli_schedule": 6,  # the commands (`lenpred schedule ...` in their own module)

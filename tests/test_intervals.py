@@ -1,3 +1,5 @@
+import math
+
 import numpy as np
 import pytest
 
@@ -51,3 +53,23 @@ def test_widened_interval_applies_the_margin_then_the_floor_and_the_cap():
     assert widened_interval(10, 20, 5, cap=22) == (5, 22) and widened_interval(10, 20, 15) == (0, 35)
     lo, hi = widened_interval(np.float32([3, 30]), np.float32([8, 90]), 4.5, np.array([100.0, 60.0]))
     assert lo.tolist() == [0.0, 25.5] and hi.tolist() == [12.5, 60.0] and lo.dtype == np.float32
+
+
+def test_widened_interval_is_never_inverted():
+    """A negative margin narrows the interval; ends that would cross meet at the raw midpoint, and a floor above the
+    cap (or a top below 0) is clipped into [0, cap]; where nothing crosses the formula is kept."""
+    from lenpred.intervals import widened_interval
+
+    assert widened_interval(10, 20, -4) == (14, 16)  # narrowed, not crossed: the formula
+    assert widened_interval(10, 20, -8) == (15, 15)  # 18 > 12: crossed, both at the midpoint
+    assert widened_interval(10, 20, -math.inf) == (15, 15)  # ACI's empty set: (inf, -inf) before
+    assert widened_interval(10, 20, math.inf, cap=50) == (0, 50)
+    assert widened_interval(10, 20, -3, cap=12) == (12, 12)  # low 13 above the cap 12
+    assert widened_interval(-5, -2, 0) == (0, 0)  # high -2 below the floor
+    lo, hi = widened_interval(np.float32([3, 30, 10]), np.float32([8, 90, 11]), -math.inf, np.array([100.0, 60.0, 5]))
+    assert lo.tolist() == [5.5, 60.0, 5.0] and hi.tolist() == [5.5, 60.0, 5.0] and lo.dtype == np.float32
+    rng = np.random.default_rng(0)
+    low = rng.uniform(0, 100, 1000)
+    for margin in (-200.0, -30.0, -1.0, 0.0, 30.0, -math.inf, math.inf):
+        lo, hi = widened_interval(low, low + rng.uniform(0, 50, 1000), margin, rng.uniform(1, 120, 1000))
+        assert (lo <= hi).all() and (lo >= 0).all(), margin

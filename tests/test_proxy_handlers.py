@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from types import SimpleNamespace
@@ -150,7 +151,7 @@ def test_lenpred_serve_logs_answered_requests_with_the_interval_it_served(tiny_b
     from lenpred.online.traffic_log import TrafficLogConfig, read_traffic_log
 
     lp = fit_tiny_predictor(tiny_backbone, "last", 2)
-    lp.config_ |= {"model_id": "tiny", "model_revision": "r0", "method": "last", "template_rule": "t"}  # the card
+    lp.config_ = dataclasses.replace(lp.config_, model_revision="r0")  # what the log's metadata records
     online = OnlineLearning(lp, log=TrafficLogConfig(str(tmp_path / "log")))
     calls, hook = [], traffic_hook(online)
     upstream = Starlette(routes=[Route(p, _usage_chat, methods=["POST"]) for p in ("/v1/chat/completions",

@@ -1,4 +1,4 @@
-"""Refit on logged traffic: time split by hand, `LengthPredictor.fit_traffic` / `lenpred train --traffic` on the tiny
+"""Refit on logged traffic: time split by hand, `LengthPredictor.from_traffic` / `lenpred train --traffic` on the tiny
 model (saved like any predictor, card says where its data came from), refusals, and the serving-side API."""
 
 import json
@@ -69,7 +69,7 @@ def test_fit_traffic_saves_a_predictor_whose_card_names_its_data(base, tmp_path)
     log = read_traffic_log(tmp_path / "log")
     assert log.num_records == 60 and len(log.parts) >= 4 and log.metadata["method"] == "last"  # <= 16 rows a part
     assert set(log.columns["group"]) == {"route0", "route1"} and log.censored.sum() == 15
-    p = LengthPredictor().fit_traffic(tmp_path / "log", base=base_dir, calibration_share=0.25, test_share=0.25)
+    p = LengthPredictor.from_traffic(tmp_path / "log", base=base_dir, calibration_share=0.25, test_share=0.25)
     t = p.config_["training_traffic"]
     assert (t["num_train"], t["num_calibration"], t["num_test"], t["parts"]) == (30, 15, 15, len(log.parts))
     assert p.config_["training_benchmark"] is None and p.method == "last" and p.coverage == 0.5
@@ -78,7 +78,7 @@ def test_fit_traffic_saves_a_predictor_whose_card_names_its_data(base, tmp_path)
     path = p.save_pretrained(tmp_path / "refit")
     text = (path / "CARD.md").read_text()
     assert "trained on logged traffic" in text and "the earliest 30 train" in text and "refitted from" in text
-    tuned = LengthPredictor().fit_traffic(tmp_path / "log", base=base_dir, finetune=True)
+    tuned = LengthPredictor.from_traffic(tmp_path / "log", base=base_dir, finetune=True)
     assert set(tuned.config_["chosen_on_validation"]["finetuned"]) == {"epochs", "lr"}
     assert "fine-tuned from" in tuned.save_pretrained(tmp_path / "tuned").joinpath("CARD.md").read_text()
     loaded = LengthPredictor.from_pretrained(path)
@@ -104,13 +104,13 @@ def test_logs_of_another_predictor_are_refused(base, tmp_path):
         for i in range(20):
             w.record(_row(np.zeros(3), float(i)))
     with pytest.raises(LenpredError, match="3-wide features"):
-        LengthPredictor().fit_traffic(tmp_path / "wide", base=base_dir)
+        LengthPredictor.from_traffic(tmp_path / "wide", base=base_dir)
     d = len(base_p.predictor_.head_.mean_)
     with TrafficLogWriter(TrafficLogConfig(tmp_path / "rev", metadata={"model_revision": "other"})) as w:
         for i in range(20):
             w.record(_row(np.zeros(d), float(i)))
     with pytest.raises(LenpredError, match="model_revision other"):
-        LengthPredictor().fit_traffic(tmp_path / "rev", base=base_dir)
+        LengthPredictor.from_traffic(tmp_path / "rev", base=base_dir)
 
 
 def test_online_fixed_interval_is_the_predictors(base):

@@ -102,7 +102,7 @@ def progressive(**options):
     render_progressive(run_progressive(ProgressiveConfig(**options)), Console())
 
 
-FIT, FIT_TRAFFIC = LengthPredictor.fit, LengthPredictor.fit_traffic
+FIT, FIT_TRAFFIC = LengthPredictor.fit, LengthPredictor.from_traffic
 WITH_TRAFFIC = "With --traffic: "
 TRAIN = Options(LengthPredictor, {
     "bench": Opt(f"Benchmark directory to train on \\[default: {DEFAULT_BENCH}]; with --traffic, its train split is "
@@ -141,7 +141,7 @@ def train(out: str, traffic: Optional[str], **options):
         raise LenpredError(f"--out {out} is (or lies under) a file: pass a directory")
     fit, refit = TRAIN.take(options, FIT), TRAIN.take(options, FIT_TRAFFIC)
     if traffic is not None:
-        predictor = LengthPredictor().fit_traffic(log=traffic, **refit, **fit)
+        predictor = LengthPredictor.from_traffic(log=traffic, **refit, **fit)
     else:
         predictor = LengthPredictor(**options).fit(refit["bench"] or DEFAULT_BENCH, **fit)
     path = predictor.save_pretrained(out)

@@ -7,7 +7,7 @@
   ``ceil((n + 1) * coverage) / n`` empirical quantile of ``E``, and ``[low - margin, high + margin]`` covers a new
   exchangeable sample with probability ``>= coverage``. A point predictor is the special case ``low = high``.
   Samples of one prompt are not exchangeable with each other; the coverage on test is reported, not assumed.
-* :func:`widened_interval`: the served interval, the one place the margin and the cap are applied.
+* :func:`widened_interval`: the served interval, the one place the margin and the cap are applied (never inverted).
 """
 
 from __future__ import annotations
@@ -78,21 +78,33 @@ def conformal_margin(low: np.ndarray, high: np.ndarray, y: np.ndarray, coverage:
 
 def widened_interval(low, high, margin: float, cap=None):
     """The served interval in tokens: ``[max(low - margin, 0), min(high + margin, cap)]`` (CQR's widening, Romano et
-    al. 2019, clipped to what the request can generate). Every predict path, the online interval and the traffic
-    replay call this one rule.
+    al. 2019, clipped to what the request can generate), never inverted. Every predict path, the online interval
+    and the traffic replay call this one rule.
+
+    A negative margin (the online interval reaches one; ACI's is ``-inf`` when it asks for an empty set, see
+    :func:`lenpred.online.adaptive.conformal_quantile`) narrows the interval; where its ends would cross
+    (``low - margin > high + margin``) both sit at the raw interval's midpoint ``(low + high) / 2``, the point the
+    narrowing converges to. The floor and the cap then clip both ends to ``[0, cap]``, so ``low <= high`` always
+    (for ``cap >= 0``). Where nothing crosses, the result is the formula's, to the bit.
 
     Args:
         low, high: the head's quantiles, scalars or ``(n,)`` arrays (NumPy's promotion rules set the result dtype:
             float32 quantiles with a float margin stay float32).
-        margin: the conformal margin, tokens (fixed or online-adapted). The rule is the formula, nothing more: a
-            negative margin (which the online interval can reach) can give ``low > high``.
+        margin: the conformal margin, tokens (fixed or online-adapted; ``-inf`` and ``+inf`` allowed).
         cap: the request's ``max_new_tokens``, scalar or ``(n,)``; ``None``: uncapped.
 
     Returns:
         ``(low, high)``: Python floats for scalar input, else arrays.
     """
-    lo = np.maximum(np.asarray(low) - margin, 0.0)
-    hi = np.minimum(np.asarray(high) + margin, np.inf if cap is None else cap)
+    low, high = np.asarray(low), np.asarray(high)
+    lo, hi = low - margin, high + margin
+    crossed = lo > hi  # a negative margin larger than half the raw width
+    if np.any(crossed):
+        mid = (low + high) / 2
+        lo, hi = np.where(crossed, mid, lo), np.where(crossed, mid, hi)
+    cap = np.inf if cap is None else cap
+    lo, hi = np.maximum(lo, 0.0), np.minimum(hi, cap)
+    lo, hi = np.minimum(lo, cap).astype(lo.dtype), np.maximum(hi, 0.0)  # a floor above the cap / a top below 0
     return (float(lo), float(hi)) if lo.ndim == 0 else (lo, hi)
 
 

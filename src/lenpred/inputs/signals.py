@@ -30,3 +30,20 @@ def provide_signals(backbone, data, settings: dict[str, Any]) -> dict[str, Any]:
     for p, r in data.by_prompt.items():
         r.signals = signals[p]
     return {}
+
+
+def attach_signals(backbone, requests: list, layers: tuple[int, ...], semantic: bool, batch_tokens: int = 4096,
+                   progress: bool = False) -> None:
+    """Set each :class:`lenpred.predictors.Request`'s ``signals`` from the full prefill (no cache): hidden states at
+    ``layers``, token entropy, and the last layer's attention when ``semantic``, prompts grouped by length into
+    batches of at most ``batch_tokens`` padded tokens (:func:`lenpred.signals.extract_signals`)."""
+    from tqdm.auto import tqdm
+
+    from lenpred.inputs.cache import token_batches
+    from lenpred.signals import extract_signals
+
+    batches = token_batches([r.num_prompt_tokens for r in requests], batch_tokens)
+    for batch in tqdm(batches, desc="prefill signals", unit="batch", disable=not progress):
+        signals = extract_signals(backbone, [requests[i].token_ids for i in batch], layers, semantic)
+        for i, s in zip(batch, signals):
+            requests[i].signals = s

@@ -20,7 +20,10 @@ its own window and ``alpha_t``, and a group with fewer than ``min_group_size`` s
 
 A capped request's observed length is its cap; coverage is of what the serving system observed, as in the
 predictor's card. The served interval ``[max(low_raw - m, 0), min(high_raw + m, cap)]`` covers ``y`` exactly when
-``E <= m`` (``y`` lies in ``[0, cap]``), so clipping never changes a coverage event.
+``E <= m`` (``y`` lies in ``[0, cap]``), so clipping never changes a coverage event. The one exception: a negative
+margin that empties the interval (its ends cross, or its floor passes the cap) is served as a single point
+(:func:`lenpred.intervals.widened_interval` never returns ``low > high``), which may still equal ``y``; the ACI
+step and :meth:`AdaptiveInterval.update`'s answer follow the score (``E <= m``: not covered).
 """
 
 from __future__ import annotations
@@ -120,8 +123,8 @@ class AdaptiveInterval:
     """Online margin for the predictor's interval, pooled or per group (see the module docstring).
 
     The serving path calls :meth:`interval` when a request's prediction is made and :meth:`update` when it
-    finishes; both take the head's raw quantiles (``LengthPredictor`` exposes them through
-    :func:`lenpred.pipeline.raw_quantiles`; the traffic log stores them as ``low_raw`` / ``high_raw``). Not
+    finishes; both take the head's raw quantiles (``LengthPrediction.low_raw`` / ``high_raw``, from
+    :meth:`lenpred.prediction.HeadOutput.quantiles`; the traffic log stores them as ``low_raw`` / ``high_raw``). Not
     thread-safe: call it from one thread (the event loop or the scheduler), as the scheduler does.
     """
 

@@ -10,9 +10,11 @@ Integration (both are off by default; the serving paths expose ``--traffic-log D
 
     online = OnlineLearning(predictor, log=TrafficLogConfig("traffic/") if args.traffic_log else None,
                             adaptive=AdaptiveConfig(method="aci") if args.adaptive_interval else None)
-    # at prediction time, from the features the head read (the proxy: prompt_features; the plug-in: its hook's
-    # pooled state), no extra model pass:
-    served = online.predict(features, max_new_tokens=cap, group=route_tag)      # -> list[ServedPrediction]
+    # at prediction time, reusing the predictions already made (the plug-in: LengthPredictor.predict_states on its
+    # hook's states; each LengthPrediction carries the head's raw quantiles): no extra model or head pass
+    served = online.serve(states, predictions, group=route_tag)                 # -> list[ServedPrediction]
+    # or from the features alone (the proxy: prompt_features), one head pass:
+    served = online.predict(features, max_new_tokens=cap, group=route_tag)
     # when request i finishes:
     online.finished(served[i], num_output_tokens, finish_reason, arrival_time_s, first_token_time_s, finish_time_s)
     ...
@@ -32,8 +34,8 @@ import numpy as np
 from lenpred.errors import LenpredError
 from lenpred.intervals import widened_interval
 from lenpred.online.adaptive import AdaptiveInterval
-from lenpred.online.refit import head_quantiles
 from lenpred.online.traffic_log import TrafficLogWriter, TrafficRecord, predictor_metadata
+from lenpred.prediction import head_pass
 
 
 @dataclass
@@ -101,19 +103,50 @@ class OnlineLearning:
     def predict(self, features: np.ndarray, max_new_tokens: int | None = None, group: str | None = None,
                 prompt_sha256: list[str | None] | None = None,
                 num_prompt_tokens: list[int | None] | None = None) -> list[ServedPrediction]:
-        """Predictions for ``(n, d)`` features (one head call; microseconds per request)."""
+        """Predictions for ``(n, d)`` features: one head pass (:func:`lenpred.prediction.head_pass`, what
+        ``LengthPredictor.predict_states`` runs; microseconds per request), then :meth:`serve`'s interval."""
         X = np.atleast_2d(np.asarray(features, np.float32))
         n = len(X)
         caps = np.full(n, np.inf if max_new_tokens is None else float(max_new_tokens))
-        expected, low_raw, high_raw = head_quantiles(self.predictor.predictor_.head_, X, caps, self.coverage)
+        out = head_pass(self.predictor.predictor_, caps, features=X)
+        _, low_raw, high_raw = out.quantiles(self.coverage)
+        return self._served(X, out.expected, low_raw, high_raw, [max_new_tokens] * n, group, prompt_sha256,
+                            num_prompt_tokens or [None] * n)
+
+    def serve(self, features: np.ndarray, predictions: list, group: str | None = None,
+              prompt_sha256: list[str | None] | None = None) -> list[ServedPrediction]:
+        """Served predictions for requests the predictor already predicted, reusing that head pass (no head call).
+
+        Args:
+            features: ``(n, d)`` (or ``(d,)`` for one request) the head's input, logged as is (float32).
+            predictions: the ``n`` :class:`lenpred.prediction.LengthPrediction` made from them
+                (``LengthPredictor.predict_states``): their expected length, raw quantiles (``low_raw`` /
+                ``high_raw``), cap and prompt length are served and logged.
+            group, prompt_sha256: as :meth:`predict`.
+
+        Raises:
+            LenpredError: ``features`` and ``predictions`` differ in number, or a prediction without raw quantiles.
+        """
+        X = np.atleast_2d(np.asarray(features, np.float32))
+        if len(X) != len(predictions) or any(p.low_raw is None or p.high_raw is None for p in predictions):
+            raise LenpredError(f"serve needs one LengthPrediction with low_raw / high_raw per feature row, got "
+                               f"{len(predictions)} for {len(X)} rows: pass what predict_states returned")
+        return self._served(X, [p.expected for p in predictions], [p.low_raw for p in predictions],
+                            [p.high_raw for p in predictions], [p.max_new_tokens for p in predictions], group,
+                            prompt_sha256, [p.num_prompt_tokens for p in predictions])
+
+    def _served(self, X: np.ndarray, expected, low_raw, high_raw, caps: list, group, prompt_sha256,
+                num_prompt_tokens: list) -> list[ServedPrediction]:
+        """One :class:`ServedPrediction` per row: the interval from the adaptive margin when on, else the
+        predictor's fixed margin (:func:`lenpred.intervals.widened_interval`, the predictor's own rule)."""
         out = []
         with self._lock:
-            for i in range(n):
-                lo, hi = (self.adaptive.interval(low_raw[i], high_raw[i], group, max_new_tokens) if self.adaptive
-                          else widened_interval(low_raw[i], high_raw[i], self.margin, max_new_tokens))
+            for i in range(len(X)):
+                lo, hi = (self.adaptive.interval(low_raw[i], high_raw[i], group, caps[i]) if self.adaptive
+                          else widened_interval(low_raw[i], high_raw[i], self.margin, caps[i]))
                 out.append(ServedPrediction(X[i], float(expected[i]), lo, hi, float(low_raw[i]), float(high_raw[i]),
-                                            max_new_tokens, group, None if prompt_sha256 is None else prompt_sha256[i],
-                                            None if num_prompt_tokens is None else num_prompt_tokens[i]))
+                                            caps[i], group, None if prompt_sha256 is None else prompt_sha256[i],
+                                            num_prompt_tokens[i]))
         return out
 
     def finished(self, served: ServedPrediction, num_output_tokens: int, finish_reason: str, arrival_time_s: float,

@@ -102,11 +102,12 @@ def save_plp(plp: PLPHead, path: str | Path, info: dict) -> None:
                   metadata={"kind": "plp", "head": json.dumps(state), "info": json.dumps(info)})
 
 
-def load_plp(path: str | Path) -> tuple[PLPHead, dict]:
-    """Read :func:`save_plp`'s file: ``(head, info)``.
+def load_plp(path: str | Path, prompt: str | None = None, model_revision: str | None = None) -> tuple[PLPHead, dict]:
+    """Read :func:`save_plp`'s file: ``(head, info)``; with ``prompt`` (``method@layer``) and ``model_revision``, the
+    head must read that prompt representation of that model (what ``LengthPredictor.attach_progressive`` asks).
 
     Raises:
-        LenpredError: unreadable or not a PLP head."""
+        LenpredError: unreadable, not a PLP head, or trained on another prompt representation or model revision."""
     from safetensors import SafetensorError, safe_open
     from safetensors.torch import load_file
 
@@ -119,6 +120,10 @@ def load_plp(path: str | Path) -> tuple[PLPHead, dict]:
         state, info = json.loads(meta["head"]), json.loads(meta["info"])
     except (OSError, KeyError, ValueError, RuntimeError, SafetensorError) as exc:
         raise LenpredError(f"{path} is not a readable PLP head ({type(exc).__name__}); rerun `lenpred progressive`") from None
+    if prompt is not None and (info.get("prompt") != prompt or info.get("model_revision") != model_revision):
+        raise LenpredError(f"{path} reads prompt representation {info.get('prompt')} of model revision "
+                           f"{info.get('model_revision')}, this predictor is {prompt} on {model_revision}: "
+                           "train the PLP head on this predictor's representation (`lenpred progressive`)")
     plp = PLPHead(state["config"], state["seed"])
     plp.head_ = head_from_tensors(tensors, state)
     return plp, info

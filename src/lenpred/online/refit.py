@@ -1,4 +1,4 @@
-"""Refit a pooled-head predictor on logged traffic (features-level kernels of ``LengthPredictor.fit_traffic``).
+"""Refit a pooled-head predictor on logged traffic (features-level kernels of ``LengthPredictor.from_traffic``).
 
 The traffic log (:mod:`lenpred.online.traffic_log`) holds exactly what the head reads (the pooled state), so a
 refit needs no model pass. A stream is split **in time** — train on the earliest requests, calibrate the
@@ -134,7 +134,7 @@ def head_quantiles(head, X: np.ndarray, caps: np.ndarray, coverage: float) -> tu
                                                                                    np.ndarray]:
     """``(expected, low_raw, high_raw)`` ``(n,)`` tokens of a fitted head on features: the expected capped length
     and the ``(1 -/+ coverage) / 2`` quantiles of its bin distribution (before any conformal margin), as
-    :func:`lenpred.pipeline.raw_quantiles` computes them from requests."""
+    :func:`lenpred.prediction.raw_quantiles` computes them from requests."""
     probs = head.predict_proba(X)
     values = np.minimum(head.centres_[None, :], np.asarray(caps, np.float64)[:, None])
     tail = (1 - coverage) / 2

@@ -52,6 +52,32 @@ class Request:
         return len(self.token_ids)
 
 
+
+def prompt_requests(tokenizer, context_window: int, prompts, max_new_tokens: int | None = None,
+                    scenario: str | None = None) -> list[Request]:
+    """Prompts (plain strings: one user turn, or OpenAI-style message lists) -> :class:`Request` objects through
+    the one prompt path (:func:`lenpred.prompts.prepare_prompt`): token ids, text, content span, cap, scenario;
+    ``prompt_id`` is the prompt's position.
+
+    Raises:
+        LenpredError: a bad prompt (the message names it, counting from 0), or one that does not fit
+            ``context_window`` with ``max_new_tokens``.
+    """
+    from lenpred.prompts import check_fits, prepare_prompt, prompt_text
+
+    requests = []
+    for i, p in enumerate(prompts):
+        try:
+            prepared = prepare_prompt(tokenizer, p)
+        except LenpredError as exc:
+            raise LenpredError(f"prompt {i} (counting from 0): {exc}") from None
+        check_fits(prepared.num_prompt_tokens, max_new_tokens or 0, context_window, what=f"prompt {i}")
+        messages = [{"role": "user", "content": p}] if isinstance(p, str) else p
+        requests.append(Request(str(i), list(prepared.token_ids), prompt_text(messages),
+                                content_span=(prepared.content_start, prepared.content_end),
+                                max_new_tokens=max_new_tokens, scenario=scenario))
+    return requests
+
 def register(name: str):
     """Class decorator adding a predictor to :data:`PREDICTORS` under ``name``."""
     def wrap(cls):

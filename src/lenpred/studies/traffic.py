@@ -29,7 +29,8 @@ import numpy as np
 from lenpred.backbone import cache_dir
 from lenpred.errors import LenpredError
 from lenpred.io import atomic_path, write_json
-from lenpred.pipeline import LengthPredictor, bench_train_rows
+from lenpred.pipeline import LengthPredictor
+from lenpred.traffic_refit import bench_train_rows
 from lenpred.intervals import widened_interval
 from lenpred.online.adaptive import AdaptiveConfig, replay_intervals
 from lenpred.online.refit import TrafficRows, choose_finetune, finetune_head, fit_head, head_quantiles, rows_from_log

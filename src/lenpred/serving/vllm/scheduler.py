@@ -261,8 +261,7 @@ class LenpredScheduler(Scheduler):
                     None if p.bin_probs is None else np.asarray(p.bin_probs),
                     None if p.bin_values is None else np.asarray(p.bin_values))
                 if self._lp_online is not None:  # the served interval (adaptive when on) and the log's row
-                    served = self._lp_online.predict(states[rid]["states"][layer], max_new_tokens=r.max_tokens,
-                                                     num_prompt_tokens=[r.num_prompt_tokens])[0]
+                    served = self._lp_online.serve(states[rid]["states"][layer], [p])[0]  # p's head pass, reused
                     pred = self.lenpred_predictions[rid]
                     pred.served, pred.first_token_time_s = served, time.time()
                     pred.low, pred.high = float(served.low), float(served.high)

@@ -1,0 +1,162 @@
+"""Refit a served predictor's head on its logged traffic (what :meth:`lenpred.pipeline.LengthPredictor.from_traffic`
+runs): check the log against the base predictor, split it in time, train (or fine-tune) the head, calibrate the
+interval on the next requests and score the latest ones beside the base. The features-level kernels live in
+:mod:`lenpred.online.refit`; no model pass over the log (it holds the head's input features).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from lenpred.errors import LenpredError
+from lenpred.inputs.signals import signal_cache_path
+from lenpred.intervals import conformal_margin, interval_coverage, widened_interval
+from lenpred.online.refit import (TrafficRows, choose_finetune, finetune_head, fit_head, head_quantiles, rows_from_log,
+                                   time_split)
+from lenpred.online.traffic_log import read_traffic_log
+from lenpred.predictor_config import PredictorConfig, TrainingBenchmark, TrainingTraffic
+
+
+@dataclass
+class TrafficRefit:
+    """What a refit on traffic learned.
+
+    Attributes:
+        predictor: the fitted :class:`lenpred.predictors.Predictor` (the base's class and hyper-parameters).
+        margin: the interval's conformal margin, tokens, calibrated on the logged calibration requests.
+        config: its :class:`lenpred.predictor_config.PredictorConfig`.
+        card: its card on the latest logged requests (:func:`traffic_card`).
+    """
+
+    predictor: object
+    margin: float
+    config: PredictorConfig
+    card: dict
+
+
+def refit_on_traffic(base, log: str | Path, bench: str | Path | None = None, base_name: str | None = None,
+                     calibration_share: float = 0.1, test_share: float = 0.2, finetune: bool = False,
+                     data_dir: str | None = None, cache: str | None = None) -> TrafficRefit:
+    """Refit ``base`` (a loaded :class:`lenpred.pipeline.LengthPredictor` with a pooled head) on the traffic log
+    ``log``, optionally mixed with ``bench``'s train split; ``base_name`` is how the card names the base
+    (``None``: the shipped predictor).
+
+    The log is split in time (:func:`lenpred.online.refit.time_split`): the head is trained on the earliest
+    requests (plus ``bench``'s train split), its interval calibrated on the next ``calibration_share`` and its
+    card scored on the latest ``test_share``, beside ``base`` on the same requests. Censoring as in training.
+    With ``finetune``, ``base``'s head is trained further instead of refitted from scratch (epochs and learning
+    rate chosen on the training part's latest 20 %, :func:`lenpred.online.refit.choose_finetune`). ``base``'s
+    method, layer, model, coverage and head hyper-parameters are kept.
+
+    Raises:
+        LenpredError: an unreadable or corrupt log (:func:`lenpred.online.traffic_log.read_traffic_log`), a log
+            written for another model revision / layer / feature width than ``base`` (:func:`check_log_matches`),
+            a ``base`` that is not a pooled-head predictor, too few requests for the shares or the coverage.
+    """
+    if not hasattr(base.predictor_, "head_") or not hasattr(base.predictor_, "features"):
+        raise LenpredError(f"the base predictor's method '{base.method}' is not a pooled head: refit on traffic "
+                           "needs one (last, mean, egtp, estp, ...)")
+    traffic_log = read_traffic_log(log)
+    check_log_matches(traffic_log, base, log)
+    rows = rows_from_log(traffic_log)
+    train, cal, test = time_split(len(rows), calibration_share, test_share)
+    parts, bench_info = [rows.take(train)], None
+    if bench is not None:
+        bench_rows, bench_info = bench_train_rows(base, bench, data_dir, cache)
+        parts.append(bench_rows)
+    fit_rows = TrafficRows.concat(parts)
+    params = base.predictor_.params
+    predictor = type(base.predictor_)(**params)
+    how = {"refit_of": str(base_name or "shipped predictor")}
+    if finetune:
+        epochs, lr, _ = choose_finetune(base.predictor_.head_, fit_rows, base.coverage, seed=params["seed"])
+        head = base.predictor_.head_
+        predictor.head_ = finetune_head(head, fit_rows, epochs, lr, params["seed"]) if epochs else head
+        how |= {"finetuned": {"epochs": epochs, "lr": lr}}
+    else:
+        predictor.head_ = fit_head(fit_rows, params["head"], params["seed"])
+    margin = _calibrated_margin(predictor.head_, rows, cal, base.coverage)
+    c = traffic_log.columns
+    traffic = TrainingTraffic(str(log), len(rows), len(traffic_log.parts), traffic_log.metadata["features_dtype"],
+                              float(np.nanmin(c["finish_time_s"])), float(np.nanmax(c["finish_time_s"])),
+                              len(train), len(cal), len(test))
+    b = base.config_
+    config = PredictorConfig(b.method, b.params, how, b.model_id, b.model_revision, b.layers, b.semantic,
+                             b.template_rule, base.coverage, margin, bench_info, traffic)
+    card = traffic_card(predictor.head_, base, rows.take(test), margin, base.coverage)
+    return TrafficRefit(predictor, margin, config, card)
+
+
+def _calibrated_margin(head, rows: TrafficRows, cal: np.ndarray, coverage: float) -> float:
+    """The conformal margin of ``head`` on the calibration rows ``cal``, with the fix named when they are too few."""
+    _, low, high = head_quantiles(head, rows.X[cal], rows.caps[cal], coverage)
+    try:
+        return conformal_margin(low, high, rows.y[cal], coverage)
+    except LenpredError as exc:
+        raise LenpredError(f"{exc} (the log's {len(rows)} requests give {len(cal)} to calibrate on): log more "
+                           "requests or raise --calibration-share") from None
+
+
+def check_log_matches(traffic_log, base, path) -> None:
+    """A log's features must be what ``base`` reads: same width, and (when the writer recorded them) the same model
+    revision, method and layers.
+
+    Raises:
+        LenpredError: another width, model revision, method or layers (the message names both values)."""
+    meta, width = traffic_log.metadata, len(base.predictor_.head_.mean_)
+    if int(meta["feature_dim"]) != width:
+        raise LenpredError(f"traffic log {path} holds {meta['feature_dim']}-wide features, the base predictor reads "
+                           f"{width}: log the base predictor's features, or pass the --base it was served with")
+    for key, mine in (("model_revision", base.config_.model_revision), ("method", base.method),
+                      ("layers", json.dumps(base.config_.layers))):
+        if key in meta and meta[key] != str(mine):
+            raise LenpredError(f"traffic log {path} was written for {key} {meta[key]}, the base predictor has {mine}: "
+                               "pass the --base predictor that served the logged traffic")
+
+
+def bench_train_rows(base, bench, data_dir, cache) -> tuple[TrafficRows, TrainingBenchmark]:
+    """``(TrafficRows, info)``: ``bench``'s train split pooled as ``base`` pools (signals from the signal cache)."""
+    from lenpred.bench.records import read_manifest
+    from lenpred.dataset import load_eval_data
+    from lenpred.inputs.cache import extract_cached
+
+    layers = tuple(base.config_.layers)
+    data = load_eval_data(bench, base.backbone_.tokenizer, data_dir)
+    train = data.index["train"]
+    ids = list(dict.fromkeys(data.cols["prompt_id"][train].tolist()))
+    cache = Path(cache) if cache else signal_cache_path(base.backbone_, bench, layers)
+    signals = extract_cached(base.backbone_, {p: data.by_prompt[p].token_ids for p in ids}, layers, cache,
+                             semantic=base.config_.semantic)
+    for p in ids:
+        data.by_prompt[p].signals = signals[p]
+    requests = data.rows("train")
+    rows = TrafficRows(base.predictor_.features(requests), data.y[train], data.censored[train],
+                       data.cols["max_new_tokens"][train].astype(np.float64), data.cols["prompt_id"][train].astype(object),
+                       np.full(len(train), "bench", dtype=object))
+    info = TrainingBenchmark(Path(bench).name, read_manifest(bench)["plan_fingerprint"], len(train),
+                             data.dropped_duplicates, split="train")
+    return rows, info
+
+
+def traffic_card(head, base, test: TrafficRows, margin: float, coverage: float) -> dict:
+    """The card of a traffic refit, on the latest logged requests: MAE with a 95 % interval clustered by prompt
+    (SHA-256 where logged), interval coverage and width, and the paired MAE difference to ``base``; ``{}`` with
+    fewer than 2 test requests."""
+    from lenpred.metrics import clustered_bootstrap
+
+    if len(test) < 2:
+        return {}
+    expected, low, high = head_quantiles(head, test.X, test.caps, coverage)
+    base_expected = head_quantiles(base.predictor_.head_, test.X, test.caps, coverage)[0]
+    low, high = widened_interval(low, high, margin, test.caps)
+    err, base_err = np.abs(expected - test.y), np.abs(base_expected - test.y)
+    mae, lo, hi = clustered_bootstrap(err, test.groups.astype(str))
+    diff = clustered_bootstrap(err - base_err, test.groups.astype(str))
+    return {"latest traffic": {"n": len(test), "mae": mae, "mae_ci": [lo, hi],
+                               "interval_coverage": interval_coverage(low, high, test.y),
+                               "mean_interval_width": float(np.mean(high - low)),
+                               "base_mae": float(base_err.mean()), "mae_minus_base": list(diff)}}
