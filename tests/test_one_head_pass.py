@@ -109,3 +109,21 @@ def test_serve_refuses_predictions_that_do_not_match_the_rows(last, one_torch_th
     preds = last.predict_states(X, lengths, [16, 16, 16])
     with pytest.raises(LenpredError, match="one LengthPrediction with low_raw / high_raw per feature row, got 2"):
         OnlineLearning(last).serve(X, preds[:2])
+
+
+def test_the_proxy_with_online_learning_runs_the_head_once(last, one_torch_thread):
+    """``lenpred serve``'s batch path (``LengthPredictorService`` with traffic learning on): the served interval
+    reuses the batch's head pass instead of a second one per request; a cap too long for the window is served as
+    the cap (the prediction is made uncapped, then clipped)."""
+    from lenpred.serving.proxy.batching import LengthPredictorService
+
+    service = LengthPredictorService(last, tokenizers=1, online=OnlineLearning(last))
+    items = [service.prepare([p], 16) for p in TINY_PROMPTS]
+    with HeadCalls(last) as rows:
+        values = service.predict_batch(items)
+    assert rows == [3]
+    want = last.predict(TINY_PROMPTS, 16)  # the full forward: the truncated one agrees to float32 rounding
+    assert values == pytest.approx([p.expected for p in want], rel=1e-5)
+    assert [v for i in items for v in (i.served.low, i.served.high)] == \
+        pytest.approx([v for p in want for v in (p.low, p.high)], rel=1e-5)
+    assert [i.served.max_new_tokens for i in items] == [16, 16, 16]

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Protocol
 
 from lenpred.errors import ContextWindowError, LenpredError
@@ -148,26 +148,30 @@ class LengthPredictorService:
 
     def predict_batch(self, items: list[Prepared]) -> list[float]:
         flat = [r for item in items for r in item.payload[0]]
-        predictions = iter(self.predictor.predict_prepared(flat, self.batch_tokens, self.truncated, self.prefix_cache))
-        out = []
+        predictions = self.predictor.predict_prepared(flat, self.batch_tokens, self.truncated, self.prefix_cache)
+        out, row = [], 0
         for item in items:
             requests, clip = item.payload[:2]
-            value = max(next(predictions).expected for _ in requests)
+            value = max(p.expected for p in predictions[row:row + len(requests)])
             out.append(value if clip is None else min(value, clip))
+            row += len(requests)
         if self.online is not None:
-            self.attach_served(items, self.predictor.predictor_.features(flat))
+            self.attach_served(items, self.predictor.predictor_.features(flat), predictions)
         return out
 
-    def attach_served(self, items: list[Prepared], features) -> None:
+    def attach_served(self, items: list[Prepared], features, predictions: list) -> None:
         """Set :attr:`Prepared.served` of each single-prompt item (interval, features to log) from its row of
-        ``features``: ``(n, d)`` float32, one row per request of ``items`` in order (an item of several prompts holds
-        several rows and gets none)."""
+        ``features`` (``(n, d)`` float32) and of ``predictions`` (the ``n`` :class:`lenpred.prediction.LengthPrediction`
+        of :meth:`predict_batch`'s head pass, reused: the head runs once per request), one row per request of
+        ``items`` in order (an item of several prompts holds several rows and gets none)."""
         row = 0
         for item in items:
             requests, _, cap, group = item.payload
             if len(requests) == 1:
-                item.served = self.online.predict(features[row:row + 1], max_new_tokens=cap, group=group,
-                                                  num_prompt_tokens=[requests[0].num_prompt_tokens])[0]
+                p = predictions[row]
+                if p.max_new_tokens != cap:  # predicted uncapped (the cap did not fit the window): serve the cap
+                    p = replace(p, expected=min(p.expected, float(cap)), max_new_tokens=cap)
+                item.served = self.online.serve(features[row:row + 1], [p], group=group)[0]
             row += len(requests)
 
 
