@@ -7,7 +7,7 @@ import torch
 from lenpred.dataset import EvalData
 from lenpred.errors import LenpredError
 from lenpred.tuning import (TuningContext, TuningSettings, check_run_settings, clipped_predict, fit_and_score,
-                            fit_order, tune_and_refit, tuning_context)
+                            fit_order, one_se_choice, tune_and_refit, tuning_context)
 from lenpred.predictors import Request, make_predictor
 from lenpred.signals import PromptSignals
 
@@ -77,7 +77,7 @@ def test_fit_and_score_gives_the_tuners_validation_mae():
     data = _data()
     run = tune_and_refit("mean", data, _ctx(), (0,))
     for row in run.sweep:  # every candidate's validation MAE is fit_and_score's, to the last digit
-        params = {k: v for k, v in row.items() if k != "val_mae"}
+        params = {k: v for k, v in row.items() if k not in ("val_mae", "val_mae_se", "best_val_mae")}
         assert fit_and_score("mean", params, data, 0, test=False).val_mae == row["val_mae"]
 
 
@@ -130,3 +130,25 @@ def test_ltr_grid_does_not_depend_on_whether_estp_ran():
     assert {k: alone.chosen[k] for k in ("layer", "lambda1", "alpha")} == {k: estp.chosen[k] for k in
                                                                           ("layer", "lambda1", "alpha")}
     np.testing.assert_array_equal(alone.predictions[0], with_estp.predictions[0])
+
+
+def test_one_se_choice_keeps_the_simplest_candidate_within_one_standard_error():
+    # best: candidate 2, MAE 3.0, errors [1, 3, 5]: std (ddof 1) 2, SE 2 / sqrt(3) = 1.1547; threshold 4.1547
+    errs = [np.array([5.0, 5.0, 5.0]), np.array([4.0, 4.0, 4.0]), np.array([1.0, 3.0, 5.0]), np.array([3.5] * 3)]
+    assert one_se_choice(errs) == 1  # 5.0 is outside, 4.0 inside: the first (simplest) inside wins, not the best
+    assert one_se_choice([errs[2], errs[0]]) == 0
+    assert one_se_choice([np.array([1.0, 1.0]), np.array([0.0, 0.0])]) == 1  # SE 0: the best only
+    with pytest.raises(LenpredError, match=">= 2 validation requests"):
+        one_se_choice([np.array([1.0])])
+
+
+def test_the_tuner_records_its_one_se_choice_and_the_grid_is_simplest_first():
+    data, ctx = _data(), _ctx()
+    grid = make_predictor("estp").param_grid(TuningContext(layers=(2, 1), trail_layers=(2, 1), lambda1_grid=(2.0, 1.0),
+                                                           alpha_grid=(1.0, 4.0), pooled_settings={}))
+    assert [(g["layer"], g["lambda1"], g["alpha"]) for g in grid][:3] == [(1, 1.0, 4.0), (1, 1.0, 1.0), (1, 2.0, 4.0)]
+    run = tune_and_refit("mean", data, ctx, (0,))
+    maes = [row["val_mae"] for row in run.sweep]
+    chosen = run.chosen
+    assert chosen["best_val_mae"] == min(maes) and chosen["val_mae"] <= min(maes) + chosen["val_mae_se"]
+    assert all(m > min(maes) + chosen["val_mae_se"] for m in maes[:run.sweep.index(chosen)])

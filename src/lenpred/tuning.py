@@ -1,8 +1,11 @@
 """Tuning on validation and refitting per seed: the same procedure for every predictor.
 
-Each predictor lists its own candidates (:meth:`lenpred.predictors.Predictor.param_grid`); the tuner fits every
-candidate on train with the first seed, keeps the lowest validation MAE (predictions clipped to each request's
-``max_new_tokens``, as in the test scores), then refits the choice with every other seed.
+Each predictor lists its own candidates, simplest first (:meth:`lenpred.predictors.Predictor.param_grid`); the
+tuner fits every candidate on train with the first seed, scores validation MAE (predictions clipped to each
+request's ``max_new_tokens``, as in the test scores) and keeps the **simplest candidate within one standard error of
+the best** (:func:`one_se_choice`), then refits the choice with every other seed. The lowest validation MAE alone
+flipped between near-tied candidates under float noise (ESTP: test MAE 177 vs 199–201 on the same signals
+re-extracted, ``scripts/estp_selection_spread.py``); the one-standard-error rule does not chase such ties.
 """
 
 from __future__ import annotations
@@ -173,25 +176,47 @@ def fit_and_score(method: str, params: dict, data, seed: int | None, test: bool 
     return FitScore(predictor, val_abs_err, test_abs_err)
 
 
-def fit_with_validation(method: str, candidates: list[dict], data, seed: int) -> tuple[Any, dict, list[dict]]:
-    """Fit every candidate on train with ``seed`` and keep the lowest validation MAE; a single candidate is fitted
-    without looking at validation (``val_mae`` ``None``). Returns ``(fitted predictor, chosen params, sweep)``."""
-    train = data.index["train"]
-    train_req = data.rows("train")
+def one_se_choice(val_abs_errs: list[np.ndarray]) -> int:
+    """The one-standard-error rule (Breiman et al. 1984, *Classification and Regression Trees* §3.4.3; Hastie,
+    Tibshirani & Friedman, *The Elements of Statistical Learning* §7.10): the first candidate, in the grid's
+    simplest-first order, whose validation MAE is at most the best MAE plus the standard error of the best's mean
+    absolute error, ``std(|err_best|, ddof=1) / sqrt(n)``.
 
-    sweep, best, best_mae = [], None, np.inf
-    for params in tqdm(candidates, desc=f"{method} on validation", unit="candidate", leave=False,
-                       disable=len(candidates) < 2):
-        if len(candidates) > 1:
-            fitted = fit_and_score(method, params, data, seed, test=False)
-            predictor, val_mae = fitted.predictor, fitted.val_mae
-        else:
-            predictor = fit_predictor(method, params, train_req, data.y[train], data.censored[train], seed)
-            val_mae = None
-        sweep.append({**params, "val_mae": val_mae})
-        if best is None or (val_mae is not None and val_mae < best_mae):
-            best, best_mae, chosen = predictor, val_mae if val_mae is not None else np.inf, sweep[-1]
-    return best, chosen, sweep
+    Args:
+        val_abs_errs: per candidate, ``(n,)`` float64 absolute validation errors in tokens (the same requests).
+
+    Returns:
+        the chosen candidate's index.
+
+    Raises:
+        LenpredError: no candidates, or fewer than 2 validation requests (no standard error).
+    """
+    if not val_abs_errs or len(val_abs_errs[0]) < 2:
+        raise LenpredError("the one-standard-error choice needs candidates scored on >= 2 validation requests")
+    maes = np.array([float(np.mean(e)) for e in val_abs_errs])
+    best = int(np.argmin(maes))
+    se = float(np.std(val_abs_errs[best], ddof=1) / np.sqrt(len(val_abs_errs[best])))
+    return int(np.flatnonzero(maes <= maes[best] + se)[0])
+
+
+def fit_with_validation(method: str, candidates: list[dict], data, seed: int) -> tuple[Any, dict, list[dict]]:
+    """Fit every candidate on train with ``seed`` and keep :func:`one_se_choice`'s; a single candidate is fitted
+    without looking at validation (``val_mae`` ``None``). Returns ``(fitted predictor, chosen params, sweep)``; each
+    sweep row holds the candidate's ``val_mae``, and the chosen row also ``val_mae_se`` and ``best_val_mae``."""
+    if len(candidates) == 1:
+        train = data.index["train"]
+        predictor = fit_predictor(method, candidates[0], data.rows("train"), data.y[train], data.censored[train], seed)
+        sweep = [{**candidates[0], "val_mae": None}]
+        return predictor, sweep[0], sweep
+    fitted = [fit_and_score(method, params, data, seed, test=False)
+              for params in tqdm(candidates, desc=f"{method} on validation", unit="candidate", leave=False)]
+    sweep = [{**params, "val_mae": f.val_mae} for params, f in zip(candidates, fitted)]
+    pick = one_se_choice([f.val_abs_err for f in fitted])
+    best = int(np.argmin([f.val_mae for f in fitted]))
+    errs = fitted[best].val_abs_err
+    sweep[pick] |= {"best_val_mae": fitted[best].val_mae,
+                    "val_mae_se": float(np.std(errs, ddof=1) / np.sqrt(len(errs)))}
+    return fitted[pick].predictor, sweep[pick], sweep
 
 
 def tune_dependencies(method: str, data, ctx: TuningContext, seed: int) -> None:
@@ -221,7 +246,7 @@ def tune_and_refit(method: str, data, ctx: TuningContext, seeds: tuple[int, ...]
         best, chosen, sweep = fit_with_validation(method, cls.param_grid(ctx), data, seeds[0])
         fitted = [best]
         if takes_seed(method):
-            params = {k: v for k, v in chosen.items() if k != "val_mae"}
+            params = {k: v for k, v in chosen.items() if k not in ("val_mae", "val_mae_se", "best_val_mae")}
             fitted += [fit_predictor(method, params, data.rows("train"), data.y[train], data.censored[train], s)
                        for s in seeds[1:]]
         predictions = [clipped_predict(p, test_req) for p in fitted]

@@ -68,10 +68,15 @@ class PooledHeadPredictor(Predictor):
 
     @classmethod
     def param_grid(cls, ctx) -> list[dict]:
-        """Every pooled head searches the same layer grid (``ctx.layers``); ESTP also ``lambda1`` x ``alpha``."""
+        """Every pooled head searches the same layer grid (``ctx.layers``); ESTP also ``lambda1`` x ``alpha``.
+
+        Simplest first (the tuner keeps the first candidate within one standard error of the best,
+        :func:`lenpred.tuning.one_se_choice`): the shallowest layer (the cheapest forward: a truncated prefill stops
+        there), then the smallest semantic weight ``lambda1``, then the largest temperature ``alpha`` (the flattest
+        weights, nearest mean pooling)."""
         lambdas, alphas = (ctx.lambda1_grid, ctx.alpha_grid) if cls.searches_weights else ((1.0,), (1.0,))
         return [{"layer": l, "lambda1": a, "alpha": b, **ctx.pooled_settings}
-                for l in ctx.layers for a in lambdas for b in alphas]
+                for l in sorted(ctx.layers) for a in sorted(lambdas) for b in sorted(alphas, reverse=True)]
 
     def __init__(self, layer: int = -1, lambda1: float = 1.0, lambda2: float = 1.0, alpha: float = 1.0,
                  seed: int = 0, pool_span: str = "after_prefix", semantic_divisor: str = "n", head: dict | None = None):

@@ -115,7 +115,8 @@ class Predictor:
 
     @classmethod
     def param_grid(cls, ctx: Any) -> list[dict[str, Any]]:
-        """Constructor arguments to try on validation (the seed is added by the tuner): a list of dicts.
+        """Constructor arguments to try on validation (the seed is added by the tuner): a list of dicts, **simplest
+        first** (the tuner keeps the first within one standard error of the best: :func:`lenpred.tuning.one_se_choice`).
 
         ``ctx`` is a :class:`lenpred.tuning.TuningContext` (layers, grids, settings, and the ``chosen``
         hyper-parameters of the predictors in ``tune_after``). Default: the constructor's defaults only.

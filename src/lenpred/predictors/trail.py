@@ -29,8 +29,8 @@ class TrailPredictor(PooledHeadPredictor):
 
     @classmethod
     def param_grid(cls, ctx) -> list[dict]:
-        """TRAIL's own layer sweep: ``ctx.trail_layers`` (default every index 1..L)."""
-        return [{"layer": l, "head": ctx.pooled_settings["head"]} for l in ctx.trail_layers]
+        """TRAIL's own layer sweep: ``ctx.trail_layers`` (default every index 1..L), shallowest (cheapest) first."""
+        return [{"layer": l, "head": ctx.pooled_settings["head"]} for l in sorted(ctx.trail_layers)]
 
     def diagnostics(self, requests: list) -> dict:
         return {}
