@@ -21,6 +21,6 @@ python -c 'import torch, vllm; print("vllm", vllm.__version__, "torch", torch.__
 export LENPRED_VLLM_WORKER_CLS=lenpred.serving.vllm.worker.LenpredGPUWorker
 for async in 0 1; do
   echo "=== async scheduling: $async ==="
-  LENPRED_VLLM_ASYNC_SCHEDULING=$async python -m pytest -q -s -m vllm tests/test_vllm_plugin.py tests/test_vllm_contract.py \
+  LENPRED_VLLM_ASYNC_SCHEDULING=$async python -m pytest -q -s -m vllm tests/serving/vllm/test_vllm_plugin.py tests/serving/vllm/test_vllm_contract.py \
     2>&1 | tee /tmp/lenpred-gpu-check.log | grep -E "passed|failed|error|lenpred (capture|scheduler):" || true
 done

@@ -4,6 +4,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -331,7 +332,7 @@ def test_benchmark_directory_problems(tiny_model_dir, tiny_data_dir, tmp_path):
 
 # --- issue 11: stop tokens and sampling parameters in the records, legacy shards, limits, bad text, progress ------
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = str(Path(__file__).resolve().parents[2])
 
 
 class CannedEngine:

@@ -71,7 +71,7 @@ def test_prompt_length_clips_at_zero():
 @pytest.mark.parametrize("name", sorted(PREDICTORS))
 def test_save_load_round_trip(name, train_set, tmp_path):
     if "text" in PREDICTORS[name].inputs:
-        pytest.skip("text-proxy predictors need a text encoder: round trip in tests/test_proxy.py")
+        pytest.skip("text-proxy predictors need a text encoder: round trip in tests/predictors/test_text_proxies.py")
     signals, y = train_set
     params = {"head": {"epochs": 3, "num_bins": 4}} if "signals" in PREDICTORS[name].inputs else {}
     model = make_predictor(name, **params).fit(signals, y)

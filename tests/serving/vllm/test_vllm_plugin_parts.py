@@ -102,7 +102,7 @@ def test_the_contract_module_imports_no_vllm_and_names_versions_and_attributes()
     assert vllm_version_warning("0.32.0", "x") is None and vllm_version_warning("0.32.0+cpu", "x") is None
     assert vllm_version_warning("0.33.1", "the lenpred scheduler") == (
         "the lenpred scheduler was written for vLLM 0.32.0, and vLLM 0.33.1 is installed: it relies on non-public vLLM "
-        "internals, so check its results (tests/test_vllm_contract.py) or install vLLM 0.32.0")
+        "internals, so check its results (tests/serving/vllm/test_vllm_contract.py) or install vLLM 0.32.0")
     obj = SimpleNamespace(running=[], kv_cache_manager=SimpleNamespace(block_pool=SimpleNamespace()))
     assert missing_attribute(obj, ("running", "kv_cache_manager.block_pool")) is None
     assert missing_attribute(obj, ("running", "kv_cache_manager.block_pool.get_num_free_blocks", "gone")) == (

@@ -219,7 +219,7 @@ def test_schedule_report_re_renders_the_committed_vllm_reports(tmp_path):
 
     from lenpred.cli import app
 
-    committed = Path(__file__).resolve().parents[1] / "results" / "scheduling"
+    committed = Path(__file__).resolve().parents[2] / "results" / "scheduling"
     for name in ("vllm_offline.json", "vllm_serve.json"):
         shutil.copy(committed / name, tmp_path / name)
     r = CliRunner().invoke(app, ["schedule", "report", "--out", str(tmp_path)])

@@ -376,7 +376,7 @@ def test_another_vllm_version_is_warned_about_and_a_missing_internal_refused_by_
         make_scheduler(model_dir, policy="sjf")
     assert [r.getMessage() for r in caplog.records if r.name == "vllm.lenpred.scheduler"] == [
         "lenpred: the lenpred scheduler was written for vLLM 0.32.0, and vLLM 0.33.0 is installed: it relies on "
-        "non-public vLLM internals, so check its results (tests/test_vllm_contract.py) or install vLLM 0.32.0"]
+        "non-public vLLM internals, so check its results (tests/serving/vllm/test_vllm_contract.py) or install vLLM 0.32.0"]
     monkeypatch.delattr(Scheduler, "_preempt_request")
     with pytest.raises(LenpredError, match=r"^vLLM's Scheduler class in vLLM 0.33.0 has no '_preempt_request', which "
                                            r"the lenpred plug-in \(written for vLLM 0.32.0\) needs"):

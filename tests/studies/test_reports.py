@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-RESULTS = Path(__file__).resolve().parents[1] / "results"
+RESULTS = Path(__file__).resolve().parents[2] / "results"
 
 
 def _report(path: Path):
