@@ -397,3 +397,17 @@ def test_the_worker_adapter_finds_what_it_reads_in_the_installed_vllm(caplog):
     worker.model_runner = SimpleNamespace()
     with pytest.raises(LenpredError, match=r"^vLLM's worker in vLLM 0.32.0 has no 'model_runner.get_model'"):
         check_vllm(worker)
+
+
+def test_a_state_for_a_finished_request_still_held_gets_no_prediction(model_dir):
+    """A KV connector defers freeing a finished request's blocks (and async scheduling delivers a step's states after
+    an abort), so it can stay in ``requests`` after ``_free_request``; a state that arrives for it then must not
+    create a prediction entry nothing would remove."""
+    s, worker, _ = make_scheduler(model_dir, policy="sjf", decode_slots=1)
+    s.add_request(request("a"))
+    s.add_request(request("b", first=200))
+    so = s.schedule()
+    out = worker.run(so)
+    s.requests["a"].status = RequestStatus.FINISHED_ABORTED  # finished, blocks not yet freed
+    s._lenpred_apply(getattr(out, STATES_ATTR))
+    assert sorted(s.lenpred_predictions) == ["b"] and s.lenpred_counters["predicted"] == 1

@@ -25,7 +25,7 @@ def vllm_version_warning(version: str, adapter: str) -> str | None:
     if version.split("+", 1)[0] in VLLM_VERSIONS:
         return None
     return (f"{adapter} was written for vLLM {', '.join(VLLM_VERSIONS)}, and vLLM {version} is installed: it relies on "
-            "non-public vLLM internals, so check its results (tests/test_vllm_contract.py) or install vLLM "
+            "non-public vLLM internals, so check its results (tests/serving/vllm/test_vllm_contract.py) or install vLLM "
             f"{VLLM_VERSIONS[-1]}")
 
 

@@ -247,8 +247,10 @@ class LenpredScheduler(Scheduler):
     def _lenpred_apply(self, states: dict) -> None:
         """Static predictions for requests whose prefill just ended; PLP updates for decode-step states."""
         layer = self.lenpred_predictor.engine_layer
+        # a finished request can stay in self.requests after _free_request (a KV connector defers freeing its
+        # blocks; async scheduling delivers a step's states after an abort): it gets no entry that nothing would pop
         new = [rid for rid, s in states.items() if s["step"] == 0 and rid in self.requests
-               and rid not in self.lenpred_predictions]
+               and not self.requests[rid].is_finished() and rid not in self.lenpred_predictions]
         if new:
             reqs = [self.requests[rid] for rid in new]
             preds = self.lenpred_predictor.predict_states(np.stack([states[r]["states"][layer] for r in new]),
