@@ -202,7 +202,7 @@ def one_se_choice(val_abs_errs: list[np.ndarray]) -> int:
 def fit_with_validation(method: str, candidates: list[dict], data, seed: int) -> tuple[Any, dict, list[dict]]:
     """Fit every candidate on train with ``seed`` and keep :func:`one_se_choice`'s; a single candidate is fitted
     without looking at validation (``val_mae`` ``None``). Returns ``(fitted predictor, chosen params, sweep)``; each
-    sweep row holds the candidate's ``val_mae``, and the chosen row also ``val_mae_se`` and ``best_val_mae``."""
+    sweep row is a candidate's params with its ``val_mae``."""
     if len(candidates) == 1:
         train = data.index["train"]
         predictor = fit_predictor(method, candidates[0], data.rows("train"), data.y[train], data.censored[train], seed)
@@ -212,10 +212,6 @@ def fit_with_validation(method: str, candidates: list[dict], data, seed: int) ->
               for params in tqdm(candidates, desc=f"{method} on validation", unit="candidate", leave=False)]
     sweep = [{**params, "val_mae": f.val_mae} for params, f in zip(candidates, fitted)]
     pick = one_se_choice([f.val_abs_err for f in fitted])
-    best = int(np.argmin([f.val_mae for f in fitted]))
-    errs = fitted[best].val_abs_err
-    sweep[pick] |= {"best_val_mae": fitted[best].val_mae,
-                    "val_mae_se": float(np.std(errs, ddof=1) / np.sqrt(len(errs)))}
     return fitted[pick].predictor, sweep[pick], sweep
 
 
@@ -246,7 +242,7 @@ def tune_and_refit(method: str, data, ctx: TuningContext, seeds: tuple[int, ...]
         best, chosen, sweep = fit_with_validation(method, cls.param_grid(ctx), data, seeds[0])
         fitted = [best]
         if takes_seed(method):
-            params = {k: v for k, v in chosen.items() if k not in ("val_mae", "val_mae_se", "best_val_mae")}
+            params = {k: v for k, v in chosen.items() if k != "val_mae"}
             fitted += [fit_predictor(method, params, data.rows("train"), data.y[train], data.censored[train], s)
                        for s in seeds[1:]]
         predictions = [clipped_predict(p, test_req) for p in fitted]
