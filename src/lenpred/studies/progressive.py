@@ -227,15 +227,86 @@ class ProgressiveReport:
         return report_dict(self)
 
 
-def run_progressive(cfg: ProgressiveConfig) -> ProgressiveReport:
-    """Extract (or read) the decode states, fit PLP and TRAIL-progressive (choices on validation), score every
-    method on the test split, and write ``results.json``, ``results.md`` and ``curves.png`` under ``cfg.out``;
-    :func:`render_progressive` prints the report. Progress goes to the ``lenpred`` logger."""
+def _choose_plp(cfg: ProgressiveConfig, data, decode, requests: list, split: dict) -> tuple[dict, dict]:
+    """The best PLP sweep entry (``model``, ``features``, ``prompt``, ``plp_layer``) and the report's ``plp`` block."""
+    from lenpred.predictors import make_predictor
+    from lenpred.predictors.progressive import PLPHead
+
+    sweep = []
+    for pooler, layer in cfg.prompt_candidates:
+        feats = make_predictor(pooler, layer=layer).features(requests)
+        for plp_layer in cfg.plp_layers:
+            tr, va = (build_rows(data, decode, feats, plp_layer, (), split[s]) for s in ("train", "validation"))
+            plp = PLPHead(cfg.head, cfg.seed).fit(tr)
+            mae = _val_mae(clip_remaining(plp.predict(va.prompt_features, va.plp_state, va.step, va.cap), va), va)
+            sweep.append({"prompt": f"{pooler}@{layer}", "plp_layer": plp_layer, "val_mae": mae, "model": plp,
+                          "features": feats})
+            logger.info("PLP prompt %s@%s, decode layer %s: validation remaining MAE %.1f", pooler, layer,
+                        plp_layer, mae)
+    best = min(sweep, key=lambda s: s["val_mae"])
+    return best, {"prompt": best["prompt"], "plp_layer": best["plp_layer"],
+                  "sweep": [{k: s[k] for k in ("prompt", "plp_layer", "val_mae")} for s in sweep]}
+
+
+def _choose_trail(cfg: ProgressiveConfig, tr: ProgressiveRows, va: ProgressiveRows):
+    """The TRAIL-progressive model with the lowest validation MAE and the report's ``trail_progressive`` block."""
+    from lenpred.predictors.progressive import TrailProgressive
+
+    trail_sweep = []
+    for layer in cfg.trail_layers:
+        model = TrailProgressive(layer, cfg.head, cfg.seed).fit(tr)
+        mae = _val_mae(clip_remaining(model.predict_sequence(va), va), va)
+        trail_sweep.append({"layer": layer, "val_mae": mae, "model": model})
+        logger.info("TRAIL-progressive layer %s: validation remaining MAE %.1f", layer, mae)
+    trail = min(trail_sweep, key=lambda s: s["val_mae"])["model"]
+    return trail, {"layer": trail.layer, "width": trail.width_,
+                   "sweep": [{k: s[k] for k in ("layer", "val_mae")} for s in trail_sweep]}
+
+
+def _test_predictions(cfg: ProgressiveConfig, data, requests: list, split: dict, plp, trail,
+                      te: ProgressiveRows) -> dict[str, np.ndarray]:
+    """Every method's remaining-length predictions on the test rows (:data:`METHODS` order), clipped to the cap."""
+    from lenpred.predictors import make_predictor
+
+    prompt_ids = data.cols["prompt_id"]
+    # the static best predictor (lenpred evaluate's choice) and its distribution
+    static = make_predictor(cfg.static[0], layer=cfg.static[1], seed=cfg.seed)
+    static.fit([requests[i] for i in split["train"]], data.y[split["train"]], data.censored[split["train"]])
+    probs, values = static.predict_distribution([requests[i] for i in te.sample])
+    static_pred = (probs * values).sum(axis=1)  # = static.predict(...): E[min(c_j, cap)] from the same pass
+    plp_pred = plp.predict(te.prompt_features, te.plp_state, te.step, te.cap)
+    first = {i: p for i, t, p in zip(te.sample, te.step, plp_pred) if t == 0}  # PLP's estimate at the prefill
+    preds = {
+        "plp": plp_pred,
+        "trail_progressive": trail.predict_sequence(te),
+        "static_minus_t": static_pred - te.step,
+        "static_conditional": conditional_remaining(probs, values, te.step.astype(np.float64)),
+        "countdown": np.array([first[i] for i in te.sample]) - te.step,
+        "oracle_minus_t": oracle_remaining(data.y, prompt_ids, te.sample, te.step, False),
+        "oracle_conditional": oracle_remaining(data.y, prompt_ids, te.sample, te.step, True),
+    }
+    return {k: clip_remaining(v, te) for k, v in preds.items()}
+
+
+def _paired_block(cfg: ProgressiveConfig, preds: dict[str, np.ndarray], te: ProgressiveRows, scenarios: np.ndarray,
+                  prompt_ids: np.ndarray) -> dict:
+    """The report's ``paired`` block: ``{"<scenario>/step<t>/<a>-<b>": paired_difference(...)}``."""
+    paired = cfg.paired_scenario if cfg.paired_scenario in benchmark_scenarios(scenarios) else OVERALL
+    in_paired = np.ones(len(te.step), bool) if paired == OVERALL else scenarios[te.sample] == paired
+    out = {}
+    for t in (0, 32, 128):
+        at = in_paired & (te.step == t)
+        for a, b in (("plp", "oracle_minus_t"), ("plp", "oracle_conditional"), ("plp", "trail_progressive"),
+                     ("plp", "static_conditional")):
+            if at.sum() > 1:
+                out[f"{paired}/step{t}/{a}-{b}"] = paired_difference(preds[a], preds[b], te, at, prompt_ids)
+    return out
+
+
+def _load_decode_states(cfg: ProgressiveConfig):
+    """The loaded benchmark run (``data``, ``backbone``), its decode states and the seconds they took."""
     from lenpred.dataset import load_dataset
     from lenpred.inputs.decode_states import benchmark_decode_states
-    from lenpred.online.progressive import save_plp, update_cost
-    from lenpred.predictors import make_predictor
-    from lenpred.predictors.progressive import PLPHead, TrailProgressive
     from lenpred.torch_state import torch_threads
     from lenpred.tuning import check_run_settings
 
@@ -243,75 +314,36 @@ def run_progressive(cfg: ProgressiveConfig) -> ProgressiveReport:
     check_run_settings((cfg.static[0],), threads=cfg.threads)
     run = load_dataset(cfg.bench, {"signals"}, model=cfg.model, data_dir=cfg.data_dir, cache=cfg.cache,
                        layers=cfg.signal_layers, threads=cfg.threads)
-    data, backbone = run.data, run.backbone
     with torch_threads(cfg.threads):
-        decode = benchmark_decode_states(backbone, data, tuple(sorted({*cfg.plp_layers, *cfg.trail_layers})),
+        decode = benchmark_decode_states(run.backbone, run.data, tuple(sorted({*cfg.plp_layers, *cfg.trail_layers})),
                                          cfg.decode_cache, cfg.bench, cfg.steps)
-    t_extract = time.perf_counter() - t0
+    return run, decode, time.perf_counter() - t0
+
+
+def run_progressive(cfg: ProgressiveConfig) -> ProgressiveReport:
+    """Extract (or read) the decode states, fit PLP and TRAIL-progressive (choices on validation), score every
+    method on the test split, and write ``results.json``, ``results.md`` and ``curves.png`` under ``cfg.out``;
+    :func:`render_progressive` prints the report. Progress goes to the ``lenpred`` logger."""
+    from lenpred.online.progressive import save_plp, update_cost
+    from lenpred.torch_state import torch_threads
+
+    t0 = time.perf_counter()
+    run, decode, t_extract = _load_decode_states(cfg)
+    data, backbone = run.data, run.backbone
     requests, prompt_ids = data.requests, data.cols["prompt_id"]
     scenarios = data.cols["scenario"]
     split = {s: data.index[s] for s in ("train", "validation", "test")}
     report = {"config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(cfg).items()},
               "model_revision": backbone.revision, "steps": list(cfg.steps)}
     with torch_threads(1):
-        # PLP: the prompt representation, chosen on validation
-        sweep = []
-        for pooler, layer in cfg.prompt_candidates:
-            feats = make_predictor(pooler, layer=layer).features(requests)
-            for plp_layer in cfg.plp_layers:
-                tr, va = (build_rows(data, decode, feats, plp_layer, (), split[s]) for s in ("train", "validation"))
-                plp = PLPHead(cfg.head, cfg.seed).fit(tr)
-                mae = _val_mae(clip_remaining(plp.predict(va.prompt_features, va.plp_state, va.step, va.cap), va), va)
-                sweep.append({"prompt": f"{pooler}@{layer}", "plp_layer": plp_layer, "val_mae": mae, "model": plp,
-                              "features": feats})
-                logger.info("PLP prompt %s@%s, decode layer %s: validation remaining MAE %.1f", pooler, layer,
-                            plp_layer, mae)
-        best = min(sweep, key=lambda s: s["val_mae"])
-        plp, feats, plp_layer = best["model"], best["features"], best["plp_layer"]
-        report["plp"] = {"prompt": best["prompt"], "plp_layer": plp_layer,
-                         "sweep": [{k: s[k] for k in ("prompt", "plp_layer", "val_mae")} for s in sweep]}
-        tr, va, te = (build_rows(data, decode, feats, plp_layer, cfg.trail_layers, split[s])
+        best, report["plp"] = _choose_plp(cfg, data, decode, requests, split)  # the prompt representation
+        plp, plp_layer = best["model"], best["plp_layer"]
+        tr, va, te = (build_rows(data, decode, best["features"], plp_layer, cfg.trail_layers, split[s])
                       for s in ("train", "validation", "test"))
-        # TRAIL progressive: the layer, chosen on validation
-        trail_sweep = []
-        for layer in cfg.trail_layers:
-            model = TrailProgressive(layer, cfg.head, cfg.seed).fit(tr)
-            mae = _val_mae(clip_remaining(model.predict_sequence(va), va), va)
-            trail_sweep.append({"layer": layer, "val_mae": mae, "model": model})
-            logger.info("TRAIL-progressive layer %s: validation remaining MAE %.1f", layer, mae)
-        trail = min(trail_sweep, key=lambda s: s["val_mae"])["model"]
-        report["trail_progressive"] = {"layer": trail.layer, "width": trail.width_,
-                                       "sweep": [{k: s[k] for k in ("layer", "val_mae")} for s in trail_sweep]}
-        # the static best predictor (lenpred evaluate's choice) and its distribution
-        static = make_predictor(cfg.static[0], layer=cfg.static[1], seed=cfg.seed)
-        static.fit([requests[i] for i in split["train"]], data.y[split["train"]], data.censored[split["train"]])
-        probs, values = static.predict_distribution([requests[i] for i in te.sample])
-        static_pred = (probs * values).sum(axis=1)  # = static.predict(...): E[min(c_j, cap)] from the same pass
-        plp_pred = plp.predict(te.prompt_features, te.plp_state, te.step, te.cap)
-        first = {i: p for i, t, p in zip(te.sample, te.step, plp_pred) if t == 0}  # PLP's estimate at the prefill
-        preds = {
-            "plp": plp_pred,
-            "trail_progressive": trail.predict_sequence(te),
-            "static_minus_t": static_pred - te.step,
-            "static_conditional": conditional_remaining(probs, values, te.step.astype(np.float64)),
-            "countdown": np.array([first[i] for i in te.sample]) - te.step,
-            "oracle_minus_t": oracle_remaining(data.y, prompt_ids, te.sample, te.step, False),
-            "oracle_conditional": oracle_remaining(data.y, prompt_ids, te.sample, te.step, True),
-        }
-        preds = {k: clip_remaining(v, te) for k, v in preds.items()}
-    fixed_after = max(cfg.steps)
-    report["curves"] = curve_table(preds, te, scenarios, prompt_ids, cfg.steps, fixed_after)
-    paired = cfg.paired_scenario if cfg.paired_scenario in benchmark_scenarios(scenarios) else OVERALL
-    in_paired = np.ones(len(te.step), bool) if paired == OVERALL else scenarios[te.sample] == paired
-    report["paired"] = {}
-    for t in (0, 32, 128):
-        at = in_paired & (te.step == t)
-        for a, b in (("plp", "oracle_minus_t"), ("plp", "oracle_conditional"), ("plp", "trail_progressive"),
-                     ("plp", "static_conditional")):
-            if at.sum() > 1:
-                report["paired"][f"{paired}/step{t}/{a}-{b}"] = paired_difference(preds[a], preds[b], te, at,
-                                                                                   prompt_ids)
-
+        trail, report["trail_progressive"] = _choose_trail(cfg, tr, va)  # the layer
+        preds = _test_predictions(cfg, data, requests, split, plp, trail, te)
+    report["curves"] = curve_table(preds, te, scenarios, prompt_ids, cfg.steps, max(cfg.steps))
+    report["paired"] = _paired_block(cfg, preds, te, scenarios, prompt_ids)
     report["update_cost_us"] = update_cost(plp, te.prompt_features, te.plp_state, te.step, te.cap)
 
     save_plp(plp, Path(cfg.out) / "plp.safetensors", {"prompt": best["prompt"], "plp_layer": plp_layer,

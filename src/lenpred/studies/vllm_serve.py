@@ -238,17 +238,33 @@ def run_vllm_serve(cfg: VLLMServeConfig, table=None) -> dict:
     return report
 
 
-def _serve_report(cfg: VLLMServeConfig, partial: dict, draws: list, rate: float) -> dict:
-    """Run 3's report: per mode the draws' summaries (JCT, TTFT from the planned send time, over requests that
-    produced output), bootstrap intervals over draws, the paired JCT (and, with natural EOS, TTFT) cut vs FCFS, and
-    checks (prediction error and latency under the load, outcome counts, achieved arrival rate)."""
-    from lenpred.studies.simulate import draw_bootstrap
-    from lenpred.serving.loadgen import run_label, summarize_replay
+def _tally_checks(checks: dict, requests: list, res: list[dict], mode: str, natural: bool) -> None:
+    """Nothing; adds one run's token mismatches, prediction errors, latencies and outcomes to ``checks``."""
+    from lenpred.serving.loadgen import summarize_replay
+
+    for r, x in zip(requests, res):
+        checks["completion_tokens_mismatch"] += x["completion_tokens"] != max(r.output_len, 1)
+        checks["prompt_tokens_mismatch"] += x["prompt_tokens"] != r.num_prompt_tokens
+        if mode == "predicted" and x["expected"] is not None:
+            checks["proxy_abs_error"].append(abs(x["expected"] - r.output_len))
+            if natural and x["completion_tokens"] is not None:
+                checks["proxy_abs_error_observed"].append(abs(x["expected"] - x["completion_tokens"]))
+        if x.get("predict_ms") is not None:
+            checks.setdefault("predict_ms", []).append(x["predict_ms"])
+    if natural:
+        summary = summarize_replay(res)
+        checks["achieved_rate_per_s"].append(summary["achieved_rate_per_s"])
+        for key in ("outcomes", "finish_reasons"):
+            for k, v in summary[key].items():
+                checks[key][k] = checks[key].get(k, 0) + v
+
+
+def _serve_runs(cfg: VLLMServeConfig, partial: dict, draws: list, natural: bool) -> tuple[dict, dict, dict]:
+    """Per mode the draws' summaries, the raw checks (per-request lists) and draw 0's JCTs per mode."""
     from lenpred.serving.metrics import RequestTiming, summarize
 
     runs: dict[str, list[dict]] = {}
     checks = {"completion_tokens_mismatch": 0, "prompt_tokens_mismatch": 0, "proxy_abs_error": []}
-    natural = not cfg.ignore_eos
     if natural:
         checks |= {"proxy_abs_error_observed": [], "outcomes": {}, "finish_reasons": {}, "achieved_rate_per_s": []}
     jct_draw0 = {}
@@ -262,21 +278,12 @@ def _serve_report(cfg: VLLMServeConfig, partial: dict, draws: list, rate: float)
             runs.setdefault(mode, []).append(summarize(timings))
             if d == 0:
                 jct_draw0[mode] = [t.jct_s for t in timings]
-            for r, x in zip(requests, res):
-                checks["completion_tokens_mismatch"] += x["completion_tokens"] != max(r.output_len, 1)
-                checks["prompt_tokens_mismatch"] += x["prompt_tokens"] != r.num_prompt_tokens
-                if mode == "predicted" and x["expected"] is not None:
-                    checks["proxy_abs_error"].append(abs(x["expected"] - r.output_len))
-                    if natural and x["completion_tokens"] is not None:
-                        checks["proxy_abs_error_observed"].append(abs(x["expected"] - x["completion_tokens"]))
-                if x.get("predict_ms") is not None:
-                    checks.setdefault("predict_ms", []).append(x["predict_ms"])
-            if natural:
-                summary = summarize_replay(res)
-                checks["achieved_rate_per_s"].append(summary["achieved_rate_per_s"])
-                for key in ("outcomes", "finish_reasons"):
-                    for k, v in summary[key].items():
-                        checks[key][k] = checks[key].get(k, 0) + v
+            _tally_checks(checks, requests, res, mode, natural)
+    return runs, checks, jct_draw0
+
+
+def _reduce_checks(checks: dict, natural: bool) -> dict:
+    """``checks`` with its per-request lists replaced by their means and percentiles (the report's ``checks``)."""
     checks["proxy_mae_tokens"] = float(np.mean(checks.pop("proxy_abs_error") or [np.nan]))
     if natural:
         checks["proxy_mae_observed_tokens"] = float(np.mean(checks.pop("proxy_abs_error_observed") or [np.nan]))
@@ -287,6 +294,19 @@ def _serve_report(cfg: VLLMServeConfig, partial: dict, draws: list, rate: float)
     checks["predict_ms_p90"] = float(np.percentile(ms, 90)) if ms else None
     if natural:
         checks["predict_ms_p99"] = float(np.percentile(ms, 99)) if ms else None
+    return checks
+
+
+def _serve_report(cfg: VLLMServeConfig, partial: dict, draws: list, rate: float) -> dict:
+    """Run 3's report: per mode the draws' summaries (JCT, TTFT from the planned send time, over requests that
+    produced output), bootstrap intervals over draws, the paired JCT (and, with natural EOS, TTFT) cut vs FCFS, and
+    checks (prediction error and latency under the load, outcome counts, achieved arrival rate)."""
+    from lenpred.studies.simulate import draw_bootstrap
+    from lenpred.serving.loadgen import run_label
+
+    natural = not cfg.ignore_eos
+    runs, checks, jct_draw0 = _serve_runs(cfg, partial, draws, natural)
+    checks = _reduce_checks(checks, natural)
     metrics = ("throughput_tok_s", "mean_jct_s", "p90_jct_s", "mean_ttft_s", "p90_ttft_s", "makespan_s")
     rows = {m: {k: draw_bootstrap({"x": np.array([s[k] for s in ss])}, lambda v: float(np.mean(v["x"])),
                                   cfg.bootstrap_resamples) for k in metrics} for m, ss in runs.items()}

@@ -444,6 +444,58 @@ def traffic_hook(online) -> FinishedHook:
     return hook
 
 
+def _check_serve_args(upstream: str, port: int, max_connections: int, default_max_tokens: int,
+                      traffic_log: str | None, adaptive_interval: str | None) -> None:
+    """Nothing; raises :class:`LenpredError` for the first of :func:`serve`'s arguments that is not valid."""
+    import urllib.parse
+
+    parts = urllib.parse.urlsplit(upstream)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise LenpredError(f"--upstream must be an http(s) URL with a host, such as http://127.0.0.1:8000, got "
+                           f"'{upstream}'")
+    if traffic_log is not None and any(p.exists() and not p.is_dir() for p in (Path(traffic_log),
+                                                                                *Path(traffic_log).parents)):
+        raise LenpredError(f"--traffic-log {traffic_log} is (or lies under) a file: pass a directory")
+    if not 0 <= port <= 65535:
+        raise LenpredError(f"--port must be in 0..65535, got {port}")
+    if max_connections < 1 or default_max_tokens < 1:
+        raise LenpredError(f"--max-connections and --default-max-tokens must be >= 1, got {max_connections} and "
+                           f"{default_max_tokens}")
+    from lenpred.online.adaptive import METHODS
+
+    if adaptive_interval is not None and adaptive_interval not in METHODS:
+        raise LenpredError(f"unknown --adaptive-interval '{adaptive_interval}'; valid: {', '.join(METHODS)}")
+
+
+def _check_port_free(host: str, port: int) -> None:
+    """Nothing; raises :class:`LenpredError` when ``host:port`` cannot be bound the way uvicorn binds it."""
+    import errno
+    import socket
+
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:  # socket.gaierror (unknown host) included
+            if exc.errno == errno.EADDRINUSE:
+                raise LenpredError(f"port {port} on {host} is already in use (another server listens there): pass a "
+                                   "free one with --port, or stop that server") from None
+            raise LenpredError(f"cannot listen on {host}:{port} ({exc.strerror or exc}): pass another --port or "
+                               "--host") from None
+
+
+def _online_learning(model, traffic_log: str | None, adaptive_interval: str | None):
+    """The :class:`lenpred.online.learning.OnlineLearning` of ``serve``'s traffic options (``None``: both off)."""
+    if not (traffic_log or adaptive_interval):
+        return None
+    from lenpred.online.adaptive import AdaptiveConfig
+    from lenpred.online.learning import OnlineLearning
+    from lenpred.online.traffic_log import TrafficLogConfig
+
+    return OnlineLearning(model, log=TrafficLogConfig(traffic_log) if traffic_log else None,
+                          adaptive=AdaptiveConfig(method=adaptive_interval) if adaptive_interval else None)
+
+
 def serve(upstream: str, host: str = "127.0.0.1", port: int = 8001, predictor: str | None = None,
           threads: int | None = 1, timeout_s: float | None = None, max_connections: int = 1024,
           default_max_tokens: int = 1024, batch=None, truncated: bool = True, traffic_log: str | None = None,
@@ -464,41 +516,12 @@ def serve(upstream: str, host: str = "127.0.0.1", port: int = 8001, predictor: s
         LenpredError: ``upstream`` is not an http(s) URL, ``host:port`` cannot be bound (in use, not permitted,
             unknown host), or the predictor cannot be loaded.
     """
-    import errno
-    import socket
-
     import uvicorn
 
     from lenpred.pipeline import LengthPredictor
 
-    import urllib.parse
-
-    parts = urllib.parse.urlsplit(upstream)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise LenpredError(f"--upstream must be an http(s) URL with a host, such as http://127.0.0.1:8000, got "
-                           f"'{upstream}'")
-    if traffic_log is not None and any(p.exists() and not p.is_dir() for p in (Path(traffic_log),
-                                                                                *Path(traffic_log).parents)):
-        raise LenpredError(f"--traffic-log {traffic_log} is (or lies under) a file: pass a directory")
-    if not 0 <= port <= 65535:
-        raise LenpredError(f"--port must be in 0..65535, got {port}")
-    if max_connections < 1 or default_max_tokens < 1:
-        raise LenpredError(f"--max-connections and --default-max-tokens must be >= 1, got {max_connections} and "
-                           f"{default_max_tokens}")
-    from lenpred.online.adaptive import METHODS
-
-    if adaptive_interval is not None and adaptive_interval not in METHODS:
-        raise LenpredError(f"unknown --adaptive-interval '{adaptive_interval}'; valid: {', '.join(METHODS)}")
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError as exc:  # socket.gaierror (unknown host) included
-            if exc.errno == errno.EADDRINUSE:
-                raise LenpredError(f"port {port} on {host} is already in use (another server listens there): pass a "
-                                   "free one with --port, or stop that server") from None
-            raise LenpredError(f"cannot listen on {host}:{port} ({exc.strerror or exc}): pass another --port or "
-                               "--host") from None
+    _check_serve_args(upstream, port, max_connections, default_max_tokens, traffic_log, adaptive_interval)
+    _check_port_free(host, port)
     from lenpred.serving.proxy.batching import LengthPredictorService
     from lenpred.truncated import truncated_plan
 
@@ -508,14 +531,7 @@ def serve(upstream: str, host: str = "127.0.0.1", port: int = 8001, predictor: s
     message = (f"lenpred serve: {model.method} predictor loaded ({how}); listening on http://{host}:{port}, "
                f"forwarding to {upstream_root(upstream)} with a priority per request (Ctrl-C stops)")
     (on_ready or logging.getLogger(__name__).info)(message)
-    online = None
-    if traffic_log or adaptive_interval:
-        from lenpred.online.adaptive import AdaptiveConfig
-        from lenpred.online.learning import OnlineLearning
-        from lenpred.online.traffic_log import TrafficLogConfig
-
-        online = OnlineLearning(model, log=TrafficLogConfig(traffic_log) if traffic_log else None,
-                                adaptive=AdaptiveConfig(method=adaptive_interval) if adaptive_interval else None)
+    online = _online_learning(model, traffic_log, adaptive_interval)
     service = LengthPredictorService(model, truncated, online=online)
     service.warm_up()
     app = create_app(upstream, service, timeout_s=timeout_s, max_connections=max_connections,
