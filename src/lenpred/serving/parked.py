@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from lenpred.errors import LenpredError
+from lenpred.serving.policies import registrar
 
 
 @dataclass(frozen=True)
@@ -89,21 +90,9 @@ PARKED_POLICIES: dict[str, type["ParkedPolicy"]] = {}
 """Registered parked policies by name, in registration order (:func:`register_parked`)."""
 
 
-def register_parked(name: str):
-    """Class decorator adding a :class:`ParkedPolicy` subclass to :data:`PARKED_POLICIES` under ``name`` (its
-    ``name``).
-
-    Raises:
-        LenpredError: ``name`` is already registered (a second class would silently replace the first).
-    """
-    def wrap(cls):
-        if name in PARKED_POLICIES:
-            raise LenpredError(f"parked policy name '{name}' is already registered by "
-                               f"{PARKED_POLICIES[name].__qualname__}: register {cls.__qualname__} under another name")
-        cls.name = name
-        PARKED_POLICIES[name] = cls
-        return cls
-    return wrap
+register_parked = registrar(PARKED_POLICIES, "parked policy")
+"""Class decorator adding a :class:`ParkedPolicy` subclass to :data:`PARKED_POLICIES` under ``name`` (its
+``name``); an already registered name is a :class:`LenpredError`."""
 
 
 @dataclass(frozen=True)

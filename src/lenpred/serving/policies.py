@@ -70,20 +70,31 @@ POLICIES: dict[str, type["Policy"]] = {}
 """Registered policy classes by name, in registration order (:func:`register`)."""
 
 
-def register(name: str):
-    """Class decorator adding a :class:`Policy` subclass to :data:`POLICIES` under ``name`` (its ``name``).
+def registrar(registry: dict, kind: str):
+    """A ``register(name)`` class decorator for ``registry``: it adds the class under ``name`` and sets its ``name``
+    (the simulator's policies here, the parked policies in :mod:`lenpred.serving.parked`).
 
-    Raises:
-        LenpredError: ``name`` is already registered (a second class would silently replace the first).
+    Args:
+        registry: the dict of registered classes by name (filled in registration order).
+        kind: what the classes are, for the error message (``"policy"``, ``"parked policy"``).
+
+    The decorator raises :class:`LenpredError` when ``name`` is already registered (a second class would silently
+    replace the first).
     """
-    def wrap(cls):
-        if name in POLICIES:
-            raise LenpredError(f"policy name '{name}' is already registered by {POLICIES[name].__qualname__}: "
-                               f"register {cls.__qualname__} under another name")
-        cls.name = name
-        POLICIES[name] = cls
-        return cls
-    return wrap
+    def register(name: str):
+        def wrap(cls):
+            if name in registry:
+                raise LenpredError(f"{kind} name '{name}' is already registered by {registry[name].__qualname__}: "
+                                   f"register {cls.__qualname__} under another name")
+            cls.name = name
+            registry[name] = cls
+            return cls
+        return wrap
+    return register
+
+
+register = registrar(POLICIES, "policy")
+"""Class decorator adding a :class:`Policy` subclass to :data:`POLICIES` under ``name`` (its ``name``)."""
 
 
 @dataclass
