@@ -92,6 +92,15 @@ def stack():
             yield client, up, predictor
 
 
+def wait_for_cancellation(metrics, stage: str, tries: int) -> None:
+    """Poll ``lenpred_proxy_cancellations_total{stage}`` every 10 ms until it reads 1 (at most ``tries`` times); the
+    caller asserts the value afterwards."""
+    for _ in range(tries):
+        if metrics.value("lenpred_proxy_cancellations_total", stage=stage) == 1:
+            return
+        time.sleep(0.01)
+
+
 def test_priority_is_the_rounded_prediction_and_the_body_passes_through(stack):
     client, up, predictor = stack
     body = {"model": "m", "messages": [{"role": "user", "content": "one two three"}], "max_tokens": 100,
@@ -397,10 +406,7 @@ def test_a_non_streaming_client_that_leaves_aborts_the_upstream_request_within_1
                                                                                           "content": "a"}]})
             assert up.disconnected_at.wait(1.0)  # the upstream saw the client go within 1 s
             m = app.state.metrics
-            for _ in range(100):
-                if m.value("lenpred_proxy_cancellations_total", stage="waiting_upstream") == 1:
-                    break
-                time.sleep(0.01)
+            wait_for_cancellation(m, "waiting_upstream", 100)
             assert m.value("lenpred_proxy_cancellations_total", stage="waiting_upstream") == 1
             assert m.value("lenpred_proxy_requests_total", path="/v1/chat/completions", outcome="cancelled") == 1
 
@@ -414,10 +420,7 @@ def test_a_client_that_leaves_while_predicted_is_never_sent_upstream():
                 client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "a b"}]})
             assert predictor.started.is_set()
             m = app.state.metrics
-            for _ in range(200):
-                if m.value("lenpred_proxy_cancellations_total", stage="predicting") == 1:
-                    break
-                time.sleep(0.01)
+            wait_for_cancellation(m, "predicting", 200)
             predictor.go.set()
             assert m.value("lenpred_proxy_cancellations_total", stage="predicting") == 1
             with httpx.Client(base_url=url, timeout=10) as client:  # the worker goes on with the next request
@@ -436,10 +439,7 @@ def test_a_streaming_client_that_leaves_aborts_the_stream():
                 next(r.iter_raw())
             assert up.stream_aborted.wait(5)
             m = app.state.metrics
-            for _ in range(100):
-                if m.value("lenpred_proxy_cancellations_total", stage="streaming") == 1:
-                    break
-                time.sleep(0.01)
+            wait_for_cancellation(m, "streaming", 100)
             assert m.value("lenpred_proxy_cancellations_total", stage="streaming") == 1
             assert m.value("lenpred_proxy_upstream_in_flight") == 0  # the connection went back
 
