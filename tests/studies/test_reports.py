@@ -31,7 +31,7 @@ def test_eval_report_to_dict_is_the_committed_json(name):
 @pytest.mark.parametrize("name", ["demo", "evaluate"])
 def test_terminal_tables_fit_100_columns(name):
     """The demo's and evaluate's terminal tables fit 100 columns with no truncated cell, and show the committed
-    numbers as the Markdown file does (demo: ``last`` overall MAE 163.4 [152.2, 175.5], Δ floor -28.2)."""
+    numbers as the Markdown file does (demo: ``last`` overall MAE 162.9 [151.8, 174.8], Δ floor -28.7)."""
     from rich.console import Console
 
     from lenpred.studies.evaluate import render_evaluate
@@ -51,8 +51,8 @@ def test_terminal_tables_fit_100_columns(name):
     ci_cell = f"[{last_overall['mae_ci'][0]:.1f}, {last_overall['mae_ci'][1]:.1f}]"
     assert mae_cell in text and ci_cell in text and ci_cell in md
     if name == "demo":
-        assert (mae_cell, ci_cell) == ("163.4", "[152.2, 175.5]")
-        assert "-28.2" in text and "[-42.0, -15.5]*" in text
+        assert (mae_cell, ci_cell) == ("162.9", "[151.8, 174.8]")
+        assert "-28.7" in text and "[-42.1, -16.4]*" in text
 
 
 def test_terminal_table_refuses_unknown_kind():
