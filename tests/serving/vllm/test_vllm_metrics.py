@@ -6,22 +6,16 @@ and the plug-in in ``observe`` mode; after 6 chat requests have finished, ``/met
 metrics (multiprocess mode must not hide them)."""
 
 import re
-import socket
 import sys
 import time
 
 import pytest
+from conftest import free_port
 
 pytest.importorskip("vllm")
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 N = 6
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _samples(text: str, name: str) -> list[float]:
@@ -40,7 +34,7 @@ def test_vllm_serve_metrics_list_each_plugin_counter_once(tmp_path, monkeypatch)
     prom = tmp_path / "prometheus"
     prom.mkdir()
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(prom))
-    port = _free_port()
+    port = free_port()
     cfg = EngineConfig(policy="observe", plp=False, log_path=str(tmp_path / "requests.jsonl"))
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(resolve_model()[0]),
            "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "m", "--dtype", "float32",
