@@ -91,6 +91,17 @@ def read_manifest(bench_dir: str | Path) -> dict:
     return manifest
 
 
+def benchmark_key(bench_dir: str | Path) -> dict[str, str]:
+    """What identifies the responses a benchmark holds: its plan's fingerprint and the model revision they were
+    sampled from (``bench.json``), ``{"plan": ..., "revision": ...}``; a run resumed or a table reused on another
+    benchmark is refused by comparing it.
+
+    Raises:
+        LenpredError: ``bench.json`` is unreadable (see :func:`read_manifest`)."""
+    manifest = read_manifest(bench_dir)
+    return {"plan": manifest["plan_fingerprint"], "revision": manifest["model_revision"]}
+
+
 def benchmark_model(bench_dir: str | Path, model: str | None = None) -> str:
     """The model to read a benchmark with: ``model`` when given, else the one ``bench.json`` records (``model_id``,
     the name it was built with: alias, path, package or hub id). Pair it with :func:`check_benchmark_model` once the

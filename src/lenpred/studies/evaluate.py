@@ -6,14 +6,16 @@ score → report. Each step is one function of its own module (:mod:`lenpred.dat
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from lenpred.errors import LenpredError
-from lenpred.io import atomic_path
+from lenpred.io import atomic_path, write_json
 from lenpred.studies import DEFAULT_BENCH
 from lenpred.studies.evaluate_report import render_terminal_table, report_paths, save_report
+from lenpred.studies.resume import load_resumable
 from lenpred.tuning_settings import TuningSettings
 
 # torch / scipy modules (dataset, tuning, predictors, metrics, heads, signals) are imported inside the functions:
@@ -28,6 +30,9 @@ DEMO_METHODS = (*FLOORS, "mean", "last", "egtp", "estp")
 DEMO_DEFAULTS = {"out": "results/demo", "methods": DEMO_METHODS, "seeds": (0,)}
 """How ``lenpred demo``'s :class:`EvalConfig` differs from ``lenpred evaluate``'s (a few methods, one seed)."""
 EXTERNAL_BASELINES = ("ssjf_reg", "ssjf_mc", "s3", "pia", "trail", "ltr")
+RESUME_IGNORE = ("out", "cache", "methods", "threads", "bootstrap_resamples")
+"""Settings a finished method does not depend on: a rerun that changes only these resumes (more methods, more
+resamples, another thread count: results do not depend on it)."""
 
 
 @dataclass
@@ -106,9 +111,9 @@ def check_output_paths(cfg: EvalConfig) -> None:
     for path in report_paths(out_dir).values():
         if path.is_dir():
             raise LenpredError(f"{path} is a directory, where the results file goes: remove it or pass another --out")
-    if (out_dir / "predictors").is_file():
-        raise LenpredError(f"{out_dir / 'predictors'} is a file, where the fitted predictors go: remove it or pass "
-                           "another --out")
+    for name, what in (("predictors", "the fitted predictors"), ("checkpoint", "an unfinished run's methods")):
+        if (out_dir / name).is_file():
+            raise LenpredError(f"{out_dir / name} is a file, where {what} go: remove it or pass another --out")
 
 
 def tuning_settings(cfg: EvalConfig):
@@ -202,16 +207,21 @@ def run_evaluate(cfg: EvalConfig) -> EvalReport:
     """Run the evaluation and write ``cfg.out`` (``results.json`` / ``.md`` / ``.png`` and the fitted predictors);
     :func:`render_evaluate` prints the report. Progress goes to the ``lenpred`` logger.
 
-    Raises:
-        LenpredError: an output path that cannot be written, a broken benchmark or any input provider's error.
-    """
-    from tqdm.auto import tqdm
+    Resumable: each finished method is kept in :func:`checkpoint_dir` until the report is written, and a rerun with
+    the same settings (those in :data:`RESUME_IGNORE` may differ) on the same benchmark starts at the first
+    unfinished method.
 
+    Raises:
+        LenpredError: an output path that cannot be written, a checkpoint made with other settings or on another
+            benchmark (refused before any work, naming what differs), a broken benchmark or any input provider's
+            error.
+    """
     from lenpred.metrics import score_methods
-    from lenpred.tuning import fit_order, tune_and_refit, tune_dependencies
     from lenpred.predictors import PREDICTORS
 
     check_output_paths(cfg)
+    record = load_resumable(checkpoint_dir(cfg) / "runs.json", asdict(cfg), ignore=RESUME_IGNORE,
+                            fingerprint={"benchmark": _benchmark_fingerprint(cfg.bench)})  # refused before any work
     t_start = time.perf_counter()
     logger.info("loading %s and %s …", cfg.model or "the benchmark model", cfg.bench)
     needs = {i for m in cfg.methods for i in PREDICTORS[m].inputs}
@@ -220,12 +230,7 @@ def run_evaluate(cfg: EvalConfig) -> EvalReport:
     if not data.complete:
         logger.warning("warning: %s is incomplete; finish it with `lenpred bench build` before quoting these numbers",
                        cfg.bench)
-    runs = {}
-    with tqdm(fit_order(cfg.methods), desc="train + tune on validation", unit="method") as bar:
-        for method in bar:
-            tune_dependencies(method, data, ctx, cfg.seeds[0])  # the choices its grid reads (ltr: ESTP's)
-            bar.set_postfix(method=method, candidates=len(PREDICTORS[method].param_grid(ctx)))
-            runs[method] = tune_and_refit(method, data, ctx, cfg.seeds)
+    runs = _method_runs(cfg, data, ctx, record)
     test = data.index["test"]
     scores = score_methods({m: runs[m].predictions for m in cfg.methods}, data.y[test], data.cols["scenario"][test],
                            data.cols["prompt_id"][test], data.censored[test], "scenario_median", EXTERNAL_BASELINES,
@@ -242,7 +247,58 @@ def run_evaluate(cfg: EvalConfig) -> EvalReport:
         dropped_duplicates=data.dropped_duplicates, benchmark_complete=data.complete,
         censored_test_share=float(data.censored[test].mean()))
     report.paths = _save(report, {m: r.fitted for m, r in runs.items()}, Path(cfg.out))
+    shutil.rmtree(checkpoint_dir(cfg))  # every finished method is in the report and predictors/ now
     return report
+
+
+def checkpoint_dir(cfg: EvalConfig) -> Path:
+    """Where an unfinished run keeps its finished methods: ``<out>/checkpoint`` (``runs.json`` and one
+    ``<method>.safetensors`` per method); removed once the report is written."""
+    return Path(cfg.out) / "checkpoint"
+
+
+def _benchmark_fingerprint(bench: str) -> dict:
+    """The benchmark's plan and model revision (:func:`lenpred.bench.records.benchmark_key`) and its shard count
+    (a benchmark still being sampled gains shards, and so records)."""
+    from lenpred.bench.records import benchmark_key, shard_files
+
+    return {**benchmark_key(bench), "shards": len(shard_files(Path(bench)))}
+
+
+def _method_runs(cfg: EvalConfig, data, ctx, record: dict) -> dict:
+    """Tune and refit every method of ``cfg`` (:func:`lenpred.tuning.tune_and_refit`), in
+    :func:`lenpred.tuning.fit_order`, with a progress bar; returns ``{method: MethodRun}``.
+
+    A method finished by an earlier run with the same settings (``record``, from
+    :func:`lenpred.studies.resume.load_resumable`) is read back from :func:`checkpoint_dir` instead of refit; each
+    method finished here is written there at once (its fitted predictor, then ``runs.json``), so an interrupted run
+    resumes at the method it stopped in, with the same predictions (JSON keeps float64 exactly)."""
+    import numpy as np
+    from tqdm.auto import tqdm
+
+    from lenpred.predictors import PREDICTORS, Predictor
+    from lenpred.tuning import MethodRun, fit_order, tune_and_refit, tune_dependencies
+
+    ckpt, runs = checkpoint_dir(cfg), {}
+    with tqdm(fit_order(cfg.methods), desc="train + tune on validation", unit="method") as bar:
+        for method in bar:
+            stored = record["runs"].get(method)
+            if stored is not None:
+                bar.set_postfix(method=method, resumed=True)
+                runs[method] = MethodRun([np.asarray(p, dtype=np.float64) for p in stored["predictions"]],
+                                         stored["chosen"], stored["sweep"],
+                                         Predictor.load(ckpt / f"{method}.safetensors"), stored["fit_s"],
+                                         stored["diagnostics"])
+                ctx.chosen[method] = runs[method].chosen  # the choice a later method's grid reads (ltr: ESTP's)
+                continue
+            tune_dependencies(method, data, ctx, cfg.seeds[0])
+            bar.set_postfix(method=method, candidates=len(PREDICTORS[method].param_grid(ctx)))
+            run = runs[method] = tune_and_refit(method, data, ctx, cfg.seeds)
+            run.fitted.save(ckpt / f"{method}.safetensors")
+            record["runs"][method] = {"predictions": [p.tolist() for p in run.predictions], "chosen": run.chosen,
+                                      "sweep": run.sweep, "fit_s": run.fit_s, "diagnostics": run.diagnostics}
+            write_json(ckpt / "runs.json", record)
+    return runs
 
 
 def _overhead(backbone, data, layers) -> dict:

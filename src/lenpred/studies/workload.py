@@ -87,15 +87,11 @@ class WorkloadRequest:
         return int(round(self.predictions[predictor]))
 
 
-def _bench_key(bench: str | Path) -> dict[str, str]:
-    """What identifies the benchmark a table was built from: its plan and model revision (``bench.json``)."""
-    manifest = json.loads((Path(bench) / "bench.json").read_text())
-    return {"plan": manifest["plan_fingerprint"], "revision": manifest["model_revision"]}
-
-
 def _bench_fingerprint(bench: str | Path) -> str:
-    """Hash of :func:`_bench_key`."""
-    return stable_hash(_bench_key(bench))
+    """Hash of :func:`lenpred.bench.records.benchmark_key`."""
+    from lenpred.bench.records import benchmark_key
+
+    return stable_hash(benchmark_key(bench))
 
 
 def _predictor_files(predictors_dir: Path, predictors: tuple[str, ...]) -> dict[str, Path]:
@@ -108,13 +104,15 @@ def _inputs_fingerprint(bench: str | Path, predictors_dir: Path, predictors: tup
     Raises:
         LenpredError: a predictor file is missing.
     """
+    from lenpred.bench.records import benchmark_key
+
     files = {}
     for name, path in _predictor_files(predictors_dir, predictors).items():
         if not path.exists():
             raise LenpredError(f"{path} is missing: run `lenpred evaluate` (it saves the fitted predictors) or pass "
                                "--predictors naming the ones that exist")
         files[name] = file_sha256(path)
-    return stable_hash({**_bench_key(bench), "files": files})
+    return stable_hash({**benchmark_key(bench), "files": files})
 
 
 def build_workload_table(bench: str | Path = DEFAULT_BENCH,
