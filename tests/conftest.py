@@ -284,7 +284,7 @@ def fit_tiny_predictor(backbone, method: str, layer: int):
     lp.config_ = PredictorConfig(method, {}, {}, "tiny", backbone.revision, [layer], False, "t", lp.coverage, 1.5, None)
     lp.predictor_ = make_predictor(method, layer=layer, head={"epochs": 3, "num_bins": 4})
     train = lp.prepare(TINY_PROMPTS * 4, 16)
-    lp._attach_signals(train, 4096, False)
+    lp.attach_states(train)
     lp.predictor_.fit(train, np.arange(len(train), dtype=np.float64) + 1.0)
     return lp
 

@@ -34,7 +34,7 @@ def last(tiny_backbone):
 
 def _with_signals(lp, max_new_tokens=16):
     requests = lp.prepare(TINY_PROMPTS, max_new_tokens)
-    lp._attach_signals(requests, 4096, False)
+    lp.attach_states(requests)
     return requests
 
 
@@ -111,17 +111,20 @@ def test_serve_refuses_predictions_that_do_not_match_the_rows(last, one_torch_th
         OnlineLearning(last).serve(X, preds[:2])
 
 
-def test_the_proxy_with_online_learning_runs_the_head_once(last, one_torch_thread):
+def test_the_proxy_with_online_learning_runs_the_head_once(last, one_torch_thread, monkeypatch):
     """``lenpred serve``'s batch path (``LengthPredictorService`` with traffic learning on): the served interval
-    reuses the batch's head pass instead of a second one per request; a cap too long for the window is served as
-    the cap (the prediction is made uncapped, then clipped)."""
+    reuses the batch's head pass instead of a second one per request, and the features it logs are the ones the
+    head read (pooled once); a cap too long for the window is served as the cap (the prediction is made uncapped,
+    then clipped)."""
     from lenpred.serving.proxy.batching import LengthPredictorService
 
     service = LengthPredictorService(last, tokenizers=1, online=OnlineLearning(last))
     items = [service.prepare([p], 16) for p in TINY_PROMPTS]
+    pooled, features = [], last.predictor_.features
+    monkeypatch.setattr(last.predictor_, "features", lambda requests: pooled.append(len(requests)) or features(requests))
     with HeadCalls(last) as rows:
         values = service.predict_batch(items)
-    assert rows == [3]
+    assert rows == [3] and pooled == [3]
     want = last.predict(TINY_PROMPTS, 16)  # the full forward: the truncated one agrees to float32 rounding
     assert values == pytest.approx([p.expected for p in want], rel=1e-5)
     assert [v for i in items for v in (i.served.low, i.served.high)] == \

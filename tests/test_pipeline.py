@@ -61,7 +61,7 @@ def test_signals_of_other_layers_are_refused(fitted):
     other_layer = 0 if fitted.config_["layers"] != [0] else 1
     r = Request("x", ids, signals=extract_signals(fitted.backbone_, [ids], (other_layer,))[0], content_span=(1, 3))
     with pytest.raises(LenpredError, match="but this predictor reads layers"):
-        fitted._predict_requests([r])
+        fitted.predict_requests([r])
 
 
 def test_not_a_predictor_directory(tmp_path):

@@ -11,9 +11,10 @@ A saved predictor is a directory (transformers style)::
     CARD.md                 the same card for people
 
 Prediction runs in three stages, as transformers' pipelines do: prompts -> requests (:meth:`LengthPredictor.prepare`,
-the one prompt path), requests -> states (the prefill signals the predictor reads, full or truncated forward), and
-states -> ONE head pass -> distribution -> expected / median / interval (:mod:`lenpred.prediction`). Every predict
-entry point ends in that last stage; :meth:`LengthPredictor.predict_states` (an engine's captured states) starts there.
+the one prompt path), requests -> states (:meth:`~LengthPredictor.attach_states`: the prefill signals the predictor
+reads, full or truncated forward), and states -> ONE head pass -> distribution -> expected / median / interval
+(:meth:`~LengthPredictor.predict_requests`, :mod:`lenpred.prediction`). Every predict entry point ends in that stage;
+:meth:`LengthPredictor.predict_states` (an engine's captured states) starts there.
 
 Loading it with another model revision or another prompt rule is an error that says so; so is predicting from
 signals of other layers.
@@ -127,7 +128,7 @@ class LengthPredictor:
             self.backbone_.revision, *signals_read(self.predictor_), TEMPLATE_RULE, self.coverage,
             self.margin_, benchmark)
         test = data.index["test"]
-        self.card_ = card_from_test_split(self._predict_requests(data.rows("test")), data.y[test],
+        self.card_ = card_from_test_split(self.predict_requests(data.rows("test")), data.y[test],
                                           data.cols["scenario"][test], data.cols["prompt_id"][test])
         return self
 
@@ -187,13 +188,22 @@ class LengthPredictor:
 
     # ------------------------------------------------------------------ stage 2: requests -> states
 
-    def _attach_signals(self, requests: list, batch_tokens: int, progress: bool) -> None:
-        """Set each request's ``signals`` from the full prefill at the predictor's layers
-        (:func:`lenpred.inputs.signals.attach_signals`)."""
+    def attach_states(self, requests: list, batch_tokens: int = 4096, truncated: bool = False, prefix_cache=None,
+                      progress: bool = False) -> None:
+        """Stage 2: set the ``signals`` of :meth:`prepare`'s requests, when the predictor reads them. With
+        ``truncated`` a predictor that reads one layer's hidden states only runs the truncated forward
+        (:mod:`lenpred.truncated`: no later layers, no LM head; ``prefix_cache``, a
+        :class:`lenpred.truncated.PrefixCache`, computes the template's fixed prefix once); otherwise the full
+        prefill at the predictor's layers (:func:`lenpred.inputs.signals.attach_signals`; ``progress``: a bar)."""
         from lenpred.inputs.signals import attach_signals
+        from lenpred.truncated import attach_truncated_signals, truncated_plan
 
-        attach_signals(self.backbone_, requests, tuple(self.config_.layers) or (self.backbone_.num_layers,),
-                       self.config_.semantic, batch_tokens, progress)
+        plan = truncated_plan(self) if truncated else None
+        if plan is not None:
+            attach_truncated_signals(self.backbone_, requests, plan, batch_tokens, prefix_cache)
+        elif "signals" in self.predictor_.inputs:
+            attach_signals(self.backbone_, requests, tuple(self.config_.layers) or (self.backbone_.num_layers,),
+                           self.config_.semantic, batch_tokens, progress)
 
     # ------------------------------------------------------------------ stage 3: states -> one head pass -> predictions
 
@@ -212,28 +222,15 @@ class LengthPredictor:
             LenpredError: not fitted / loaded, a bad prompt, or a prompt that does not fit the context window.
         """
         requests = self._requests(prompts, max_new_tokens, scenario)
-        if "signals" in self.predictor_.inputs:
-            self._attach_signals(requests, batch_tokens, progress)
-        return self._predict_requests(requests)
+        self.attach_states(requests, batch_tokens, progress=progress)
+        return self.predict_requests(requests)
 
     def predict_prepared(self, requests: list, batch_tokens: int = 4096, truncated: bool = True,
                          prefix_cache=None) -> list[LengthPrediction]:
-        """Predict :meth:`prepare`'s requests in one go; with ``truncated`` a predictor that reads one layer's hidden
-        states only runs the truncated forward (:mod:`lenpred.truncated`: no later layers, no LM head), which gives
-        :meth:`predict`'s predictions. Other predictors run :meth:`predict`'s path. ``prefix_cache`` (a
-        :class:`lenpred.truncated.PrefixCache`, truncated path only): the template's fixed prefix is computed once.
-
-        Raises:
-            LenpredError: as :meth:`predict`.
-        """
-        from lenpred.truncated import attach_truncated_signals, truncated_plan
-
-        plan = truncated_plan(self) if truncated else None
-        if plan is not None:
-            attach_truncated_signals(self.backbone_, requests, plan, batch_tokens, prefix_cache)
-        elif "signals" in self.predictor_.inputs:
-            self._attach_signals(requests, batch_tokens, False)
-        return self._predict_requests(requests)
+        """Predict :meth:`prepare`'s requests in one go (:meth:`attach_states`, then :meth:`predict_requests`); the
+        truncated forward gives :meth:`predict`'s predictions (to float32 rounding). Raises as :meth:`predict`."""
+        self.attach_states(requests, batch_tokens, truncated, prefix_cache)
+        return self.predict_requests(requests)
 
     @property
     def engine_layer(self) -> int | None:
@@ -273,8 +270,10 @@ class LengthPredictor:
         caps = np.array([np.inf if c is None else c for c in max_new_tokens], dtype=np.float64)
         return self._postprocess(head_pass(self.predictor_, caps, features=states), num_prompt_tokens, max_new_tokens)
 
-    def _predict_requests(self, requests: list) -> list[LengthPrediction]:
-        """Stage 3 for requests whose states (signals) are attached: one head pass, then :meth:`_postprocess`.
+    def predict_requests(self, requests: list, features: np.ndarray | None = None) -> list[LengthPrediction]:
+        """Stage 3 for requests whose states (signals) are attached (:meth:`attach_states`): one head pass, then
+        the distribution, expected / median / calibrated interval. ``features`` ``(n, d)`` float32: the predictor's
+        ``features(requests)`` already computed (a caller that also logs them pools once).
 
         Raises:
             LenpredError: a request's signals hold other layers than the predictor was trained on."""
@@ -284,7 +283,7 @@ class LengthPredictor:
             if r.signals is not None and not set(self.config_.layers) <= set(r.signals.layers):
                 raise LenpredError(f"signals hold layers {list(r.signals.layers)} but this predictor reads layers "
                                    f"{self.config_.layers}: extract them at its layers")
-        out = head_pass(self.predictor_, max_new_tokens(requests), requests)
+        out = head_pass(self.predictor_, max_new_tokens(requests), requests, features)
         return self._postprocess(out, [r.num_prompt_tokens for r in requests], [r.max_new_tokens for r in requests])
 
     def _postprocess(self, out: HeadOutput, num_prompt_tokens, max_new_tokens) -> list[LengthPrediction]:
@@ -317,7 +316,7 @@ class LengthPredictor:
             raise LenpredError("this LengthPredictor has no progressive head: attach_progressive('plp.safetensors') "
                                "from a `lenpred progressive` run")
         requests = self._requests(prompts, max_new_tokens, None)
-        self._attach_signals(requests, 4096, False)
+        self.attach_states(requests)
         final = self.progressive_info_["plp_layer"]
         states = np.stack([r.signals.last_token_states[final].numpy() for r in requests])
         caps = np.full(len(requests), np.inf if max_new_tokens is None else float(max_new_tokens))

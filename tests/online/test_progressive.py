@@ -240,7 +240,7 @@ def test_length_predictor_start_and_update_use_the_plp_head(tiny_run, tiny_model
     states = lp.start(["write a poem about sea", "what is the sum of two and three"], max_new_tokens=16)
     plp, _ = load_plp(root / "out" / "plp.safetensors")
     reqs = lp._requests(["write a poem about sea", "what is the sum of two and three"], 16, None)
-    lp._attach_signals(reqs, 4096, False)
+    lp.attach_states(reqs)
     final = np.stack([r.signals.last_token_states[2].numpy() for r in reqs])
     expect = plp.predict(lp.predictor_.features(reqs), final, np.zeros(2), np.full(2, 16.0))
     np.testing.assert_allclose([s.remaining for s in states], np.clip(expect, 0, 16), rtol=1e-5)

@@ -68,7 +68,7 @@ def prompt_features(predictor, prompts: list, max_new_tokens: int | None = None)
     """The head's input ``(n, d)`` float32 for prompts, from the predictor's own prefill pass (the proxy's path;
     the same pass ``LengthPredictor.predict`` runs)."""
     requests = predictor._requests(prompts, max_new_tokens, None)
-    predictor._attach_signals(requests, 4096, False)
+    predictor.attach_states(requests)
     return predictor.predictor_.features(requests)
 
 

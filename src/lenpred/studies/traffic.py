@@ -207,7 +207,7 @@ def run_traffic_replay(cfg: TrafficReplayConfig) -> TrafficReport:
         raise LenpredError(f"no test sample is of scenario or source {', '.join(sorted(unknown))}: pick from "
                            f"{', '.join(sorted(set(cols['scenario']) | set(cols['source'])))}")
     late = np.isin(cols["scenario"], list(names)) | np.isin(cols["source"], list(names))
-    check = shipped._predict_requests(requests[:8])  # the features-level path serves what predict() serves
+    check = shipped.predict_requests(requests[:8])  # the features-level path serves what predict() serves
     assert np.allclose([p.expected for p in check], expected[:8]), "features-level path differs from predict()"
     bench_rows = _bench_rows_or_none(shipped, cfg) if cfg.mix_bench else None
     report = {"config": asdict(cfg), "shipped_margin": shipped.margin_, "num_requests": int(len(test)),

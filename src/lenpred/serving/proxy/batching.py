@@ -90,8 +90,9 @@ class FunctionService:
 
 class LengthPredictorService:
     """A loaded :class:`lenpred.LengthPredictor` as a service: the request's prompts tokenised with a copy of the
-    tokenizer that no other thread uses meanwhile (taken from a pool of copies, never waited for); a batch predicted in one :meth:`~lenpred.LengthPredictor.predict_prepared` call
-    (truncated forward for hidden-state-only predictors, the chat template's shared prefix computed once:
+    tokenizer that no other thread uses meanwhile (taken from a pool of copies, never waited for); a batch predicted in
+    one pass (:meth:`~lenpred.LengthPredictor.attach_states`, then ``predict_requests``: truncated forward for
+    hidden-state-only predictors, the chat template's shared prefix computed once:
     :class:`lenpred.truncated.PrefixCache`). A request's value is its largest prompt's ``expected``
     (a completions list of prompts).
 
@@ -148,7 +149,9 @@ class LengthPredictorService:
 
     def predict_batch(self, items: list[Prepared]) -> list[float]:
         flat = [r for item in items for r in item.payload[0]]
-        predictions = self.predictor.predict_prepared(flat, self.batch_tokens, self.truncated, self.prefix_cache)
+        self.predictor.attach_states(flat, self.batch_tokens, self.truncated, self.prefix_cache)
+        features = None if self.online is None else self.predictor.predictor_.features(flat)  # pooled once: logged too
+        predictions = self.predictor.predict_requests(flat, features)
         out, row = [], 0
         for item in items:
             requests, clip = item.payload[:2]
@@ -156,7 +159,7 @@ class LengthPredictorService:
             out.append(value if clip is None else min(value, clip))
             row += len(requests)
         if self.online is not None:
-            self.attach_served(items, self.predictor.predictor_.features(flat), predictions)
+            self.attach_served(items, features, predictions)
         return out
 
     def attach_served(self, items: list[Prepared], features, predictions: list) -> None:
