@@ -241,7 +241,11 @@ def test_workload_table_without_predictor_files(tmp_path, caplog):
 
     bench = tmp_path / "bench"
     bench.mkdir()
-    (bench / "bench.json").write_text(json.dumps({"plan_fingerprint": "abc", "model_revision": "r1"}))
+    def manifest(plan):
+        (bench / "bench.json").write_text(json.dumps({"plan_fingerprint": plan, "model_revision": "r1", "model_id": "m",
+                                                     "shard_size": 8}))
+
+    manifest("abc")
     bench_fp = stable_hash({"plan": "abc", "revision": "r1"})
     table = pa.table({"output_len": [3, 5], "pred_estp": [2.0, 6.0]})
     path = tmp_path / "t.parquet"
@@ -251,11 +255,11 @@ def test_workload_table_without_predictor_files(tmp_path, caplog):
     assert "1 predictor file(s) missing" in caplog.text and caplog.records[-1].levelname == "WARNING"
     with pytest.raises(LenpredError, match="no predictions of egtp"):
         load_workload_table(path, predictors=("estp", "egtp"), **kw)
-    (bench / "bench.json").write_text(json.dumps({"plan_fingerprint": "abd", "model_revision": "r1"}))
+    manifest("abd")
     with pytest.raises(LenpredError, match="another benchmark"):
         load_workload_table(path, predictors=("estp",), **kw)
     # with the predictor file present, the full fingerprint (benchmark + file bytes) decides
-    (bench / "bench.json").write_text(json.dumps({"plan_fingerprint": "abc", "model_revision": "r1"}))
+    manifest("abc")
     (tmp_path / "none").mkdir()
     (tmp_path / "none" / "estp.safetensors").write_bytes(b"weights")
     with pytest.raises(LenpredError, match="stale"):

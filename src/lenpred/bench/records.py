@@ -76,9 +76,22 @@ def read_manifest(bench_dir: str | Path) -> dict:
     """The parsed ``bench.json`` of a benchmark directory.
 
     Raises:
-        LenpredError: the file is unreadable, not JSON, or lacks the keys the builder writes.
+        LenpredError: no such directory, no ``bench.json`` (the message says whether shards are there), or a file
+            that is unreadable, not JSON, or lacks the keys the builder writes.
     """
-    path = Path(bench_dir) / "bench.json"
+    bench_dir = Path(bench_dir)
+    path = bench_dir / "bench.json"
+    if not bench_dir.is_dir():
+        what = "not a directory" if bench_dir.exists() else "no such directory"
+        raise LenpredError(f"{bench_dir} holds no benchmark ({what}): build one with "
+                           "`lenpred bench build --out DIR`, or pass the directory you built")
+    if not path.exists():
+        if shard_files(bench_dir):
+            raise LenpredError(f"{bench_dir} holds no benchmark manifest (bench.json missing, shards present): rerun "
+                               f"`lenpred bench build --out {bench_dir}` with the arguments it was built with to "
+                               "rewrite it (finished shards are checked against the plan and kept)")
+        raise LenpredError(f"{bench_dir} holds no benchmark (bench.json missing): build one with "
+                           "`lenpred bench build --out DIR`")
     fix = ("delete it and rerun `lenpred bench build` with the same arguments to rewrite it (finished shards "
            "are checked against the plan and kept)")
     try:
@@ -183,25 +196,13 @@ def load_records(bench_dir: str | Path) -> pa.Table:
         LenpredError: no benchmark there, ``bench.json`` unreadable, or a shard from another plan / corrupt.
     """
     bench_dir = Path(bench_dir)
-    manifest_path = bench_dir / "bench.json"
-    if not bench_dir.is_dir():
-        what = "not a directory" if bench_dir.exists() else "no such directory"
-        raise LenpredError(f"{bench_dir} holds no benchmark ({what}): build one with "
-                           "`lenpred bench build --out DIR`, or pass the directory you built")
-    if not manifest_path.exists():
-        if shard_files(bench_dir):
-            raise LenpredError(f"{bench_dir} holds no benchmark manifest (bench.json missing, shards present): rerun "
-                               f"`lenpred bench build --out {bench_dir}` with the arguments it was built with to "
-                               "rewrite it (finished shards are checked against the plan and kept)")
-        raise LenpredError(f"{bench_dir} holds no benchmark (bench.json missing): build one with "
-                           "`lenpred bench build --out DIR`")
     manifest = read_manifest(bench_dir)
     fingerprint = manifest["plan_fingerprint"]
     tables = []
     for i, path in shard_files(bench_dir).items():
         table, meta = read_shard(path)
         if meta.get("plan_fingerprint") != fingerprint or meta.get("shard_index") != i:
-            raise LenpredError(f"{path} belongs to another plan than {manifest_path}; delete it and rebuild")
+            raise LenpredError(f"{path} belongs to another plan than {bench_dir / 'bench.json'}; delete it and rebuild")
         tables.append(table)
     if not tables:
         raise LenpredError(f"{bench_dir} has no finished shards yet: run `lenpred bench build --out {bench_dir}` "
