@@ -281,7 +281,9 @@ def fit_tiny_predictor(backbone, method: str, layer: int):
 
     lp = LengthPredictor(method, "tiny", layers=(layer,))
     lp.backbone_, lp.margin_, lp.card_ = backbone, 1.5, {}
-    lp.config_ = PredictorConfig(method, {}, {}, "tiny", backbone.revision, [layer], False, "t", lp.coverage, 1.5, None)
+    lp.config_ = PredictorConfig(method=method, params={}, chosen_on_validation={}, model_id="tiny",
+                                 model_revision=backbone.revision, layers=[layer], semantic=False, template_rule="t",
+                                 coverage=lp.coverage, interval_margin=1.5, training_benchmark=None)
     lp.predictor_ = make_predictor(method, layer=layer, head={"epochs": 3, "num_bins": 4})
     train = lp.prepare(TINY_PROMPTS * 4, 16)
     lp.attach_states(train)

@@ -29,9 +29,13 @@ def test_the_shipped_config_reads_typed_and_writes_back_byte_identical():
 
 
 def test_a_traffic_refit_config_round_trips():
-    config = PredictorConfig("last", {"layer": 1}, {"refit_of": "base"}, "tiny", "r0", [1], False, "t", 0.5, 2.5,
-                             TrainingBenchmark("b", "f", 10, {"train": 0}, split="train"),
-                             TrainingTraffic("log/", 60, 4, "float16", 1.0, 2.0, 30, 15, 15), lenpred_version="9")
+    traffic = TrainingTraffic(log="log/", num_records=60, parts=4, features_dtype="float16", first_finish_time_s=1.0,
+                              last_finish_time_s=2.0, num_train=30, num_calibration=15, num_test=15)
+    config = PredictorConfig(method="last", params={"layer": 1}, chosen_on_validation={"refit_of": "base"},
+                             model_id="tiny", model_revision="r0", layers=[1], semantic=False, template_rule="t",
+                             coverage=0.5, interval_margin=2.5,
+                             training_benchmark=TrainingBenchmark("b", "f", 10, {"train": 0}, split="train"),
+                             training_traffic=traffic, lenpred_version="9")
     text = config.to_json({"method": "last"}, {})
     data = json.loads(text)
     assert list(data)[-4:] == ["training_traffic", "lenpred_version", "settings", "card"]

@@ -123,10 +123,12 @@ class LengthPredictor:
         self.margin_ = conformal_margin(low, high, data.y[data.index["validation"]], self.coverage, strict=False)
         benchmark = TrainingBenchmark(Path(bench).name, read_manifest(bench)["plan_fingerprint"],
                                       prepared.table.num_rows, data.dropped_duplicates)
+        layers, semantic = signals_read(self.predictor_)
         self.config_ = PredictorConfig(
-            self.method, self.predictor_.params, run.chosen, recorded_model_name(self.backbone_.model_id),
-            self.backbone_.revision, *signals_read(self.predictor_), TEMPLATE_RULE, self.coverage,
-            self.margin_, benchmark)
+            method=self.method, params=self.predictor_.params, chosen_on_validation=run.chosen,
+            model_id=recorded_model_name(self.backbone_.model_id), model_revision=self.backbone_.revision,
+            layers=layers, semantic=semantic, template_rule=TEMPLATE_RULE, coverage=self.coverage,
+            interval_margin=self.margin_, training_benchmark=benchmark)
         test = data.index["test"]
         self.card_ = card_from_test_split(self.predict_requests(data.rows("test")), data.y[test],
                                           data.cols["scenario"][test], data.cols["prompt_id"][test])

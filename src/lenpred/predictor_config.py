@@ -82,7 +82,7 @@ class TrainingBenchmark(KeyAccess):
         return {k: v for k, v in asdict(self).items() if not (k == "split" and v is None)}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TrainingTraffic(KeyAccess):
     """The traffic log a refit was trained on (:meth:`lenpred.pipeline.LengthPredictor.from_traffic`).
 
@@ -107,9 +107,10 @@ class TrainingTraffic(KeyAccess):
     split: str = TIME_SPLIT
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PredictorConfig(KeyAccess):
-    """What a fitted predictor was trained with: ``LengthPredictor.config_``, the top level of ``config.json``.
+    """What a fitted predictor was trained with: ``LengthPredictor.config_``, the top level of ``config.json``
+    (keyword arguments only).
 
     Attributes:
         method: the registered predictor (``last``, ``estp``, ``trail``, ...).

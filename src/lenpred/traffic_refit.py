@@ -6,6 +6,7 @@ interval on the next requests and score the latest ones beside the base. The fea
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ from lenpred.online.refit import (TrafficRows, choose_finetune, finetune_head, f
                                    time_split)
 from lenpred.online.traffic_log import read_traffic_log
 from lenpred.predictor_config import PredictorConfig, TrainingBenchmark, TrainingTraffic
+from lenpred.version import __version__
 
 
 @dataclass
@@ -81,12 +83,13 @@ def refit_on_traffic(base, log: str | Path, bench: str | Path | None = None, bas
         predictor.head_ = fit_head(fit_rows, params["head"], params["seed"])
     margin = _calibrated_margin(predictor.head_, rows, cal, base.coverage)
     c = traffic_log.columns
-    traffic = TrainingTraffic(str(log), len(rows), len(traffic_log.parts), traffic_log.metadata["features_dtype"],
-                              float(np.nanmin(c["finish_time_s"])), float(np.nanmax(c["finish_time_s"])),
-                              len(train), len(cal), len(test))
-    b = base.config_
-    config = PredictorConfig(b.method, b.params, how, b.model_id, b.model_revision, b.layers, b.semantic,
-                             b.template_rule, base.coverage, margin, bench_info, traffic)
+    traffic = TrainingTraffic(log=str(log), num_records=len(rows), parts=len(traffic_log.parts),
+                              features_dtype=traffic_log.metadata["features_dtype"],
+                              first_finish_time_s=float(np.nanmin(c["finish_time_s"])),
+                              last_finish_time_s=float(np.nanmax(c["finish_time_s"])),
+                              num_train=len(train), num_calibration=len(cal), num_test=len(test))
+    config = dataclasses.replace(base.config_, chosen_on_validation=how, coverage=base.coverage, interval_margin=margin,
+                                 training_benchmark=bench_info, training_traffic=traffic, lenpred_version=__version__)
     card = traffic_card(predictor.head_, base, rows.take(test), margin, base.coverage)
     return TrafficRefit(predictor, margin, config, card)
 

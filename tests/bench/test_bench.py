@@ -16,9 +16,11 @@ from lenpred.errors import LenpredError
 
 def tiny_config(model: str, max_new_tokens: int = 6) -> BenchConfig:
     return BenchConfig(model, {
-        "longseq": ScenarioConfig(["vicuna_bench", "oasst"], 4, 1, 2, 0.7, max_new_tokens),
-        "reasoning": ScenarioConfig(["gsm8k"], 3, 1, 1, 0.7, max_new_tokens),
-        "rl": ScenarioConfig(["mbpp"], 3, 2, 2, 1.0, max_new_tokens)}, shard_size=2, seed=3,
+        "longseq": ScenarioConfig(["vicuna_bench", "oasst"], 4, eval_samples_per_prompt=2,
+                                  max_new_tokens=max_new_tokens),
+        "reasoning": ScenarioConfig(["gsm8k"], 3, max_new_tokens=max_new_tokens),
+        "rl": ScenarioConfig(["mbpp"], 3, samples_per_prompt=2, eval_samples_per_prompt=2, temperature=1.0,
+                             max_new_tokens=max_new_tokens)}, shard_size=2, seed=3,
         max_prompt_tokens=None)  # the tiny model's window is 64 tokens
 
 
@@ -123,11 +125,12 @@ def test_real_model_slice_of_20_prompts(tmp_path):
     from lenpred.bench.sources import default_data_dir
 
     if not default_data_dir().is_dir():
-        pytest.skip("no ../shared/datasets here")
+        pytest.skip(f"no prompt data sets at {default_data_dir()} (set LENPRED_DATA_DIR)")
     cfg = BenchConfig("smollm2-135m-instruct", {
-        "longseq": ScenarioConfig(["vicuna_bench", "mt_bench"], 7, 1, 1, 0.7, 8),
-        "reasoning": ScenarioConfig(["gsm8k", "aqua"], 7, 1, 1, 0.7, 8),
-        "rl": ScenarioConfig(["mbpp", "gsm8k_train"], 6, 2, 2, 1.0, 8)}, shard_size=5)
+        "longseq": ScenarioConfig(["vicuna_bench", "mt_bench"], 7, max_new_tokens=8),
+        "reasoning": ScenarioConfig(["gsm8k", "aqua"], 7, max_new_tokens=8),
+        "rl": ScenarioConfig(["mbpp", "gsm8k_train"], 6, samples_per_prompt=2, eval_samples_per_prompt=2,
+                             temperature=1.0, max_new_tokens=8)}, shard_size=5)
     out = build_benchmark(cfg, tmp_path / "b", engine="transformers", max_shards=2)
     build_benchmark(cfg, out, engine="transformers")
     t = load_records(out)

@@ -80,7 +80,8 @@ def config(longseq: int, reasoning: int, **kw) -> BenchConfig:
     return BenchConfig("fake-model", {
         "longseq": ScenarioConfig(["vicuna_bench", "sharegpt"], longseq, samples_per_prompt=1,
                                   eval_samples_per_prompt=3, temperature=0.7, max_new_tokens=64),
-        "reasoning": ScenarioConfig(["gsm8k"], reasoning, 1, 2, 0.5, 32)}, **kw)
+        "reasoning": ScenarioConfig(["gsm8k"], reasoning, eval_samples_per_prompt=2, temperature=0.5,
+                                    max_new_tokens=32)}, **kw)
 
 
 # ================================================================ splits and seeds

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import random
-from dataclasses import asdict, dataclass, field
+from dataclasses import KW_ONLY, asdict, dataclass, field
 from typing import Any
 
 from lenpred.bench.sources import SCENARIOS, SOURCES, load_prompts
@@ -27,7 +27,7 @@ SPLITS = ("train", "validation", "test")
 
 @dataclass
 class ScenarioConfig:
-    """How one scenario is sampled.
+    """How one scenario is sampled (``sources`` and ``num_prompts`` by position, the rest by keyword).
 
     Attributes:
         sources: prompt sources (registry names) pooled into this scenario.
@@ -41,6 +41,7 @@ class ScenarioConfig:
 
     sources: list[str]
     num_prompts: int
+    _: KW_ONLY
     samples_per_prompt: int = 1
     eval_samples_per_prompt: int = 1
     temperature: float = 0.7
@@ -128,20 +129,22 @@ def preset(name: str, model: str) -> BenchConfig:
     reasoning = ["gsm8k", "math", "math500", "aqua", "strategyqa"]
     if name == "first":
         return BenchConfig(model, {
-            "longseq": ScenarioConfig(longseq, 100, 1, 1, 0.7, 512),
-            "reasoning": ScenarioConfig(["gsm8k", "math", "aqua"], 100, 1, 1, 0.7, 512),
-            "rl": ScenarioConfig(["gsm8k_train", "mbpp"], 100, 4, 4, 1.0, 512)}, shard_size=32)
+            "longseq": ScenarioConfig(longseq, 100, max_new_tokens=512),
+            "reasoning": ScenarioConfig(["gsm8k", "math", "aqua"], 100, max_new_tokens=512),
+            "rl": ScenarioConfig(["gsm8k_train", "mbpp"], 100, samples_per_prompt=4, eval_samples_per_prompt=4,
+                                 temperature=1.0, max_new_tokens=512)}, shard_size=32)
     if name == "forelen":
         return BenchConfig(model, {
-            "longseq": ScenarioConfig(longseq, 600, 1, 4, 0.7, 1024),
-            "reasoning": ScenarioConfig(reasoning, 600, 1, 4, 0.7, 512),
-            "rl": ScenarioConfig(["gsm8k_train", "math_train", "mbpp", "humaneval"], 320, 8, 8, 1.0, 512)},
-            shard_size=32)
+            "longseq": ScenarioConfig(longseq, 600, eval_samples_per_prompt=4, max_new_tokens=1024),
+            "reasoning": ScenarioConfig(reasoning, 600, eval_samples_per_prompt=4, max_new_tokens=512),
+            "rl": ScenarioConfig(["gsm8k_train", "math_train", "mbpp", "humaneval"], 320, samples_per_prompt=8,
+                                 eval_samples_per_prompt=8, temperature=1.0, max_new_tokens=512)}, shard_size=32)
     if name == "tiny":
         return BenchConfig(model, {
-            "longseq": ScenarioConfig(["vicuna_bench", "oasst"], 3, 1, 2, 0.7, 16),
-            "reasoning": ScenarioConfig(["gsm8k"], 3, 1, 1, 0.7, 16),
-            "rl": ScenarioConfig(["mbpp"], 3, 2, 2, 1.0, 16)}, max_prompt_tokens=None, shard_size=2)
+            "longseq": ScenarioConfig(["vicuna_bench", "oasst"], 3, eval_samples_per_prompt=2, max_new_tokens=16),
+            "reasoning": ScenarioConfig(["gsm8k"], 3, max_new_tokens=16),
+            "rl": ScenarioConfig(["mbpp"], 3, samples_per_prompt=2, eval_samples_per_prompt=2, temperature=1.0,
+                                 max_new_tokens=16)}, max_prompt_tokens=None, shard_size=2)
     raise LenpredError(f"unknown preset '{name}'; valid presets: first, forelen, tiny")
 
 
