@@ -44,7 +44,7 @@ def test_the_shared_prefix_from_the_cache_gives_the_same_states(tiny_backbone, o
     torch.testing.assert_close(other[0], plain[0], rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("method,layer", [("last", 1), ("mean", 2), ("max", 1)])
+@pytest.mark.parametrize("method,layer", [("last", 1), ("mean", 2), ("max", 1), ("trail", 1), ("trail", 2)])
 def test_truncated_predictions_equal_predict(tiny_backbone, one_torch_thread, method, layer):
     lp = _fitted(tiny_backbone, method, layer)
     assert truncated_plan(lp).layer == layer

@@ -55,7 +55,8 @@ class _Stop(Exception):
 
 def truncated_plan(predictor) -> TruncatedPlan | None:
     """The plan for a loaded :class:`lenpred.LengthPredictor`, or ``None`` when its predictor reads more than one
-    positive layer's hidden states (entropy- or attention-weighted poolers, TRAIL, text proxies, the embeddings)."""
+    positive layer's hidden states (entropy- or attention-weighted poolers, text proxies, the embeddings); TRAIL,
+    which reads one layer's last-token state, runs truncated too."""
     inner = getattr(predictor, "predictor_", None)
     if not isinstance(inner, PooledHeadPredictor) or inner.pooler_name not in HIDDEN_ONLY_POOLERS:
         return None
