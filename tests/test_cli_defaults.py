@@ -32,13 +32,13 @@ from lenpred.studies.workload import WorkloadConfig
 # (command, flag) -> the default `--help` shows, as the README / docs state it; comma lists are text
 LITERAL_DEFAULTS = {
     ("evaluate", "--epochs"): 150,
-    ("evaluate", "--seeds"): "0,1,2",
+    ("evaluate", "--seeds"): "0, 1, 2",
     ("demo", "--out"): "results/demo",
     ("demo", "--seed"): 0,
     ("train", "--coverage"): 0.8,
     ("serve", "--port"): 8001,
     ("serve", "--batch-window-ms"): 2.0,
-    ("schedule simulate", "--arrivals"): "all,poisson,gamma",
+    ("schedule simulate", "--arrivals"): "all, poisson, gamma",
     ("schedule simulate", "--aging-steps"): 200,
     ("diagnose", "--overhead-repeats"): 2,
     ("schedule vllm-serve", "--port"): 8011,

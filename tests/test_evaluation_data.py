@@ -22,7 +22,7 @@ def test_committed_forelen_benchmark_has_five_prompts_in_two_splits():
     from lenpred.bench.user_prompts import prompt_messages
 
     if not default_data_dir().is_dir():
-        pytest.skip("no ../shared/datasets here")
+        pytest.skip(f"no prompt data sets at {default_data_dir()} (set LENPRED_DATA_DIR)")
     table = load_records("benchmarks/smollm2-forelen")
     pid, split = np.array(table.column("prompt_id").to_pylist()), np.array(table.column("split").to_pylist())
     texts = {p: prompt_text(prompt_messages(p)) for p in set(pid.tolist())}

@@ -177,7 +177,7 @@ def unset(help: str, type: Any = FROM_FIELD, **kwargs) -> Opt:
 class Options:
     """The options of one command, in ``--help`` order: ``{name: help text or Opt}``. Each option's default and
     type are those of the field ``name`` of ``source`` (or of its :class:`Opt`'s ``source``); ``overrides[name]``
-    replaces a field's default (``lenpred demo``'s ``DEMO_DEFAULTS``). Tuple defaults show as comma lists.
+    replaces a field's default (``lenpred demo``'s ``DEMO_DEFAULTS``). Tuple defaults show as comma lists (``a, b``: --help wraps them).
 
     Raises:
         KeyError, TypeError: at import, an option with no field (and no ``default`` / ``type`` of its own) or a
@@ -201,7 +201,7 @@ class Options:
             default = self.overrides.get(name, field_default) if default is FROM_FIELD else default
             annotation = field_type if annotation is FROM_FIELD else annotation
         annotation, item = cli_type(annotation, optional=default is None)
-        shown = ",".join(str(v) for v in default) if isinstance(default, tuple) else default
+        shown = ", ".join(str(v) for v in default) if isinstance(default, tuple) else default  # spaces: --help wraps
         flag = opt.flag or "--" + name.replace("_", "-")
         option = typer.Option(shown, *((opt.flag,) if opt.flag else ()), help=opt.help)
         self.parameters.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option,

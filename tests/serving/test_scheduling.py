@@ -316,8 +316,12 @@ def test_simulation_refuses_unknown_predictors_and_arrivals():
         check_predictors(table, ("estp", "ltr"))
     with pytest.raises(LenpredError, match="--arrivals: unknown process foo"):
         SimExperimentConfig(arrivals=("all", "foo"))
-    with pytest.raises(LenpredError, match="--draws and --num-requests must be >= 2"):
+    with pytest.raises(LenpredError, match="--draws must be >= 2 .*got 1"):
         SimExperimentConfig(draws=1)
+    with pytest.raises(LenpredError, match="--num-requests must be >= 2, got -5"):
+        SimExperimentConfig(num_requests=-5)
+    with pytest.raises(LenpredError, match="--cv must be > 0 .*got -1"):
+        SimExperimentConfig(cv=-1.0)
 
 
 def test_parked_sjf_and_fcfs_hand_worked():

@@ -68,10 +68,13 @@ class SimExperimentConfig:
     predictors_dir: str = DEFAULT_PREDICTORS_DIR
 
     def __post_init__(self):
-        if self.draws < 2 or self.num_requests < 2:
-            raise LenpredError("--draws and --num-requests must be >= 2 (intervals need several draws)")
-        if not 0 < self.load:
-            raise LenpredError(f"--load must be > 0, got {self.load}")
+        checks = [(self.draws < 2, f"--draws must be >= 2 (the intervals resample draws), got {self.draws}"),
+                  (self.num_requests < 2, f"--num-requests must be >= 2, got {self.num_requests}"),
+                  (not 0 < self.load, f"--load must be > 0, got {self.load}"),
+                  (not 0 < self.cv, f"--cv must be > 0 (1 = Poisson; > 1 burstier), got {self.cv}")]
+        for failed, message in checks:
+            if failed:
+                raise LenpredError(message)
 
         bad = [a for a in self.arrivals if a not in ARRIVALS]
         if bad:
