@@ -177,7 +177,8 @@ def unset(help: str, type: Any = FROM_FIELD, **kwargs) -> Opt:
 class Options:
     """The options of one command, in ``--help`` order: ``{name: help text or Opt}``. Each option's default and
     type are those of the field ``name`` of ``source`` (or of its :class:`Opt`'s ``source``); ``overrides[name]``
-    replaces a field's default (``lenpred demo``'s ``DEMO_DEFAULTS``). Tuple defaults show as comma lists (``a, b``: --help wraps them).
+    replaces a field's default (``lenpred demo``'s ``DEMO_DEFAULTS``). Tuple defaults show as comma lists
+    (``a, b``: --help wraps them).
 
     Raises:
         KeyError, TypeError: at import, an option with no field (and no ``default`` / ``type`` of its own) or a
