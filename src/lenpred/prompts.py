@@ -163,12 +163,13 @@ def check_fits(num_prompt_tokens: int, max_new_tokens: int, context_window: int,
     if max_new_tokens < 0:
         raise LenpredError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     if num_prompt_tokens + max_new_tokens > context_window:
+        hint = "(a benchmark build skips such prompts: max_prompt_tokens)"
         if max_new_tokens == 0:
             raise ContextWindowError(f"{what} of {num_prompt_tokens} tokens exceeds the model's context window of "
-                                     f"{context_window}: shorten it (bench: max_prompt_tokens)")
-        raise ContextWindowError(f"{what} of {num_prompt_tokens} tokens + max_new_tokens {max_new_tokens} exceeds the model's "
-                           f"context window of {context_window}: shorten it, lower max_new_tokens, or leave it out "
-                           "(bench: max_prompt_tokens)")
+                                     f"{context_window}: shorten it {hint}")
+        raise ContextWindowError(f"{what} of {num_prompt_tokens} tokens + max_new_tokens {max_new_tokens} exceeds the "
+                                 f"model's context window of {context_window}: shorten it, lower max_new_tokens, or "
+                                 f"leave it out {hint}")
 
 
 def prompt_text(messages: list[dict[str, str]]) -> str:

@@ -112,7 +112,7 @@ def test_prompt_over_the_window_is_refused_up_front(tiny_model_dir, tiny_backbon
         engine.generate([ok, SampleRequest((7,) * 8188, 0, 0.7, 12)])
     assert str(e.value) == ("prompt (request 1) of 8188 tokens + max_new_tokens 12 exceeds the model's context "
                             "window of 8192: shorten it, lower max_new_tokens, or leave it out "
-                            "(bench: max_prompt_tokens)")
+                            "(a benchmark build skips such prompts: max_prompt_tokens)")
     assert calls == []  # nothing generated: the whole batch is checked first
     check_requests([SampleRequest((7,) * 8180, 0, 0.7, 12)], 8192)  # 8,192 exactly fits
 

@@ -573,3 +573,18 @@ def test_queued_requests_are_predicted_together_in_one_batch():
 
     batches, values = asyncio.run(run())
     assert batches == [1, 3] and values == [1.0, 2.0, 3.0, 4.0]
+
+
+def test_serve_without_the_serve_extra_names_the_install(monkeypatch):
+    import importlib.util
+
+    from typer.testing import CliRunner
+
+    from lenpred.cli import app
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "uvicorn" else real(name, *a))
+    r = CliRunner().invoke(app, ["serve", "--upstream", "notaurl"])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.splitlines() == ["error: lenpred serve needs the serve extra (uvicorn not installed): "
+                                     "pip install -e '.[serve]' from the repository root"]

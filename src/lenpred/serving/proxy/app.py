@@ -496,6 +496,20 @@ def _online_learning(model, traffic_log: str | None, adaptive_interval: str | No
                           adaptive=AdaptiveConfig(method=adaptive_interval) if adaptive_interval else None)
 
 
+SERVE_EXTRA = ("starlette", "uvicorn", "httpx", "prometheus_client")
+"""The modules of pyproject's ``serve`` extra, which :func:`serve` needs."""
+
+
+def _check_serve_extra() -> None:
+    """Raise :class:`LenpredError` naming the missing modules of :data:`SERVE_EXTRA` and the install command."""
+    import importlib.util
+
+    missing = [m for m in SERVE_EXTRA if importlib.util.find_spec(m) is None]
+    if missing:
+        raise LenpredError(f"lenpred serve needs the serve extra ({', '.join(missing)} not installed): "
+                           "pip install -e '.[serve]' from the repository root")
+
+
 def serve(upstream: str, host: str = "127.0.0.1", port: int = 8001, predictor: str | None = None,
           threads: int | None = 1, timeout_s: float | None = None, max_connections: int = 1024,
           default_max_tokens: int = 1024, batch=None, truncated: bool = True, traffic_log: str | None = None,
@@ -513,9 +527,10 @@ def serve(upstream: str, host: str = "127.0.0.1", port: int = 8001, predictor: s
     ``SO_REUSEADDR``) and closed, so a port in use fails at once, before the predictor loads.
 
     Raises:
-        LenpredError: ``upstream`` is not an http(s) URL, ``host:port`` cannot be bound (in use, not permitted,
-            unknown host), or the predictor cannot be loaded.
+        LenpredError: the ``serve`` extra is not installed, ``upstream`` is not an http(s) URL, ``host:port``
+            cannot be bound (in use, not permitted, unknown host), or the predictor cannot be loaded.
     """
+    _check_serve_extra()
     import uvicorn
 
     from lenpred.pipeline import LengthPredictor
