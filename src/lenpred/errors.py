@@ -8,3 +8,11 @@ class LenpredError(ValueError):
 class ContextWindowError(LenpredError):
     """A prompt plus the tokens it may generate does not fit the model's context window
     (:func:`lenpred.prompts.check_fits`)."""
+
+
+def raise_first(checks) -> None:
+    """Raise :class:`LenpredError` with the message of the first ``(failed, message)`` pair whose ``failed`` is true
+    (a config's ``__post_init__`` lists its checks in the order users should fix them)."""
+    for failed, message in checks:
+        if failed:
+            raise LenpredError(message)

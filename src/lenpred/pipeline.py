@@ -320,7 +320,7 @@ class LengthPredictor:
         requests = self._requests(prompts, max_new_tokens, None)
         self.attach_states(requests)
         final = self.progressive_info_["plp_layer"]
-        states = np.stack([r.signals.last_token_states[final].numpy() for r in requests])
+        states = np.stack([r.signals.last_token_state(final).numpy() for r in requests])
         caps = np.full(len(requests), np.inf if max_new_tokens is None else float(max_new_tokens))
         return start_states(self.progressive_, self.predictor_.features(requests), states, caps)
 

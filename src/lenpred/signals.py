@@ -128,6 +128,21 @@ class PromptSignals:
         """Hidden states ``(n, d)`` of hidden-state index ``index`` (see :meth:`TokenSpan.layer`)."""
         return TokenSpan(self.hidden_states, self.token_entropy, None, self.layers).layer(index)
 
+    def last_token_state(self, index: int) -> torch.Tensor:
+        """The last prompt token's hidden state ``(d,)`` float32 at index ``index``: from ``last_token_states`` (the
+        full prefill keeps every index) or, when only some layers are held (the truncated forward,
+        :mod:`lenpred.truncated`), from ``hidden_states``.
+
+        Raises:
+            LenpredError: neither holds ``index``.
+        """
+        if self.last_token_states is not None:
+            return self.last_token_states[index]
+        if index in self.layers:
+            return self.layer(index)[-1]
+        raise LenpredError(f"layer {index}'s last-token state is not in these signals (layers {list(self.layers)}, "
+                           "no last_token_states): re-extract them (lenpred.inputs.cache.extract_cached)")
+
 
 def token_entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     """Entropy in nats of ``softmax(logits)`` over the last axis: ``(..., V)`` -> ``(...)``.

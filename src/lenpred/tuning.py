@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from lenpred.errors import LenpredError
+from lenpred.errors import LenpredError, raise_first
 from lenpred.predictors import PREDICTORS, make_predictor, max_new_tokens
 
 from lenpred.torch_state import torch_threads
@@ -66,9 +66,7 @@ def check_run_settings(methods: tuple[str, ...], seeds: tuple[int, ...] = (0,), 
               (any(not 0 <= s < 2**32 for s in seeds),
                f"seeds must lie in 0..{2**32 - 1} (the range numpy and torch accept), got {list(seeds)}"),
               (threads is not None and threads < 1, f"--threads must be >= 1, got {threads}")]
-    for failed, message in checks:
-        if failed:
-            raise LenpredError(message)
+    raise_first(checks)
 
 
 def native_bf16() -> bool:

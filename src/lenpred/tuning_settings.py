@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lenpred.errors import LenpredError
+from lenpred.errors import raise_first
 
 
 @dataclass
@@ -40,6 +40,4 @@ class TuningSettings:
                   (self.semantic_divisor not in SEMANTIC_DIVISORS,
                    f"--semantic-divisor must be one of {', '.join(SEMANTIC_DIVISORS)}"),
                   (self.binning not in BINNINGS, f"--binning must be one of {', '.join(BINNINGS)}")]
-        for failed, message in checks:
-            if failed:
-                raise LenpredError(message)
+        raise_first(checks)

@@ -39,23 +39,13 @@ class TrailPredictor(PooledHeadPredictor):
         super().__init__(layer=layer, seed=seed, head={**TRAIL_HEAD, **(head or {})}, **pooled)
 
     def features(self, requests: list) -> np.ndarray:
-        """``(n, d)`` float32: each request's last-token hidden state at index ``layer``, read from
-        ``signals.last_token_states`` (the full prefill keeps every index) or, when the signals carry only some layers
-        (the truncated forward, :mod:`lenpred.truncated`), from ``signals.hidden_states`` at that layer's last token.
+        """``(n, d)`` float32: each request's last-token hidden state at index ``layer``
+        (:meth:`lenpred.signals.PromptSignals.last_token_state`: the full or the truncated forward's signals).
 
         Raises:
-            LenpredError: a request without signals, or whose signals hold neither every index nor ``layer``.
+            LenpredError: a request without signals, or whose signals do not hold ``layer``.
         """
         if any(r.signals is None for r in requests):
-            raise LenpredError("TRAIL needs prefill signals: extract them (lenpred.inputs.cache.extract_cached) and set "
-                               "Request.signals")
-        return np.stack(unique_map(requests, self._last_token_state))
-
-    def _last_token_state(self, r) -> np.ndarray:
-        s = r.signals
-        if s.last_token_states is not None:
-            return s.last_token_states[self.layer].numpy()
-        if self.layer in s.layers:
-            return s.hidden_states[s.layers.index(self.layer), -1].numpy()
-        raise LenpredError(f"TRAIL reads layer {self.layer}, but the signals hold only layers {list(s.layers)} and no "
-                           "last_token_states: re-extract the signals (lenpred.inputs.cache.extract_cached)")
+            raise LenpredError("TRAIL needs prefill signals: extract them (lenpred.inputs.cache.extract_cached) "
+                               "and set Request.signals")
+        return np.stack(unique_map(requests, lambda r: r.signals.last_token_state(self.layer).numpy()))

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lenpred.errors import LenpredError
+from lenpred.errors import LenpredError, raise_first
 from lenpred.serving.metrics import RequestTiming, summarize
 from lenpred.serving.parked import ParkedPolicy, SlotRequest, admission_limit, choose_decoders, make_parked_policy
 from lenpred.serving.policies import FCFS, Policy, countdown_remaining, padding_ratio, static_batches
@@ -61,9 +61,7 @@ class SimConfig:
                   (self.max_num_batched_tokens < 1, "max_num_batched_tokens must be >= 1"),
                   (self.rate_per_s <= 0, f"arrival rate must be > 0 requests/s, got {self.rate_per_s}"),
                   (self.cv <= 0, f"cv must be > 0, got {self.cv}")]
-        for failed, message in checks:
-            if failed:
-                raise LenpredError(message)
+        raise_first(checks)
 
 
 def arrival_times(n: int, arrival: str, rate_per_s: float = 1.0, cv: float = 1.0, seed: int = 0) -> np.ndarray:

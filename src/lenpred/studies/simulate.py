@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lenpred.errors import LenpredError
+from lenpred.errors import LenpredError, raise_first
 from lenpred.serving.cost_model import CostModel
 from lenpred.serving.policies import countdown_remaining, make_policy, progressive_remaining
 from lenpred.serving.simulator import ARRIVALS, SimConfig, simulate
@@ -72,9 +72,7 @@ class SimExperimentConfig:
                   (self.num_requests < 2, f"--num-requests must be >= 2, got {self.num_requests}"),
                   (not 0 < self.load, f"--load must be > 0, got {self.load}"),
                   (not 0 < self.cv, f"--cv must be > 0 (1 = Poisson; > 1 burstier), got {self.cv}")]
-        for failed, message in checks:
-            if failed:
-                raise LenpredError(message)
+        raise_first(checks)
 
         bad = [a for a in self.arrivals if a not in ARRIVALS]
         if bad:

@@ -496,15 +496,17 @@ def _online_learning(model, traffic_log: str | None, adaptive_interval: str | No
                           adaptive=AdaptiveConfig(method=adaptive_interval) if adaptive_interval else None)
 
 
-SERVE_EXTRA = ("starlette", "uvicorn", "httpx", "prometheus_client")
-"""The modules of pyproject's ``serve`` extra, which :func:`serve` needs."""
-
-
 def _check_serve_extra() -> None:
-    """Raise :class:`LenpredError` naming the missing modules of :data:`SERVE_EXTRA` and the install command."""
+    """Raise :class:`LenpredError` naming the modules of pyproject's ``serve`` extra (read from the installed
+    package's metadata) that cannot be imported, and the install command."""
     import importlib.util
+    from importlib.metadata import requires
 
-    missing = [m for m in SERVE_EXTRA if importlib.util.find_spec(m) is None]
+    from packaging.requirements import Requirement
+
+    wanted = [Requirement(r) for r in requires("lenpred") or ()]
+    modules = [r.name.replace("-", "_") for r in wanted if r.marker and r.marker.evaluate({"extra": "serve"})]
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
     if missing:
         raise LenpredError(f"lenpred serve needs the serve extra ({', '.join(missing)} not installed): "
                            "pip install -e '.[serve]' from the repository root")
