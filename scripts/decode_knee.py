@@ -3,7 +3,10 @@ requests decoding together, on the serving benchmark's core layout (the engine p
 
 For each batch size B: B requests of ``--prompt-tokens`` tokens are added to ``vllm.LLM``'s engine and stepped until
 all are prefilled, then ``--steps`` decode steps are timed one by one (``ignore_eos`` with a large cap, so B stays
-constant). Throughput is ``B / median step time``. Prefill-only requests (``max_tokens=1``) at several prompt lengths
+constant). Throughput is ``B / median step time``. ``--sampling greedy`` decodes greedily (the committed
+``cost_vllm_1core.json``); ``--sampling recorded`` samples as the benchmark's requests do (temperature 0.7, top_p 1,
+a seed per request: vLLM then draws each request's noise with its own generator, a per-sequence cost greedy decoding
+does not pay) and writes ``*_sampled`` files. Prefill-only requests (``max_tokens=1``) at several prompt lengths
 and batch sizes are timed as well, and :class:`lenpred.serving.cost_model.CostModel` is fitted to both (the cost
 model of this machine, for the serving benchmark's simulator). Two readings of the knee are reported: the
 smallest B whose throughput reaches ``--knee-share`` (default 0.8) of the largest measured, and the fitted
@@ -13,6 +16,7 @@ ceiling ``1 / d1`` there). Parking below the knee throws away throughput; above 
 Output: ``results/scripts/serving/decode_knee.{json,png}`` and ``cost_vllm_1core.json``::
 
     .venv-vllm/bin/python scripts/decode_knee.py            # ~3 min on one core
+    .venv-vllm/bin/python scripts/decode_knee.py --sampling recorded   # the serving benchmarks' sampling
 """
 
 from __future__ import annotations
@@ -30,17 +34,26 @@ def _distinct_prompt(tag: int, n: int) -> dict:
     return {"prompt_token_ids": [(100 + 7 * tag + 13 * j) % 40000 + 10 for j in range(n)]}
 
 
-def measure(llm, batch_sizes: list[int], prompt_tokens: int, steps: int) -> tuple[list[dict], list[dict]]:
-    """Per batch size: the median decode step (s) and throughput; and every timed decode step as a cost-model
-    measurement (``kind="decode"``, batch size, context tokens, wall seconds)."""
+def sampling_params(sampling: str, max_tokens: int, seed: int):
+    """vLLM ``SamplingParams``: greedy, or as recorded (temperature 0.7, top_p 1, a per-request ``seed``)."""
     from vllm import SamplingParams
 
+    if sampling == "greedy":
+        return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=False)
+    return SamplingParams(temperature=0.7, top_p=1.0, seed=seed, max_tokens=max_tokens, ignore_eos=True,
+                          detokenize=False)
+
+
+def measure(llm, batch_sizes: list[int], prompt_tokens: int, steps: int,
+            sampling: str = "greedy") -> tuple[list[dict], list[dict]]:
+    """Per batch size: the median decode step (s) and throughput; and every timed decode step as a cost-model
+    measurement (``kind="decode"``, batch size, context tokens, wall seconds)."""
     engine = llm.llm_engine
-    params = SamplingParams(temperature=0.0, max_tokens=steps + 8, ignore_eos=True, detokenize=False)
     rows, points = [], []
     for b in batch_sizes:
         for i in range(b):
-            engine.add_request(f"knee-{b}-{i}", _distinct_prompt(1000 * b + i, prompt_tokens), params)
+            engine.add_request(f"knee-{b}-{i}", _distinct_prompt(1000 * b + i, prompt_tokens),
+                               sampling_params(sampling, steps + 8, 1000 * b + i))
         started: set[str] = set()
         while len(started) < b:  # until every request has its first token (prefill done)
             started |= {o.request_id for o in engine.step() if o.outputs and o.outputs[0].token_ids}
@@ -119,12 +132,14 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=48)
     ap.add_argument("--knee-share", type=float, default=0.8)
     ap.add_argument("--cpus", default="0")
+    ap.add_argument("--sampling", choices=("greedy", "recorded"), default="greedy")
     ap.add_argument("--out", default="results/scripts/serving")
     ap.add_argument("--plot-only", action="store_true", help="redraw the PNG from the stored JSON")
     args = ap.parse_args()
+    suffix = "" if args.sampling == "greedy" else "_sampled"
     if args.plot_only:
-        rep = json.loads((Path(args.out) / "decode_knee.json").read_text())
-        plot(rep["rows"], rep["knee"], rep["half_saturation_B"], Path(args.out) / "decode_knee.png")
+        rep = json.loads((Path(args.out) / f"decode_knee{suffix}.json").read_text())
+        plot(rep["rows"], rep["knee"], rep["half_saturation_B"], Path(args.out) / f"decode_knee{suffix}.png")
         return
     os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -141,8 +156,8 @@ def main() -> None:
     llm = LLM(model=model_dir, dtype="float32", enforce_eager=True, enable_chunked_prefill=False,
               enable_prefix_caching=False, max_model_len=4096, max_num_batched_tokens=max(8192, max(sizes) * 160),
               max_num_seqs=max(sizes), kv_cache_memory_bytes=2 << 30, generation_config="vllm", seed=0)
-    measure(llm, [1], args.prompt_tokens, 4)  # warm-up
-    rows, decode_points = measure(llm, sizes, args.prompt_tokens, args.steps)
+    measure(llm, [1], args.prompt_tokens, 4, args.sampling)  # warm-up
+    rows, decode_points = measure(llm, sizes, args.prompt_tokens, args.steps, args.sampling)
     prefill_points = measure_prefill(llm, [(1, 32), (1, 64), (1, 128), (1, 256), (1, 512), (1, 1024), (4, 128),
                                            (8, 128), (16, 128)])
     k = knee(rows, args.knee_share)
@@ -154,18 +169,19 @@ def main() -> None:
     cost = CostModel.fit(decode_points + prefill_points, engine="vllm",
                          hardware=hardware_description({"vllm": vllm.__version__}), fused_prefill=True,
                          settings={"source": "scripts/decode_knee.py", "cpus": args.cpus, "dtype": "float32",
-                                   "OMP_NUM_THREADS": os.environ["OMP_NUM_THREADS"], "enable_chunked_prefill": False})
-    cost.save(out / "cost_vllm_1core.json")
+                                   "OMP_NUM_THREADS": os.environ["OMP_NUM_THREADS"], "enable_chunked_prefill": False,
+                                   "sampling": args.sampling})
+    cost.save(out / f"cost_vllm_1core{suffix}.json")
     c = cost.coefficients
-    write_json(out / "decode_knee.json", {
+    write_json(out / f"decode_knee{suffix}.json", {
         "settings": vars(args), "vllm": vllm.__version__, "rows": rows, "knee": k,
         "rule": f"smallest B with >= {args.knee_share} of the best measured throughput",
         "half_saturation_B": c["d0"] / c["d1"] if c["d1"] > 0 else None,
         "saturation_tok_s": 1 / c["d1"] if c["d1"] > 0 else None, "cost_model": c, "fit_stats": cost.fit_stats,
         "prefill": prefill_points})
     print(f"cost model: {c}, fit {cost.fit_stats}")
-    plot(rows, k, c["d0"] / c["d1"] if c["d1"] > 0 else None, out / "decode_knee.png")
-    print(f"knee: {k} decoding requests ({out / 'decode_knee.json'}, {out / 'decode_knee.png'})")
+    plot(rows, k, c["d0"] / c["d1"] if c["d1"] > 0 else None, out / f"decode_knee{suffix}.png")
+    print(f"knee: {k} decoding requests ({out / f'decode_knee{suffix}.json'}, {out / f'decode_knee{suffix}.png'})")
 
 
 if __name__ == "__main__":

@@ -405,3 +405,75 @@ def test_srpt_keys_by_remaining_and_preempts_below_c_times_prediction():
     assert policy.key(r, 4) == (6.0, r.arrival_time_s, 0)  # countdown: 10 predicted − 4 generated
     assert policy.preemptible(r, 7) and not policy.preemptible(r, 8)  # 0.8 × 10 = 8
     assert make_policy("sjf:est").key(r, 4) == (10.0, r.arrival_time_s, 0)  # static: generated is not read
+
+
+def test_kv_cache_preempts_the_last_admitted_by_recomputation():
+    # 4 blocks of 2 tokens; r0, r1: prompt 2, 4 tokens each. t=1 both prefilled (1 block each, KV 2 tokens each).
+    # Two decodes fit (t=3, KV 4 tokens = 2 blocks each); the third needs 3 blocks each: FCFS preempts r1 (the last
+    # admitted), r0 decodes its last token (t=4). r1 is prefilled again with its 3 tokens (5 tokens: 3 blocks, t=5)
+    # and that step's token is its 4th.
+    reqs = [req(0, 4, prompt=2), req(1, 4, prompt=2)]
+    cfg = SimConfig(max_num_seqs=2, kv_cache_tokens=8, block_size=2)
+    summary, timings = simulate(reqs, make_policy("fcfs"), unit_cost(), cfg)
+    assert [t.finish_time_s for t in timings] == [4, 5]
+    assert [t.num_preemptions for t in timings] == [0, 1]
+    assert summary["num_preemptions"] == 1
+    unbounded = simulate(reqs, make_policy("fcfs"), unit_cost(), SimConfig(max_num_seqs=2))[1]
+    assert [t.finish_time_s for t in unbounded] == [4, 4]
+
+
+def test_kv_cache_preempts_a_parked_request_before_a_decoder():
+    # 3 blocks of 2 tokens, one decode slot: r0 (predicted 4) decodes, r1 (predicted 10) is parked holding 1 block.
+    # r0's third decode needs a third block: the parked r1 is preempted, not the decoder; r0 ends at t=4, r1 is
+    # prefilled again (t=5) and decodes its last 2 tokens (t=7).
+    from lenpred.serving.simulator import ParkedConfig, simulate_parked
+
+    reqs = [req(0, 4, pred=4, prompt=2), req(1, 4, pred=10, prompt=2)]
+    cfg = SimConfig(max_num_seqs=2, kv_cache_tokens=6, block_size=2)
+    _, timings = simulate_parked(reqs, ParkedConfig("sjf", "est", 1, None), unit_cost(), cfg)
+    assert [t.finish_time_s for t in timings] == [4, 7]
+    assert [t.num_preemptions for t in timings] == [0, 1]
+
+
+def test_kv_cache_smaller_than_one_prompt_is_refused():
+    with pytest.raises(LenpredError, match="raise kv_cache_tokens"):
+        simulate([req(0, 4, prompt=9)], make_policy("fcfs"), unit_cost(),
+                 SimConfig(max_num_seqs=2, kv_cache_tokens=8, block_size=2))
+
+
+def test_prediction_cost_micro_batches_on_one_server():
+    from lenpred.serving.simulator import PredictionCost
+
+    # batch 1 = r0, r1 (queued at 0): 0.01 + 0.001·30 → 0.04; r2 arrives at 0.05 when the server is free: 0.05 + 0.01
+    # + 0.03 = 0.09; r3 at 1.0: 1.05. With one request per batch, r1 waits for r0: 0.02, 0.02 + 0.03 = 0.05.
+    cost = PredictionCost(per_batch_s=0.01, per_token_s=0.001)
+    ready = cost.ready_times(np.array([0.0, 0.0, 0.05, 1.0]), np.array([10.0, 20.0, 30.0, 40.0]))
+    np.testing.assert_allclose(ready, [0.04, 0.04, 0.09, 1.05])
+    one = PredictionCost(per_batch_s=0.01, per_token_s=0.001, max_batch_size=1)
+    np.testing.assert_allclose(one.ready_times(np.array([0.0, 0.0]), np.array([10.0, 20.0])), [0.02, 0.05])
+
+
+def test_prediction_cost_delays_the_engine_but_times_count_from_the_client():
+    from lenpred.serving.simulator import PredictionCost
+
+    # one request of 4 tokens, unit cost: its prediction takes 0.5 s, so it is prefilled at 1.5 and ends at 4.5;
+    # TTFT and JCT count from its arrival at 0
+    _, timings = simulate([req(0, 4)], make_policy("fcfs"), unit_cost(), SimConfig(max_num_seqs=1),
+                          PredictionCost(per_batch_s=0.5, per_token_s=0.0))
+    assert timings[0].arrival_time_s == 0.0
+    assert timings[0].ttft_s == pytest.approx(1.5)
+    assert timings[0].jct_s == pytest.approx(4.5)
+
+
+def test_parked_admit_by_prompt_len_prefills_the_shortest_prompt_first():
+    from lenpred.serving.simulator import ParkedConfig, simulate_parked
+
+    # one request at a time, one token each, unit cost: prompts 30, 10, 20 are prefilled 10, 20, 30 (t = 1, 2, 3)
+    reqs = [req(0, 1, prompt=30), req(1, 1, prompt=10), req(2, 1, prompt=20)]
+    finish = {}
+    for order in ("arrival", "prompt_len"):
+        cfg = ParkedConfig("fcfs", None, decode_slots=1, prefill_ahead=0, admit_by=order)
+        finish[order] = [t.finish_time_s for t in simulate_parked(reqs, cfg, unit_cost(), SimConfig(max_num_seqs=8))[1]]
+    assert finish == {"arrival": [1, 2, 3], "prompt_len": [3, 1, 2]}
+    with pytest.raises(LenpredError, match="unknown admission order 'lifo'; valid: arrival, prompt_len"):
+        ParkedConfig("fcfs", None, admit_by="lifo")

