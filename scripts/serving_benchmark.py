@@ -44,82 +44,49 @@ committed ``runs.json`` already holds draws 0-3 and a restart only adds what is 
 from __future__ import annotations
 
 import argparse
-import fcntl
 import json
 import os
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
+
+from lenpred.studies.engine_bench import (complete_draws, cpu_lock, engine_env, fmt_ci, gain_share, latency_cell,
+                                          mean_cut, paired, pct, pooled, run_key)
 
 MODES = ("stock", "observe", "parked_fcfs", "parked_sjf", "parked_srpt", "oracle_sjf", "prompt_oracle_sjf",
          "proxy_priority")
 PATTERNS = {"burst": None, "poisson0.7": 0.7, "poisson0.9": 0.9}
 """Arrival pattern -> share of the measured capacity (``None``: all at once)."""
-PORT = 8041
-MODEL_NAME = "lenpred-model"
-LOCK = "/tmp/lenpred-cpu.lock"
-BENCH = Path("benchmarks/smollm2-forelen")
+PRIORITY = {"oracle_sjf": "oracle", "prompt_oracle_sjf": "prompt_oracle"}
+"""Modes whose client sends ``priority`` -> what it sends (:func:`lenpred.studies.engine_bench.row_priority`)."""
 RESUME_IGNORES = ("draws", "modes", "out", "bootstrap_resamples", "report_only")
 
 
 # ---------------------------------------------------------------------------------------------------- workload
 
 def workload(args) -> tuple[list[list[dict]], dict]:
-    """Per draw, one dict per request (the workload request, its cap, recorded sampling settings, both oracles);
-    and the chat messages by prompt id (read from the data sets, never stored)."""
-    import pyarrow.parquet as pq
+    """Per draw, ``--num-requests`` rows of :class:`lenpred.studies.engine_bench.EngineWorkload` (seed ``--seed`` +
+    draw); and the chat messages by prompt id (read from the data sets, never stored)."""
+    from lenpred.studies.engine_bench import EngineWorkload
 
-    from lenpred.bench.build import read_manifest
-    from lenpred.bench.user_prompts import prompt_messages
-    from lenpred.studies.workload import draw_workload, load_workload_table
-
-    table = load_workload_table(token_ids=False, rebuild=False)
-    records = pq.read_table(sorted((BENCH / "shards").glob("*.parquet")),
-                            columns=["prompt_id", "sample_index", "split", "seed", "temperature", "top_p"]).to_pylist()
-    sampling = {(r["prompt_id"], r["sample_index"]): r for r in records if r["split"] == "test"}
-    col = lambda c: table.column(c).to_pylist()  # noqa: E731
-    capped = lambda length, cap: min(int(length), int(cap), args.max_tokens or int(cap))  # noqa: E731
-    by_prompt: dict[str, list[int]] = {}
-    by_scenario: dict[str, list[int]] = {}
-    for pid, scen, length, cap in zip(col("prompt_id"), col("scenario"), col("output_len"), col("max_new_tokens")):
-        by_prompt.setdefault(pid, []).append(capped(length, cap))
-        by_scenario.setdefault(scen, []).append(capped(length, cap))
-    sample = dict(zip(col("request_index"), col("sample_index")))
-    draws = []
-    for d in range(args.draws):
-        rows = []
-        for r in draw_workload(table, args.num_requests, args.seed + d):
-            s = sampling[(r.prompt_id, sample[r.table_row])]
-            own = capped(r.output_len, r.max_new_tokens)
-            others = list(by_prompt[r.prompt_id])
-            others.remove(own)
-            prompt_oracle = float(np.mean(others)) if others else float(np.median(by_scenario[r.scenario]))
-            rows.append({"request": r, "max_tokens": min(r.max_new_tokens, args.max_tokens or r.max_new_tokens),
-                         "seed": int(s["seed"]), "temperature": round(float(s["temperature"]), 4),
-                         "top_p": float(s["top_p"]), "oracle": own, "prompt_oracle": prompt_oracle})
-        draws.append(rows)
-    files = read_manifest(BENCH).get("prompt_files")
-    messages = {row["request"].prompt_id: prompt_messages(row["request"].prompt_id, None, files)
-                for rows in draws for row in rows}
-    return draws, messages
+    source = EngineWorkload(args.max_tokens)
+    draws = [source.draw(args.num_requests, args.seed + d) for d in range(args.draws)]
+    return draws, source.messages(draws)
 
 
 def capacity(args) -> dict:
     """Requests/s the engine serves at ``--max-num-seqs`` decoding: 1 / (prefill of the test split's mean prompt +
     its mean output tokens / the knee's throughput at the largest measured batch <= ``--max-num-seqs``)."""
     from lenpred.serving.cost_model import CostModel
+    from lenpred.studies.engine_bench import split_stats
     from lenpred.studies.workload import load_workload_table
 
     knee = json.loads(Path(args.knee).read_text())
     cost = CostModel.load(args.cost_model)
     row = max((r for r in knee["rows"] if r["decoding_requests"] <= args.max_num_seqs),
               key=lambda r: r["decoding_requests"])
-    table = load_workload_table(token_ids=False, rebuild=False)
-    prompt = float(np.mean(table.column("num_prompt_tokens").to_pylist()))
-    out = float(np.mean([min(a, b, args.max_tokens or b) for a, b in
-                         zip(table.column("output_len").to_pylist(), table.column("max_new_tokens").to_pylist())]))
+    stats = split_stats(load_workload_table(token_ids=False, rebuild=False), args.max_tokens)
+    prompt, out = stats["mean_prompt_tokens"], stats["mean_output_tokens"]
     seconds = cost.prefill_time_s([prompt]) + out / row["throughput_tok_s"]
     return {"capacity_req_s": round(1.0 / seconds, 4), "mean_prompt_tokens": round(prompt, 1),
             "mean_output_tokens": round(out, 1), "throughput_tok_s": round(row["throughput_tok_s"], 2),
@@ -137,140 +104,70 @@ def arrivals(args, pattern: str, d: int, cap: float) -> np.ndarray:
 
 # ---------------------------------------------------------------------------------------------------- servers
 
-def server_commands(model_dir: str, mode: str, args, log_dir: Path, client_cpus, vllm_cpus):
-    """``(commands, health urls, logs, cpus, url to send to, plug-in log path)`` of one mode (loopback only)."""
+def mode_servers(model_dir: str, mode: str, args, log_dir: Path, client_cpus, vllm_cpus):
+    """``(servers, plug-in log path)`` of one mode (:func:`lenpred.studies.engine_bench.servers`)."""
     from lenpred.serving.vllm.config import EngineConfig
+    from lenpred.studies.engine_bench import plugin_args, servers, vllm_command
 
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir, "--host", "127.0.0.1",
-           "--port", str(PORT), "--served-model-name", MODEL_NAME, "--dtype", "float32", "--enforce-eager",
-           "--max-model-len", "4096", "--max-num-batched-tokens", "8192", "--no-enable-chunked-prefill",
-           "--no-enable-prefix-caching", "--kv-cache-memory-bytes", str(int(args.kv_cache_gib * 2**30)),
-           "--generation-config", "vllm", "--disable-uvicorn-access-log", "--max-num-seqs", str(args.max_num_seqs)]
-    plugin_log = None
+    extra, plugin_log = [], None
     if mode == "proxy_priority":
-        cmd += ["--scheduling-policy", "priority"]
+        extra = ["--scheduling-policy", "priority"]
     elif mode != "stock":
         policy = {"observe": "observe", "parked_fcfs": "fcfs", "parked_srpt": "srpt"}.get(mode, "sjf")
         plugin_log = log_dir / f"{mode}.jsonl"
         cfg = EngineConfig(policy=policy, decode_slots=args.decode_slots, max_idle_s=args.max_idle_s,
                            rank_by="priority" if "oracle" in mode else "prediction", log_path=str(plugin_log))
-        cmd += ["--worker-cls", "lenpred.serving.vllm.worker.LenpredCPUWorker",
-                "--scheduler-cls", "lenpred.serving.vllm.scheduler.LenpredScheduler",
-                "--additional-config", cfg.to_json()]
-    commands, urls, logs, cpus = [cmd], [f"http://127.0.0.1:{PORT}/health"], [log_dir / f"{mode}.log"], [vllm_cpus]
-    url = f"http://127.0.0.1:{PORT}"
-    if mode == "proxy_priority":
-        commands.append([sys.executable, "-m", "lenpred.cli", "serve", "--upstream", url, "--port", str(PORT + 1),
-                         "--threads", "1"])
-        urls.append(f"http://127.0.0.1:{PORT + 1}/health")
-        logs.append(log_dir / "proxy.log")
-        cpus.append(client_cpus)
-        url = f"http://127.0.0.1:{PORT + 1}"
-    return commands, urls, logs, cpus, url, plugin_log
-
-
-def preemptions() -> float:
-    """vLLM's ``vllm:num_preemptions_total`` from the engine's ``/metrics`` (summed over label sets)."""
-    import httpx
-
-    text = httpx.get(f"http://127.0.0.1:{PORT}/metrics", timeout=10).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("vllm:num_preemptions_total"))
-
-
-def load_requests(rows, messages, times, mode: str, tag: str):
-    from lenpred.serving.loadgen import LoadRequest
-
-    out = []
-    for i, (row, t) in enumerate(zip(rows, times)):
-        r = row["request"]
-        extra = {"seed": row["seed"], "temperature": row["temperature"], "top_p": row["top_p"],
-                 "request_id": f"{tag}q{i}"}
-        priority = {"oracle_sjf": row["oracle"], "prompt_oracle_sjf": int(round(row["prompt_oracle"]))}.get(mode)
-        out.append(LoadRequest(r.request_id, messages[r.prompt_id], row["max_tokens"], float(t), priority,
-                               extra_body=extra))
-    return out
-
-
-def one_run(url: str, rows, messages, times, mode: str, tag: str, plugin_log: Path | None) -> dict:
-    """Replay one draw under one pattern; the record keeps each request's longest stall and the run's pooled
-    time-between-tokens quantiles, not every gap (the file stays small)."""
-    from lenpred.serving.loadgen import run_replay, summarize_replay
-
-    load = os.getloadavg()[0]
-    before, t = preemptions(), time.time()
-    results = run_replay(url, load_requests(rows, messages, times, mode, tag), MODEL_NAME, timeout_s=1200)
-    summary = summarize_replay(results)
-    for r in results:
-        r.pop("gaps_s", None)
-    logged = []
-    if plugin_log is not None and plugin_log.exists():
-        logged = [x for x in map(json.loads, plugin_log.read_text().splitlines())
-                  if x["request_id"].startswith(f"chatcmpl-{tag}")]
-    return {"results": results, "summary": summary, "plugin_log": logged, "preemptions": preemptions() - before,
-            "wall_s": time.time() - t, "loadavg_1m_before": load, "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        extra = plugin_args(cfg)
+    cmd = vllm_command(model_dir, args.max_num_seqs, int(args.kv_cache_gib * 2**30), 4096, extra)
+    proxy_log = log_dir / "proxy.log" if mode == "proxy_priority" else None
+    return servers(cmd, log_dir / f"{mode}.log", vllm_cpus, proxy_log, client_cpus), plugin_log
 
 
 def run(args) -> tuple[dict, list]:
     from lenpred.backbone import resolve_model
-    from lenpred.io import write_json
     from lenpred.serving.loadgen import run_replay
-    from lenpred.serving.supervisor import ServerGroup, parse_cpu_set
+    from lenpred.serving.supervisor import parse_cpu_set
+    from lenpred.studies.engine_bench import MODEL_NAME, load_requests, one_run, run_grid
     from lenpred.studies.resume import load_resumable
 
     out = Path(args.out)
     path = out / "runs.json"
     cap = capacity(args)
-    settings = {k: v for k, v in vars(args).items()}
-    store = load_resumable(path, settings, ignore=RESUME_IGNORES, fingerprint={"capacity": cap})
+    store = load_resumable(path, dict(vars(args)), ignore=RESUME_IGNORES, fingerprint={"capacity": cap})
     draws, messages = workload(args)
     model_dir = str(resolve_model()[0])
     vllm_cpus = parse_cpu_set(args.vllm_cpus, "--vllm-cpus")
     client_cpus = parse_cpu_set(args.client_cpus, "--client-cpus")
     if client_cpus:
         os.sched_setaffinity(0, client_cpus)
-    log_dir = out / "logs"
+    logs: dict[str, Path | None] = {}
+
+    def servers_for(d, mode):
+        spec, logs[mode] = mode_servers(model_dir, mode, args, out / "logs", client_cpus, vllm_cpus)
+        return spec
+
+    def warm(d, mode, url):
+        run_replay(url, load_requests(draws[d][:2], messages, [0, 0], f"warm-{d}-{mode}-", PRIORITY.get(mode)),
+                   MODEL_NAME)
+
+    def run_one(d, mode, pattern, url):
+        tag = f"{d}-{mode}-{pattern}-"
+        reqs = load_requests(draws[d], messages, arrivals(args, pattern, d, cap["capacity_req_s"]), tag,
+                             PRIORITY.get(mode))
+        return one_run(url, reqs, tag, logs[mode])
+
+    def line(rec):
+        s = rec["summary"]
+        return (f"{s['outcomes']['ok']}/{s['num_requests']} ok, mean JCT {s['mean_jct_s']:.1f} s, "
+                f"TTFT {s['mean_ttft_s']:.2f} s, p99 stall {s['p99_max_gap_s']:.2f} s, "
+                f"{s['throughput_tok_s']:.0f} tok/s, {rec['preemptions']:.0f} preemptions, {rec['wall_s']:.0f} s")
+
     modes = [m for m in args.modes.split(",") if m]
-    patterns = list(PATTERNS)
-    total = args.draws * len(modes) * len(patterns)
-    for d in range(args.draws):
-        order = [MODES[(MODES.index(m) + d) % len(MODES)] for m in MODES]  # rotated by the draw
-        for mode in [m for m in order if m in modes]:
-            todo = [p for p in patterns[d % 3:] + patterns[:d % 3] if f"{d}/{mode}/{p}" not in store["runs"]]
-            if not todo:
-                continue
-            commands, urls, logs, cpus, url, plugin_log = server_commands(model_dir, mode, args, log_dir, client_cpus,
-                                                                          vllm_cpus)
-            with ServerGroup(commands, urls, logs, 900, cpus=cpus, ports=(PORT, PORT + 1)):
-                run_replay(url, load_requests(draws[d][:2], messages, [0, 0], mode, f"warm-{d}-{mode}-"), MODEL_NAME)
-                for pattern in todo:
-                    tag = f"{d}-{mode}-{pattern}-"
-                    rec = one_run(url, draws[d], messages, arrivals(args, pattern, d, cap["capacity_req_s"]), mode,
-                                  tag, plugin_log)
-                    store["runs"][f"{d}/{mode}/{pattern}"] = rec
-                    write_json(path, store)
-                    s = rec["summary"]
-                    print(f"[{len(store['runs'])}/{total}] draw {d} {mode:17s} {pattern:10s}: "
-                          f"{s['outcomes']['ok']}/{s['num_requests']} ok, mean JCT {s['mean_jct_s']:.1f} s, "
-                          f"TTFT {s['mean_ttft_s']:.2f} s, p99 stall {s['p99_max_gap_s']:.2f} s, "
-                          f"{s['throughput_tok_s']:.0f} tok/s, {rec['preemptions']:.0f} preemptions, "
-                          f"{rec['wall_s']:.0f} s", flush=True)
+    run_grid(store, path, args.draws, MODES, modes, list(PATTERNS), servers_for, warm, run_one, line)
     return store, draws
 
 
 # ---------------------------------------------------------------------------------------------------- report
-
-def paired(store: dict, draws_done: list[int], pattern: str, modes: list[str], key: str = "jct_s"):
-    """Per mode, per draw: the requests ``ok`` under every mode of ``modes``, in request order, as arrays of
-    ``key``; so every comparison is paired request by request."""
-    out: dict[str, list[np.ndarray]] = {m: [] for m in modes}
-    for d in draws_done:
-        runs = {m: {r["request_id"]: r for r in store["runs"][f"{d}/{m}/{pattern}"]["results"]} for m in modes}
-        ids = sorted(set.intersection(*({i for i, r in rs.items() if r["outcome"] == "ok"} for rs in runs.values())))
-        for m in modes:
-            out[m].append(np.array([runs[m][i][key] for i in ids], dtype=np.float64))
-    return out
-
 
 def simulated(args, store: dict, draws, cap: float) -> dict[str, dict[str, list[float]]]:
     """The simulator on the same draws: each mode's run's arrivals and the output lengths it generated, the engine's
@@ -290,8 +187,8 @@ def simulated(args, store: dict, draws, cap: float) -> dict[str, dict[str, list[
     for pattern, share in PATTERNS.items():
         for d, rows in enumerate(draws):
             for mode, how in plan.items():
-                rec = store["runs"].get(f"{d}/{mode}/{pattern}")
-                sjf = store["runs"].get(f"{d}/parked_sjf/{pattern}")
+                rec = store["runs"].get(run_key(d, mode, pattern))
+                sjf = store["runs"].get(run_key(d, "parked_sjf", pattern))
                 if rec is None or sjf is None:
                     continue
                 gen = {r["request_id"]: r["completion_tokens"] or 1 for r in rec["results"]}
@@ -357,10 +254,6 @@ def ranking_signal(mode: str, runs: list[dict], rows_per_draw: list[list[dict]])
     return [(float(x["expected"]), float(x["num_output_tokens"])) for run in runs for x in run["plugin_log"]]
 
 
-def _pool(values) -> list[float]:
-    return [float(x) for v in values for x in v]
-
-
 def report(args, store: dict, draws) -> dict:
     from lenpred.metrics import paired_cluster_bootstrap as boot
 
@@ -369,73 +262,69 @@ def report(args, store: dict, draws) -> dict:
     rep = {"settings": store["config"], "capacity": store["capacity"], "label": "natural EOS", "patterns": {},
            "simulated_slot_sweep": slot_sweep(args, draws, cap)}
     n = args.bootstrap_resamples
-    cut = lambda a, b: lambda v: 1 - v[b].mean() / v[a].mean()  # noqa: E731
     for pattern, share in PATTERNS.items():
-        modes = [m for m in MODES if any(f"{d}/{m}/{pattern}" in store["runs"] for d in range(len(draws)))]
-        done = [d for d in range(len(draws)) if all(f"{d}/{m}/{pattern}" in store["runs"] for m in modes)]
+        modes, done = complete_draws(store, pattern, MODES, len(draws))
         if not done or "stock" not in modes:
             continue
         jct, ttft, stall = (paired(store, done, pattern, modes, k) for k in ("jct_s", "ttft_s", "max_gap_s"))
         cells = {}
         for m in modes:
-            runs = [store["runs"][f"{d}/{m}/{pattern}"] for d in done]
-            res = [r for run in runs for r in run["results"] if r["outcome"] == "ok"]
-            x = np.array([r["jct_s"] for r in res])
-            gaps = np.array([r["max_gap_s"] for r in res if r["max_gap_s"] is not None])
-            c = {"draws": done, "num_ok": len(res), "num_requests": sum(len(run["results"]) for run in runs),
-                 "mean_jct_s": float(x.mean()), **{f"p{q}_jct_s": float(np.percentile(x, q)) for q in (50, 90, 99)},
-                 "mean_ttft_s": float(np.mean([r["ttft_s"] for r in res])),
-                 "p99_tbt_s": float(np.mean([run["summary"]["p99_tbt_s"] for run in runs])),
-                 "mean_longest_stall_s": float(gaps.mean()), "p99_longest_stall_s": float(np.percentile(gaps, 99)),
-                 "mean_jct_per_token_s": float(np.mean([r["jct_s"] / r["completion_tokens"] for r in res
-                                                        if r["completion_tokens"]])),
-                 "throughput_tok_s": float(np.mean([run["summary"]["throughput_tok_s"] for run in runs])),
-                 "preemptions": float(sum(run["preemptions"] for run in runs)),
-                 "capped_share": float(np.mean([r["finish_reason"] == "length" for r in res])),
-                 "mean_output_tokens": float(np.mean([r["completion_tokens"] or 0 for r in res])),
-                 "loadavg_1m_before_max": float(max(run["loadavg_1m_before"] for run in runs))}
-            signal = ranking_signal(m, runs, [draws[d] for d in done])
-            if signal:
-                from scipy.stats import kendalltau
-
-                pred, true = np.array(signal).T
-                c["prediction_mae_tokens"] = float(np.mean(np.abs(pred - true)))
-                c["prediction_kendall_tau"] = float(kendalltau(pred, true).statistic)
-            if m != "stock":
-                c["jct_cut_vs_stock"] = boot({"a": jct["stock"], "b": jct[m]}, cut("a", "b"), n)
-                c["ttft_diff_vs_stock_s"] = boot({"a": ttft["stock"], "b": ttft[m]},
-                                                 lambda v: v["b"].mean() - v["a"].mean(), n)
-                stalls = {"a": [np.nan_to_num(v) for v in stall["stock"]], "b": [np.nan_to_num(v) for v in stall[m]]}
-                c["longest_stall_diff_vs_stock_s"] = boot(stalls, lambda v: v["b"].mean() - v["a"].mean(), n)
-                for oracle in ("oracle_sjf", "prompt_oracle_sjf"):
-                    if oracle in modes and m != oracle:
-                        c[f"share_of_{oracle}"] = boot(
-                            {"a": jct["stock"], "b": jct[m], "o": jct[oracle]},
-                            lambda v: (v["a"].mean() - v["b"].mean()) / (v["a"].mean() - v["o"].mean()), n)
+            runs = [store["runs"][run_key(d, m, pattern)] for d in done]
+            cells[m] = {"draws": done, **mode_cell(args, m, runs, [draws[d] for d in done], jct, ttft, stall, modes)}
             sims = sim.get(pattern, {}).get(m)
             if sims and len(sims) == len(done):
-                c["simulated_mean_jct_s"] = float(np.mean(sims))
+                cells[m]["simulated_mean_jct_s"] = float(np.mean(sims))
                 per_draw = [float(np.mean(store_jct)) for store_jct in
-                            ([r["jct_s"] for r in store["runs"][f"{d}/{m}/{pattern}"]["results"]
+                            ([r["jct_s"] for r in store["runs"][run_key(d, m, pattern)]["results"]
                               if r["outcome"] == "ok"] for d in done)]
-                c["simulated_over_measured"] = float(np.mean(sims) / np.mean(per_draw))
-            cells[m] = c
+                cells[m]["simulated_over_measured"] = float(np.mean(sims) / np.mean(per_draw))
         if {"parked_sjf", "parked_srpt"} <= set(modes):
             cells["parked_srpt"]["jct_cut_vs_parked_sjf"] = boot({"a": jct["parked_sjf"], "b": jct["parked_srpt"]},
-                                                                 cut("a", "b"), n)
+                                                                 mean_cut("a", "b"), n)
         for m in ("parked_sjf", "parked_srpt", "oracle_sjf", "prompt_oracle_sjf"):  # ordering alone, same slots
             if {m, "parked_fcfs"} <= set(modes):
-                cells[m]["jct_cut_vs_parked_fcfs"] = boot({"a": jct["parked_fcfs"], "b": jct[m]}, cut("a", "b"), n)
+                cells[m]["jct_cut_vs_parked_fcfs"] = boot({"a": jct["parked_fcfs"], "b": jct[m]}, mean_cut("a", "b"),
+                                                          n)
         rep["patterns"][pattern] = {"rate_req_s": None if share is None else share * cap, "modes": cells,
-                                    "jct_pooled": {m: _pool(jct[m]) for m in modes}}
+                                    "jct_pooled": {m: pooled(jct[m]) for m in modes}}
     return rep
+
+
+def mode_cell(args, m: str, runs: list[dict], rows_per_draw, jct, ttft, stall, modes) -> dict:
+    """One mode's cell of a pattern: :func:`lenpred.studies.engine_bench.latency_cell`, stalls, time between tokens,
+    JCT per token, its ranking signal's accuracy and, against ``stock``, paired cuts and both oracles' gain shares."""
+    from lenpred.metrics import paired_cluster_bootstrap as boot
+
+    n = args.bootstrap_resamples
+    res = [r for run in runs for r in run["results"] if r["outcome"] == "ok"]
+    gaps = np.array([r["max_gap_s"] for r in res if r["max_gap_s"] is not None])
+    c = {**latency_cell(runs),
+         "p99_tbt_s": float(np.mean([run["summary"]["p99_tbt_s"] for run in runs])),
+         "mean_longest_stall_s": float(gaps.mean()), "p99_longest_stall_s": float(np.percentile(gaps, 99)),
+         "mean_jct_per_token_s": float(np.mean([r["jct_s"] / r["completion_tokens"] for r in res
+                                                if r["completion_tokens"]]))}
+    signal = ranking_signal(m, runs, rows_per_draw)
+    if signal:
+        from scipy.stats import kendalltau
+
+        pred, true = np.array(signal).T
+        c["prediction_mae_tokens"] = float(np.mean(np.abs(pred - true)))
+        c["prediction_kendall_tau"] = float(kendalltau(pred, true).statistic)
+    if m != "stock":
+        c["jct_cut_vs_stock"] = boot({"a": jct["stock"], "b": jct[m]}, mean_cut("a", "b"), n)
+        c["ttft_diff_vs_stock_s"] = boot({"a": ttft["stock"], "b": ttft[m]}, lambda v: v["b"].mean() - v["a"].mean(), n)
+        stalls = {"a": [np.nan_to_num(v) for v in stall["stock"]], "b": [np.nan_to_num(v) for v in stall[m]]}
+        c["longest_stall_diff_vs_stock_s"] = boot(stalls, lambda v: v["b"].mean() - v["a"].mean(), n)
+        for oracle in ("oracle_sjf", "prompt_oracle_sjf"):
+            if oracle in modes and m != oracle:
+                c[f"share_of_{oracle}"] = boot({"a": jct["stock"], "b": jct[m], "o": jct[oracle]},
+                                               gain_share("a", "b", "o"), n)
+    return c
 
 
 def markdown(rep: dict) -> str:
     from lenpred.tables import markdown_table
 
-    ci = lambda t, f: f"{f(t[0])} [{f(t[1])}, {f(t[2])}]"  # noqa: E731
-    pct = lambda x: f"{x:+.1%}"  # noqa: E731
     sec = lambda x: f"{x:+.2f}"  # noqa: E731
     sh = lambda x: f"{x:.2f}"  # noqa: E731
     c = rep["capacity"]
@@ -456,10 +345,10 @@ def markdown(rep: dict) -> str:
         lines += [markdown_table(["mode", "mean JCT s", "p50", "p90", "p99", "mean TTFT s", "p99 TBT s",
                                   "mean longest stall s", "p99 longest stall s", "JCT/token ms", "tok/s",
                                   "preemptions", "capped"], rows), ""]
-        rows = [[m, ci(x["jct_cut_vs_stock"], pct), ci(x["ttft_diff_vs_stock_s"], sec),
-                 ci(x["longest_stall_diff_vs_stock_s"], sec),
-                 ci(x["share_of_oracle_sjf"], sh) if "share_of_oracle_sjf" in x else "–",
-                 ci(x["share_of_prompt_oracle_sjf"], sh) if "share_of_prompt_oracle_sjf" in x else "–",
+        rows = [[m, fmt_ci(x["jct_cut_vs_stock"], pct), fmt_ci(x["ttft_diff_vs_stock_s"], sec),
+                 fmt_ci(x["longest_stall_diff_vs_stock_s"], sec),
+                 fmt_ci(x["share_of_oracle_sjf"], sh) if "share_of_oracle_sjf" in x else "–",
+                 fmt_ci(x["share_of_prompt_oracle_sjf"], sh) if "share_of_prompt_oracle_sjf" in x else "–",
                  f"{x['simulated_mean_jct_s']:.1f} ({x['simulated_over_measured']:.2f})"
                  if "simulated_mean_jct_s" in x else "–",
                  f"{x['prediction_mae_tokens']:.0f} / {x['prediction_kendall_tau']:.2f}"
@@ -468,13 +357,13 @@ def markdown(rep: dict) -> str:
         lines += [markdown_table(["mode", "mean JCT cut vs stock", "Δ mean TTFT s", "Δ mean longest stall s",
                                   "share of oracle gain", "share of prompt-oracle gain", "sim. mean JCT s (sim/real)",
                                   "ranked by: MAE / Kendall tau"], rows), ""]
-        ordering = [f"{m} {ci(x['jct_cut_vs_parked_fcfs'], pct)}" for m, x in cells.items()
+        ordering = [f"{m} {fmt_ci(x['jct_cut_vs_parked_fcfs'], pct)}" for m, x in cells.items()
                     if "jct_cut_vs_parked_fcfs" in x]
         if ordering:
             lines += ["Ordering alone (mean JCT cut vs parked_fcfs, the same decode slots): " + "; ".join(ordering) + ".",
                       ""]
         if "jct_cut_vs_parked_sjf" in cells.get("parked_srpt", {}):
-            lines += [f"parked_srpt vs parked_sjf, mean JCT cut: {ci(cells['parked_srpt']['jct_cut_vs_parked_sjf'], pct)}",
+            lines += [f"parked_srpt vs parked_sjf, mean JCT cut: {fmt_ci(cells['parked_srpt']['jct_cut_vs_parked_sjf'], pct)}",
                       ""]
     sweep = rep["simulated_slot_sweep"]
     slots = sorted({int(k.split("/")[1]) for v in sweep.values() for k in v})
@@ -524,9 +413,7 @@ def main() -> None:
     ap.add_argument("--report-only", action="store_true", help="write the report from the finished runs")
     ap.add_argument("--out", default="results/scripts/serving/benchmark")
     args = ap.parse_args()
-    os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    engine_env()
     if args.report_only:
         from lenpred.studies.resume import load_resumable
 
@@ -534,16 +421,9 @@ def main() -> None:
                                ignore=RESUME_IGNORES, fingerprint={"capacity": capacity(args)})
         save_report(args, store, workload(args)[0])
         return
-    Path(LOCK).touch()
-    with open(LOCK) as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            print(f"waiting for {LOCK} (another heavy job holds it)", flush=True)
-            fcntl.flock(lock, fcntl.LOCK_EX)
+    with cpu_lock():
         store, draws = run(args)
     save_report(args, store, draws)
-
 
 if __name__ == "__main__":
     from lenpred.serving.supervisor import exit_on_sigterm

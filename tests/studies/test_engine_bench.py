@@ -1,0 +1,68 @@
+"""The real-engine benchmarks' shared pieces that need no engine (:mod:`lenpred.studies.engine_bench`): rotation,
+pairing, the priority a client sends, the command lines and the per-mode latency cell."""
+
+from __future__ import annotations
+
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+
+from lenpred.studies.engine_bench import (PORT, complete_draws, latency_cell, paired, rotated, row_priority, run_key,
+                                          servers, vllm_command)
+
+
+def _result(i: int, jct: float, outcome: str = "ok") -> dict:
+    return {"request_id": i, "outcome": outcome, "jct_s": jct, "ttft_s": jct / 10, "finish_reason": "stop",
+            "completion_tokens": 10}
+
+
+def _run(results: list[dict], tok_s: float = 100.0) -> dict:
+    return {"results": results, "summary": {"throughput_tok_s": tok_s}, "preemptions": 1.0, "loadavg_1m_before": 0.5}
+
+
+def test_rotated():
+    assert rotated(["a", "b", "c"], 0) == ["a", "b", "c"]
+    assert rotated(["a", "b", "c"], 4) == ["b", "c", "a"]
+    assert rotated({"x": 1, "y": 2}, 1) == ["y", "x"]
+    assert rotated([], 3) == []
+
+
+def test_paired_keeps_requests_ok_under_every_mode_and_complete_draws():
+    store = {"runs": {run_key(0, "stock", "b"): _run([_result(0, 4.0), _result(1, 6.0), _result(2, 8.0)]),
+                      run_key(0, "fast", "b"): _run([_result(0, 2.0), _result(1, 3.0, "failed"), _result(2, 5.0)]),
+                      run_key(1, "stock", "b"): _run([_result(0, 1.0)])}}
+    modes, done = complete_draws(store, "b", ("stock", "fast", "other"), 2)
+    assert modes == ["stock", "fast"] and done == [0]  # draw 1 lacks "fast"
+    jct = paired(store, done, "b", modes)
+    assert [v.tolist() for v in jct["stock"]] == [[4.0, 8.0]] and [v.tolist() for v in jct["fast"]] == [[2.0, 5.0]]
+
+
+def test_latency_cell():
+    runs = [_run([_result(0, 2.0), _result(1, 4.0), _result(2, 9.0, "cancelled")], 100.0),
+            _run([_result(0, 6.0)], 50.0)]
+    c = latency_cell(runs)  # ok: 2, 4, 6 s
+    assert (c["num_ok"], c["num_requests"]) == (3, 4)
+    assert c["mean_jct_s"] == 4.0 and c["p50_jct_s"] == 4.0 and np.isclose(c["mean_ttft_s"], 0.4)
+    assert c["throughput_tok_s"] == 75.0 and c["preemptions"] == 2.0 and c["capped_share"] == 0.0
+
+
+def test_row_priority():
+    row = {"oracle": 37, "prompt_oracle": 12.6, "request": SimpleNamespace(num_prompt_tokens=211)}
+    assert [row_priority(row, k) for k in (None, "oracle", "prompt_oracle", "prompt_tokens")] == [None, 37, 13, 211]
+
+
+def test_commands_stay_on_loopback_and_the_proxy_sits_in_front(tmp_path):
+    cmd = vllm_command("/m", 16, 597_519_360, 2422, ["--scheduling-policy", "priority"])
+    assert cmd[:3] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
+    flag = lambda name: cmd[cmd.index(name) + 1]  # noqa: E731
+    assert (flag("--host"), flag("--port"), flag("--max-num-seqs"), flag("--kv-cache-memory-bytes"),
+            flag("--max-model-len"), flag("--scheduling-policy")) == ("127.0.0.1", str(PORT), "16", "597519360",
+                                                                      "2422", "priority")
+    spec = servers(cmd, tmp_path / "v.log", {0}, tmp_path / "p.log", {1})
+    assert spec.url == f"http://127.0.0.1:{PORT + 1}" and spec.cpus == [{0}, {1}]
+    assert spec.commands[1][-6:] == ["--upstream", f"http://127.0.0.1:{PORT}", "--port", str(PORT + 1), "--threads",
+                                     "1"]
+    alone = servers(cmd, tmp_path / "v.log", None)
+    assert alone.url == f"http://127.0.0.1:{PORT}" and len(alone.commands) == 1
+    assert flag("--max-num-batched-tokens") == "8192"
