@@ -32,9 +32,10 @@ Modes (``--modes``, all by default; :data:`lenpred.studies.queue_regime.QUEUE_MO
   free, prediction-free baseline); ``priority_oracle``: priority = the recorded length; ``priority_prompt_oracle``:
   priority = the prompt oracle (mean recorded length of the prompt's other test samples);
 * ``plugin``: the in-engine plug-in (worker and scheduler classes), settings from ``--plugin-config`` (JSON, merged
-  over ``{"policy": "srpt", "plp": false, "decode_slots": D, "prefill_ahead": 2·D, "max_idle_s": 120}``), with
-  ``--max-num-seqs`` = decode_slots + prefill_ahead (parked requests hold only their prompt's KV; the same KV
-  bytes); ``plugin_plp``: the same with ``"plp": true`` (parked SRPT with PLP).
+  over :func:`lenpred.studies.queue_regime.plugin_settings`: parked SRPT without PLP, D decode slots, a ranking
+  window of D, prompts prefilled shortest first, so under ``--scheduling-policy priority``), with ``--max-num-seqs``
+  = decode_slots + prefill_ahead (parked requests hold only their prompt's KV; the same KV bytes); ``plugin_plp``:
+  the same with ``"plp": true`` (parked SRPT with PLP).
 
 Controls: vLLM on ``--vllm-cpus`` with one OpenMP thread, this client (and the proxy) on ``--client-cpus``; the
 whole benchmark holds ``/tmp/lenpred-cpu.lock``; within a draw the modes run in an order rotated by the draw, one
@@ -146,7 +147,8 @@ def mode_settings(mode: str, reg: dict, args) -> dict:
     proxy = {"cpus": args.client_cpus, "threads": 1, "forward_on": "the client's core"} if spec.proxy else None
     return {"mode": mode, "decode_bound": reg["decode_bound"], "kv_cache_bytes": reg["kv_cache_bytes"],
             "max_num_seqs": reg["decode_bound"] if plugin is None else plugin_max_num_seqs(plugin),
-            "scheduling_policy": "priority" if spec.priority_policy else "fcfs", "priority": spec.priority,
+            "scheduling_policy": "priority" if spec.priority_policy or (plugin or {}).get("admit_by", "arrival")
+            != "arrival" else "fcfs", "priority": spec.priority,
             "proxy": proxy, "plugin": plugin, "max_model_len": reg["max_model_len"]}
 
 
@@ -171,11 +173,11 @@ def mode_servers(model_dir: str, settings: dict, log_dir: Path, vllm_cpus, clien
     from lenpred.studies.engine_bench import plugin_args, servers, vllm_command
 
     mode, extra, plugin_log = settings["mode"], [], None
-    if settings["scheduling_policy"] == "priority":
+    if settings["scheduling_policy"] == "priority":  # the priority modes, and the plug-in's admit_by prompt_len
         extra = ["--scheduling-policy", "priority"]
     if settings["plugin"] is not None:
         plugin_log = log_dir / f"{mode}.jsonl"
-        extra = plugin_args(EngineConfig(**{**settings["plugin"], "log_path": str(plugin_log)}))
+        extra += plugin_args(EngineConfig(**{**settings["plugin"], "log_path": str(plugin_log)}))
     cmd = vllm_command(model_dir, settings["max_num_seqs"], settings["kv_cache_bytes"], settings["max_model_len"],
                        extra)
     proxy_log = log_dir / "proxy.log" if settings["proxy"] else None

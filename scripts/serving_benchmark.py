@@ -207,7 +207,8 @@ def simulated(args, store: dict, draws, cap: float) -> dict[str, dict[str, list[
                 if how is None:
                     s = simulate(reqs, make_policy("fcfs"), cost, cfg)[0]
                 else:
-                    s = simulate_parked(reqs, ParkedConfig(how[0], how[1], args.decode_slots, args.max_idle_s), cost,
+                    s = simulate_parked(reqs, ParkedConfig(how[0], how[1], args.decode_slots, args.max_idle_s,
+                                                        prefill_ahead=None), cost,
                                         cfg)[0]
                 out.setdefault(pattern, {}).setdefault(mode, []).append(s["mean_jct_s"])
     return out
@@ -238,7 +239,7 @@ def slot_sweep(args, draws, cap: float, slots=(8, 16, 24, 32, 48), deep: int = 1
             base = simulate(reqs, make_policy("fcfs"), cost, cfg)[0]["mean_jct_s"]
             for k in slots:
                 for pred in ("oracle", "last"):
-                    s = simulate_parked(reqs, ParkedConfig("sjf", pred, k, args.max_idle_s), cost, cfg)[0]
+                    s = simulate_parked(reqs, ParkedConfig("sjf", pred, k, args.max_idle_s, prefill_ahead=None), cost, cfg)[0]
                     cells.setdefault(f"{pred}/{k}", []).append(1 - s["mean_jct_s"] / base)
         out[name] = {key: float(np.mean(v)) for key, v in cells.items()}
     return out

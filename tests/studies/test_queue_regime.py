@@ -69,7 +69,8 @@ def test_mode_names_and_plugin_settings():
         parse_modes("stock,fcfs")
     assert QUEUE_MODES["priority_prompt_len"].priority == "prompt_tokens"
     settings = plugin_settings(16, {"max_idle_s": 60})
-    assert settings == {"policy": "srpt", "plp": False, "decode_slots": 16, "prefill_ahead": 32, "max_idle_s": 60}
-    assert plugin_max_num_seqs(settings) == 48
+    assert settings == {"policy": "srpt", "plp": False, "decode_slots": 16, "prefill_ahead": 16,
+                        "admit_by": "prompt_len", "max_idle_s": 60}
+    assert plugin_max_num_seqs(settings) == 32
     with pytest.raises(LenpredError, match="prefill_ahead must be an integer"):
         plugin_max_num_seqs(plugin_settings(16, {"prefill_ahead": None}))
