@@ -79,7 +79,8 @@ from lenpred.studies.engine_bench import (complete_draws, cpu_lock, engine_env, 
 from lenpred.studies.queue_regime import (LENGTH_CLASSES, LENPRED_MODES, QUEUE_MODES, STANDARD_PATTERNS,
                                           length_classes, parse_modes, parse_patterns)
 
-RESUME_IGNORES = ("draws", "modes", "patterns", "out", "bootstrap_resamples", "report_only", "plan")
+RESUME_IGNORES = ("draws", "modes", "patterns", "out", "bootstrap_resamples", "report_only", "plan",
+                  "sim_cost_model")
 """Settings a finished run does not depend on (runs are keyed ``<draw>/<mode>/<pattern>``)."""
 MAX_NUM_BATCHED_TOKENS = 8192
 
@@ -342,6 +343,56 @@ def pattern_report(store: dict, pattern: str, num_draws: int, n: int) -> dict | 
     return out
 
 
+def simulated_mean_jct(rec: dict, regime_: dict, cost, seed: int) -> float:
+    """The simulator's mean JCT (s) of one run's requests: the same arrivals (planned times; the pattern's seed), the
+    output and prompt tokens the engine reported, the mode's mechanism (stock FCFS; the priority queue by the
+    priority sent, behind :class:`~lenpred.serving.simulator.PredictionCost` for the proxy; parked decoding with the
+    plug-in's settings and the engine's own predictions from its log), the same D and KV cache in 128-token blocks.
+    PLP's refreshed estimates are not modelled (``plugin_plp`` is simulated on its static predictions)."""
+    import re
+
+    from lenpred.serving.policies import make_policy
+    from lenpred.serving.simulator import ParkedConfig, PredictionCost, SimConfig, simulate, simulate_parked
+    from lenpred.studies.workload import WorkloadRequest
+
+    st = rec["settings"]
+    engine = {int(re.search(r"-q(\d+)-", x["request_id"]).group(1)): x["expected"] for x in rec["plugin_log"]}
+    reqs = [WorkloadRequest(r["request_id"], [], max(int(r["completion_tokens"] or 1), 1), 0, "", str(r["request_id"]),
+                            {"sent": float(r["priority_sent"] if r["priority_sent"] is not None else r["priority"] or 0),
+                             "engine": float(engine.get(r["request_id"], 1e9))},
+                            num_prompt_tokens=int(r["prompt_tokens"] or 1))
+            for r in rec["results"] if r["outcome"] == "ok"]
+    pattern = parse_patterns(st["pattern"])[0]
+    cfg = SimConfig(max_num_seqs=st["max_num_seqs"], max_num_batched_tokens=8192,
+                    arrival="all" if st["rate_req_s"] is None else "gamma", rate_per_s=st["rate_req_s"] or 1.0,
+                    cv=pattern.cv or 1.0, seed=seed,
+                    kv_cache_tokens=st["kv_cache_bytes"] // regime_["kv_bytes_per_token"], block_size=128)
+    if st["plugin"] is not None:
+        pl = st["plugin"]
+        parked = ParkedConfig(pl["policy"], "engine", pl["decode_slots"], pl["max_idle_s"], 16.0, pl["prefill_ahead"],
+                              pl.get("admit_by", "arrival"))
+        return simulate_parked(reqs, parked, cost, cfg)[0]["mean_jct_s"]
+    policy = make_policy("fcfs") if st["scheduling_policy"] == "fcfs" else make_policy("sjf:sent")
+    return simulate(reqs, policy, cost, cfg, PredictionCost() if st["proxy"] else None)[0]["mean_jct_s"]
+
+
+def add_simulated(rep: dict, store: dict, cost_model: str) -> None:
+    """Per pattern and mode: the simulator's mean JCT on the same runs and its ratio to the measured one (issue 38's
+    validation: within 10 %)."""
+    from lenpred.serving.cost_model import CostModel
+
+    cost = CostModel.load(cost_model)
+    seed = store["config"]["seed"]
+    for pattern, p in rep["patterns"].items():
+        for mode, cell in p["modes"].items():
+            runs = [(d, store["runs"][run_key(d, mode, pattern)]) for d in p["draws"]]
+            sim = [simulated_mean_jct(rec, rep["regime"], cost, seed + d) for d, rec in runs]
+            real = [np.mean([r["jct_s"] for r in rec["results"] if r["outcome"] == "ok"]) for _, rec in runs]
+            cell["simulated_mean_jct_s"] = float(np.mean(sim))
+            cell["simulated_over_measured"] = float(np.mean(sim) / np.mean(real))
+    rep["simulator_cost_model"] = cost_model
+
+
 def report(store: dict, n: int) -> dict:
     """The report of every pattern in ``store`` (standard patterns first), with the settings and the regime."""
     num_draws = 1 + max((int(k.split("/")[0]) for k in store["runs"]), default=-1)
@@ -395,6 +446,10 @@ def pattern_markdown(pattern: str, p: dict) -> list[str]:
                              [[m, fmt_ci(x["jct_cut_vs_stock"], pct), get(x, "share_of_priority_prompt_oracle", sh),
                                get(x, "share_of_priority_oracle", sh), fmt_ci(x["p99_jct_ratio_vs_stock"], sh),
                                f"{x['throughput_ratio_vs_stock']:.3f}"] for m, x in cells.items() if m != "stock"]), ""]
+    if all("simulated_mean_jct_s" in x for x in cells.values()):
+        lines += ["Simulator on the same runs (predicted mean JCT s / measured): " + "; ".join(
+            f"{m} {x['simulated_mean_jct_s']:.1f} ({x['simulated_over_measured']:.2f})" for m, x in cells.items())
+            + ".", ""]
     classes = p["length_classes"]
     bounds = ", ".join(f"{name} <= {b:.0f}" for name, b in zip(LENGTH_CLASSES, classes["upper_tokens"]) if b)
     lines += [f"Mean JCT (s) by length class (thirds of the recorded length, tokens: {bounds}):", "",
@@ -418,6 +473,7 @@ def save_report(args, store: dict) -> None:
 
     out = Path(args.out)
     rep = report(store, args.bootstrap_resamples)
+    add_simulated(rep, store, args.sim_cost_model)
     write_json(out / "report.json", rep)
     (out / "report.md").write_text(markdown(rep))
     for pattern, p in rep["patterns"].items():
@@ -441,6 +497,8 @@ def parse_args() -> argparse.Namespace:
                     help="clip every recorded cap to this many tokens (a labelled diagnostic; default: none)")
     ap.add_argument("--cost-model", default="results/scripts/serving/cost_vllm_1core.json",
                     help="cost model of the simulated FCFS capacity at D")
+    ap.add_argument("--sim-cost-model", default="results/scripts/serving/cost_vllm_1core.json",
+                    help="cost model of the report's simulator on the same runs (predicted / measured mean JCT)")
     ap.add_argument("--plugin-config", default="", help="JSON merged over the plug-in's defaults at D")
     ap.add_argument("--run-timeout-s", type=float, default=3600.0,
                     help="each run ends by then: the client gives up on what is left (outcome cancelled), s")
