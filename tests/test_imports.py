@@ -27,7 +27,8 @@ shape = _load_code_shape()
 # one. Within a layer the cycle check keeps the arrows one-way.
 RANKS = {
     # core kernels: pure functions and the serving model's signals
-    "errors": 0, "io": 0, "prompts": 0, "pooling": 0, "heads": 0, "intervals": 0, "metrics": 0, "signals": 0,
+    "errors": 0, "registry": 0, "io": 0, "prompts": 0, "pooling": 0, "heads": 0, "intervals": 0, "metrics": 0,
+    "signals": 0,
     "backbone": 0, "version": 0, "tables": 0, "torch_state": 0, "steps": 0,
     # what a predictor reads, the predictors, the engines that generate responses; `truncated` turns signals of a
     # cut prompt into a prediction with `inputs.cache`'s batching

@@ -7,16 +7,14 @@ import time
 from typing import Any, Callable
 
 from lenpred.errors import LenpredError
+from lenpred.registry import registrar
 
 PROVIDERS: dict[str, Callable[..., dict[str, Any]] | None] = {"text": None, "scenario": None}
 
 
-def register_provider(name: str):
-    """Function decorator adding a provider ``fn(backbone, data, settings) -> values`` under ``name``."""
-    def wrap(fn):
-        PROVIDERS[name] = fn
-        return fn
-    return wrap
+register_provider = registrar(PROVIDERS, "input provider", name_attr=None)
+"""Function decorator adding a provider ``fn(backbone, data, settings) -> values`` under ``name``; a name that
+already has a provider is a :class:`LenpredError`."""
 
 
 def provide_inputs(needs: set[str], backbone, data, settings: dict[str, Any]) -> tuple[dict[str, Any], dict[str, float]]:

@@ -14,6 +14,7 @@ from safetensors.torch import load_file, save_file
 
 from lenpred.errors import LenpredError
 from lenpred.io import atomic_path
+from lenpred.registry import registrar
 
 PREDICTORS: dict[str, Callable[..., "Predictor"]] = {}
 
@@ -78,13 +79,9 @@ def prompt_requests(tokenizer, context_window: int, prompts, max_new_tokens: int
                                 max_new_tokens=max_new_tokens, scenario=scenario))
     return requests
 
-def register(name: str):
-    """Class decorator adding a predictor to :data:`PREDICTORS` under ``name``."""
-    def wrap(cls):
-        PREDICTORS[name] = cls
-        cls.registry_name = name
-        return cls
-    return wrap
+register = registrar(PREDICTORS, "predictor", name_attr="registry_name")
+"""Class decorator adding a predictor to :data:`PREDICTORS` under ``name`` (its ``registry_name``); a name registered
+twice is a :class:`LenpredError`."""
 
 
 def make_predictor(name: str, **params: Any) -> "Predictor":

@@ -20,6 +20,16 @@ accept its name. Registered:
   generated); a decoding request can be parked again. An incumbent is displaced only by a challenger shorter by more
   than ``switch_margin_tokens`` (hysteresis, so near-ties do not swap every step).
 
+One meaning per name across both registries (:data:`lenpred.serving.policies.POLICIES` ranks the waiting queue
+at admission, in the simulator and vLLM's priority queue; :data:`PARKED_POLICIES` ranks prefilled requests for the
+decode slots, in the simulator and the plug-in): ``fcfs`` by arrival; ``sjf`` by the shortest predicted total,
+non-preemptive; ``srpt`` by the shortest predicted *remaining* length, preemptive (at admission by recomputation with
+TRAIL's limited preemption, parked without recomputation with hysteresis). The remaining estimate is one rule
+everywhere: the prediction's distribution conditioned on the tokens generated when it carries one (the plug-in's
+head, :func:`lenpred.intervals.conditional_remaining`), else the countdown of its point prediction
+(:func:`lenpred.serving.policies.countdown_remaining`: the simulator's workload tables hold point predictions), or
+PLP's refreshed estimate where one exists. Ties go by arrival (:func:`lenpred.serving.policies.arrival_order`).
+
 Starvation guard (every policy): a parked request idle for ``max_idle_s`` seconds or more (since its prefill ended or
 it last decoded) is *promoted*: it ranks ahead of every unpromoted request, longest-idle first (vllm-ltr's aging
 rule, in seconds instead of steps). Under a non-preemptive policy (``fcfs``, ``sjf``) promotion takes the next free
@@ -42,7 +52,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from lenpred.errors import LenpredError
-from lenpred.serving.policies import registrar
+from lenpred.registry import registrar
+from lenpred.serving.policies import arrival_order
 
 
 @dataclass(frozen=True)
@@ -132,17 +143,13 @@ class ParkedPolicy:
         raise NotImplementedError
 
 
-def _tie(r: SlotRequest) -> tuple:
-    return (r.arrival_time_s, r.request_id)
-
-
 @register_parked("fcfs")
 @dataclass(frozen=True)
 class ParkedFCFS(ParkedPolicy):
     """Slots by arrival; incumbents keep theirs."""
 
     def key(self, request: SlotRequest, switch_margin_tokens: float) -> tuple:
-        return _tie(request)
+        return arrival_order(request)
 
 
 @register_parked("sjf")
@@ -153,7 +160,7 @@ class ParkedSJF(ParkedPolicy):
     reads_prediction: ClassVar[bool] = True
 
     def key(self, request: SlotRequest, switch_margin_tokens: float) -> tuple:
-        return (request.predicted_total, *_tie(request))
+        return (request.predicted_total, *arrival_order(request))
 
 
 @register_parked("srpt")
@@ -168,7 +175,7 @@ class ParkedSRPT(ParkedPolicy):
 
     def key(self, request: SlotRequest, switch_margin_tokens: float) -> tuple:
         bonus = switch_margin_tokens if request.decoding else 0.0  # hysteresis for incumbents
-        return (request.predicted_remaining - bonus, *_tie(request))
+        return (request.predicted_remaining - bonus, *arrival_order(request))
 
 
 def make_parked_policy(policy: "ParkedPolicy | str") -> ParkedPolicy:

@@ -25,6 +25,7 @@ from typing import Callable, ClassVar
 import numpy as np
 
 from lenpred.errors import LenpredError
+from lenpred.registry import registrar
 
 TRAIL_PREEMPT_FRACTION = 0.8  # TRAIL's c: preemptible while generated < c × first prediction
 VLLM_LTR_AGING_STEPS = 200  # vllm-ltr's starvation threshold in scheduler steps
@@ -68,29 +69,6 @@ def progressive_remaining(estimates: dict[int, dict[int, float]], fallback: Rema
 
 POLICIES: dict[str, type["Policy"]] = {}
 """Registered policy classes by name, in registration order (:func:`register`)."""
-
-
-def registrar(registry: dict, kind: str):
-    """A ``register(name)`` class decorator for ``registry``: it adds the class under ``name`` and sets its ``name``
-    (the simulator's policies here, the parked policies in :mod:`lenpred.serving.parked`).
-
-    Args:
-        registry: the dict of registered classes by name (filled in registration order).
-        kind: what the classes are, for the error message (``"policy"``, ``"parked policy"``).
-
-    The decorator raises :class:`LenpredError` when ``name`` is already registered (a second class would silently
-    replace the first).
-    """
-    def register(name: str):
-        def wrap(cls):
-            if name in registry:
-                raise LenpredError(f"{kind} name '{name}' is already registered by {registry[name].__qualname__}: "
-                                   f"register {cls.__qualname__} under another name")
-            cls.name = name
-            registry[name] = cls
-            return cls
-        return wrap
-    return register
 
 
 register = registrar(POLICIES, "policy")
@@ -139,7 +117,8 @@ class Policy:
         return False
 
 
-def _tie(request) -> tuple:
+def arrival_order(request) -> tuple:
+    """``(arrival_time_s, request_id)``: the tie-break of every policy, here and in :mod:`lenpred.serving.parked`."""
     return (request.arrival_time_s, request.request_id)
 
 
@@ -149,7 +128,7 @@ class FCFS(Policy):
     """First come, first served: arrival time (ties: request id)."""
 
     def key(self, request, generated: int = 0) -> tuple:
-        return _tie(request)
+        return arrival_order(request)
 
 
 @register("random")
@@ -169,7 +148,7 @@ class Random(Policy):
         if request.request_id not in self._random_keys:
             rng = np.random.default_rng([self.seed, request.request_id])
             self._random_keys[request.request_id] = float(rng.random())
-        return (self._random_keys[request.request_id], *_tie(request))
+        return (self._random_keys[request.request_id], *arrival_order(request))
 
 
 @register("sjf")
@@ -181,7 +160,7 @@ class SJF(Policy):
     predictor: str | None = "oracle"
 
     def key(self, request, generated: int = 0) -> tuple:
-        return (request.predictions[self.predictor], *_tie(request))
+        return (request.predictions[self.predictor], *arrival_order(request))
 
 
 @register("srpt")
@@ -206,7 +185,7 @@ class SRPT(Policy):
             self.remaining = countdown_remaining(self.predictor)
 
     def key(self, request, generated: int = 0) -> tuple:
-        return (self.remaining(request, generated), *_tie(request))
+        return (self.remaining(request, generated), *arrival_order(request))
 
     def preemptible(self, request, generated: int) -> bool:
         """TRAIL's limited preemption: ``generated < c × first prediction``."""
