@@ -131,7 +131,8 @@ def write_verified_part(directory: Path, seq: int, table, compression: str) -> P
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    path, side = part_path(directory, seq), sidecar_path(part_path(directory, seq))
+    path = part_path(directory, seq)
+    side = sidecar_path(path)
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink, compression=compression)
     blob = sink.getvalue().to_pybytes()
