@@ -3,9 +3,9 @@ and features from the prediction pass (`LengthPredictorService(online=...)`: the
 one head call) and the finished-request hook (`traffic_hook`: the adaptive update and the log's `record`).
 
 Batches of 16 short prompts are predicted with online learning off and on (ACI + traffic log), alternating ABBA
-over `--repeats` rounds (the whole prediction per request, both ways); the step online learning adds (pooling the
-features again, the head's quantiles, the interval) is also timed alone, since it is far below the prediction's
-run-to-run noise. Run under the CPU lock:
+over `--repeats` rounds (the whole prediction per request, both ways); the step online learning adds (the served
+interval from the head pass's quantiles, the features kept to log) is also timed alone, since it is far below the
+prediction's run-to-run noise. Run under the CPU lock:
 
     flock /tmp/lenpred-cpu.lock python scripts/serve_traffic_cost.py
 
@@ -59,10 +59,12 @@ def main() -> None:
                 times[mode].append((time.perf_counter() - t0) / len(items))
         served = items[0].served
         flat = [r for item in items for r in item.payload[0]]  # signals attached by the last "on" batch
+        features = lp.predictor_.features(flat)  # pooled once per batch, on or off
+        predictions = lp.predict_requests(flat, features)
         serve_s = []
         for _ in range(200):  # the step online learning adds to a batch, timed alone
             t0 = time.perf_counter()
-            services["on"].attach_served(items, lp.predictor_.features(flat))
+            services["on"].attach_served(items, features, predictions)
             serve_s.append((time.perf_counter() - t0) / len(items))
         hook_s = []
         for i in range(2000):

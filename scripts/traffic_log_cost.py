@@ -1,5 +1,6 @@
-"""What learning from traffic costs: traffic-log bytes per request, `record()` overhead per request, the log's
-journal append and part write per request (its own thread), and the refit time for 1,000 / 10,000 logged requests.
+"""What learning from traffic costs: traffic-log bytes per request, `record()` per request (it journals the row on
+the caller's thread), the part write per request (the writer's thread), and the refit time for 1,000 / 10,000 logged
+requests.
 
 Run under the CPU lock (numbers quoted in docs/serving.md come from it):
 
@@ -21,9 +22,10 @@ import numpy as np
 import torch
 
 
-def log_cost(dtype: str, n: int = 20000, dim: int = 576, rows_per_append: int = 8) -> dict:
-    """Per request: ``record()`` on the caller's thread, the journal append and the part write on the log's thread
-    (timed here on this thread, the background thread stopped), and the bytes the parts take."""
+def log_cost(dtype: str, n: int = 20000, dim: int = 576) -> dict:
+    """Per request: ``record()`` on the caller's thread (it journals the row: one checksummed JSON line), the part
+    write on the writer's thread (timed here on this thread, that thread stopped), and the bytes the journal and
+    the parts take."""
     from lenpred.online.traffic_log import TrafficLogConfig, TrafficLogWriter, TrafficRecord
 
     rng = np.random.default_rng(0)
@@ -37,23 +39,21 @@ def log_cost(dtype: str, n: int = 20000, dim: int = 576, rows_per_append: int = 
         w = TrafficLogWriter(TrafficLogConfig(d, features_dtype=dtype, max_records_per_part=n + 1,
                                               max_part_bytes=1 << 40, max_part_age_s=3600))
         w._stop.set()
-        w._wake.set()
+        with w._changed:
+            w._changed.notify_all()
         w._thread.join()  # no background work from here on: time each stage on this thread
-        record_s = journal_s = 0.0
-        for i in range(0, n, rows_per_append):  # the thread wakes per record; under load it takes a few rows at once
-            t0 = time.perf_counter()
-            for r in records[i:i + rows_per_append]:
-                w.record(r)
-            t1 = time.perf_counter()
-            w._append_journal()
-            record_s, journal_s = record_s + t1 - t0, journal_s + time.perf_counter() - t1
+        t0 = time.perf_counter()
+        for r in records:
+            w.record(r)
+        record_s = time.perf_counter() - t0
         journal_bytes = sum(p.stat().st_size for p in Path(d).glob("*.open"))
-        t2 = time.perf_counter()
-        w.flush()
-        write_s = time.perf_counter() - t2
-        size = sum(p.stat().st_size for p in Path(d).iterdir())
+        t1 = time.perf_counter()
+        with w._lock:
+            w._seal_head()
+        w._write_part(w._buffers[0])
+        write_s = time.perf_counter() - t1
+        size = sum(p.stat().st_size for p in Path(d).glob("part-*.parquet*"))
     return {"features_dtype": dtype, "num_requests": n, "record_us_per_request": 1e6 * record_s / n,
-            "journal_us_per_request": 1e6 * journal_s / n, "journal_rows_per_append": rows_per_append,
             "journal_bytes_per_request": journal_bytes / n, "write_us_per_request": 1e6 * write_s / n,
             "bytes_per_request": size / n}
 

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from lenpred.errors import LenpredError
-from lenpred.online.adaptive import (AdaptiveConfig, AdaptiveInterval, aci_update,
-                                      conformal_quantile, conformity_score, replay_intervals)
+from lenpred.online.adaptive import (AdaptiveConfig, AdaptiveInterval, aci_update, conformal_quantile,
+                                      conformity_score, min_window, replay_intervals)
 
 
 def test_pure_functions():
@@ -86,3 +86,26 @@ def test_an_aci_margin_of_minus_infinity_serves_a_point_not_an_inverted_interval
     low, high = replay_intervals(low_raw, high_raw, y, np.full(400, 64.0), config=cfg)
     assert (low <= high).all() and (high <= 64).all()
     assert (low == high).any()  # the -inf margin was reached
+
+
+def test_a_window_that_cannot_reach_the_coverage_is_refused_with_the_smallest_that_can():
+    """ceil((n + 1) c) <= n first holds at n = 4 for c = 0.8 (ceil(4.0) = 4; n = 3: ceil(3.2) = 4 > 3), n = 9 for 0.9
+    (n = 8: ceil(8.1) = 9 > 8), n = 19 for 0.95, n = 1 for 0.5; one score fewer gives +inf forever."""
+    assert [min_window(c) for c in (0.5, 0.8, 0.9, 0.95)] == [1, 4, 9, 19]
+    assert conformal_quantile([0.0] * 8, 0.9) == math.inf and conformal_quantile([0.0] * 9, 0.9) == 0.0
+    with pytest.raises(LenpredError, match=r"window 5 cannot reach coverage 0.9 .*pass window >= 9"):
+        AdaptiveConfig(coverage=0.9, window=5)
+    with pytest.raises(LenpredError, match="min_scores 30 exceeds window 20"):
+        AdaptiveConfig(window=20, min_scores=30)
+    s = AdaptiveInterval(AdaptiveConfig(coverage=0.9, method="rolling", window=9, min_scores=9))
+    for y in range(12):
+        s.update(10, 20, 15 + y % 3)  # scores -5, -4, -3
+    assert s.margin() == -3  # the 9 newest scores, k = ceil(10 * 0.9) = 9: the largest, finite
+
+
+def test_an_explicit_initial_margin_of_zero_is_kept():
+    """initial_margin=0 serves the raw quantiles until min_scores outcomes (None, the default, also serves 0 here;
+    OnlineLearning replaces only None by the predictor's margin: tests/online/test_traffic_refit.py)."""
+    s = AdaptiveInterval(AdaptiveConfig(initial_margin=0.0, min_scores=5))
+    assert s.margin() == 0.0 and s.interval(10, 20) == (10, 20)
+    assert AdaptiveInterval(AdaptiveConfig(initial_margin=7.0)).interval(10, 20) == (3, 27)

@@ -2,6 +2,7 @@
 model (saved like any predictor, card says where its data came from), refusals, and the serving-side API."""
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -9,6 +10,7 @@ from typer.testing import CliRunner
 
 from lenpred.cli import app
 from lenpred.errors import LenpredError
+from lenpred.intervals import widened_interval
 from lenpred.pipeline import LengthPredictor
 from lenpred.online.adaptive import AdaptiveConfig
 from lenpred.online.learning import OnlineLearning, prompt_features
@@ -120,3 +122,57 @@ def test_online_fixed_interval_is_the_predictors(base):
     [pred] = base_p.predict(prompts, max_new_tokens=16)
     assert served.expected == pytest.approx(pred.expected) and served.low == pytest.approx(pred.low)
     assert served.high == pytest.approx(pred.high)
+
+
+def test_online_initial_margin_zero_is_honoured(base):
+    """AdaptiveConfig(initial_margin=0) serves the head's raw quantiles until min_scores outcomes; the default (None)
+    serves the predictor's calibrated margin."""
+    base_p, _, _ = base
+    assert base_p.margin_ != 0  # else the two cases below could not differ
+    features = prompt_features(base_p, ["write a long poem about sea"], 16)
+    [zero] = OnlineLearning(base_p, adaptive=AdaptiveConfig(initial_margin=0.0)).predict(features, 16)
+    [default] = OnlineLearning(base_p, adaptive=AdaptiveConfig()).predict(features, 16)
+    assert (zero.low, zero.high) == widened_interval(zero.low_raw, zero.high_raw, 0.0, 16)
+    assert (default.low, default.high) == widened_interval(default.low_raw, default.high_raw, base_p.margin_, 16)
+
+
+def test_train_traffic_on_a_live_log(base, tmp_path):
+    """`lenpred train --traffic` while the serving side keeps logging (a part every 8 rows): the refit reads a
+    consistent snapshot (closed parts plus the journals' complete rows) and succeeds."""
+    import threading
+
+    base_p, base_dir, _ = base
+    feats = prompt_features(base_p, ["write a long poem about sea", "what is the sum of two and three"], 16)
+    online = OnlineLearning(base_p, log=TrafficLogConfig(tmp_path / "log", max_records_per_part=8))
+    stop, logged = threading.Event(), [0]
+
+    def serve():
+        while not stop.is_set() or logged[0] < 60:
+            i = logged[0]
+            served = online.predict(feats[i % 2], max_new_tokens=16)[0]
+            online.finished(served, 3 + 9 * (i % 2), "stop", 1000.0 + i, None, 1001.0 + i)
+            logged[0] += 1
+            time.sleep(0.001)
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    try:
+        _wait_for_rows(logged, 60)
+        r = runner.invoke(app, ["train", "--traffic", str(tmp_path / "log"), "--base", str(base_dir), "--out",
+                                str(tmp_path / "p")])
+        during = logged[0]
+    finally:
+        stop.set()
+        thread.join()
+        online.close()
+    assert r.exit_code == 0, r.output
+    used = json.loads((tmp_path / "p" / "config.json").read_text())["training_traffic"]["num_records"]
+    assert 60 <= used < during  # all logged before the read started; more logged while the refit ran
+    assert logged[0] > 60 and read_traffic_log(tmp_path / "log").num_records == logged[0]
+
+
+def _wait_for_rows(logged, n, timeout_s=30.0):
+    deadline = time.monotonic() + timeout_s
+    while logged[0] < n:
+        assert time.monotonic() < deadline, "the serving thread logged too few rows"
+        time.sleep(0.01)

@@ -64,6 +64,16 @@ def conformal_quantile(sorted_scores: list[float] | np.ndarray, level: float) ->
     return math.inf if k > n else float(sorted_scores[k - 1])
 
 
+def min_window(coverage: float) -> int:
+    """The fewest scores whose conformal quantile at ``coverage`` is finite: the smallest ``n`` with
+    ``ceil((n + 1) coverage) <= n`` (:func:`conformal_quantile`'s rule), i.e. ``n >= coverage / (1 - coverage)``
+    (0.8 -> 4, 0.9 -> 9, 0.95 -> 19). A window of fewer scores serves ``(0, inf)`` forever."""
+    n = max(1, math.floor(coverage / (1 - coverage)) - 1)
+    while math.ceil((n + 1) * coverage - 1e-12) > n:
+        n += 1
+    return n
+
+
 def aci_update(alpha_t: float, err_t: int | bool, alpha: float, gamma: float) -> float:
     """One ACI step (Gibbs & Candès 2021, eq. 2): ``alpha_t + gamma * (alpha - err_t)``."""
     return alpha_t + gamma * (alpha - float(err_t))
@@ -79,9 +89,12 @@ class AdaptiveConfig:
     Attributes:
         coverage: nominal share of requests inside the interval (``1 - alpha``).
         method: ``"aci"`` or ``"rolling"`` (module docstring).
-        window: finished requests whose scores set the margin (per group); older ones are forgotten.
+        window: finished requests whose scores set the margin (per group); older ones are forgotten. At least
+            :func:`min_window` of ``coverage`` (fewer can never give a finite margin) and at least ``min_scores``.
         gamma: ACI step size (0.005 in Gibbs & Candès' experiments; larger adapts faster and oscillates more).
-        initial_margin: tokens, used until ``min_scores`` requests have finished (the predictor's offline margin).
+        initial_margin: tokens, used until ``min_scores`` requests have finished; ``None``: the predictor's offline
+            margin where :class:`lenpred.online.learning.OnlineLearning` builds the interval, 0 elsewhere. An
+            explicit 0 is kept.
         min_scores: scores needed before the window's quantile replaces ``initial_margin``.
         min_group_size: a group's own state is used once it holds this many scores (Mondrian); below, the pooled one.
     """
@@ -90,7 +103,7 @@ class AdaptiveConfig:
     method: str = "aci"
     window: int = 500
     gamma: float = 0.005
-    initial_margin: float = 0.0
+    initial_margin: float | None = None
     min_scores: int = 20
     min_group_size: int = 50
 
@@ -101,6 +114,14 @@ class AdaptiveConfig:
             raise LenpredError(f"unknown adaptive interval method '{self.method}'; valid: {', '.join(METHODS)}")
         if self.window < 1 or self.gamma < 0 or self.min_scores < 1 or self.min_group_size < 1:
             raise LenpredError("adaptive interval window, min_scores and min_group_size must be >= 1 and gamma >= 0")
+        if self.window < (smallest := min_window(self.coverage)):
+            raise LenpredError(f"adaptive interval window {self.window} cannot reach coverage {self.coverage} (its "
+                               f"conformal quantile needs ceil((n + 1) * coverage) <= n scores, so it would serve "
+                               f"(0, inf) forever): pass window >= {smallest}")
+        if self.min_scores > self.window:
+            raise LenpredError(f"adaptive interval min_scores {self.min_scores} exceeds window {self.window} (the "
+                               f"window never holds that many, so initial_margin would serve forever): pass "
+                               f"min_scores <= window")
 
 
 class _Calibration:
@@ -131,6 +152,7 @@ class AdaptiveInterval:
     def __init__(self, config: AdaptiveConfig | None = None):
         self.config = config or AdaptiveConfig()
         self.alpha = 1 - self.config.coverage
+        self.initial_margin = 0.0 if self.config.initial_margin is None else self.config.initial_margin
         self.pooled = _Calibration(self.config.window, self.alpha)
         self.groups: dict[str, _Calibration] = {}
 
@@ -142,7 +164,7 @@ class AdaptiveInterval:
         """The current margin in tokens for ``group`` (``+inf``: unbounded, ``-inf``: ACI asks for an empty set)."""
         s = self._state(group)
         if len(s.scores) < self.config.min_scores:
-            return self.config.initial_margin
+            return self.initial_margin
         level = (1 - s.alpha_t) if self.config.method == "aci" else self.config.coverage
         return conformal_quantile(s.sorted, level)
 
@@ -165,7 +187,7 @@ class AdaptiveInterval:
             states.append(self.groups.setdefault(group, _Calibration(self.config.window, self.alpha)))
         for s in states:
             if self.config.method == "aci":
-                own = (self.config.initial_margin if len(s.scores) < self.config.min_scores
+                own = (self.initial_margin if len(s.scores) < self.config.min_scores
                        else conformal_quantile(s.sorted, 1 - s.alpha_t))
                 s.alpha_t = aci_update(s.alpha_t, score > own, self.alpha, self.config.gamma)
             s.push(score)

@@ -21,7 +21,8 @@ Integration (both are off by default; the serving paths expose ``--traffic-log D
     online.close()                                                               # flushes the log
 
 Thread safety: :meth:`OnlineLearning.finished` and :meth:`OnlineLearning.predict` take one lock (the adaptive
-state is shared); the log's disk writes happen on its own thread.
+state is shared); the log's ``record`` appends one journal line (no fsync, tens of microseconds) and its parts are
+written on the log's own thread.
 """
 
 from __future__ import annotations
@@ -79,7 +80,8 @@ class OnlineLearning:
         predictor: a pooled-head :class:`lenpred.pipeline.LengthPredictor` (the shipped one reads ``last@15``).
         log: switch the traffic log on (``None``: off, the default).
         adaptive: switch the online-adaptive margin on (``None``: the predictor's fixed calibrated margin);
-            ``initial_margin`` defaults to the predictor's margin and ``coverage`` to its coverage.
+            ``initial_margin`` ``None`` becomes the predictor's margin (an explicit 0 is kept), and ``coverage`` is
+            the predictor's.
 
     Raises:
         LenpredError: a predictor without a pooled head.
@@ -92,8 +94,8 @@ class OnlineLearning:
             raise LenpredError(f"online learning needs a pooled-head predictor, '{predictor.method}' is not one")
         self.predictor, self.coverage, self.margin = predictor, predictor.coverage, predictor.margin_
         if adaptive is not None:
-            adaptive = replace(adaptive, coverage=predictor.coverage,
-                               initial_margin=adaptive.initial_margin or predictor.margin_)
+            adaptive = replace(adaptive, coverage=predictor.coverage, initial_margin=(
+                predictor.margin_ if adaptive.initial_margin is None else adaptive.initial_margin))
         self.adaptive = None if adaptive is None else AdaptiveInterval(adaptive)
         if log is not None:
             log = replace(log, metadata={**predictor_metadata(predictor), **log.metadata})

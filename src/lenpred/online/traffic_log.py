@@ -13,25 +13,32 @@ On-disk layout of a log directory::
     part-00000001.parquet         rows of finished requests, in finish order (pyarrow, zstd)
     part-00000001.parquet.sha256  "<hex sha256>  part-00000001.parquet" (``sha256sum -c`` reads it)
     ...
-    part-00000007.open            the journal of the part being filled (Arrow IPC stream, one batch per append)
+    part-00000007.open            the journal of a part not written yet (JSON lines, a header then one line per
+                                  row, each with its SHA-256); a full part's journal and the next one's can coexist
 
 One declaration: the columns (:data:`COLUMNS`), the parquet / journal schema and the row type
-(:class:`TrafficRecord`) all derive from :class:`TrafficRecord`'s fields.
+(:class:`TrafficRecord`) all derive from :class:`TrafficRecord`'s fields. The file formats (verified parts,
+checksummed journals) live in :mod:`lenpred.online.traffic_files`.
 
-Durability, by **time**: the log's thread appends every recorded row to the journal as soon as it wakes (it is woken
-by each :meth:`TrafficLogWriter.record`; at the latest after :data:`JOURNAL_INTERVAL_S`), so a row is in the
-operating system's hands within that bound and survives the process being killed (vLLM force-kills its engine
-process on Ctrl-C; the journal is not fsynced, so a power cut can lose it). Parts are fsynced. A part is written to
+Durability: :meth:`TrafficLogWriter.record` appends the row to its part's journal before it returns (one ``write``,
+no fsync), so a process killed at any moment, around rotations included, loses at most the row being recorded
+(``scripts/traffic_log_faults.py`` measures it) — vLLM force-kills its engine process on Ctrl-C; a power cut can
+lose the journal. The writer's thread writes the parts, so no caller waits for a part's fsync. A part is written to
 a temporary, fsynced and renamed; its sidecar is renamed into place *before* the part, so a part without a sidecar
 never comes from a crash (the reader refuses it as unverifiable) and a sidecar without its part is the part that was
 being written (skipped, reported). Then the part's journal is deleted. A journal whose part exists is stale (killed
 between the two steps) and is ignored. A journal without its part was **not closed**: :func:`read_traffic_log`
-reads its complete batches and reports it in ``unclosed``; the next writer on the directory turns it into its part
-(verified, same number) and reports that in ``recovered``. A batch torn by the kill is dropped and counted.
+reads its complete, checksum-verified rows and reports it in ``unclosed``; the next writer on the directory turns
+it into its part (verified, same number) and reports that in ``recovered``. A line torn by the kill is dropped and
+counted; a line that fails its checksum is an error, never read or turned into a part.
+
+Reading beside a running writer (``lenpred train --traffic`` while the server logs) gives a consistent snapshot:
+the closed parts plus each journal's complete rows, whatever the writer rotates or deletes meanwhile
+(:func:`read_traffic_log`).
 
 Rotation: a new part every ``max_records_per_part`` rows, ``max_part_bytes`` of features, or ``max_part_age_s``
-seconds after its first row (the background thread writes, so :meth:`TrafficLogWriter.record` never writes to disk
-on the caller's thread); when the log's parts exceed ``max_total_bytes`` the oldest are deleted.
+seconds after its first row (the writer's thread writes the parts; :meth:`TrafficLogWriter.record` only appends to
+the journal); when the log's parts exceed ``max_total_bytes`` the oldest are deleted.
 
 One log, one predictor: every part stores the writer's ``metadata`` (:func:`predictor_metadata`: model, revision,
 method, layers, prompt rule) and the features' dtype and width. A writer refuses to append to a directory whose
@@ -40,12 +47,14 @@ newest part has other values, and the reader refuses a log whose parts disagree.
 
 from __future__ import annotations
 
+import base64
+import fcntl
+import functools
 import logging
 import os
-import re
-import fcntl
 import threading
 import time
+from collections import deque
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -53,17 +62,13 @@ from typing import Any
 import numpy as np
 
 from lenpred.errors import LenpredError
-from lenpred.io import atomic_path, file_sha256
+from lenpred.online.traffic_files import (SIDECAR, JournalWriter, journal_path, list_journals, list_parts, os_error,
+                                          part_path, read_journal, read_part, sidecar_path, write_verified_part)
 
 logger = logging.getLogger(__name__)
 
 LOG_FORMAT = "lenpred-traffic-log/1"
 FEATURE_DTYPES = ("float16", "float32")
-JOURNAL_INTERVAL_S = 0.5
-"""The most seconds a recorded row waits before the log's thread appends it to the journal."""
-_PART = re.compile(r"^part-(\d{8})\.parquet$")
-_JOURNAL = re.compile(r"^part-(\d{8})\.open$")
-_SIDECAR = ".sha256"
 
 
 def _column(arrow: str, doc: str, default: Any = MISSING) -> Any:
@@ -118,7 +123,8 @@ COLUMNS = tuple(f.name for f in _COLUMN_FIELDS)
 
 
 def arrow_schema(features_dtype: str, feature_dim: int, metadata: dict[str, str]):
-    """The ``pyarrow.Schema`` of a part and of a journal: :data:`COLUMNS` typed from :class:`TrafficRecord`, then
+    """The ``pyarrow.Schema`` of a part (and of a journal's rows read back): :data:`COLUMNS` typed from
+    :class:`TrafficRecord`, then
     ``features`` (fixed-size list of ``feature_dim`` ``features_dtype``), with the log's metadata."""
     import pyarrow as pa
 
@@ -139,8 +145,8 @@ class TrafficLogConfig:
             differ by well under a token) or ``"float32"``.
         max_records_per_part: rows per part.
         max_part_bytes: a part is also cut when its buffered features reach this many bytes.
-        max_part_age_s: seconds after a part's first row at which it is cut even if small (rows are in the journal
-            long before: :data:`JOURNAL_INTERVAL_S`).
+        max_part_age_s: seconds after a part's first row at which it is cut even if small (its rows are in the
+            journal from the start).
         max_total_bytes: the oldest parts are deleted while the log holds more (parquet + sidecars); ``None``: no bound.
         compression: parquet codec.
         metadata: strings stored in every part's schema metadata (e.g. the predictor's model revision and layer); a
@@ -166,79 +172,33 @@ class TrafficLogConfig:
             raise LenpredError("traffic-log max_total_bytes must be positive, or None for no bound")
 
 
-def _part_path(directory: Path, seq: int) -> Path:
-    return directory / f"part-{seq:08d}.parquet"
-
-
-def _journal_path(directory: Path, seq: int) -> Path:
-    return directory / f"part-{seq:08d}.open"
-
-
-def _sidecar(part: Path) -> Path:
-    return part.with_name(part.name + _SIDECAR)
-
-
-def _fsync_write(path: Path, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def list_parts(directory: str | Path) -> list[tuple[int, Path]]:
-    """``[(seq, path)]`` of the parquet parts in ``directory``, oldest first (by part number)."""
-    directory = Path(directory)
-    out = [(int(m.group(1)), p) for p in directory.iterdir() if (m := _PART.match(p.name))]
-    return sorted(out)
-
-
-def _list_journals(directory: Path) -> list[tuple[int, Path]]:
-    return sorted((int(m.group(1)), p) for p in directory.iterdir() if (m := _JOURNAL.match(p.name)))
-
-
-def read_journal(path: str | Path):
-    """``(table, torn)``: the complete batches of a journal as a ``pyarrow.Table`` (``None`` when not even its
-    schema was written) and whether a torn last batch (a kill mid-append) was dropped."""
-    import pyarrow as pa
-
-    batches, schema, torn = [], None, False
-    with pa.OSFile(str(path), "rb") as f:
-        try:
-            reader = pa.ipc.open_stream(f)
-            schema = reader.schema
-            while True:
-                batches.append(reader.read_next_batch())
-        except StopIteration:
-            pass
-        except (pa.ArrowInvalid, OSError, EOFError):
-            torn = True
-    return (None if schema is None else pa.Table.from_batches(batches, schema=schema)), torn
-
-
 class _Buffer:
-    """Rows of one part-to-be (the last buffer is open, the others are sealed and wait for their part)."""
+    """Rows of part ``seq``-to-be: the newest buffer is open, older ones are sealed and wait for their part. Its
+    journal (``part-<seq>.open``) holds its first ``journaled`` rows."""
 
-    def __init__(self):
+    def __init__(self, seq: int):
+        self.seq = seq
         self.rows: list[tuple] = []
         self.features: list[np.ndarray] = []
         self.first_at: float | None = None
-        self.journaled = 0  # rows already appended to the journal
+        self.sealed = False
+        self.journal: JournalWriter | None = None
+        self.journaled = 0
+
+    @property
+    def ready(self) -> bool:
+        """Sealed, every row journaled and the journal closed: the part can be written."""
+        return self.sealed and self.journal is None and self.journaled == len(self.rows)
 
 
 class TrafficLogWriter:
     """Append finished requests to a traffic log; thread-safe (call :meth:`record` from any thread or an event loop).
 
-    Use as a context manager, or call :meth:`close` (writes what is buffered as a part). See the module docstring for
-    the layout, durability (rows reach the journal within :data:`JOURNAL_INTERVAL_S`), rotation and the one-predictor
-    rule.
+    Use as a context manager, or call :meth:`close` (writes what is buffered as parts). :meth:`record` appends the
+    row to its part's journal before it returns (tens of microseconds, no fsync), so a process killed at any moment
+    loses at most the row being recorded; a thread of the writer's own writes each full part (parquet, fsync) and
+    deletes its journal, so no caller waits for a part. See the module docstring for the layout, durability,
+    rotation and the one-predictor rule.
 
     Attributes:
         recovered: ``[(part, rows)]``: journals a killed writer left unclosed, turned into their parts at start-up
@@ -246,98 +206,136 @@ class TrafficLogWriter:
         num_records_written: rows written as parts by this writer.
 
     Raises:
-        LenpredError: ``directory`` is a file; bad settings (:class:`TrafficLogConfig`); another writer holds the
-            directory (one writer per directory: an ``flock`` on ``.writer.lock``); the directory's newest part was
-            written for another predictor (other ``metadata`` or ``features_dtype``).
+        LenpredError: ``directory`` is a file, or cannot be created or written (a path under a file, under
+            ``/proc``, an immutable or read-only directory: the message names the path and the fix); bad settings
+            (:class:`TrafficLogConfig`); another writer holds the directory (one writer per directory: an ``flock``
+            on ``.writer.lock``); an entry named like a part or a journal is a directory; the newest part fails its
+            checksum or another predictor wrote it (other ``metadata`` or ``features_dtype``); a journal left by a
+            killed writer fails its checksum (:func:`lenpred.online.traffic_files.read_journal`).
     """
 
     def __init__(self, config: TrafficLogConfig):
         self.config = config
         self.directory = Path(config.directory)
-        if self.directory.exists() and not self.directory.is_dir():
-            raise LenpredError(f"traffic log {self.directory} is a file: pass a directory")
-        self.directory.mkdir(parents=True, exist_ok=True)
-        self._dir_lock = open(self.directory / ".writer.lock", "w")  # noqa: SIM115 - held for the writer's life
-        try:
-            fcntl.flock(self._dir_lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self._dir_lock.close()
-            raise LenpredError(f"traffic log {self.directory} is open in another writer (another process or engine): "
-                               "give each writer its own directory") from None
-        for tmp in self.directory.glob(".*.tmp"):  # a killed writer's temporaries
-            _remove_tree(tmp)
+        self._dir_lock = _lock_directory(self.directory)
         self.num_records_written = 0
         try:
             self.recovered = self._recover_journals()
             parts = list_parts(self.directory)
-            self._feature_dim = self._check_same_predictor(parts[-1][1]) if parts else None
+            dim = self._check_same_predictor(parts[-1][1]) if parts else None
+            self._part_bytes = deque((p, _part_size(p)) for _, p in parts)  # oldest first, for the size bound
+        except OSError as exc:
+            self._dir_lock.close()
+            raise os_error(self.directory, "opening", exc) from None
         except BaseException:
             self._dir_lock.close()
             raise
-        self._next_seq = (parts[-1][0] + 1) if parts else 1
         self._dtype = np.dtype(config.features_dtype)
-        self._buffers = [_Buffer()]
-        self._journal = None  # (pyarrow file, IPC stream writer, path) of the oldest unwritten buffer
-        self._lock = threading.Lock()  # guards the buffers
-        self._write_lock = threading.Lock()  # one thread writes to disk at a time
-        self._wake, self._stop = threading.Event(), threading.Event()
+        self._encoder = None if dim is None else _RowEncoder(arrow_schema(config.features_dtype, dim, config.metadata))
+        self._buffers = [_Buffer((parts[-1][0] + 1) if parts else 1)]
+        self._last_part: Path | None = None
+        self._lock = threading.Lock()  # guards the buffers and the journals
+        self._changed = threading.Condition(self._lock)  # a buffer became ready or was written
+        self._stop = threading.Event()
+        self._closed = False
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="lenpred-traffic-log", daemon=True)
+        self._thread = threading.Thread(target=self._part_loop, name="lenpred-traffic-log", daemon=True)
         self._thread.start()
 
     # ------------------------------------------------------------------ the serving paths call these
 
     def record(self, record: TrafficRecord) -> None:
-        """Buffer one finished request (microseconds; the log's own thread appends it to the journal within
-        :data:`JOURNAL_INTERVAL_S` and writes the parts).
+        """Append one finished request to the journal (tens of microseconds on the calling thread; the writer's
+        thread writes the parts).
 
         Raises:
-            LenpredError: features of another width than the log's, non-finite features, or the log's background
-                writer failed (its error is re-raised here).
+            LenpredError: the writer is closed; features of another width than the log's, non-finite features; the
+                journal append failed (the reason and the fix, e.g. a full disk: the row stays in memory and is
+                journaled with the next row, or written as a part by :meth:`close`); or writing a part failed.
         """
-        if self._stop.is_set():
+        if self._closed:
             raise LenpredError(f"traffic log {self.directory} is closed: record before close(), or open a new writer")
-        if self._error is not None:
-            raise LenpredError(f"traffic log {self.directory}: writing failed ({self._error}); fix the cause "
-                               "(disk full? permissions?) and restart the writer") from self._error
+        self._raise_error()
         with np.errstate(over="ignore"):  # float16 overflow -> inf, refused just below
-            f = np.asarray(record.features, dtype=self._dtype).reshape(-1)
+            f = np.asarray(record.features, dtype=self._dtype).reshape(1, -1)
         if not np.isfinite(f).all():
             raise LenpredError("traffic-log features hold non-finite values (float16 overflows above 65504: use "
                                "features_dtype='float32')")
         row = record.values()
         with self._lock:
-            if self._feature_dim is None:
-                self._feature_dim = len(f)
-            elif len(f) != self._feature_dim:
-                raise LenpredError(f"traffic-log features have {len(f)} values, this log's have {self._feature_dim}: "
-                                   "one log holds one predictor's features; use another directory")
+            if self._encoder is None:
+                self._encoder = _RowEncoder(arrow_schema(self.config.features_dtype, f.shape[1], self.config.metadata))
+            elif f.shape[1] != self._encoder.feature_dim:
+                raise LenpredError(f"traffic-log features have {f.shape[1]} values, this log's have "
+                                   f"{self._encoder.feature_dim}: one log holds one predictor's features; use another "
+                                   "directory")
             buf = self._buffers[-1]
             buf.rows.append(row)
-            buf.features.append(f)
+            buf.features.append(f[0])
             if buf.first_at is None:
                 buf.first_at = time.monotonic()
-            if (len(buf.rows) >= self.config.max_records_per_part
-                    or len(buf.rows) * f.nbytes >= self.config.max_part_bytes):
-                self._buffers.append(_Buffer())  # sealed: it becomes one part
-        self._wake.set()
+            full = (len(buf.rows) >= self.config.max_records_per_part
+                    or len(buf.rows) * f.nbytes >= self.config.max_part_bytes)
+            try:
+                if full:
+                    self._seal_head()
+                self._journal_pending()
+            except OSError as exc:
+                raise os_error(self.directory, "journaling a row", exc,
+                               "; the row is kept in memory and journaled with the next one") from None
 
     def flush(self) -> Path | None:
-        """Write every buffered row as parts now (on the calling thread). Returns the last part's path, or ``None``
-        if nothing was buffered."""
-        with self._write_lock:
-            with self._lock:
+        """Write every row recorded so far as parts (the writer's thread writes them; this waits). Returns the newest
+        part this writer wrote, or ``None`` if it wrote none.
+
+        Raises:
+            LenpredError: the writer is closed, or a disk write failed (as :meth:`record`).
+        """
+        with self._changed:
+            if self._closed:
+                raise LenpredError(f"traffic log {self.directory} is closed: nothing to flush")
+            try:
                 if self._buffers[-1].rows:
-                    self._buffers.append(_Buffer())
-            return self._write_sealed()
+                    self._seal_head()
+                self._journal_pending()
+            except OSError as exc:
+                raise os_error(self.directory, "flushing", exc) from None
+            head = self._buffers[-1].seq
+            self._changed.notify_all()
+            while self._buffers[0].seq < head and self._error is None:
+                self._changed.wait()
+        self._raise_error()
+        return self._last_part
 
     def close(self) -> None:
-        """Stop the background thread and write what is buffered."""
-        self._stop.set()
-        self._wake.set()
-        self._thread.join()
-        self.flush()
-        self._dir_lock.close()  # releases the directory's lock
+        """Stop the writer's thread, then on the calling thread write every buffered row as parts. The directory's
+        lock is released even when this fails, so a new writer can start in this process.
+
+        Raises:
+            LenpredError: a disk write failed (a full disk, an immutable directory: the reason and the fix); the rows
+                already journaled stay in their journals, and the next writer on the directory turns them into parts.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            with self._changed:
+                self._stop.set()
+                self._changed.notify_all()
+            self._thread.join()
+            with self._lock:
+                try:
+                    if self._buffers[-1].rows:
+                        self._seal_head()
+                except OSError:
+                    pass  # its journal could not be completed; the parts below hold the rows, and report failures
+            while len(self._buffers) > 1:
+                self._write_part(self._buffers[0])
+        except OSError as exc:
+            raise os_error(self.directory, "closing", exc, "; the rows stay in the journals (part-*.open), which the "
+                           "next writer on the directory turns into parts") from None
+        finally:
+            self._dir_lock.close()  # releases the directory's lock
 
     def __enter__(self) -> "TrafficLogWriter":
         return self
@@ -347,98 +345,108 @@ class TrafficLogWriter:
 
     # ------------------------------------------------------------------ internals
 
-    def _run(self) -> None:
-        """Background thread: on each wake write the sealed or old-enough parts, then journal the open rows."""
-        while not self._stop.is_set():
-            self._wake.wait(JOURNAL_INTERVAL_S)
-            self._wake.clear()
-            if self._stop.is_set():
-                return
-            try:
-                with self._write_lock:
-                    with self._lock:
+    def _part_loop(self) -> None:
+        """The writer's thread: write each ready buffer as its part, oldest first; seal the open buffer once it is
+        ``max_part_age_s`` old. It stops on an error, kept for :meth:`record` / :meth:`flush` (:meth:`close` retries
+        what is left)."""
+        check_s = min(self.config.max_part_age_s, 1.0)
+        try:
+            while True:
+                with self._changed:
+                    while not self._stop.is_set() and not self._buffers[0].ready:
                         head = self._buffers[-1]
                         if head.rows and time.monotonic() - head.first_at >= self.config.max_part_age_s:
-                            self._buffers.append(_Buffer())
-                    self._write_sealed()
-                    self._append_journal()
-            except BaseException as exc:  # reported on the next record()
+                            self._seal_head()
+                        else:
+                            self._changed.wait(check_s)
+                    if self._stop.is_set():
+                        return
+                    buf = self._buffers[0]
+                self._write_part(buf)
+        except BaseException as exc:
+            with self._changed:
                 self._error = exc
-                return
+                self._changed.notify_all()
 
-    def _write_sealed(self) -> Path | None:
-        """Write each sealed buffer as its part, oldest first (holding ``_write_lock``)."""
-        path = None
-        while True:
-            with self._lock:
-                if len(self._buffers) == 1:
-                    return path
-                buf, dim = self._buffers[0], self._feature_dim
-            if buf.rows:
-                path = self._write_part(_rows_table(buf.rows, np.stack(buf.features), dim, self.config),
-                                        len(buf.rows))
-            with self._lock:
-                self._buffers.pop(0)
+    def _seal_head(self) -> None:
+        """Seal the open buffer (its journal closed once complete) and open the next (holding ``_lock``)."""
+        head = self._buffers[-1]
+        head.sealed = True
+        self._buffers.append(_Buffer(head.seq + 1))
+        self._journal(head)
 
-    def _append_journal(self) -> None:
-        """Append the open buffer's rows not yet journaled (holding ``_write_lock``; no sealed buffer is left)."""
-        with self._lock:
-            buf, dim = self._buffers[0], self._feature_dim
-            rows, feats = buf.rows[buf.journaled:], buf.features[buf.journaled:len(buf.rows)]
-        if not rows:
-            return
-        table = _rows_table(rows, np.stack(feats), dim, self.config)
-        if self._journal is None:
-            import pyarrow as pa
+    def _journal_pending(self) -> None:
+        """Journal the rows every buffer's journal lacks (usually the one just recorded; after a failed write, the
+        journal rewritten from its first row); holding ``_lock``."""
+        for buf in self._buffers:
+            if not buf.ready:
+                self._journal(buf)
 
-            path = _journal_path(self.directory, self._next_seq)
-            sink = pa.OSFile(str(path), "wb")
-            self._journal = (sink, pa.ipc.new_stream(sink, table.schema), path)
-        sink, writer, _ = self._journal
-        writer.write_table(table)
-        sink.flush()  # in the kernel's hands: survives this process being killed
-        with self._lock:
-            buf.journaled += len(rows)
+    def _journal(self, buf: _Buffer) -> None:
+        """Append ``buf``'s rows its journal lacks; close the journal of a sealed buffer (then ready, and the
+        writer's thread is told). After a failed write the journal is dropped, to be rewritten from its start."""
+        try:
+            for row, f in zip(buf.rows[buf.journaled:], buf.features[buf.journaled:]):
+                if buf.journal is None:
+                    buf.journal = JournalWriter(journal_path(self.directory, buf.seq),
+                                                {"metadata": _metadata(self._encoder.schema)})
+                buf.journal.append({**dict(zip(COLUMNS, row)), "features": base64.b64encode(f.tobytes()).decode()})
+                buf.journaled += 1
+        except BaseException:
+            if buf.journal is not None:
+                buf.journal.close()
+            buf.journal, buf.journaled = None, 0
+            raise
+        if buf.sealed and buf.journal is not None:
+            buf.journal.close()
+            buf.journal = None
+            self._changed.notify_all()
 
-    def _write_part(self, table, num_rows: int) -> Path:
-        """One part + sidecar (parquet to a temporary, fsync; sidecar renamed into place; then the part), then its
-        journal is deleted and the size bound enforced."""
-        seq = self._next_seq
-        path = _write_verified_part(self.directory, seq, table, self.config.compression)
-        if self._journal is not None:
-            sink, writer, _ = self._journal
-            writer.close()
-            sink.close()
-            self._journal = None
-        _journal_path(self.directory, seq).unlink(missing_ok=True)
-        self._next_seq = seq + 1
-        self.num_records_written += num_rows
+    def _raise_error(self) -> None:
+        if self._error is not None:
+            exc = self._error
+            raise (os_error(self.directory, "writing a part", exc) if isinstance(exc, OSError) else
+                   LenpredError(f"traffic log {self.directory}: writing a part failed ({exc}); fix the cause and "
+                                "restart the writer")) from exc
+
+    def _write_part(self, buf: _Buffer) -> None:
+        """Write the oldest buffer as its part, delete its journal, drop the buffer, then enforce the size bound."""
+        import pyarrow as pa
+
+        table = pa.Table.from_batches([self._encoder.batch(buf.rows, np.stack(buf.features))])
+        self._last_part = write_verified_part(self.directory, buf.seq, table, self.config.compression)
+        self._part_bytes.append((self._last_part, _part_size(self._last_part)))
+        with self._changed:
+            if buf.journal is not None:  # close() after a failed journal write
+                buf.journal.close()
+                buf.journal = None
+            journal_path(self.directory, buf.seq).unlink(missing_ok=True)
+            self._buffers.pop(0)
+            self.num_records_written += len(buf.rows)
+            self._changed.notify_all()
         self._enforce_bound()
-        return path
 
     def _recover_journals(self) -> list[tuple[Path, int]]:
         """Turn each journal without its part into that part (verified); delete stale and empty journals."""
         recovered = []
-        for seq, journal in _list_journals(self.directory):
-            part = _part_path(self.directory, seq)
+        for seq, journal in list_journals(self.directory):
+            part = part_path(self.directory, seq)
             if part.exists():  # killed between writing the part and deleting its journal
                 journal.unlink()
                 continue
-            table, torn = read_journal(journal)
+            table, torn = _journal_table(journal)
             if table is not None and table.num_rows:
-                _write_verified_part(self.directory, seq, table, self.config.compression)
+                write_verified_part(self.directory, seq, table, self.config.compression)
                 recovered.append((part, table.num_rows))
                 logger.warning("traffic log %s: %s was not closed (the writer was killed); its %d rows are now %s%s",
                                self.directory, journal.name, table.num_rows, part.name,
-                               " (a torn last batch was dropped)" if torn else "")
+                               " (a torn last line was dropped)" if torn else "")
             journal.unlink()
         return recovered
 
     def _check_same_predictor(self, newest: Path) -> int:
-        """The log's feature width; refuses a log whose newest part another predictor wrote."""
-        import pyarrow.parquet as pq
-
-        stored = {k.decode(): v.decode() for k, v in (pq.read_schema(newest).metadata or {}).items()}
+        """The log's feature width; refuses a log whose newest part fails its checksum or another predictor wrote."""
+        stored = _metadata(read_part(newest).schema)
         mine = {"features_dtype": self.config.features_dtype, **{str(k): str(v) for k, v in self.config.metadata.items()}}
         keys = sorted((set(stored) | set(mine)) - {"format", "feature_dim"})
         for key in keys:
@@ -449,47 +457,104 @@ class TrafficLogWriter:
         return int(stored["feature_dim"])
 
     def _enforce_bound(self) -> None:
-        """Delete the oldest parts (part first, then its sidecar) while the log is over ``max_total_bytes``."""
+        """Delete the oldest parts (part first, then its sidecar) while the log's parts and sidecars take more than
+        ``max_total_bytes`` (sizes kept as the parts are written: no directory scan per part)."""
         bound = self.config.max_total_bytes
         if bound is None:
             return
-        parts = list_parts(self.directory)
-        sizes = [p.stat().st_size + (_sidecar(p).stat().st_size if _sidecar(p).exists() else 0) for _, p in parts]
-        total = sum(sizes)
-        for (_, p), size in zip(parts[:-1], sizes):  # the newest part always stays
-            if total <= bound:
-                break
+        total = sum(size for _, size in self._part_bytes)
+        while total > bound and len(self._part_bytes) > 1:  # the newest part always stays
+            p, size = self._part_bytes.popleft()
             p.unlink(missing_ok=True)
-            _sidecar(p).unlink(missing_ok=True)
+            sidecar_path(p).unlink(missing_ok=True)
             total -= size
 
 
-def _rows_table(rows: list[tuple], features: np.ndarray, dim: int, config: TrafficLogConfig) -> Any:
-    """Rows (:meth:`TrafficRecord.values`) and their ``(n, dim)`` features as a table of :func:`arrow_schema`."""
+def _part_size(part: Path) -> int:
+    """Bytes of a part and its sidecar."""
+    side = sidecar_path(part)
+    return part.stat().st_size + (side.stat().st_size if side.exists() else 0)
+
+
+class _RowEncoder:
+    """Rows (:meth:`TrafficRecord.values`) and their features -> ``pyarrow.RecordBatch`` of ``schema``
+    (:func:`arrow_schema`), the scalar columns through one struct array (one conversion, not one per column)."""
+
+    def __init__(self, schema):
+        import pyarrow as pa
+
+        self.schema = schema
+        self.feature_dim = schema.field("features").type.list_size
+        self.dtype = np.dtype(schema.field("features").type.value_type.to_pandas_dtype())
+        self._row_type = pa.struct([schema.field(name) for name in COLUMNS])
+
+    def batch(self, rows: list[tuple], features: np.ndarray):
+        """``features``: ``(len(rows), feature_dim)`` in the log's dtype."""
+        import pyarrow as pa
+
+        scalars = pa.array(rows, type=self._row_type).flatten()
+        feats = pa.FixedSizeListArray.from_arrays(pa.array(features.reshape(-1)), self.feature_dim)
+        return pa.RecordBatch.from_arrays(scalars + [feats], schema=self.schema)
+
+
+def _lock_directory(directory: Path):
+    """Create ``directory`` if needed, check that files can be made in it, and take its writer lock (the open lock
+    file, held for the writer's life). Raises as :class:`TrafficLogWriter` does."""
+    import tempfile
+
+    try:
+        if directory.exists() and not directory.is_dir():
+            raise LenpredError(f"traffic log {directory} is a file: pass a directory")
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".probe.", suffix=".tmp", dir=directory)  # an immutable directory fails
+        os.close(fd)
+        os.unlink(probe)
+        lock = open(directory / ".writer.lock", "a")  # noqa: SIM115 - held for the writer's life
+    except OSError as exc:
+        raise os_error(directory, "creating the log directory", exc) from None
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        raise LenpredError(f"traffic log {directory} is open in another writer (another process or engine): give "
+                           "each writer its own directory") from None
+    for tmp in directory.glob(".*.tmp"):  # a killed writer's temporaries
+        _remove_tree(tmp)
+    return lock
+
+
+def _journal_table(path: Path) -> tuple[Any, bool]:
+    """``(table, torn)``: a journal's complete, checksum-verified rows as a ``pyarrow.Table`` of the log's schema
+    (``None`` when not even its header is complete), and whether a torn last line was dropped.
+
+    Raises:
+        LenpredError: a corrupted journal (:func:`lenpred.online.traffic_files.read_journal`), or one whose lines
+            are not traffic-log rows.
+        FileNotFoundError: the journal is gone (its part was written meanwhile).
+    """
     import pyarrow as pa
 
-    schema = arrow_schema(config.features_dtype, dim, config.metadata)
-    cols = [pa.array(list(col), type=schema.field(name).type) for name, col in zip(COLUMNS, zip(*rows))]
-    flat = pa.array(np.ascontiguousarray(features, dtype=config.features_dtype).reshape(-1))
-    return pa.Table.from_arrays(cols + [pa.FixedSizeListArray.from_arrays(flat, dim)], schema=schema)
+    header, payloads, torn = read_journal(path)
+    if header is None:
+        return None, torn
+    try:
+        encoder = _journal_encoder(tuple(sorted((str(k), str(v)) for k, v in header["metadata"].items())))
+        rows = [tuple(p.get(name) for name in COLUMNS) for p in payloads]
+        feats = np.zeros((len(payloads), encoder.feature_dim), encoder.dtype)
+        for i, p in enumerate(payloads):  # a width other than the header's raises
+            feats[i] = np.frombuffer(base64.b64decode(p["features"]), encoder.dtype)
+        return pa.Table.from_batches([encoder.batch(rows, feats)]), torn
+    except (KeyError, TypeError, ValueError, AttributeError, pa.ArrowException) as exc:
+        raise LenpredError(f"{path} passes its checksums but does not hold traffic-log rows ({exc!r}): move it out "
+                           "of the log") from None
 
 
-def _write_verified_part(directory: Path, seq: int, table, compression: str) -> Path:
-    import hashlib
-
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    path = _part_path(directory, seq)
-    sink = pa.BufferOutputStream()
-    pq.write_table(table, sink, compression=compression)
-    blob = sink.getvalue().to_pybytes()
-    with atomic_path(_sidecar(path)) as tmp:
-        _fsync_write(tmp, f"{hashlib.sha256(blob).hexdigest()}  {path.name}\n".encode())
-    with atomic_path(path) as tmp:
-        _fsync_write(tmp, blob)
-    _fsync_dir(directory)
-    return path
+@functools.lru_cache(maxsize=8)
+def _journal_encoder(metadata: tuple[tuple[str, str], ...]) -> _RowEncoder:
+    """The encoder of the schema a journal header's metadata describes (cached: one read parses many journals of
+    one log; a pure function of the metadata)."""
+    meta = dict(metadata)
+    return _RowEncoder(arrow_schema(meta["features_dtype"], int(meta["feature_dim"]), {}).with_metadata(meta))
 
 
 def _remove_tree(path: Path) -> None:
@@ -498,25 +563,33 @@ def _remove_tree(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
 
 
+def _metadata(schema) -> dict[str, str]:
+    """A ``pyarrow.Schema``'s metadata as strings."""
+    return {k.decode(): v.decode() for k, v in (schema.metadata or {}).items()}
+
+
 # ---------------------------------------------------------------------------------------------------------- reading
 
 
 @dataclass
 class TrafficLog:
-    """A traffic log read back (:func:`read_traffic_log`).
+    """A traffic log read back (:func:`read_traffic_log`): a consistent snapshot, even beside a running writer.
 
     Attributes:
         columns: ``{name: (n,) array}`` for every name in :data:`COLUMNS`, rows ordered by part then finish order;
             numeric columns as float64 (NaN for nulls), string ones as object arrays (``None`` for nulls).
         features: ``(n, d)`` float32 (upcast from the stored dtype).
         parts: the verified parts read, oldest first.
-        unclosed: journals read whose part was never written (a writer still running, or killed: the next writer on
-            the directory turns them into parts); their rows are included.
-        torn_batches: journal batches dropped because a kill tore them.
-        skipped: sidecars whose part is missing (the part being written when a writer was killed, or one deleted by
-            rotation mid-way): nothing to read.
+        unclosed: journals read whose part was not written yet (a writer still running, or killed: the next writer
+            on the directory turns them into parts); their complete, checksum-verified rows are included.
+        torn_batches: journals whose torn last line was dropped (a writer killed or out of space mid-write, or one
+            writing while this read ran).
+        skipped: sidecars whose part is missing (the part being written, or one deleted by the size bound mid-way):
+            nothing to read.
         metadata: the log's schema metadata (format, features_dtype, feature_dim, what the writer added), the same
             in every part.
+        dropped: parts the writer's size bound deleted while this read ran; the parts read before them (older)
+            are left out too, so the rows stay contiguous.
     """
 
     columns: dict[str, np.ndarray]
@@ -526,6 +599,7 @@ class TrafficLog:
     torn_batches: int
     skipped: list[Path]
     metadata: dict[str, str]
+    dropped: list[Path] = field(default_factory=list)
 
     @property
     def num_records(self) -> int:
@@ -537,96 +611,111 @@ class TrafficLog:
         return self.columns["finish_reason"] == "length"
 
 
-def verify_part(path: Path) -> None:
-    """Check a part against its sidecar.
-
-    Raises:
-        LenpredError: no sidecar (a crash never leaves one missing: the part was not written by
-            :class:`TrafficLogWriter`, or its sidecar was deleted), an unreadable sidecar, or a SHA-256 mismatch
-            (the part is corrupted). Each message names the file and what to do.
-    """
-    side = _sidecar(path)
-    if not side.exists():
-        raise LenpredError(f"{path} has no checksum sidecar {side.name} (a crash never leaves a part without one): it "
-                           "was not written by lenpred's traffic log or the sidecar was deleted; delete the part or "
-                           "move it out of the log")
-    try:
-        digest, name = side.read_text().split()
-    except (OSError, ValueError):
-        raise LenpredError(f"{side} is unreadable (expected '<sha256>  {path.name}'): delete {path.name} and its "
-                           "sidecar") from None
-    if name != path.name or digest != file_sha256(path):
-        raise LenpredError(f"{path} fails its SHA-256 checksum ({side.name}): the part is corrupted; delete it and its "
-                           "sidecar (the log's other parts stay usable)")
+_READ_TRIES = 5
+"""Reads of a log in a row whose every listed part its writer's size bound deleted, before one gives up."""
 
 
-def _read_part(path: Path):
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+@dataclass
+class _Snapshot:
+    """What :func:`_read_snapshot` read: ``(path, table)`` per part or journal, in part order."""
 
-    verify_part(path)
-    try:
-        return pq.read_table(path)
-    except (OSError, pa.ArrowException) as exc:
-        raise LenpredError(f"{path} passes its checksum but is not readable parquet ({exc}): delete it") from None
+    tables: list[tuple[Path, Any]] = field(default_factory=list)
+    parts: list[Path] = field(default_factory=list)
+    unclosed: list[Path] = field(default_factory=list)
+    torn_batches: int = 0
+    dropped: list[Path] = field(default_factory=list)
 
 
 def read_traffic_log(directory: str | Path) -> TrafficLog:
     """Load every part of a log directory, each verified against its sidecar, and every unclosed journal's
-    complete batches, in part order.
+    complete, checksum-verified rows, in part order. Safe beside a running writer: the result is a snapshot
+    (closed parts plus each journal's complete rows), whatever the writer rotates or deletes meanwhile.
 
     Raises:
-        LenpredError: not a directory; nothing to read; a part that fails :func:`verify_part` or is not a
-            traffic-log part; two parts (or a part and a journal) whose metadata differ (another predictor, feature
-            width or dtype): each message names the files and the key.
+        LenpredError: not a directory, or one that cannot be read; nothing to read; a part that fails
+            :func:`lenpred.online.traffic_files.read_part` or is not a traffic-log part; a corrupted journal
+            (:func:`lenpred.online.traffic_files.read_journal`); an entry named like a part or a journal that is a
+            directory; two parts (or a part and a journal) whose metadata differ (another predictor, feature width
+            or dtype): each message names the files and the key.
     """
     import pyarrow as pa
 
     directory = Path(directory)
     if not directory.is_dir():
         raise LenpredError(f"traffic log {directory} is not a directory: pass the directory a TrafficLogWriter wrote")
-    parts = list_parts(directory)
-    have = {seq for seq, _ in parts}
-    journals = [(seq, p) for seq, p in _list_journals(directory) if seq not in have]  # stale ones have their part
-    skipped = sorted(p for p in directory.glob(f"part-*.parquet{_SIDECAR}") if not p.with_suffix("").exists())
-    if not parts and not journals:
-        raise LenpredError(f"traffic log {directory} holds no parts (part-*.parquet): log some traffic first")
-    tables, first, unclosed, torn_batches = [], None, [], 0
-    for _, path in sorted(parts + journals):
-        if path.suffix == ".open":
-            t, torn = read_journal(path)
-            torn_batches += torn
-            if t is None:
-                continue
-            unclosed.append(path)
-        else:
-            t = _read_part(path)
-        meta = {k.decode(): v.decode() for k, v in (t.schema.metadata or {}).items()}
-        if meta.get("format") != LOG_FORMAT:
-            raise LenpredError(f"{path} is not a {LOG_FORMAT} part (format {meta.get('format')!r}): move it out of "
-                               "the log")
-        if first is None:
-            first = (path, meta)
-        for key in sorted(set(meta) | set(first[1])):
-            if meta.get(key) != first[1].get(key):
-                raise LenpredError(f"{path} has {key}={meta.get(key)!r}, {first[0].name} has "
-                                   f"{key}={first[1].get(key)!r}: one log holds one predictor's features; split the "
-                                   "directory")
-        tables.append(t.replace_schema_metadata(None))
-    if first is None:
-        raise LenpredError(f"traffic log {directory} holds no rows (only empty journals of killed writers): log some "
-                           "traffic first")
-    meta0 = first[1]
-    table = pa.concat_tables(tables)
-    dim = int(meta0["feature_dim"])
+    try:
+        for _ in range(_READ_TRIES):  # again while the size bound deleted every part listed before it was read
+            snap = _read_snapshot(directory)
+            if snap.tables or not snap.dropped:
+                break
+        skipped = sorted(p for p in directory.glob(f"part-*.parquet{SIDECAR}") if not p.with_suffix("").exists())
+    except OSError as exc:
+        raise os_error(directory, "reading", exc) from None
+    if not snap.tables:
+        raise LenpredError(f"traffic log {directory} holds no rows " + (
+            f"(its writer's size bound deleted every part before it could be read, {_READ_TRIES} times): raise "
+            "max_total_bytes" if snap.dropped else "(only empty journals of killed writers): log some traffic first"))
+    meta = _same_metadata(snap.tables)
+    table = pa.concat_tables([t.replace_schema_metadata(None) for _, t in snap.tables])
     flat = table.column("features").combine_chunks().values.to_numpy(zero_copy_only=False)
     columns = {}
     for name in COLUMNS:
         col = table.column(name)
         columns[name] = (np.asarray(col.to_pylist(), dtype=object) if pa.types.is_string(col.type)
                          else col.to_numpy().astype(np.float64))
-    return TrafficLog(columns, flat.astype(np.float32).reshape(-1, dim), [p for _, p in parts], unclosed,
-                      torn_batches, skipped, meta0)
+    return TrafficLog(columns, flat.astype(np.float32).reshape(-1, int(meta["feature_dim"])), snap.parts,
+                      snap.unclosed, snap.torn_batches, skipped, meta, snap.dropped)
+
+
+def _read_snapshot(directory: Path) -> _Snapshot:
+    """Read each part and unclosed journal once. The journals are listed before the parts, so every row is in a
+    listed journal or a listed part. A journal gone when opened was written as its part meanwhile: that part is read
+    instead. A part gone was deleted by the size bound, which deletes the oldest first: it and everything read
+    before it are dropped, so the rows stay contiguous."""
+    journals = list_journals(directory)
+    parts = list_parts(directory)
+    have = {seq for seq, _ in parts}
+    entries = sorted(parts + [(seq, p) for seq, p in journals if seq not in have])
+    if not entries:
+        raise LenpredError(f"traffic log {directory} holds no parts (part-*.parquet): log some traffic first")
+    snap = _Snapshot()
+    for seq, path in entries:
+        if path.suffix == ".open":
+            try:
+                table, torn = _journal_table(path)
+            except FileNotFoundError:
+                path = part_path(directory, seq)
+            else:
+                snap.torn_batches += torn
+                if table is not None and table.num_rows:
+                    snap.tables.append((path, table))
+                    snap.unclosed.append(path)
+                continue
+        try:
+            snap.tables.append((path, read_part(path)))
+            snap.parts.append(path)
+        except FileNotFoundError:
+            snap = _Snapshot(torn_batches=snap.torn_batches, dropped=snap.dropped + snap.parts + [path])
+    return snap
+
+
+def _same_metadata(tables: list[tuple[Path, Any]]) -> dict[str, str]:
+    """The schema metadata every part and journal shares.
+
+    Raises:
+        LenpredError: a table that is not a traffic-log part, or two whose metadata differ (names both files)."""
+    first_path, first = tables[0][0], _metadata(tables[0][1].schema)
+    for path, table in tables:
+        meta = _metadata(table.schema)
+        if meta.get("format") != LOG_FORMAT:
+            raise LenpredError(f"{path} is not a {LOG_FORMAT} part (format {meta.get('format')!r}): move it out of "
+                               "the log")
+        for key in sorted(set(meta) | set(first)):
+            if meta.get(key) != first.get(key):
+                raise LenpredError(f"{path} has {key}={meta.get(key)!r}, {first_path.name} has "
+                                   f"{key}={first.get(key)!r}: one log holds one predictor's features; split the "
+                                   "directory")
+    return first
 
 
 def predictor_metadata(predictor) -> dict[str, str]:
