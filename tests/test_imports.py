@@ -1,27 +1,17 @@
 """The package's imports point one way: cli -> studies -> {pipeline, serving, bench} -> core, with no cycle and no
 private name taken from another module. The graph (module-level and function-level imports, relative ones
-resolved) comes from ``scripts/code_shape.py``, the same code that prints the package's shape."""
+resolved) comes from ``tests/import_graph.py``, the same code ``scripts/code_shape.py`` prints the package's shape
+with."""
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
+import import_graph as shape
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _load_code_shape():
-    spec = importlib.util.spec_from_file_location("code_shape", ROOT / "scripts" / "code_shape.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("code_shape", module)  # dataclasses look the module up while building the class
-    spec.loader.exec_module(module)
-    return module
-
-
-shape = _load_code_shape()
 
 # Layer of every top-level part of the package: a module may import its own layer or a lower one, never a higher
 # one. Within a layer the cycle check keeps the arrows one-way.

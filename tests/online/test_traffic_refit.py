@@ -11,7 +11,7 @@ from lenpred.cli import app
 from lenpred.errors import LenpredError
 from lenpred.pipeline import LengthPredictor
 from lenpred.online.adaptive import AdaptiveConfig
-from lenpred.online.learning import OnlineLearning, prompt_features
+from lenpred.online.learning import OnlineLearning
 from lenpred.online.refit import time_split
 from lenpred.online.traffic_log import TrafficLogConfig, TrafficLogWriter, TrafficRecord, read_traffic_log
 
@@ -50,13 +50,13 @@ def _write_log(base_p, directory, n=60, seed=0):
     """A log the base predictor would have written: its features of short prompts, outcomes made up (2 prompts
     alternate; every 4th request capped at 16)."""
     prompts = ["write a long poem about sea", "what is the sum of two and three"]
-    feats = prompt_features(base_p, prompts, max_new_tokens=16)
+    predictions, feats = base_p.predict(prompts, 16, return_features=True)
     online = OnlineLearning(base_p, log=TrafficLogConfig(directory, max_records_per_part=16),
                             adaptive=AdaptiveConfig(method="rolling", min_scores=5))
     rng = np.random.default_rng(seed)
     for i in range(n):
-        served = online.predict(feats[i % 2], max_new_tokens=16, group=f"route{i % 2}",
-                                prompt_sha256=[f"{i % 2:064x}"])[0]
+        served = online.serve(feats[i % 2], [predictions[i % 2]], group=f"route{i % 2}",
+                              prompt_sha256=[f"{i % 2:064x}"])[0]
         y = 16 if i % 4 == 3 else int(rng.integers(2 + 6 * (i % 2), 8 + 6 * (i % 2)))
         online.finished(served, y, "length" if y == 16 else "stop", 1000.0 + i, 1000.1 + i, 1001.0 + i)
     online.close()
@@ -70,16 +70,16 @@ def test_fit_traffic_saves_a_predictor_whose_card_names_its_data(base, tmp_path)
     assert log.num_records == 60 and len(log.parts) >= 4 and log.metadata["method"] == "last"  # <= 16 rows a part
     assert set(log.columns["group"]) == {"route0", "route1"} and log.censored.sum() == 15
     p = LengthPredictor.from_traffic(tmp_path / "log", base=base_dir, calibration_share=0.25, test_share=0.25)
-    t = p.config_["training_traffic"]
-    assert (t["num_train"], t["num_calibration"], t["num_test"], t["parts"]) == (30, 15, 15, len(log.parts))
-    assert p.config_["training_benchmark"] is None and p.method == "last" and p.coverage == 0.5
+    t = p.config_.training_traffic
+    assert (t.num_train, t.num_calibration, t.num_test, t.parts) == (30, 15, 15, len(log.parts))
+    assert p.config_.training_benchmark is None and p.method == "last" and p.coverage == 0.5
     card = p.card_["latest traffic"]
     assert card["n"] == 15 and 0 <= card["interval_coverage"] <= 1 and len(card["mae_minus_base"]) == 3
     path = p.save_pretrained(tmp_path / "refit")
     text = (path / "CARD.md").read_text()
     assert "trained on logged traffic" in text and "the earliest 30 train" in text and "refitted from" in text
     tuned = LengthPredictor.from_traffic(tmp_path / "log", base=base_dir, finetune=True)
-    assert set(tuned.config_["chosen_on_validation"]["finetuned"]) == {"epochs", "lr"}
+    assert set(tuned.config_.chosen_on_validation["finetuned"]) == {"epochs", "lr"}
     assert "fine-tuned from" in tuned.save_pretrained(tmp_path / "tuned").joinpath("CARD.md").read_text()
     loaded = LengthPredictor.from_pretrained(path)
     [pred] = loaded.predict(["what is the sum of two and three"], max_new_tokens=16)
@@ -116,7 +116,7 @@ def test_logs_of_another_predictor_are_refused(base, tmp_path):
 def test_online_fixed_interval_is_the_predictors(base):
     base_p, _, _ = base
     prompts = ["write a long poem about sea"]
-    [served] = OnlineLearning(base_p).predict(prompt_features(base_p, prompts, 16), max_new_tokens=16)
-    [pred] = base_p.predict(prompts, max_new_tokens=16)
+    [pred], features = base_p.predict(prompts, max_new_tokens=16, return_features=True)
+    [served] = OnlineLearning(base_p).serve(features, [pred])
     assert served.expected == pytest.approx(pred.expected) and served.low == pytest.approx(pred.low)
     assert served.high == pytest.approx(pred.high)

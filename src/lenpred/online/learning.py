@@ -11,16 +11,15 @@ Integration (both are off by default; the serving paths expose ``--traffic-log D
     online = OnlineLearning(predictor, log=TrafficLogConfig("traffic/") if args.traffic_log else None,
                             adaptive=AdaptiveConfig(method="aci") if args.adaptive_interval else None)
     # at prediction time, reusing the predictions already made (the plug-in: LengthPredictor.predict_states on its
-    # hook's states; each LengthPrediction carries the head's raw quantiles): no extra model or head pass
-    served = online.serve(states, predictions, group=route_tag)                 # -> list[ServedPrediction]
-    # or from the features alone (the proxy: prompt_features), one head pass:
-    served = online.predict(features, max_new_tokens=cap, group=route_tag)
+    # hook's states; the proxy: LengthPredictor.predict(..., return_features=True); each LengthPrediction carries
+    # the head's raw quantiles): no extra model or head pass
+    served = online.serve(features, predictions, group=route_tag)               # -> list[ServedPrediction]
     # when request i finishes:
     online.finished(served[i], num_output_tokens, finish_reason, arrival_time_s, first_token_time_s, finish_time_s)
     ...
     online.close()                                                               # flushes the log
 
-Thread safety: :meth:`OnlineLearning.finished` and :meth:`OnlineLearning.predict` take one lock (the adaptive
+Thread safety: :meth:`OnlineLearning.finished` and :meth:`OnlineLearning.serve` take one lock (the adaptive
 state is shared); the log's disk writes happen on its own thread.
 """
 
@@ -35,7 +34,6 @@ from lenpred.errors import LenpredError
 from lenpred.intervals import widened_interval
 from lenpred.online.adaptive import AdaptiveInterval
 from lenpred.online.traffic_log import TrafficLogWriter, TrafficRecord, predictor_metadata
-from lenpred.prediction import head_pass
 
 
 @dataclass
@@ -64,14 +62,6 @@ class ServedPrediction:
     num_prompt_tokens: int | None = None
 
 
-def prompt_features(predictor, prompts: list, max_new_tokens: int | None = None) -> np.ndarray:
-    """The head's input ``(n, d)`` float32 for prompts, from the predictor's own prefill pass (the proxy's path;
-    the same pass ``LengthPredictor.predict`` runs)."""
-    requests = predictor._requests(prompts, max_new_tokens, None)
-    predictor.attach_states(requests)
-    return predictor.predictor_.features(requests)
-
-
 class OnlineLearning:
     """A served predictor's interval (fixed or adaptive) and traffic log.
 
@@ -88,7 +78,7 @@ class OnlineLearning:
     def __init__(self, predictor, log=None, adaptive=None):
         from dataclasses import replace
 
-        if not hasattr(predictor.predictor_, "head_"):
+        if not predictor.predictor_.reads().features:
             raise LenpredError(f"online learning needs a pooled-head predictor, '{predictor.method}' is not one")
         self.predictor, self.coverage, self.margin = predictor, predictor.coverage, predictor.margin_
         if adaptive is not None:
@@ -100,19 +90,6 @@ class OnlineLearning:
         self.log = None if log is None else TrafficLogWriter(log)
         self._lock = threading.Lock()
 
-    def predict(self, features: np.ndarray, max_new_tokens: int | None = None, group: str | None = None,
-                prompt_sha256: list[str | None] | None = None,
-                num_prompt_tokens: list[int | None] | None = None) -> list[ServedPrediction]:
-        """Predictions for ``(n, d)`` features: one head pass (:func:`lenpred.prediction.head_pass`, what
-        ``LengthPredictor.predict_states`` runs; microseconds per request), then :meth:`serve`'s interval."""
-        X = np.atleast_2d(np.asarray(features, np.float32))
-        n = len(X)
-        caps = np.full(n, np.inf if max_new_tokens is None else float(max_new_tokens))
-        out = head_pass(self.predictor.predictor_, caps, features=X)
-        _, low_raw, high_raw = out.quantiles(self.coverage)
-        return self._served(X, out.expected, low_raw, high_raw, [max_new_tokens] * n, group, prompt_sha256,
-                            num_prompt_tokens or [None] * n)
-
     def serve(self, features: np.ndarray, predictions: list, group: str | None = None,
               prompt_sha256: list[str | None] | None = None) -> list[ServedPrediction]:
         """Served predictions for requests the predictor already predicted, reusing that head pass (no head call).
@@ -122,7 +99,8 @@ class OnlineLearning:
             predictions: the ``n`` :class:`lenpred.prediction.LengthPrediction` made from them
                 (``LengthPredictor.predict_states``): their expected length, raw quantiles (``low_raw`` /
                 ``high_raw``), cap and prompt length are served and logged.
-            group, prompt_sha256: as :meth:`predict`.
+            group: the Mondrian group key (route / client tag), or ``None``.
+            prompt_sha256: ``n`` prompt hashes to log, or ``None``.
 
         Raises:
             LenpredError: ``features`` and ``predictions`` differ in number, or a prediction without raw quantiles.

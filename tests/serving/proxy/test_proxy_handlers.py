@@ -145,7 +145,7 @@ def test_lenpred_serve_logs_answered_requests_with_the_interval_it_served(tiny_b
     teach nothing."""
     from conftest import TINY_PROMPTS, fit_tiny_predictor
 
-    from lenpred.online.learning import OnlineLearning, prompt_features
+    from lenpred.online.learning import OnlineLearning
     from lenpred.serving.proxy.app import traffic_hook
     from lenpred.serving.proxy.batching import LengthPredictorService
     from lenpred.online.traffic_log import TrafficLogConfig, read_traffic_log
@@ -183,4 +183,5 @@ def test_lenpred_serve_logs_answered_requests_with_the_interval_it_served(tiny_b
         assert (float(a.headers["x-lenpred-low"]), float(a.headers["x-lenpred-high"])) == pytest.approx(
             (p.low, p.high), abs=0.051)
         assert c["arrival_time_s"][i] <= c["first_token_time_s"][i] <= c["finish_time_s"][i]
-    np.testing.assert_allclose(log.features, prompt_features(lp, chat, 16), rtol=0, atol=2e-3)  # float16 rows
+    np.testing.assert_allclose(log.features, lp.predict(chat, 16, return_features=True)[1], rtol=0,
+                               atol=2e-3)  # float16 rows

@@ -84,23 +84,6 @@ Predict = Callable[[list, int | None], float]
 user turn) or an OpenAI message list; the request's priority comes from the largest prediction."""
 
 
-def predictor_fn(predictor) -> Predict:
-    """A :data:`Predict` over a loaded :class:`lenpred.LengthPredictor` (its ``expected`` field: the expected
-    observed length, clipped to the cap).
-
-    A cap that does not fit the predictor's context window next to the prompt (clients often send a large
-    ``max_tokens`` to an upstream with a longer window) is not an error: the prediction is made uncapped and then
-    clipped to the cap."""
-    def predict(prompts: list, max_tokens: int | None) -> float:
-        try:
-            return max(p.expected for p in predictor.predict(prompts, max_tokens))
-        except ContextWindowError:
-            if max_tokens is None:
-                raise
-        return min(max(p.expected for p in predictor.predict(prompts, None)), float(max_tokens))
-    return predict
-
-
 def _text_content(content: Any) -> Any:
     """A message's text: a string as is; OpenAI content parts (``[{"type": "text", "text": ...}, ...]``) joined
     as vLLM's chat endpoint joins them for a template that reads ``content`` as a string (vLLM 0.32,
@@ -543,7 +526,7 @@ def serve(upstream: str, host: str = "127.0.0.1", port: int = 8001, predictor: s
     from lenpred.truncated import truncated_plan
 
     model = LengthPredictor.from_pretrained(predictor, threads=threads)
-    plan = truncated_plan(model) if truncated else None
+    plan = truncated_plan(model.predictor_.reads(), model.backbone_.num_layers) if truncated else None
     how = f"truncated forward to layer {plan.layer} of {plan.num_layers}" if plan else "full prefill"
     message = (f"lenpred serve: {model.method} predictor loaded ({how}); listening on http://{host}:{port}, "
                f"forwarding to {upstream_root(upstream)} with a priority per request (Ctrl-C stops)")
