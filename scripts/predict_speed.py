@@ -129,7 +129,8 @@ def main() -> None:
     sets = {"readme_3": README_PROMPTS, "vicuna_32": [json.loads(line)["turns"][0] for line in lines[:32]]}
     git = lambda *a: subprocess.run(["git", *a], cwd=ROOT, check=True, capture_output=True).stdout  # noqa: E731
     report = {"before_revision": git("rev-parse", "--short", args.before).decode().strip(),
-              "after_revision": git("rev-parse", "--short", "HEAD").decode().strip() + " (working tree)",
+              "after_revision": git("rev-parse", "--short", "HEAD").decode().strip()
+              + (" + uncommitted changes" if git("status", "--porcelain", "src").strip() else ""),
               "threads": args.threads, "rounds": args.rounds, "cli_rounds": args.cli_rounds}
     with tempfile.TemporaryDirectory() as tmp:
         archive = Path(tmp) / "before.tar"

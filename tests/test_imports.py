@@ -5,7 +5,6 @@ with."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import import_graph as shape
@@ -19,6 +18,7 @@ RANKS = {
     # core kernels: pure functions and the serving model's signals
     "errors": 0, "io": 0, "prompts": 0, "pooling": 0, "heads": 0, "intervals": 0, "metrics": 0, "signals": 0,
     "backbone": 0, "version": 0, "tables": 0, "torch_state": 0, "steps": 0,
+    "outcome": 0,  # how a served request ended: the one per-request record of the serving paths and the traffic log
     # what a predictor reads, the predictors, the engines that generate responses; `truncated` turns signals of a
     # cut prompt into a prediction with `inputs.cache`'s batching
     "engines": 1, "inputs": 1, "predictors": 1, "truncated": 1,

@@ -49,7 +49,7 @@ def test_the_shared_prefix_from_the_cache_gives_the_same_states(tiny_backbone, o
 @pytest.mark.parametrize("method,layer", [("last", 1), ("mean", 2), ("max", 1), ("trail", 1), ("trail", 2)])
 def test_predict_takes_the_truncated_forward_with_the_full_prefills_predictions(tiny_backbone, one_torch_thread,
                                                                                  method, layer, monkeypatch):
-    import lenpred.inputs.signals as full_path
+    import lenpred.inputs.prefill as full_path
 
     lp = _fitted(tiny_backbone, method, layer)
     assert truncated_plan(lp.predictor_.reads(), 2) == TruncatedPlan(layer, 2)

@@ -241,7 +241,7 @@ class LengthPredictor:
                        progress: bool = False) -> None:
         """Set the requests' ``signals`` by the cheapest forward that gives what the predictor reads (see
         :meth:`predict`); nothing for a predictor that reads no signals."""
-        from lenpred.inputs.signals import attach_signals
+        from lenpred.inputs.prefill import attach_signals
         from lenpred.truncated import attach_truncated_signals, truncated_plan
 
         if "signals" not in self.predictor_.inputs:

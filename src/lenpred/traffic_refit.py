@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from lenpred.errors import LenpredError
-from lenpred.inputs.signals import signal_cache_path
+from lenpred.inputs.prefill import signal_cache_path
 from lenpred.intervals import conformal_margin, interval_coverage, widened_interval
 from lenpred.online.refit import TrafficRows, choose_finetune, finetune_head, fit_head, rows_from_log, time_split
 from lenpred.prediction import head_quantiles

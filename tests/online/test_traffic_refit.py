@@ -12,6 +12,7 @@ from lenpred.errors import LenpredError
 from lenpred.pipeline import LengthPredictor
 from lenpred.online.adaptive import AdaptiveConfig
 from lenpred.online.learning import OnlineLearning
+from lenpred.outcome import RequestOutcome
 from lenpred.online.refit import time_split
 from lenpred.online.traffic_log import TrafficLogConfig, TrafficLogWriter, TrafficRecord, read_traffic_log
 
@@ -58,7 +59,9 @@ def _write_log(base_p, directory, n=60, seed=0):
         served = online.serve(feats[i % 2], [predictions[i % 2]], group=f"route{i % 2}",
                               prompt_sha256=[f"{i % 2:064x}"])[0]
         y = 16 if i % 4 == 3 else int(rng.integers(2 + 6 * (i % 2), 8 + 6 * (i % 2)))
-        online.finished(served, y, "length" if y == 16 else "stop", 1000.0 + i, 1000.1 + i, 1001.0 + i)
+        online.finished(served, RequestOutcome(
+            request_id=str(i), num_output_tokens=y, finish_reason="length" if y == 16 else "stop", max_new_tokens=16,
+            arrival_time_s=1000.0 + i, first_token_time_s=1000.1 + i, finish_time_s=1001.0 + i))
     online.close()
     return feats
 

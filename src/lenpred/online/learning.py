@@ -14,8 +14,8 @@ Integration (both are off by default; the serving paths expose ``--traffic-log D
     # hook's states; the proxy: LengthPredictor.predict(..., return_features=True); each LengthPrediction carries
     # the head's raw quantiles): no extra model or head pass
     served = online.serve(features, predictions, group=route_tag)               # -> list[ServedPrediction]
-    # when request i finishes:
-    online.finished(served[i], num_output_tokens, finish_reason, arrival_time_s, first_token_time_s, finish_time_s)
+    # when request i finishes (lenpred.outcome.RequestOutcome: tokens generated, finish reason, times):
+    online.finished(served[i], outcome)
     ...
     online.close()                                                               # flushes the log
 
@@ -34,6 +34,7 @@ from lenpred.errors import LenpredError
 from lenpred.intervals import widened_interval
 from lenpred.online.adaptive import AdaptiveInterval
 from lenpred.online.traffic_log import TrafficLogWriter, TrafficRecord, predictor_metadata
+from lenpred.outcome import RequestOutcome
 
 
 @dataclass
@@ -127,16 +128,19 @@ class OnlineLearning:
                                             num_prompt_tokens[i]))
         return out
 
-    def finished(self, served: ServedPrediction, num_output_tokens: int, finish_reason: str, arrival_time_s: float,
-                 first_token_time_s: float | None, finish_time_s: float) -> None:
-        """A request finished: update the adaptive margin (if on) and log the row (if on)."""
+    def finished(self, served: ServedPrediction, outcome: RequestOutcome) -> None:
+        """Request ``served`` ended as ``outcome`` (:class:`lenpred.outcome.RequestOutcome`, with its
+        ``num_output_tokens``): update the adaptive margin (if on) and log the row (if on; a missing finish reason
+        is logged as ``"unknown"``)."""
         with self._lock:
             if self.adaptive is not None:
-                self.adaptive.update(served.low_raw, served.high_raw, num_output_tokens, served.group)
+                self.adaptive.update(served.low_raw, served.high_raw, outcome.num_output_tokens, served.group)
         if self.log is not None:
-            self.log.record(TrafficRecord(**vars(served), num_output_tokens=num_output_tokens,
-                                          finish_reason=finish_reason, arrival_time_s=arrival_time_s,
-                                          first_token_time_s=first_token_time_s, finish_time_s=finish_time_s))
+            self.log.record(TrafficRecord(**vars(served), num_output_tokens=outcome.num_output_tokens,
+                                          finish_reason=outcome.finish_reason or "unknown",
+                                          arrival_time_s=outcome.arrival_time_s,
+                                          first_token_time_s=outcome.first_token_time_s,
+                                          finish_time_s=outcome.finish_time_s))
 
     def close(self) -> None:
         """Flush and close the log (if on)."""

@@ -21,6 +21,7 @@ from starlette.requests import Request  # noqa: E402
 from starlette.responses import JSONResponse, StreamingResponse  # noqa: E402
 from starlette.routing import Route  # noqa: E402
 
+from lenpred.outcome import RequestOutcome  # noqa: E402
 from lenpred.serving.proxy.app import create_app, encode_body, health_endpoint, parse_predicted  # noqa: E402
 from lenpred.serving.proxy.metrics import ProxyMetrics  # noqa: E402
 from lenpred.serving.proxy.state import ProxiedRequest, ProxyState  # noqa: E402
@@ -93,7 +94,7 @@ async def _chat(request):
     return JSONResponse({"choices": [{"finish_reason": "length"}], "usage": {"completion_tokens": body["max_tokens"]}})
 
 
-def test_on_finished_hooks_get_id_prediction_observed_tokens_reason_cap_and_times():
+def test_on_finished_hooks_get_the_request_outcome_id_prediction_and_cap():
     records = []
 
     def broken(record):
@@ -117,11 +118,13 @@ def test_on_finished_hooks_get_id_prediction_observed_tokens_reason_cap_and_time
     assert r.status_code == 200 and s.status_code == 200  # the broken hook did not break the responses
     plain, stream = records
     assert (plain.request_id, plain.client_request_id) == (r.headers["x-lenpred-upstream-request-id"], "c1")
-    assert (plain.outcome, plain.expected_tokens, plain.observed_tokens, plain.finish_reason) == (
+    assert isinstance(plain, RequestOutcome)  # the per-request record shared with the plug-in and the traffic log
+    assert (plain.outcome, plain.expected_tokens, plain.num_output_tokens, plain.finish_reason) == (
         "forwarded", 30.4, 9, "length")
-    assert (plain.max_tokens, plain.prediction_cap_tokens, plain.path) == (9, 9, "/v1/chat/completions")
-    assert t0 <= plain.received_at_s <= plain.first_chunk_at_s <= plain.finished_at_s <= time.time()
-    assert (stream.observed_tokens, stream.finish_reason, stream.max_tokens, stream.prediction_cap_tokens) == (
+    assert (plain.max_new_tokens, plain.prediction_cap_tokens, plain.path) == (9, 9, "/v1/chat/completions")
+    assert t0 <= plain.arrival_time_s <= plain.first_token_time_s <= plain.finish_time_s <= time.time()
+    assert plain.jct_s == plain.finish_time_s - plain.arrival_time_s
+    assert (stream.num_output_tokens, stream.finish_reason, stream.max_new_tokens, stream.prediction_cap_tokens) == (
         2, "stop", 1024, 64)
     assert stream.client_request_id is None and stream.request_id.startswith("lenpred-")
 

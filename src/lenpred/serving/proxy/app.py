@@ -69,7 +69,7 @@ import time
 import uuid
 from typing import Any, Callable
 
-from lenpred.errors import ContextWindowError, LenpredError
+from lenpred.errors import LenpredError
 from lenpred.serving.proxy.state import (CAP_HEADER, CLIENT_ID_HEADER, DEFAULT_MAX_TOKENS_HEADER, EXPECTED_HEADER,
                                          HIGH_HEADER, LOW_HEADER, PREDICT_MS_HEADER, PRIORITY_HEADER, SKIPPED_HEADER,
                                          UPSTREAM_ID_HEADER, FinishedHook, FinishedRequest, ProxiedRequest,
@@ -413,16 +413,15 @@ def create_app(upstream: str, predict, client=None, timeout_s: float | None = No
 
 def traffic_hook(online) -> FinishedHook:
     """The ``on_finished`` hook that teaches ``online`` (a :class:`lenpred.online.learning.OnlineLearning`) from
-    each answered request: its served prediction, ``observed_tokens`` (``usage.completion_tokens``), finish reason
-    and times. Requests without a served prediction (several prompts, skipped, online learning off), without a
+    each answered request: its served prediction and the request's outcome (``num_output_tokens`` from
+    ``usage.completion_tokens``, finish reason, times). Requests without a served prediction (several prompts, skipped, online learning off), without a
     usage, or not answered (upstream error, client gone) teach nothing: their length is unknown. The traffic log's
     disk writes run on its own thread, so the hook does not block the event loop."""
 
     def hook(r: FinishedRequest) -> None:
-        if r.served is None or r.observed_tokens is None or r.outcome != "forwarded":
+        if r.served is None or r.num_output_tokens is None or r.outcome != "forwarded":
             return
-        online.finished(r.served, r.observed_tokens, r.finish_reason or "unknown", r.received_at_s,
-                        r.first_chunk_at_s, r.finished_at_s)
+        online.finished(r.served, r)
 
     return hook
 
