@@ -111,7 +111,7 @@ def test_shipped_predictor_updates_remaining_length_during_decoding():
     layer = model.progressive_info_["plp_layer"]
     states = model.start(["Write a haiku about rain"], max_new_tokens=256)
     assert states[0].step == 0 and 0 < states[0].remaining <= 256
-    prompt = model._requests(["Write a haiku about rain"], 256, None)[0].token_ids
+    prompt = model.prepare(["Write a haiku about rain"], 256)[0].token_ids
     response = model.backbone_.tokenizer.encode("Soft rain on the roof, a quiet song for the night, the garden drinks deep")
     hidden = teacher_forced_states(model.backbone_, [(prompt, response)], [np.array([0, 8])], (layer,))[0][:, 0]
     first = states[0].remaining

@@ -131,10 +131,9 @@ class LengthPredictor:
             layers=[] if reads.layer is None else [int(reads.layer)], semantic=reads.semantic_score,
             template_rule=TEMPLATE_RULE, coverage=self.coverage, interval_margin=self.margin_,
             training_benchmark=benchmark)
-        test_rows = data.rows("test")  # their signals come from the benchmark's cache: no forward here
-        self.card_ = card_from_test_split(self._predictions(test_rows, self._head_pass(test_rows)),
-                                          data.y[data.index["test"]], data.cols["scenario"][data.index["test"]],
-                                          data.cols["prompt_id"][data.index["test"]])
+        rows, test = data.rows("test"), data.index["test"]  # signals from the benchmark's cache: no forward here
+        self.card_ = card_from_test_split(self._predictions(rows, self._head_pass(rows)), data.y[test],
+                                          data.cols["scenario"][test], data.cols["prompt_id"][test])
         return self
 
     @classmethod

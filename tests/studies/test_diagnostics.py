@@ -170,9 +170,10 @@ def test_diagnose_end_to_end_on_tiny_model(tiny_model_dir, tiny_data_dir, tmp_pa
     grid = [r for r in report["ablation"]["rows"] if r["group"] == "grid"]
     assert len(grid) == 7 * 4
     head = report["ablation"]["headline"]  # each headline row is its kind's best grid point on validation
+    ratio = lambda r: math.inf if r["ratio"] is None else r["ratio"]  # noqa: E731  (JSON writes inf as null)
     for kind, keep in (("entropy_only", lambda r: r == 0), ("semantic_only", math.isinf),
                        ("joint", lambda r: 0 < r < math.inf)):
-        assert head[kind]["val_mae"] == min(r["val_mae"] for r in grid if keep(r["ratio"]))
+        assert head[kind]["val_mae"] == min(r["val_mae"] for r in grid if keep(ratio(r)))
         assert head[kind]["test_mae"] == pytest.approx(np.mean(head[kind]["test_mae_seeds"]))  # seeds 0, 1 averaged
     # the paired difference's point estimate is the difference of the seed-averaged test MAEs
     assert head["joint"]["diff_entropy_only"][0] == pytest.approx(head["joint"]["test_mae"]
