@@ -145,6 +145,7 @@ class PooledHeadPredictor(Predictor):
     def distribution_from_features(self, features: np.ndarray, caps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`predict_distribution` from already pooled ``features`` ``(n, d)`` and caps ``(n,)``."""
         return self.head_.distribution(np.asarray(features, np.float32), np.asarray(caps, np.float64))
+
     def _get_state(self):
         return head_tensors(self.head_)
 

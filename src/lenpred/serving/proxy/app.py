@@ -414,9 +414,10 @@ def create_app(upstream: str, predict, client=None, timeout_s: float | None = No
 def traffic_hook(online) -> FinishedHook:
     """The ``on_finished`` hook that teaches ``online`` (a :class:`lenpred.online.learning.OnlineLearning`) from
     each answered request: its served prediction and the request's outcome (``num_output_tokens`` from
-    ``usage.completion_tokens``, finish reason, times). Requests without a served prediction (several prompts, skipped, online learning off), without a
-    usage, or not answered (upstream error, client gone) teach nothing: their length is unknown. The traffic log's
-    disk writes run on its own thread, so the hook does not block the event loop."""
+    ``usage.completion_tokens``, finish reason, times). Requests without a served prediction (several prompts,
+    skipped, online learning off), without a usage, or not answered (upstream error, client gone) teach nothing:
+    their length is unknown. The traffic log's disk writes run on its own thread, so the hook does not block the
+    event loop."""
 
     def hook(r: FinishedRequest) -> None:
         if r.served is None or r.num_output_tokens is None or r.outcome != "forwarded":

@@ -92,8 +92,8 @@ class LengthPredictorService:
     """A loaded :class:`lenpred.LengthPredictor` as a service: the request's prompts tokenised with a copy of the
     tokenizer that no other thread uses meanwhile (taken from a pool of copies, never waited for); a batch predicted in
     one :meth:`~lenpred.LengthPredictor.predict` call (truncated forward for hidden-state-only predictors, the chat
-    template's shared prefix computed once: :class:`lenpred.truncated.PrefixCache`). A request's value is its largest prompt's ``expected``
-    (a completions list of prompts).
+    template's shared prefix computed once: :class:`lenpred.truncated.PrefixCache`). A request's value is its largest
+    prompt's ``expected`` (a completions list of prompts).
 
     A cap that does not fit the predictor's context window next to the prompt (clients often send a large
     ``max_tokens`` to an upstream with a longer window) is not an error: the prediction is made uncapped and then
