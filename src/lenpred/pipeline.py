@@ -204,7 +204,7 @@ class LengthPredictor:
             max_new_tokens: the requests' generation cap (clips predictions and intervals); ``None``: uncapped.
             scenario: the workload name, for predictors that read it (the per-scenario floors).
             batch_tokens: padded prompt tokens per prefill batch.
-            progress: show a progress bar (full prefill).
+            progress: show a progress bar.
             truncated: ``False`` runs the full prefill whatever the predictor reads.
             prefix_cache: a :class:`lenpred.truncated.PrefixCache` computing the chat template's fixed prefix once
                 across calls (truncated forward only; a server keeps one).
@@ -248,7 +248,7 @@ class LengthPredictor:
         reads = self.predictor_.reads()
         plan = truncated_plan(reads, self.backbone_.num_layers) if truncated else None
         if plan is not None:
-            attach_truncated_signals(self.backbone_, requests, plan, batch_tokens, prefix_cache)
+            attach_truncated_signals(self.backbone_, requests, plan, batch_tokens, prefix_cache, progress)
         else:
             layers = (reads.layer,) if reads.layer is not None else (self.backbone_.num_layers,)
             attach_signals(self.backbone_, requests, layers, reads.semantic_score, batch_tokens, progress)

@@ -194,13 +194,17 @@ def _after_prefix(backbone, decoder, batch_token_ids, layer: int, prefix: tuple[
 
 
 def attach_truncated_signals(backbone, requests: list, plan: TruncatedPlan, batch_tokens: int = 4096,
-                             prefix_cache: PrefixCache | None = None) -> None:
+                             prefix_cache: PrefixCache | None = None, progress: bool = False) -> None:
     """Set each request's ``signals`` to a :class:`lenpred.signals.PromptSignals` holding only ``plan.layer``'s
     states (``(1, n, d)``) and zero entropies (which such a predictor ignores), prompts
     grouped by length into batches of at most ``batch_tokens`` padded tokens (what a hidden-states-only predictor,
     :attr:`lenpred.predictors.SignalsRead.hidden_states_only`, reads). With ``prefix_cache``, the template's
-    fixed prefix (the tokens before the users' content, ``Request.content_span``) is computed once and reused."""
-    for batch in token_batches([r.num_prompt_tokens for r in requests], batch_tokens):
+    fixed prefix (the tokens before the users' content, ``Request.content_span``) is computed once and reused;
+    ``progress``: a bar, as the full prefill's (:func:`lenpred.inputs.prefill.attach_signals`)."""
+    from tqdm.auto import tqdm
+
+    batches = token_batches([r.num_prompt_tokens for r in requests], batch_tokens)
+    for batch in tqdm(batches, desc="prefill signals", unit="batch", disable=not progress):
         spans = [requests[i].content_span for i in batch]
         prefix_len = min(s[0] for s in spans) if all(s is not None for s in spans) else 0
         states = truncated_hidden_states(backbone, [requests[i].token_ids for i in batch], plan.layer, prefix_len,
