@@ -17,9 +17,9 @@ Reported per implementation and concurrency:
 * added TTFT: TTFT through the proxy − TTFT straight to the upstream at the same concurrency, p50 and p90;
 * the target: added latency p90 at 32 concurrent ≤ 2 × one request's prediction time (``after`` at 1, p50).
 
-It also times the prediction itself in this process: ``LengthPredictor.predict`` (full prefill with the LM head for
-the entropy) against the truncated path (``predict_prepared``), without and with the template-prefix cache, for one
-prompt and for 32 at once.
+It also times the prediction itself in this process: ``LengthPredictor.predict`` with ``truncated=False`` (full
+prefill with the LM head for the entropy) against its default, the truncated forward, without and with the
+template-prefix cache, for one prompt and for 32 at once.
 """
 
 from __future__ import annotations
@@ -187,7 +187,7 @@ def run_proxy_bench(impl: str, module: str | None, upstream_url: str, upstream: 
 
 
 def time_predictions(prompts: list[str], repeats: int = 20) -> dict:
-    """In-process ms of one prompt and of 32 prompts: full ``predict`` vs the truncated ``predict_prepared``."""
+    """In-process ms of one prompt and of 32 prompts: ``predict`` with the full prefill vs the truncated forward."""
     from lenpred.pipeline import LengthPredictor
 
     lp = LengthPredictor.from_pretrained(threads=1)
@@ -204,14 +204,13 @@ def time_predictions(prompts: list[str], repeats: int = 20) -> dict:
     from lenpred.truncated import PrefixCache
 
     one, many, cache = prompts[:1], prompts[:32], PrefixCache()
-    return {"one_full_ms": ms(lambda: lp.predict(one, 256), repeats),
-            "one_truncated_ms": ms(lambda: lp.predict_prepared(lp.prepare(one, 256)), repeats),
-            "one_truncated_prefix_cached_ms": ms(lambda: lp.predict_prepared(lp.prepare(one, 256),
-                                                                             prefix_cache=cache), repeats),
-            "batch32_full_ms": ms(lambda: lp.predict(many, 256), 3),
-            "batch32_truncated_ms": ms(lambda: lp.predict_prepared(lp.prepare(many, 256)), 3),
-            "batch32_truncated_prefix_cached_ms": ms(lambda: lp.predict_prepared(lp.prepare(many, 256),
-                                                                                 prefix_cache=cache), 3),
+    full, cut = (lambda p: lp.predict(p, 256, truncated=False)), (lambda p, c=None: lp.predict(p, 256, prefix_cache=c))
+    return {"one_full_ms": ms(lambda: full(one), repeats),
+            "one_truncated_ms": ms(lambda: cut(one), repeats),
+            "one_truncated_prefix_cached_ms": ms(lambda: cut(one, cache), repeats),
+            "batch32_full_ms": ms(lambda: full(many), 3),
+            "batch32_truncated_ms": ms(lambda: cut(many), 3),
+            "batch32_truncated_prefix_cached_ms": ms(lambda: cut(many, cache), 3),
             "prefix_tokens": min(r.content_span[0] for r in lp.prepare(many, 256)),
             "prompt_tokens_one": lp.prepare(one, 256)[0].num_prompt_tokens,
             "prompt_tokens_32_mean": float(np.mean([r.num_prompt_tokens for r in lp.prepare(many, 256)]))}

@@ -58,9 +58,8 @@ def main() -> None:
                 services[mode].predict_batch(items)
                 times[mode].append((time.perf_counter() - t0) / len(items))
         served = items[0].served
-        flat = [r for item in items for r in item.payload[0]]  # signals attached by the last "on" batch
-        features = lp.predictor_.features(flat)  # pooled once per batch, on or off
-        predictions = lp.predict_requests(flat, features)
+        flat = [r for item in items for r in item.payload[0]]
+        predictions, features = lp.predict(flat, return_features=True)  # what a batch's one pass gives
         serve_s = []
         for _ in range(200):  # the step online learning adds to a batch, timed alone
             t0 = time.perf_counter()
@@ -68,8 +67,11 @@ def main() -> None:
             serve_s.append((time.perf_counter() - t0) / len(items))
         hook_s = []
         for i in range(2000):
-            rec = FinishedRequest(f"r{i}", None, "/v1/chat/completions", "forwarded", served.expected, 100, "stop",
-                                  512, 512, 1.7e9 + i, 1.7e9 + i + 0.1, 1.7e9 + i + 2, served)
+            rec = FinishedRequest(request_id=f"r{i}", num_output_tokens=100, finish_reason="stop", max_new_tokens=512,
+                                  arrival_time_s=1.7e9 + i, first_token_time_s=1.7e9 + i + 0.1,
+                                  finish_time_s=1.7e9 + i + 2, client_request_id=None, path="/v1/chat/completions",
+                                  outcome="forwarded", expected_tokens=served.expected, prediction_cap_tokens=512,
+                                  served=served)
             t0 = time.perf_counter()
             hook(rec)
             hook_s.append(time.perf_counter() - t0)

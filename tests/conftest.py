@@ -269,6 +269,15 @@ TINY_PROMPTS = ["hello world", "write a long poem about sea please", [{"role": "
                                                                   {"role": "user", "content": "solve problem python"}]]
 
 
+def attach_full_prefill(backbone, requests: list, layer: int) -> list:
+    """Set each request's signals from the full prefill at ``layer`` (entropy included, no attention)."""
+    from lenpred.signals import extract_signals
+
+    for r, s in zip(requests, extract_signals(backbone, [r.token_ids for r in requests], (layer,), semantic=False)):
+        r.signals = s
+    return requests
+
+
 def fit_tiny_predictor(backbone, method: str, layer: int):
     """A :class:`lenpred.pipeline.LengthPredictor` on the tiny model, its head fitted (3 epochs, 4 bins) on the full path's features
     of TINY_PROMPTS; margin 1.5 tokens (its config_ made up: no benchmark, prompt rule "t")."""
@@ -286,7 +295,7 @@ def fit_tiny_predictor(backbone, method: str, layer: int):
                                  coverage=lp.coverage, interval_margin=1.5, training_benchmark=None)
     lp.predictor_ = make_predictor(method, layer=layer, head={"epochs": 3, "num_bins": 4})
     train = lp.prepare(TINY_PROMPTS * 4, 16)
-    lp.attach_states(train)
+    attach_full_prefill(backbone, train, layer)
     lp.predictor_.fit(train, np.arange(len(train), dtype=np.float64) + 1.0)
     return lp
 

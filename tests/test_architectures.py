@@ -96,8 +96,8 @@ def test_predictor_round_trip_takes_model_and_layers_from_the_benchmark(arch, ar
     name, path, backbone = arch
     bench, data, root = arch_bench
     fitted = LengthPredictor("last", epochs=2, coverage=0.5).fit(bench, data_dir=str(data), cache=str(root / "cache"))
-    assert fitted.config_["model_id"] == str(path) and fitted.config_["model_revision"] == backbone.revision
-    assert fitted.config_["layers"][0] in default_layers(2)
+    assert fitted.config_.model_id == str(path) and fitted.config_.model_revision == backbone.revision
+    assert fitted.config_.layers[0] in default_layers(2)
     before = fitted.predict(PROMPTS, max_new_tokens=16)
     loaded = LengthPredictor.from_pretrained(fitted.save_pretrained(tmp_path / "p"))
     assert [p.to_dict(True) for p in loaded.predict(PROMPTS, max_new_tokens=16)] == [p.to_dict(True) for p in before]

@@ -1,27 +1,16 @@
 """The package's imports point one way: cli -> studies -> {pipeline, serving, bench} -> core, with no cycle and no
 private name taken from another module. The graph (module-level and function-level imports, relative ones
-resolved) comes from ``scripts/code_shape.py``, the same code that prints the package's shape."""
+resolved) comes from ``tests/import_graph.py``, the same code ``scripts/code_shape.py`` prints the package's shape
+with."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
+import import_graph as shape
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _load_code_shape():
-    spec = importlib.util.spec_from_file_location("code_shape", ROOT / "scripts" / "code_shape.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("code_shape", module)  # dataclasses look the module up while building the class
-    spec.loader.exec_module(module)
-    return module
-
-
-shape = _load_code_shape()
 
 # Layer of every top-level part of the package: a module may import its own layer or a lower one, never a higher
 # one. Within a layer the cycle check keeps the arrows one-way.
@@ -30,6 +19,7 @@ RANKS = {
     "errors": 0, "registry": 0, "io": 0, "prompts": 0, "pooling": 0, "heads": 0, "intervals": 0, "metrics": 0,
     "signals": 0,
     "backbone": 0, "version": 0, "tables": 0, "torch_state": 0, "steps": 0,
+    "outcome": 0,  # how a served request ended: the one per-request record of the serving paths and the traffic log
     # what a predictor reads, the predictors, the engines that generate responses; `truncated` turns signals of a
     # cut prompt into a prediction with `inputs.cache`'s batching
     "engines": 1, "inputs": 1, "predictors": 1, "truncated": 1,

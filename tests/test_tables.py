@@ -60,6 +60,7 @@ def _committed(path):
 def test_committed_reports_regenerate_byte_identical(tmp_path):
     """Each committed Markdown report renders again from its committed JSON to the same bytes."""
     from lenpred.pipeline import render_card
+    from lenpred.predictor_config import PredictorConfig
     from lenpred.studies import evaluate_report, progressive, traffic, vllm_offline, vllm_serve
 
     _, rep = _committed("results/evaluate/results.json")
@@ -74,5 +75,5 @@ def test_committed_reports_regenerate_byte_identical(tmp_path):
         "results/traffic/results.md")[1]
     progressive._write_markdown(_committed("results/progressive/results.json")[1], tmp_path / "p.md")
     assert (tmp_path / "p.md").read_text() == _committed("results/progressive/results.md")[1]
-    _, config = _committed("src/lenpred/default_predictor/config.json")
-    assert render_card(config, config["card"]) == _committed("src/lenpred/default_predictor/CARD.md")[1]
+    config, _, card = PredictorConfig.from_json(_committed("src/lenpred/default_predictor/config.json")[0].read_text())
+    assert render_card(config, card) == _committed("src/lenpred/default_predictor/CARD.md")[1]

@@ -69,7 +69,7 @@ def test_head_fit_leaves_the_global_generator_and_is_independent_of_it():
 
 def test_ltr_fit_leaves_the_global_generator():
     from lenpred.predictors import make_predictor
-    from test_tune import _data
+    from test_tuning import _data
 
     data = _data()
     train = data.index["train"]

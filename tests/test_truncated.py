@@ -1,5 +1,6 @@
 """The truncated prefill (forward stopped at the predictor's layer, no LM head) gives the full path's hidden states
-and LengthPredictor.predict's predictions: on the tiny model, and (slow) on the shipped predictor."""
+and predictions, so LengthPredictor.predict takes it for hidden-state-only predictors: on the tiny model, and (slow)
+on the shipped predictor."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import torch
 
 from lenpred.pipeline import LengthPredictor
 from lenpred.signals import extract_signals
-from lenpred.truncated import PrefixCache, truncated_hidden_states, truncated_plan
+from lenpred.predictors import SignalsRead
+from lenpred.truncated import PrefixCache, TruncatedPlan, truncated_hidden_states, truncated_plan
 
 from conftest import TINY_PROMPTS, fit_tiny_predictor
 
@@ -45,39 +47,55 @@ def test_the_shared_prefix_from_the_cache_gives_the_same_states(tiny_backbone, o
 
 
 @pytest.mark.parametrize("method,layer", [("last", 1), ("mean", 2), ("max", 1), ("trail", 1), ("trail", 2)])
-def test_truncated_predictions_equal_predict(tiny_backbone, one_torch_thread, method, layer):
+def test_predict_takes_the_truncated_forward_with_the_full_prefills_predictions(tiny_backbone, one_torch_thread,
+                                                                                 method, layer, monkeypatch):
+    import lenpred.inputs.prefill as full_path
+
     lp = _fitted(tiny_backbone, method, layer)
-    assert truncated_plan(lp).layer == layer
-    want = lp.predict(PROMPTS, 16)
+    assert truncated_plan(lp.predictor_.reads(), 2) == TruncatedPlan(layer, 2)
+    want = lp.predict(PROMPTS, 16, truncated=False)
+    monkeypatch.setattr(full_path, "attach_signals", None)  # predict must not run the full prefill now
     for cache in (None, PrefixCache()):
-        got = lp.predict_prepared(lp.prepare(PROMPTS, 16), prefix_cache=cache)
+        got = lp.predict(PROMPTS, 16, prefix_cache=cache)
         for w, g in zip(want, got):
-            assert g.expected == pytest.approx(w.expected, abs=1e-4) and g.high == pytest.approx(w.high, abs=1e-4)
+            assert (g.expected, g.median, g.low, g.high) == pytest.approx((w.expected, w.median, w.low, w.high),
+                                                                          abs=1e-4)
             assert g.num_prompt_tokens == w.num_prompt_tokens
 
 
-def test_plan_is_none_for_predictors_that_read_more(tiny_backbone, one_torch_thread):
-    lp = _fitted(tiny_backbone, "last", 1)
-    lp.config_ = {"layers": [1], "semantic": True}
-    assert truncated_plan(lp) is None
+@pytest.mark.parametrize("reads,plan", [
+    (SignalsRead(1, last_token=True), TruncatedPlan(1, 2)),
+    (SignalsRead(2), TruncatedPlan(2, 2)),  # L: the final norm is applied
+    (SignalsRead(1, semantic_score=True), None),  # attention: the full prefill
+    (SignalsRead(1, token_entropy=True), None),  # entropy: the LM head over every position
+    (SignalsRead(-1), None),  # counted from the end: the full path resolves it
+    (SignalsRead(0), None),  # the embeddings (some models scale them inside the forward)
+    (SignalsRead(3), None),  # past the model's depth
+    (SignalsRead(), None),  # no hidden states (text, prompt length)
+])
+def test_the_plan_follows_what_the_predictor_reads(reads, plan):
+    assert truncated_plan(reads, 2) == plan
+
+
+def test_an_entropy_predictor_runs_the_full_prefill(tiny_backbone, one_torch_thread):
     egtp = _fitted(tiny_backbone, "egtp", 1)  # entropy weights: the LM head is needed
-    assert truncated_plan(egtp) is None
-    got = egtp.predict_prepared(egtp.prepare(PROMPTS, 16))  # the full path then runs
-    assert [g.expected for g in got] == pytest.approx([w.expected for w in egtp.predict(PROMPTS, 16)])
+    assert egtp.predictor_.reads() == SignalsRead(1, token_entropy=True, features=True)
+    got = egtp.predict(PROMPTS, 16)
+    assert [g.expected for g in got] == [w.expected for w in egtp.predict(PROMPTS, 16, truncated=False)]
 
 
 @pytest.mark.slow
-def test_shipped_predictor_truncated_equals_predict():
+def test_shipped_predictor_predict_equals_the_full_prefill():
     lp = LengthPredictor.from_pretrained(threads=1)
-    plan = truncated_plan(lp)
-    assert plan is not None and (plan.layer, plan.num_layers) == (15, 30)
+    assert truncated_plan(lp.predictor_.reads(), lp.backbone_.num_layers) == TruncatedPlan(15, 30)
     prompts = ["What is the capital of France?", "Write a long story about a dragon who learns to sing.",
                [{"role": "user", "content": "Solve 12 * 7 step by step."}]]
-    want = [w.expected for w in lp.predict(prompts, 256)]
-    assert [g.expected for g in lp.predict_prepared(lp.prepare(prompts, 256))] == pytest.approx(want, abs=1e-3)
+    fields = lambda out: [v for p in out for v in (p.expected, p.median, p.low, p.high)]  # noqa: E731
+    want = fields(lp.predict(prompts, 256, truncated=False))
     cache = PrefixCache()
-    got = lp.predict_prepared(lp.prepare(prompts, 256), prefix_cache=cache)  # SmolLM2's system prompt, cached
-    assert [g.expected for g in got] == pytest.approx(want, abs=1e-3) and len(cache._entries) == 1
+    for got in (lp.predict(prompts, 256), lp.predict(prompts, 256, prefix_cache=cache)):  # SmolLM2's system prompt
+        assert fields(got) == pytest.approx(want, abs=1e-3)
+    assert len(cache._entries) == 1
 
 
 def test_the_proxy_service_tokenises_concurrently_like_serially(tiny_backbone, one_torch_thread):
@@ -101,16 +119,16 @@ def test_the_proxy_service_serves_the_interval_and_features_of_the_same_pass(tin
     """With online learning on, each single-prompt request carries its ServedPrediction: predict's expected value
     and interval (fixed margin), and the features the head read (what the traffic log stores); a request of several
     prompts carries none."""
-    from lenpred.online.learning import OnlineLearning, prompt_features
+    from lenpred.online.learning import OnlineLearning
     from lenpred.serving.proxy.batching import LengthPredictorService
 
     lp = _fitted(tiny_backbone, "last", 2)
     service = LengthPredictorService(lp, tokenizers=1, online=OnlineLearning(lp))
     items = [service.prepare(PROMPTS[:2], 16)] + [service.prepare([p], 16, group="a") for p in PROMPTS]
     values = service.predict_batch(items)  # the two-prompt request first: the rows of the others shift by two
-    want = lp.predict(PROMPTS, 16)
+    want, features = lp.predict(PROMPTS, 16, truncated=False, return_features=True)
     assert values[1:] == pytest.approx([p.expected for p in want], abs=1e-4)
-    for item, p, f in zip(items[1:], want, prompt_features(lp, PROMPTS, 16)):
+    for item, p, f in zip(items[1:], want, features):
         s = item.served
         assert (s.expected, s.low, s.high) == pytest.approx((p.expected, p.low, p.high), abs=1e-3)
         assert s.max_new_tokens == 16 and s.group == "a" and s.num_prompt_tokens == item.num_tokens

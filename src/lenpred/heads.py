@@ -280,12 +280,19 @@ class SoftLabelRegressor:
         with torch.no_grad():
             return torch.softmax(self.module_(Xt), dim=1).double().numpy()
 
-    def predict(self, X: np.ndarray, caps: np.ndarray | None = None) -> np.ndarray:
-        """Expected observed length ``sum_j p_j min(c_j, cap)`` in tokens, ``(n,)`` float64 (``caps`` ``(n,)``,
-        each request's ``max_new_tokens``; ``None``: uncapped)."""
+    def distribution(self, X: np.ndarray, caps: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """``(probs, values)``, both ``(n, K)`` float64: the bin probabilities of features ``X`` ``(n, d)`` and the
+        length each bin stands for, ``min(c_j, cap)`` tokens (``caps`` ``(n,)``, each request's
+        ``max_new_tokens``, ``inf`` or ``None``: uncapped). The one place a head's output becomes lengths."""
         p = self.predict_proba(X)
-        values = self.centres_[None, :] if caps is None else np.minimum(self.centres_[None, :],
-                                                                       np.asarray(caps, np.float64)[:, None])
+        values = np.broadcast_to(self.centres_[None, :], p.shape) if caps is None else np.minimum(
+            self.centres_[None, :], np.asarray(caps, np.float64)[:, None])
+        return p, values
+
+    def predict(self, X: np.ndarray, caps: np.ndarray | None = None) -> np.ndarray:
+        """Expected observed length ``sum_j p_j min(c_j, cap)`` in tokens, ``(n,)`` float64 (see
+        :meth:`distribution`)."""
+        p, values = self.distribution(X, caps)
         return (p * values).sum(axis=1)
 
     def state(self) -> dict:

@@ -9,15 +9,17 @@ A saved predictor is a directory (transformers style)::
                             scenario with 95 % intervals, interval coverage)
     predictor.safetensors   the fitted head (:meth:`lenpred.predictors.Predictor.save`)
     CARD.md                 the same card for people
+    plp.safetensors         optional: the progressive (PLP) head, loaded on first use (:meth:`LengthPredictor.start`)
 
-Prediction runs in three stages, as transformers' pipelines do: prompts -> requests (:meth:`LengthPredictor.prepare`,
-the one prompt path), requests -> states (:meth:`~LengthPredictor.attach_states`: the prefill signals the predictor
-reads, full or truncated forward), and states -> ONE head pass -> distribution -> expected / median / interval
-(:meth:`~LengthPredictor.predict_requests`, :mod:`lenpred.prediction`). Every predict entry point ends in that stage;
-:meth:`LengthPredictor.predict_states` (an engine's captured states) starts there.
+Two ways in, scikit-learn style: :meth:`LengthPredictor.predict` takes prompts (or :meth:`~LengthPredictor.prepare`'s
+tokenised requests) and runs the cheapest forward that feeds the predictor — the truncated prefill
+(:mod:`lenpred.truncated`) when it reads one layer's hidden states only (the shipped ``last@15``), the full prefill
+when it reads entropy or attention (:meth:`lenpred.predictors.Predictor.reads` says which); and
+:meth:`LengthPredictor.predict_states` takes the states an engine captured in its own prefill (no model pass). Both
+end in ONE head pass -> distribution -> expected / median / interval (:mod:`lenpred.prediction`). PLP re-estimates
+during decoding: :meth:`~LengthPredictor.start`, :meth:`~LengthPredictor.update`.
 
-Loading it with another model revision or another prompt rule is an error that says so; so is predicting from
-signals of other layers.
+Loading it with another model revision or another prompt rule is an error that says so.
 """
 
 from __future__ import annotations
@@ -32,13 +34,12 @@ from lenpred.backbone import load_backbone, recorded_model_name
 from lenpred.errors import LenpredError
 from lenpred.intervals import conformal_margin
 from lenpred.io import atomic_path
-from lenpred.prediction import HeadOutput, LengthPrediction, head_pass, length_predictions, raw_quantiles
+from lenpred.prediction import HeadOutput, LengthPrediction, head_pass, length_predictions
 from lenpred.predictor_card import card_from_test_split, render_card
-from lenpred.predictor_config import (CONFIG_FILE, PredictorConfig, TrainingBenchmark, checked_settings, read_config,
-                                      signals_read)
+from lenpred.predictor_config import CONFIG_FILE, PredictorConfig, TrainingBenchmark, checked_settings, read_config
 from lenpred.prompts import TEMPLATE_RULE
 
-__all__ = ["CONFIG_FILE", "DEFAULT_PREDICTOR", "LengthPrediction", "LengthPredictor", "raw_quantiles", "render_card"]
+__all__ = ["CONFIG_FILE", "DEFAULT_PREDICTOR", "LengthPrediction", "LengthPredictor", "render_card"]
 
 # The modules that import torch (predictors, tuning, dataset, truncated, inputs.cache, online.progressive) and
 # scipy (metrics) are imported inside the methods: `import lenpred` and `LengthPredictor(...)` stay light, and bad
@@ -119,18 +120,19 @@ class LengthPredictor:
         ctx = tuning_context(settings, prepared.layers, prepared.backbone.num_layers, prepared.values)
         run = tune_and_refit(self.method, data, ctx, (self.seed,))
         self.predictor_ = run.fitted
-        _, _, low, high, _, _ = raw_quantiles(self.predictor_, data.rows("validation"), self.coverage)
+        _, low, high = self._head_pass(data.rows("validation")).quantiles(self.coverage)
         self.margin_ = conformal_margin(low, high, data.y[data.index["validation"]], self.coverage, strict=False)
         benchmark = TrainingBenchmark(Path(bench).name, read_manifest(bench)["plan_fingerprint"],
                                       prepared.table.num_rows, data.dropped_duplicates)
-        layers, semantic = signals_read(self.predictor_)
+        reads = self.predictor_.reads()
         self.config_ = PredictorConfig(
             method=self.method, params=self.predictor_.params, chosen_on_validation=run.chosen,
             model_id=recorded_model_name(self.backbone_.model_id), model_revision=self.backbone_.revision,
-            layers=layers, semantic=semantic, template_rule=TEMPLATE_RULE, coverage=self.coverage,
-            interval_margin=self.margin_, training_benchmark=benchmark)
-        test = data.index["test"]
-        self.card_ = card_from_test_split(self.predict_requests(data.rows("test")), data.y[test],
+            layers=[] if reads.layer is None else [int(reads.layer)], semantic=reads.semantic_score,
+            template_rule=TEMPLATE_RULE, coverage=self.coverage, interval_margin=self.margin_,
+            training_benchmark=benchmark)
+        rows, test = data.rows("test"), data.index["test"]  # signals from the benchmark's cache: no forward here
+        self.card_ = card_from_test_split(self._predictions(rows, self._head_pass(rows)), data.y[test],
                                           data.cols["scenario"][test], data.cols["prompt_id"][test])
         return self
 
@@ -159,12 +161,12 @@ class LengthPredictor:
         self.config_, self.card_ = refit.config, refit.card
         return self
 
-    # ------------------------------------------------------------------ stage 1: prompts -> requests
+    # ------------------------------------------------------------------ prompts in
 
     def prepare(self, prompts: Iterable[str | list[dict[str, str]]], max_new_tokens: int | None = None,
                 scenario: str | None = None, tokenizer=None) -> list:
-        """Tokenise prompts into :class:`lenpred.predictors.Request` objects for :meth:`predict_prepared` (what
-        :meth:`predict` does first), without touching the model: a server runs it in the request's own thread.
+        """Tokenise prompts into :class:`lenpred.predictors.Request` objects for :meth:`predict` (what it does first),
+        without touching the model: a server runs it in the request's own thread.
 
         Args:
             tokenizer: a copy of the backbone's tokenizer to use (``None``: the backbone's). A fast tokenizer is
@@ -174,10 +176,6 @@ class LengthPredictor:
         Raises:
             LenpredError: not fitted / loaded, a bad prompt, or a prompt that does not fit the context window.
         """
-        return self._requests(prompts, max_new_tokens, scenario, tokenizer)
-
-    def _requests(self, prompts, max_new_tokens: int | None, scenario: str | None, tokenizer=None) -> list:
-        """Prompts -> :class:`lenpred.predictors.Request` (:func:`lenpred.predictors.registry.prompt_requests`)."""
         from lenpred.predictors.registry import prompt_requests
 
         self._check_fitted()
@@ -188,68 +186,98 @@ class LengthPredictor:
         if not hasattr(self, "predictor_"):
             raise LenpredError("this LengthPredictor is not fitted: call fit(bench) or LengthPredictor.from_pretrained")
 
-    # ------------------------------------------------------------------ stage 2: requests -> states
+    def predict(self, prompts: Iterable[str | list[dict[str, str]]] | list, max_new_tokens: int | None = None,
+                scenario: str | None = None, batch_tokens: int = 4096, progress: bool = False, *,
+                truncated: bool = True, prefix_cache=None, return_features: bool = False):
+        """Predict each prompt's output length: tokenise (:meth:`prepare`), run the cheapest forward that gives the
+        predictor's input, then one head pass (:mod:`lenpred.prediction`).
 
-    def attach_states(self, requests: list, batch_tokens: int = 4096, truncated: bool = False, prefix_cache=None,
-                      progress: bool = False) -> None:
-        """Stage 2: set the ``signals`` of :meth:`prepare`'s requests, when the predictor reads them. With
-        ``truncated`` a predictor that reads one layer's hidden states only runs the truncated forward
-        (:mod:`lenpred.truncated`: no later layers, no LM head; ``prefix_cache``, a
-        :class:`lenpred.truncated.PrefixCache`, computes the template's fixed prefix once); otherwise the full
-        prefill at the predictor's layers (:func:`lenpred.inputs.signals.attach_signals`; ``progress``: a bar)."""
-        from lenpred.inputs.signals import attach_signals
-        from lenpred.truncated import attach_truncated_signals, truncated_plan
-
-        plan = truncated_plan(self) if truncated else None
-        if plan is not None:
-            attach_truncated_signals(self.backbone_, requests, plan, batch_tokens, prefix_cache)
-        elif "signals" in self.predictor_.inputs:
-            attach_signals(self.backbone_, requests, tuple(self.config_.layers) or (self.backbone_.num_layers,),
-                           self.config_.semantic, batch_tokens, progress)
-
-    # ------------------------------------------------------------------ stage 3: states -> one head pass -> predictions
-
-    def predict(self, prompts: Iterable[str | list[dict[str, str]]], max_new_tokens: int | None = None,
-                scenario: str | None = None, batch_tokens: int = 4096, progress: bool = False) -> list[LengthPrediction]:
-        """Predict each prompt's output length (all three stages; the full prefill).
+        The forward: a predictor that reads one layer's hidden states only (``last``, ``mean``, ``max``, TRAIL; the
+        shipped ``last@15``) gets the truncated prefill, which stops after that layer (:mod:`lenpred.truncated`: no
+        later layers, no LM head; equal to the full prefill's predictions to float32 rounding); one that reads
+        entropy or attention (EGTP, ESTP, ...) the full prefill at its layer (:func:`lenpred.signals.extract_signals`);
+        a text or prompt-length predictor none.
 
         Args:
-            prompts: plain strings (one user turn) or OpenAI-style message lists.
+            prompts: plain strings (one user turn) or OpenAI-style message lists; or the requests :meth:`prepare`
+                returned (their own caps and scenario apply: leave ``max_new_tokens`` and ``scenario`` unset).
             max_new_tokens: the requests' generation cap (clips predictions and intervals); ``None``: uncapped.
             scenario: the workload name, for predictors that read it (the per-scenario floors).
             batch_tokens: padded prompt tokens per prefill batch.
             progress: show a progress bar.
+            truncated: ``False`` runs the full prefill whatever the predictor reads.
+            prefix_cache: a :class:`lenpred.truncated.PrefixCache` computing the chat template's fixed prefix once
+                across calls (truncated forward only; a server keeps one).
+            return_features: also return the head's input ``(n, d)`` float32 (a pooled-head predictor only), as
+                scikit-learn's ``return_std``: what a traffic log stores.
+
+        Returns:
+            One :class:`LengthPrediction` per prompt, in order; with ``return_features``, ``(predictions, features)``.
 
         Raises:
-            LenpredError: not fitted / loaded, a bad prompt, or a prompt that does not fit the context window.
+            LenpredError: not fitted / loaded, a bad prompt, a prompt that does not fit the context window, caps given
+                beside prepared requests, or ``return_features`` for a predictor whose head reads no features.
         """
-        requests = self._requests(prompts, max_new_tokens, scenario)
-        self.attach_states(requests, batch_tokens, progress=progress)
-        return self.predict_requests(requests)
+        from lenpred.predictors import Request
 
-    def predict_prepared(self, requests: list, batch_tokens: int = 4096, truncated: bool = True,
-                         prefix_cache=None) -> list[LengthPrediction]:
-        """Predict :meth:`prepare`'s requests in one go (:meth:`attach_states`, then :meth:`predict_requests`); the
-        truncated forward gives :meth:`predict`'s predictions (to float32 rounding). Raises as :meth:`predict`."""
-        self.attach_states(requests, batch_tokens, truncated, prefix_cache)
-        return self.predict_requests(requests)
+        prompts = list(prompts)
+        if prompts and all(isinstance(p, Request) for p in prompts):
+            if max_new_tokens is not None or scenario is not None:
+                raise LenpredError("prepared requests carry their own max_new_tokens and scenario: pass them to "
+                                   "prepare(), not predict()")
+            requests = prompts
+        else:
+            requests = self.prepare(prompts, max_new_tokens, scenario)
+        if return_features and not self.predictor_.reads().features:
+            raise LenpredError(f"predictor '{self.method}' has no feature head: return_features needs a pooled head "
+                               "(last, mean, egtp, estp, trail, ...)")
+        self._attach_states(requests, batch_tokens, truncated, prefix_cache, progress)
+        features = self.predictor_.features(requests) if return_features else None
+        predictions = self._predictions(requests, self._head_pass(requests, features))
+        return (predictions, features) if return_features else predictions
+
+    def _attach_states(self, requests: list, batch_tokens: int = 4096, truncated: bool = True, prefix_cache=None,
+                       progress: bool = False) -> None:
+        """Set the requests' ``signals`` by the cheapest forward that gives what the predictor reads (see
+        :meth:`predict`); nothing for a predictor that reads no signals."""
+        from lenpred.inputs.prefill import attach_signals
+        from lenpred.truncated import attach_truncated_signals, truncated_plan
+
+        if "signals" not in self.predictor_.inputs:
+            return
+        reads = self.predictor_.reads()
+        plan = truncated_plan(reads, self.backbone_.num_layers) if truncated else None
+        if plan is not None:
+            attach_truncated_signals(self.backbone_, requests, plan, batch_tokens, prefix_cache, progress)
+        else:
+            layers = (reads.layer,) if reads.layer is not None else (self.backbone_.num_layers,)
+            attach_signals(self.backbone_, requests, layers, reads.semantic_score, batch_tokens, progress)
+
+    def _head_pass(self, requests: list, features: np.ndarray | None = None) -> HeadOutput:
+        """One head pass over requests whose signals are attached (or over their ``features``)."""
+        from lenpred.predictors import max_new_tokens
+
+        return head_pass(self.predictor_, max_new_tokens(requests), requests, features)
+
+    def _predictions(self, requests: list, out: HeadOutput) -> list[LengthPrediction]:
+        return self._postprocess(out, [r.num_prompt_tokens for r in requests], [r.max_new_tokens for r in requests])
+
+    # ------------------------------------------------------------------ engine states in
 
     @property
     def engine_layer(self) -> int | None:
         """The hidden-state index (0 = embeddings, ``L`` = the final norm's output) whose **last prompt token**
         state is this predictor's whole input, so that a serving engine can capture it during its own prefill
         (:meth:`predict_states`); ``None`` when the predictor reads more (pooling over tokens, entropy, attention,
-        text). Today: ``last`` pooling over a span that ends at the prompt's end, and ``trail``."""
+        text): :attr:`lenpred.predictors.SignalsRead.last_token`. Today: ``last`` pooling over a span that ends at
+        the prompt's end, and ``trail``."""
         self._check_fitted()
-        params = self.predictor_.params
-        last = self.method == "last" and params.get("pool_span") != "content"
-        if not (last or self.method == "trail") or params.get("layer") is None:
-            return None
-        return int(params["layer"])
+        reads = self.predictor_.reads()
+        return int(reads.layer) if reads.last_token and reads.layer is not None else None
 
     def predict_states(self, states: np.ndarray, num_prompt_tokens, max_new_tokens) -> list[LengthPrediction]:
         """Predict from the last prompt token's hidden states an engine captured in its own prefill: no model pass,
-        stage 3 only. Each prediction carries the head's raw quantiles (``low_raw`` / ``high_raw``), so online
+        the head only. Each prediction carries the head's raw quantiles (``low_raw`` / ``high_raw``), so online
         learning reuses this pass (:meth:`lenpred.online.learning.OnlineLearning.serve`).
 
         Args:
@@ -272,22 +300,6 @@ class LengthPredictor:
         caps = np.array([np.inf if c is None else c for c in max_new_tokens], dtype=np.float64)
         return self._postprocess(head_pass(self.predictor_, caps, features=states), num_prompt_tokens, max_new_tokens)
 
-    def predict_requests(self, requests: list, features: np.ndarray | None = None) -> list[LengthPrediction]:
-        """Stage 3 for requests whose states (signals) are attached (:meth:`attach_states`): one head pass, then
-        the distribution, expected / median / calibrated interval. ``features`` ``(n, d)`` float32: the predictor's
-        ``features(requests)`` already computed (a caller that also logs them pools once).
-
-        Raises:
-            LenpredError: a request's signals hold other layers than the predictor was trained on."""
-        from lenpred.predictors import max_new_tokens
-
-        for r in requests:
-            if r.signals is not None and not set(self.config_.layers) <= set(r.signals.layers):
-                raise LenpredError(f"signals hold layers {list(r.signals.layers)} but this predictor reads layers "
-                                   f"{self.config_.layers}: extract them at its layers")
-        out = head_pass(self.predictor_, max_new_tokens(requests), requests, features)
-        return self._postprocess(out, [r.num_prompt_tokens for r in requests], [r.max_new_tokens for r in requests])
-
     def _postprocess(self, out: HeadOutput, num_prompt_tokens, max_new_tokens) -> list[LengthPrediction]:
         """The head's output -> distribution -> expected / median / calibrated interval, one per request."""
         return length_predictions(out, self.coverage, self.margin_, num_prompt_tokens, max_new_tokens)
@@ -302,9 +314,31 @@ class LengthPredictor:
             LenpredError: unreadable, or trained on another prompt representation or model revision."""
         from lenpred.online.progressive import load_plp
 
-        plp, info = load_plp(path, f"{self.method}@{self.predictor_.params.get('layer')}", self.config_.model_revision)
-        self.progressive_, self.progressive_info_ = plp, info
+        self._plp = load_plp(path, f"{self.method}@{self.predictor_.params.get('layer')}", self.config_.model_revision)
+        self._plp_path = None
         return self
+
+    def _progressive(self) -> tuple:
+        """``(plp head, info)``: attached, or read now from the saved directory's ``plp.safetensors`` (predict never
+        needs it, so loading waits for the first use).
+
+        Raises:
+            AttributeError: no progressive head (so ``hasattr(lp, "progressive_")`` answers ``False``)."""
+        if getattr(self, "_plp_path", None) is not None:
+            self.attach_progressive(self._plp_path)
+        if getattr(self, "_plp", None) is None:
+            raise AttributeError("this LengthPredictor has no progressive head")
+        return self._plp
+
+    @property
+    def progressive_(self):
+        """The PLP head (:class:`lenpred.predictors.progressive.PLPHead`); absent without one."""
+        return self._progressive()[0]
+
+    @property
+    def progressive_info_(self) -> dict:
+        """What the PLP head reads (``plp_layer``, ``steps``, ``prompt``, ``model_revision``); absent without one."""
+        return self._progressive()[1]
 
     def start(self, prompts: Iterable[str | list[dict[str, str]]], max_new_tokens: int | None = None) -> list:
         """Prefill each prompt and return its online state (:class:`lenpred.online.progressive.RequestState`) with
@@ -317,8 +351,8 @@ class LengthPredictor:
         if not hasattr(self, "progressive_"):
             raise LenpredError("this LengthPredictor has no progressive head: attach_progressive('plp.safetensors') "
                                "from a `lenpred progressive` run")
-        requests = self._requests(prompts, max_new_tokens, None)
-        self.attach_states(requests)
+        requests = self.prepare(prompts, max_new_tokens)
+        self._attach_states(requests, truncated=False)  # the PLP layer's last-token state too: the full prefill
         final = self.progressive_info_["plp_layer"]
         states = np.stack([r.signals.last_token_state(final).numpy() for r in requests])
         caps = np.full(len(requests), np.inf if max_new_tokens is None else float(max_new_tokens))
@@ -382,8 +416,7 @@ class LengthPredictor:
             raise LenpredError(f"{path / WEIGHTS_FILE} holds '{self.predictor_.registry_name}', config.json says "
                                f"'{config.method}': the directory is mixed up; retrain it")
         self.margin_, self.card_ = config.interval_margin, card
-        if (path / PROGRESSIVE_FILE).exists():
-            self.attach_progressive(path / PROGRESSIVE_FILE)
+        self._plp_path = path / PROGRESSIVE_FILE if (path / PROGRESSIVE_FILE).exists() else None
         return self
 
     def check_model_revision(self, revision: str, model: str = "", where: str | Path = "this predictor") -> None:

@@ -82,11 +82,6 @@ class PoolerKind:
     needs_semantic_score: bool = False
     searches_weights: bool = False
 
-    @property
-    def hidden_only(self) -> bool:
-        """Reads the hidden states only (neither entropy nor semantic score)."""
-        return not (self.reads_entropy or self.needs_semantic_score)
-
 
 POOLER_KINDS: dict[str, PoolerKind] = {
     "egtp": PoolerKind(lambda p, H, S: egtp_weights(H)),

@@ -3,15 +3,15 @@ expected / median / calibrated interval (:class:`LengthPrediction`).
 
 * :func:`head_pass` runs a fitted predictor once on ``n`` requests (or on their already computed features, e.g.
   states an engine captured) and returns a :class:`HeadOutput`: the expected length and, for a distribution head,
-  the bin probabilities and the length each bin stands for.
+  the bin probabilities and the length each bin stands for (:meth:`lenpred.heads.SoftLabelRegressor.distribution`).
 * :meth:`HeadOutput.quantiles` reads the raw interval (before any conformal margin) and the median off that
-  distribution (:func:`lenpred.intervals.distribution_quantiles`).
+  distribution (:func:`lenpred.intervals.distribution_quantiles`): the one home of features -> quantiles
+  (:func:`head_quantiles` is the same for a bare head, as a traffic refit trains it).
 * :func:`length_predictions` widens the raw interval by the calibrated margin and clips to each cap
   (:func:`lenpred.intervals.widened_interval`).
 
-``LengthPredictor.predict``, ``predict_prepared``, ``predict_states`` and ``raw_quantiles`` and
-``OnlineLearning.predict`` all end here, so the head runs once per request whatever the path. Numpy only: the
-predictor brings its own torch.
+``LengthPredictor.predict`` (prompts in) and ``LengthPredictor.predict_states`` (an engine's states in) both end
+here, so the head runs once per request whatever the path. Numpy only: the predictor brings its own torch.
 """
 
 from __future__ import annotations
@@ -82,6 +82,13 @@ class HeadOutput:
     probs: np.ndarray | None = None
     values: np.ndarray | None = None
 
+    @classmethod
+    def from_distribution(cls, probs: np.ndarray, values: np.ndarray, caps: np.ndarray) -> "HeadOutput":
+        """A distribution head's output: ``expected = clip(sum_j p_j v_j, 0, cap)`` (``probs``, ``values`` ``(n, K)``,
+        ``caps`` ``(n,)``)."""
+        caps = np.asarray(caps, np.float64)
+        return cls(np.clip((probs * values).sum(axis=1), 0, caps), caps, probs, values)
+
     def quantiles(self, coverage: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(median, low_raw, high_raw)``, ``(n,)`` float64 tokens each: the distribution's 0.5 and
         ``(1 -/+ coverage) / 2`` quantiles before any margin; a point predictor's prediction three times."""
@@ -127,21 +134,17 @@ def head_pass(predictor, caps: np.ndarray, requests: list | None = None,
         raise LenpredError(f"predictor '{predictor.registry_name}' gives a distribution but not from features: "
                            "implement features() and distribution_from_features() (see PooledHeadPredictor)")
     X = predictor.features(requests) if features is None else features
-    probs, values = predictor.distribution_from_features(X, caps)
-    return HeadOutput(np.clip((probs * values).sum(axis=1), 0, caps), caps, probs, values)
+    return HeadOutput.from_distribution(*predictor.distribution_from_features(X, caps), caps)
 
 
-def raw_quantiles(predictor, requests: list, coverage: float, features: np.ndarray | None = None
-                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
-    """``(expected, median, low, high, probs, values)`` before calibration, tokens, ``(n,)`` each (``probs`` and
-    ``values`` ``(n, K)``, ``None`` for a point predictor, whose median, low and high are its prediction), from one
-    head pass (:func:`head_pass`); ``LengthPredictor.fit`` calibrates its interval on them. ``features`` ``(n, d)``:
-    the predictor's input already computed (an engine's captured states), so the requests only give their caps."""
-    from lenpred.predictors.registry import max_new_tokens
-
-    out = head_pass(predictor, max_new_tokens(requests), requests, features)
-    median, low, high = out.quantiles(coverage)
-    return out.expected, median, low, high, out.probs, out.values
+def head_quantiles(head, features: np.ndarray, caps: np.ndarray, coverage: float
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(expected, low_raw, high_raw)``, ``(n,)`` float64 tokens each, of a fitted bare head
+    (:class:`lenpred.heads.SoftLabelRegressor`, e.g. one a traffic refit trains) on ``features`` ``(n, d)`` float32
+    with caps ``(n,)`` (``inf``: none): :meth:`HeadOutput.quantiles` of its distribution, before any margin."""
+    out = HeadOutput.from_distribution(*head.distribution(np.asarray(features, np.float32), caps), caps)
+    _, low_raw, high_raw = out.quantiles(coverage)
+    return out.expected, low_raw, high_raw
 
 
 def length_predictions(out: HeadOutput, coverage: float, margin: float, num_prompt_tokens,

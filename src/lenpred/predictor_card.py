@@ -39,11 +39,11 @@ def card_from_test_split(predictions: list, y: np.ndarray, scenario: np.ndarray,
 
 
 def render_card(config, card: dict) -> str:
-    """The Markdown card of a saved predictor: what it is, how it was trained, its test scores. ``config``: a
-    :class:`lenpred.predictor_config.PredictorConfig` or the ``config.json`` object it is read from."""
-    lines = [f"# lenpred predictor: {config['method']} on {config['model_id']}", "",
-             f"* model revision `{config['model_revision']}`, layers {config['layers']}, prompt rule "
-             f"`{config['template_rule']}`, lenpred {config['lenpred_version']}", *data_lines(config), ""]
+    """The Markdown card of a saved predictor: what it is, how it was trained, its test scores. ``config``: its
+    :class:`lenpred.predictor_config.PredictorConfig`."""
+    lines = [f"# lenpred predictor: {config.method} on {config.model_id}", "",
+             f"* model revision `{config.model_revision}`, layers {config.layers}, prompt rule "
+             f"`{config.template_rule}`, lenpred {config.lenpred_version}", *data_lines(config), ""]
     rows = [[g, c["n"], f"{c['mae']:.1f}",
              "–" if c["mae_ci"][0] is None else f"[{c['mae_ci'][0]:.1f}, {c['mae_ci'][1]:.1f}]",
              f"{c['interval_coverage']:.3f}", f"{c['mean_interval_width']:.0f}"] for g, c in card.items()]
@@ -60,21 +60,21 @@ def render_card(config, card: dict) -> str:
 
 def data_lines(config) -> list[str]:
     """The card's lines on where a predictor's training data came from: a benchmark, logged traffic, or both."""
-    bench, traffic = config.get("training_benchmark"), config.get("training_traffic")
-    chosen = config["chosen_on_validation"]
+    bench, traffic = config.training_benchmark, config.training_traffic
+    chosen = config.chosen_on_validation
     lines = []
     if bench is not None:
-        what = f"`{bench['name']}` (plan `{bench['plan_fingerprint']}`, {bench['num_records']} records"
+        what = f"`{bench.name}` (plan `{bench.plan_fingerprint}`, {bench.num_records} records"
         if traffic is None:
-            lines.append(f"* trained on {what}; duplicates across splits dropped: {bench['dropped_duplicates']}), "
+            lines.append(f"* trained on {what}; duplicates across splits dropped: {bench.dropped_duplicates}), "
                          f"hyper-parameters chosen on its validation split: `{json.dumps(dict(chosen))}`")
         else:
-            lines.append(f"* mixed into training: benchmark {what} of its {bench.get('split') or 'train'} split)")
+            lines.append(f"* mixed into training: benchmark {what} of its {bench.split or 'train'} split)")
     if traffic is not None:
         lines.append(_traffic_line(traffic, chosen))
     where = "the logged calibration requests" if traffic is not None else "validation"
-    lines.append(f"* interval: nominal {config['coverage']:.0%} coverage, split-conformal margin "
-                 f"{config['interval_margin']:.1f} tokens (calibrated on {where})")
+    lines.append(f"* interval: nominal {config.coverage:.0%} coverage, split-conformal margin "
+                 f"{config.interval_margin:.1f} tokens (calibrated on {where})")
     return lines
 
 
@@ -82,7 +82,7 @@ def _traffic_line(traffic, chosen: dict) -> str:
     """The card's line on a traffic refit's log, its time split and how the head was trained."""
     how = (f"fine-tuned from {chosen.get('refit_of')} ({json.dumps(chosen['finetuned'])}, chosen on the training "
            "part's latest 20 %)" if "finetuned" in chosen else f"hyper-parameters of {chosen.get('refit_of')}")
-    return (f"* trained on logged traffic `{traffic['log']}`: {traffic['num_records']} finished requests "
-            f"({traffic['parts']} part{'' if traffic['parts'] == 1 else 's'}, {traffic['features_dtype']} features), "
-            f"split in time: the earliest {traffic['num_train']} train, the next {traffic['num_calibration']} "
-            f"calibrate the interval, the latest {traffic['num_test']} are scored below; " + how)
+    return (f"* trained on logged traffic `{traffic.log}`: {traffic.num_records} finished requests "
+            f"({traffic.parts} part{'' if traffic.parts == 1 else 's'}, {traffic.features_dtype} features), "
+            f"split in time: the earliest {traffic.num_train} train, the next {traffic.num_calibration} "
+            f"calibrate the interval, the latest {traffic.num_test} are scored below; " + how)

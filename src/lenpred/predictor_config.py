@@ -25,19 +25,6 @@ SETTINGS_KEY, CARD_KEY = "settings", "card"
 TIME_SPLIT = "time-ordered: train earliest, calibrate next, score latest"
 
 
-class KeyAccess:
-    """Read access by ``config.json`` key (``config["layers"]``, ``config.get("semantic")``), for code and cards
-    written against the former plain dict. Attribute access is the typed way."""
-
-    def __getitem__(self, key: str) -> Any:
-        if key not in {f.name for f in fields(self)}:
-            raise KeyError(key)
-        return getattr(self, key)
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return getattr(self, key) if key in {f.name for f in fields(self)} else default
-
-
 def checked_fields(cls, data: Any, where: str) -> dict[str, Any]:
     """``data`` (a JSON object) as keyword arguments of the dataclass ``cls``.
 
@@ -60,7 +47,7 @@ def checked_fields(cls, data: Any, where: str) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
-class TrainingBenchmark(KeyAccess):
+class TrainingBenchmark:
     """The benchmark a predictor was trained on (or whose train split a traffic refit mixed in).
 
     Attributes:
@@ -83,7 +70,7 @@ class TrainingBenchmark(KeyAccess):
 
 
 @dataclass(frozen=True, kw_only=True)
-class TrainingTraffic(KeyAccess):
+class TrainingTraffic:
     """The traffic log a refit was trained on (:meth:`lenpred.pipeline.LengthPredictor.from_traffic`).
 
     Attributes:
@@ -108,7 +95,7 @@ class TrainingTraffic(KeyAccess):
 
 
 @dataclass(frozen=True, kw_only=True)
-class PredictorConfig(KeyAccess):
+class PredictorConfig:
     """What a fitted predictor was trained with: ``LengthPredictor.config_``, the top level of ``config.json``
     (keyword arguments only).
 
@@ -216,11 +203,3 @@ def checked_settings(settings: Any, names: list[str], where: str) -> dict[str, A
                            f"take (valid: {', '.join(names)}): written by another lenpred version; retrain with "
                            "`lenpred train`")
     return {k: tuple(v) if k == "layers" and v is not None else v for k, v in settings.items()}
-
-
-def signals_read(predictor) -> tuple[list[int], bool]:
-    """``(layers, semantic)`` a fitted predictor reads: its hidden-state layer (``[]``: none) and whether its pooler
-    needs the semantic score (last-layer attention); what :class:`PredictorConfig` records."""
-    layer = predictor.params.get("layer")
-    pooler = getattr(predictor, "pooler", None)
-    return [] if layer is None else [int(layer)], bool(pooler is not None and pooler.needs_semantic_score)

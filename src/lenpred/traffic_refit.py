@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 
 from lenpred.errors import LenpredError
-from lenpred.inputs.signals import signal_cache_path
+from lenpred.inputs.prefill import signal_cache_path
 from lenpred.intervals import conformal_margin, interval_coverage, widened_interval
-from lenpred.online.refit import (TrafficRows, choose_finetune, finetune_head, fit_head, head_quantiles, rows_from_log,
-                                   time_split)
+from lenpred.online.refit import TrafficRows, choose_finetune, finetune_head, fit_head, rows_from_log, time_split
+from lenpred.prediction import head_quantiles
 from lenpred.online.traffic_log import read_traffic_log
 from lenpred.predictor_config import PredictorConfig, TrainingBenchmark, TrainingTraffic
 from lenpred.version import __version__
@@ -59,7 +59,7 @@ def refit_on_traffic(base, log: str | Path, bench: str | Path | None = None, bas
             written for another model revision / layer / feature width than ``base`` (:func:`check_log_matches`),
             a ``base`` that is not a pooled-head predictor, too few requests for the shares or the coverage.
     """
-    if not hasattr(base.predictor_, "head_") or not hasattr(base.predictor_, "features"):
+    if not base.predictor_.reads().features:
         raise LenpredError(f"the base predictor's method '{base.method}' is not a pooled head: refit on traffic "
                            "needs one (last, mean, egtp, estp, ...)")
     traffic_log = read_traffic_log(log)

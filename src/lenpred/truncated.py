@@ -14,8 +14,9 @@ runs only the rest of its prompts after it (right-padded, positions continuing f
 
 Cost on SmolLM2-135M (30 layers) for ``last@15``: layers 0–14 of 30 and no 49k-vocabulary head, against the full
 path's 30 layers and the head over every prompt position (for the entropy): measured by ``scripts/proxy_latency.py``.
-The predictions equal :meth:`lenpred.LengthPredictor.predict`'s (tested on the tiny model and, marked ``slow``, on
-the shipped predictor).
+:meth:`lenpred.LengthPredictor.predict` takes this pass whenever the predictor reads one layer's hidden states only;
+its predictions equal the full prefill's to float32 rounding (tested on the tiny model and, marked ``slow``, on the
+shipped predictor).
 """
 
 from __future__ import annotations
@@ -26,15 +27,10 @@ import torch
 
 from lenpred.errors import LenpredError
 from lenpred.inputs.cache import token_batches
-from lenpred.predictors.pooled import PooledHeadPredictor
-from lenpred.pooling import POOLER_KINDS
+from lenpred.predictors.registry import SignalsRead
 from lenpred.prompts import check_fits
 from lenpred.signals import PromptSignals, left_pad
 from lenpred.torch_state import with_backbone_threads
-
-HIDDEN_ONLY_POOLERS = tuple(name for name, kind in POOLER_KINDS.items() if kind.hidden_only)
-"""Poolers that read hidden states only (no entropy, no semantic score): ``mean``, ``last``, ``max``."""
-
 
 @dataclass(frozen=True)
 class TruncatedPlan:
@@ -53,20 +49,14 @@ class _Stop(Exception):
     """Raised by the capture hook to end the forward pass after the layer that is needed."""
 
 
-def truncated_plan(predictor) -> TruncatedPlan | None:
-    """The plan for a loaded :class:`lenpred.LengthPredictor`, or ``None`` when its predictor reads more than one
-    positive layer's hidden states (entropy- or attention-weighted poolers, text proxies, the embeddings); TRAIL,
-    which reads one layer's last-token state, runs truncated too."""
-    inner = getattr(predictor, "predictor_", None)
-    if not isinstance(inner, PooledHeadPredictor) or inner.pooler_name not in HIDDEN_ONLY_POOLERS:
+def truncated_plan(reads: SignalsRead, num_layers: int) -> TruncatedPlan | None:
+    """The plan for a predictor that reads ``reads`` (:meth:`lenpred.predictors.Predictor.reads`) of a model with
+    ``num_layers`` decoder layers, or ``None`` when it reads more than one positive layer's hidden states (entropy-
+    or attention-weighted poolers, text proxies, the embeddings, a layer counted from the end): the full prefill
+    then runs. ``last``, ``mean``, ``max`` pooling and TRAIL run truncated."""
+    if not reads.hidden_states_only or not 1 <= reads.layer <= num_layers:
         return None
-    if predictor.config_.get("semantic") or len(predictor.config_.get("layers", [])) != 1:
-        return None
-    num_layers = predictor.backbone_.num_layers
-    layer = int(predictor.config_["layers"][0])
-    if not 1 <= layer <= num_layers or inner.layer not in (layer, layer - num_layers - 1):
-        return None
-    return TruncatedPlan(layer, num_layers)
+    return TruncatedPlan(int(reads.layer), num_layers)
 
 
 def _forward_until(decoder, layer: int, **inputs) -> torch.Tensor:
@@ -204,12 +194,17 @@ def _after_prefix(backbone, decoder, batch_token_ids, layer: int, prefix: tuple[
 
 
 def attach_truncated_signals(backbone, requests: list, plan: TruncatedPlan, batch_tokens: int = 4096,
-                             prefix_cache: PrefixCache | None = None) -> None:
+                             prefix_cache: PrefixCache | None = None, progress: bool = False) -> None:
     """Set each request's ``signals`` to a :class:`lenpred.signals.PromptSignals` holding only ``plan.layer``'s
-    states (``(1, n, d)``) and zero entropies (the poolers of :data:`HIDDEN_ONLY_POOLERS` ignore them), prompts
-    grouped by length into batches of at most ``batch_tokens`` padded tokens. With ``prefix_cache``, the template's
-    fixed prefix (the tokens before the users' content, ``Request.content_span``) is computed once and reused."""
-    for batch in token_batches([r.num_prompt_tokens for r in requests], batch_tokens):
+    states (``(1, n, d)``) and zero entropies (which such a predictor ignores), prompts
+    grouped by length into batches of at most ``batch_tokens`` padded tokens (what a hidden-states-only predictor,
+    :attr:`lenpred.predictors.SignalsRead.hidden_states_only`, reads). With ``prefix_cache``, the template's
+    fixed prefix (the tokens before the users' content, ``Request.content_span``) is computed once and reused;
+    ``progress``: a bar, as the full prefill's (:func:`lenpred.inputs.prefill.attach_signals`)."""
+    from tqdm.auto import tqdm
+
+    batches = token_batches([r.num_prompt_tokens for r in requests], batch_tokens)
+    for batch in tqdm(batches, desc="prefill signals", unit="batch", disable=not progress):
         spans = [requests[i].content_span for i in batch]
         prefix_len = min(s[0] for s in spans) if all(s is not None for s in spans) else 0
         states = truncated_hidden_states(backbone, [requests[i].token_ids for i in batch], plan.layer, prefix_len,

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import torch
+from conftest import attach_full_prefill
 
 from lenpred.errors import LenpredError
 from lenpred.heads import HeadConfig, SoftLabelRegressor
@@ -239,8 +240,8 @@ def test_length_predictor_start_and_update_use_the_plp_head(tiny_run, tiny_model
     lp.attach_progressive(root / "out" / "plp.safetensors")
     states = lp.start(["write a poem about sea", "what is the sum of two and three"], max_new_tokens=16)
     plp, _ = load_plp(root / "out" / "plp.safetensors")
-    reqs = lp._requests(["write a poem about sea", "what is the sum of two and three"], 16, None)
-    lp.attach_states(reqs)
+    reqs = attach_full_prefill(lp.backbone_, lp.prepare(["write a poem about sea", "what is the sum of two and three"],
+                                                        16), 1)
     final = np.stack([r.signals.last_token_states[2].numpy() for r in reqs])
     expect = plp.predict(lp.predictor_.features(reqs), final, np.zeros(2), np.full(2, 16.0))
     np.testing.assert_allclose([s.remaining for s in states], np.clip(expect, 0, 16), rtol=1e-5)

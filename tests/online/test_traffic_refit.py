@@ -13,7 +13,8 @@ from lenpred.errors import LenpredError
 from lenpred.intervals import widened_interval
 from lenpred.pipeline import LengthPredictor
 from lenpred.online.adaptive import AdaptiveConfig
-from lenpred.online.learning import OnlineLearning, prompt_features
+from lenpred.online.learning import OnlineLearning
+from lenpred.outcome import RequestOutcome
 from lenpred.online.refit import time_split
 from lenpred.online.traffic_log import TrafficLogConfig, TrafficLogWriter, TrafficRecord, read_traffic_log
 
@@ -52,15 +53,17 @@ def _write_log(base_p, directory, n=60, seed=0):
     """A log the base predictor would have written: its features of short prompts, outcomes made up (2 prompts
     alternate; every 4th request capped at 16)."""
     prompts = ["write a long poem about sea", "what is the sum of two and three"]
-    feats = prompt_features(base_p, prompts, max_new_tokens=16)
+    predictions, feats = base_p.predict(prompts, 16, return_features=True)
     online = OnlineLearning(base_p, log=TrafficLogConfig(directory, max_records_per_part=16),
                             adaptive=AdaptiveConfig(method="rolling", min_scores=5))
     rng = np.random.default_rng(seed)
     for i in range(n):
-        served = online.predict(feats[i % 2], max_new_tokens=16, group=f"route{i % 2}",
-                                prompt_sha256=[f"{i % 2:064x}"])[0]
+        served = online.serve(feats[i % 2], [predictions[i % 2]], group=f"route{i % 2}",
+                              prompt_sha256=[f"{i % 2:064x}"])[0]
         y = 16 if i % 4 == 3 else int(rng.integers(2 + 6 * (i % 2), 8 + 6 * (i % 2)))
-        online.finished(served, y, "length" if y == 16 else "stop", 1000.0 + i, 1000.1 + i, 1001.0 + i)
+        online.finished(served, RequestOutcome(
+            request_id=str(i), num_output_tokens=y, finish_reason="length" if y == 16 else "stop", max_new_tokens=16,
+            arrival_time_s=1000.0 + i, first_token_time_s=1000.1 + i, finish_time_s=1001.0 + i))
     online.close()
     return feats
 
@@ -72,16 +75,16 @@ def test_fit_traffic_saves_a_predictor_whose_card_names_its_data(base, tmp_path)
     assert log.num_records == 60 and len(log.parts) >= 4 and log.metadata["method"] == "last"  # <= 16 rows a part
     assert set(log.columns["group"]) == {"route0", "route1"} and log.censored.sum() == 15
     p = LengthPredictor.from_traffic(tmp_path / "log", base=base_dir, calibration_share=0.25, test_share=0.25)
-    t = p.config_["training_traffic"]
-    assert (t["num_train"], t["num_calibration"], t["num_test"], t["parts"]) == (30, 15, 15, len(log.parts))
-    assert p.config_["training_benchmark"] is None and p.method == "last" and p.coverage == 0.5
+    t = p.config_.training_traffic
+    assert (t.num_train, t.num_calibration, t.num_test, t.parts) == (30, 15, 15, len(log.parts))
+    assert p.config_.training_benchmark is None and p.method == "last" and p.coverage == 0.5
     card = p.card_["latest traffic"]
     assert card["n"] == 15 and 0 <= card["interval_coverage"] <= 1 and len(card["mae_minus_base"]) == 3
     path = p.save_pretrained(tmp_path / "refit")
     text = (path / "CARD.md").read_text()
     assert "trained on logged traffic" in text and "the earliest 30 train" in text and "refitted from" in text
     tuned = LengthPredictor.from_traffic(tmp_path / "log", base=base_dir, finetune=True)
-    assert set(tuned.config_["chosen_on_validation"]["finetuned"]) == {"epochs", "lr"}
+    assert set(tuned.config_.chosen_on_validation["finetuned"]) == {"epochs", "lr"}
     assert "fine-tuned from" in tuned.save_pretrained(tmp_path / "tuned").joinpath("CARD.md").read_text()
     loaded = LengthPredictor.from_pretrained(path)
     [pred] = loaded.predict(["what is the sum of two and three"], max_new_tokens=16)
@@ -118,8 +121,8 @@ def test_logs_of_another_predictor_are_refused(base, tmp_path):
 def test_online_fixed_interval_is_the_predictors(base):
     base_p, _, _ = base
     prompts = ["write a long poem about sea"]
-    [served] = OnlineLearning(base_p).predict(prompt_features(base_p, prompts, 16), max_new_tokens=16)
-    [pred] = base_p.predict(prompts, max_new_tokens=16)
+    [pred], features = base_p.predict(prompts, max_new_tokens=16, return_features=True)
+    [served] = OnlineLearning(base_p).serve(features, [pred])
     assert served.expected == pytest.approx(pred.expected) and served.low == pytest.approx(pred.low)
     assert served.high == pytest.approx(pred.high)
 
@@ -129,9 +132,9 @@ def test_online_initial_margin_zero_is_honoured(base):
     serves the predictor's calibrated margin."""
     base_p, _, _ = base
     assert base_p.margin_ != 0  # else the two cases below could not differ
-    features = prompt_features(base_p, ["write a long poem about sea"], 16)
-    [zero] = OnlineLearning(base_p, adaptive=AdaptiveConfig(initial_margin=0.0)).predict(features, 16)
-    [default] = OnlineLearning(base_p, adaptive=AdaptiveConfig()).predict(features, 16)
+    predictions, features = base_p.predict(["write a long poem about sea"], 16, return_features=True)
+    [zero] = OnlineLearning(base_p, adaptive=AdaptiveConfig(initial_margin=0.0)).serve(features, predictions)
+    [default] = OnlineLearning(base_p, adaptive=AdaptiveConfig()).serve(features, predictions)
     assert (zero.low, zero.high) == widened_interval(zero.low_raw, zero.high_raw, 0.0, 16)
     assert (default.low, default.high) == widened_interval(default.low_raw, default.high_raw, base_p.margin_, 16)
 
@@ -142,15 +145,18 @@ def test_train_traffic_on_a_live_log(base, tmp_path):
     import threading
 
     base_p, base_dir, _ = base
-    feats = prompt_features(base_p, ["write a long poem about sea", "what is the sum of two and three"], 16)
+    predictions, feats = base_p.predict(["write a long poem about sea", "what is the sum of two and three"], 16,
+                                        return_features=True)
     online = OnlineLearning(base_p, log=TrafficLogConfig(tmp_path / "log", max_records_per_part=8))
     stop, logged = threading.Event(), [0]
 
     def serve():
         while not stop.is_set() or logged[0] < 60:
             i = logged[0]
-            served = online.predict(feats[i % 2], max_new_tokens=16)[0]
-            online.finished(served, 3 + 9 * (i % 2), "stop", 1000.0 + i, None, 1001.0 + i)
+            served = online.serve(feats[i % 2], [predictions[i % 2]])[0]
+            online.finished(served, RequestOutcome(
+                request_id=str(i), num_output_tokens=3 + 9 * (i % 2), finish_reason="stop", max_new_tokens=16,
+                arrival_time_s=1000.0 + i, first_token_time_s=None, finish_time_s=1001.0 + i))
             logged[0] += 1
             time.sleep(0.001)
 

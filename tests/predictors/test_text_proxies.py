@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from lenpred.errors import LenpredError
-from lenpred.predictors import PREDICTORS, Predictor, Request, distinct_requests, make_predictor
+from lenpred.predictors import Predictor, Request, distinct_requests, make_predictor
 from lenpred.predictors.proxy import equal_width_centres, equal_width_edges, length_batches
 from lenpred.predictors.text_encoder import load_proxy_encoder, mean_pool, pad_batch, proxy_encoder_dir
 
@@ -150,11 +150,6 @@ def test_length_batches_cover_every_prompt_once_sorted_in_pool():
 
 
 # --- predictors --------------------------------------------------------------------------------------------
-
-def test_proxies_are_registered_as_text_predictors():
-    for name in PROXIES:
-        assert PREDICTORS[name].inputs == ("text",)
-
 
 @pytest.mark.parametrize("name", PROXIES)
 def test_learns_two_prompts(name, encoder_dir, two_prompt_set):

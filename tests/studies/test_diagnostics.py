@@ -168,8 +168,17 @@ def test_diagnose_end_to_end_on_tiny_model(tiny_model_dir, tiny_data_dir, tmp_pa
     assert report["entropy"]["verification"]["max_abs_diff"] < 1e-4  # cached final state reproduces the entropy
     assert report["entropy"]["variants"]["top8"]["k"] == 8
     grid = [r for r in report["ablation"]["rows"] if r["group"] == "grid"]
-    assert len(grid) == 7 * 4 and all(r["val_mae"] >= 0 for r in grid)
-    assert report["ablation"]["headline"]["joint"]["diff_entropy_only"] is not None
+    assert len(grid) == 7 * 4
+    head = report["ablation"]["headline"]  # each headline row is its kind's best grid point on validation
+    ratio = lambda r: math.inf if r["ratio"] is None else r["ratio"]  # noqa: E731  (JSON writes inf as null)
+    for kind, keep in (("entropy_only", lambda r: r == 0), ("semantic_only", math.isinf),
+                       ("joint", lambda r: 0 < r < math.inf)):
+        assert head[kind]["val_mae"] == min(r["val_mae"] for r in grid if keep(ratio(r)))
+        assert head[kind]["test_mae"] == pytest.approx(np.mean(head[kind]["test_mae_seeds"]))  # seeds 0, 1 averaged
+    # the paired difference's point estimate is the difference of the seed-averaged test MAEs
+    assert head["joint"]["diff_entropy_only"][0] == pytest.approx(head["joint"]["test_mae"]
+                                                                  - head["entropy_only"]["test_mae"])
+    assert head["entropy_only"]["diff_entropy_only"] is None
     o = report["overhead"]
     assert [(c["batch_size"], c["prompt_tokens"]) for c in o["cases"]] == [(1, 16), (1, 32), (2, 16)]
     assert o["skipped"] == [{"batch_size": 2, "prompt_tokens": 32}]  # 64 tokens > --max-batch-tokens 32

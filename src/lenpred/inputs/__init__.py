@@ -7,6 +7,6 @@ itself (no provider). Adding an input is one registered function.
 
 from lenpred.inputs.registry import PROVIDERS, provide_inputs, register_provider
 
-from lenpred.inputs import self_report, signals  # noqa: F401  (registration side effect)
+from lenpred.inputs import prefill, self_report  # noqa: F401  (registration side effect)
 
 __all__ = ["PROVIDERS", "provide_inputs", "register_provider"]

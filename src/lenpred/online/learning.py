@@ -11,17 +11,16 @@ Integration (both are off by default; the serving paths expose ``--traffic-log D
     online = OnlineLearning(predictor, log=TrafficLogConfig("traffic/") if args.traffic_log else None,
                             adaptive=AdaptiveConfig(method="aci") if args.adaptive_interval else None)
     # at prediction time, reusing the predictions already made (the plug-in: LengthPredictor.predict_states on its
-    # hook's states; each LengthPrediction carries the head's raw quantiles): no extra model or head pass
-    served = online.serve(states, predictions, group=route_tag)                 # -> list[ServedPrediction]
-    # or from the features alone (the proxy: prompt_features), one head pass:
-    served = online.predict(features, max_new_tokens=cap, group=route_tag)
-    # when request i finishes:
-    online.finished(served[i], num_output_tokens, finish_reason, arrival_time_s, first_token_time_s, finish_time_s)
+    # hook's states; the proxy: LengthPredictor.predict(..., return_features=True); each LengthPrediction carries
+    # the head's raw quantiles): no extra model or head pass
+    served = online.serve(features, predictions, group=route_tag)               # -> list[ServedPrediction]
+    # when request i finishes (lenpred.outcome.RequestOutcome: tokens generated, finish reason, times):
+    online.finished(served[i], outcome)
     ...
     online.close()                                                               # flushes the log
 
-Thread safety: :meth:`OnlineLearning.finished` and :meth:`OnlineLearning.predict` take one lock (the adaptive
-state is shared); the log's ``record`` appends one journal line (no fsync, tens of microseconds) and its parts are
+Thread safety: :meth:`OnlineLearning.finished` and :meth:`OnlineLearning.serve` take one lock (the adaptive
+state is shared); the log's ``record`` appends one journal line (no fsync, about 0.1 ms) and its parts are
 written on the log's own thread.
 """
 
@@ -36,7 +35,7 @@ from lenpred.errors import LenpredError
 from lenpred.intervals import widened_interval
 from lenpred.online.adaptive import AdaptiveInterval
 from lenpred.online.traffic_log import TrafficLogWriter, TrafficRecord, predictor_metadata
-from lenpred.prediction import head_pass
+from lenpred.outcome import RequestOutcome
 
 
 @dataclass
@@ -65,14 +64,6 @@ class ServedPrediction:
     num_prompt_tokens: int | None = None
 
 
-def prompt_features(predictor, prompts: list, max_new_tokens: int | None = None) -> np.ndarray:
-    """The head's input ``(n, d)`` float32 for prompts, from the predictor's own prefill pass (the proxy's path;
-    the same pass ``LengthPredictor.predict`` runs)."""
-    requests = predictor._requests(prompts, max_new_tokens, None)
-    predictor.attach_states(requests)
-    return predictor.predictor_.features(requests)
-
-
 class OnlineLearning:
     """A served predictor's interval (fixed or adaptive) and traffic log.
 
@@ -90,7 +81,7 @@ class OnlineLearning:
     def __init__(self, predictor, log=None, adaptive=None):
         from dataclasses import replace
 
-        if not hasattr(predictor.predictor_, "head_"):
+        if not predictor.predictor_.reads().features:
             raise LenpredError(f"online learning needs a pooled-head predictor, '{predictor.method}' is not one")
         self.predictor, self.coverage, self.margin = predictor, predictor.coverage, predictor.margin_
         if adaptive is not None:
@@ -102,19 +93,6 @@ class OnlineLearning:
         self.log = None if log is None else TrafficLogWriter(log)
         self._lock = threading.Lock()
 
-    def predict(self, features: np.ndarray, max_new_tokens: int | None = None, group: str | None = None,
-                prompt_sha256: list[str | None] | None = None,
-                num_prompt_tokens: list[int | None] | None = None) -> list[ServedPrediction]:
-        """Predictions for ``(n, d)`` features: one head pass (:func:`lenpred.prediction.head_pass`, what
-        ``LengthPredictor.predict_states`` runs; microseconds per request), then :meth:`serve`'s interval."""
-        X = np.atleast_2d(np.asarray(features, np.float32))
-        n = len(X)
-        caps = np.full(n, np.inf if max_new_tokens is None else float(max_new_tokens))
-        out = head_pass(self.predictor.predictor_, caps, features=X)
-        _, low_raw, high_raw = out.quantiles(self.coverage)
-        return self._served(X, out.expected, low_raw, high_raw, [max_new_tokens] * n, group, prompt_sha256,
-                            num_prompt_tokens or [None] * n)
-
     def serve(self, features: np.ndarray, predictions: list, group: str | None = None,
               prompt_sha256: list[str | None] | None = None) -> list[ServedPrediction]:
         """Served predictions for requests the predictor already predicted, reusing that head pass (no head call).
@@ -124,7 +102,8 @@ class OnlineLearning:
             predictions: the ``n`` :class:`lenpred.prediction.LengthPrediction` made from them
                 (``LengthPredictor.predict_states``): their expected length, raw quantiles (``low_raw`` /
                 ``high_raw``), cap and prompt length are served and logged.
-            group, prompt_sha256: as :meth:`predict`.
+            group: the Mondrian group key (route / client tag), or ``None``.
+            prompt_sha256: ``n`` prompt hashes to log, or ``None``.
 
         Raises:
             LenpredError: ``features`` and ``predictions`` differ in number, or a prediction without raw quantiles.
@@ -151,16 +130,19 @@ class OnlineLearning:
                                             num_prompt_tokens[i]))
         return out
 
-    def finished(self, served: ServedPrediction, num_output_tokens: int, finish_reason: str, arrival_time_s: float,
-                 first_token_time_s: float | None, finish_time_s: float) -> None:
-        """A request finished: update the adaptive margin (if on) and log the row (if on)."""
+    def finished(self, served: ServedPrediction, outcome: RequestOutcome) -> None:
+        """Request ``served`` ended as ``outcome`` (:class:`lenpred.outcome.RequestOutcome`, with its
+        ``num_output_tokens``): update the adaptive margin (if on) and log the row (if on; a missing finish reason
+        is logged as ``"unknown"``)."""
         with self._lock:
             if self.adaptive is not None:
-                self.adaptive.update(served.low_raw, served.high_raw, num_output_tokens, served.group)
+                self.adaptive.update(served.low_raw, served.high_raw, outcome.num_output_tokens, served.group)
         if self.log is not None:
-            self.log.record(TrafficRecord(**vars(served), num_output_tokens=num_output_tokens,
-                                          finish_reason=finish_reason, arrival_time_s=arrival_time_s,
-                                          first_token_time_s=first_token_time_s, finish_time_s=finish_time_s))
+            self.log.record(TrafficRecord(**vars(served), num_output_tokens=outcome.num_output_tokens,
+                                          finish_reason=outcome.finish_reason or "unknown",
+                                          arrival_time_s=outcome.arrival_time_s,
+                                          first_token_time_s=outcome.first_token_time_s,
+                                          finish_time_s=outcome.finish_time_s))
 
     def close(self) -> None:
         """Flush and close the log (if on)."""

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from lenpred.errors import LenpredError
-from lenpred.intervals import distribution_quantiles
+from lenpred.prediction import head_quantiles
 
 # torch (heads) is imported inside the functions that train: splitting and reading a traffic log need numpy only.
 
@@ -128,15 +128,3 @@ def choose_finetune(base_head, rows: TrafficRows, coverage: float, share: float 
         sweep.append({"epochs": epochs, "lr": lr, "val_mae": mae(finetune_head(base_head, fit_rows, epochs, lr, seed))})
     best = min(sweep, key=lambda r: r["val_mae"])
     return best["epochs"], best["lr"], sweep
-
-
-def head_quantiles(head, X: np.ndarray, caps: np.ndarray, coverage: float) -> tuple[np.ndarray, np.ndarray,
-                                                                                   np.ndarray]:
-    """``(expected, low_raw, high_raw)`` ``(n,)`` tokens of a fitted head on features: the expected capped length
-    and the ``(1 -/+ coverage) / 2`` quantiles of its bin distribution (before any conformal margin), as
-    :func:`lenpred.prediction.raw_quantiles` computes them from requests."""
-    probs = head.predict_proba(X)
-    values = np.minimum(head.centres_[None, :], np.asarray(caps, np.float64)[:, None])
-    tail = (1 - coverage) / 2
-    q = distribution_quantiles(probs, values, (tail, 1 - tail))
-    return (probs * values).sum(axis=1), q[:, 0], q[:, 1]

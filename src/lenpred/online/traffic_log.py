@@ -725,5 +725,5 @@ def predictor_metadata(predictor) -> dict[str, str]:
     import json
 
     c = predictor.config_
-    return {"model_id": str(c["model_id"]), "model_revision": str(c["model_revision"]), "method": str(c["method"]),
-            "layers": json.dumps(c["layers"]), "template_rule": str(c["template_rule"])}
+    return {"model_id": str(c.model_id), "model_revision": str(c.model_revision), "method": str(c.method),
+            "layers": json.dumps(c.layers), "template_rule": str(c.template_rule)}

@@ -12,7 +12,7 @@ import torch
 from lenpred.errors import LenpredError
 from lenpred.heads import HeadConfig, SoftLabelRegressor, head_from_tensors, head_tensors
 from lenpred.pooling import POOLER_KINDS, POOLERS, Pooler
-from lenpred.predictors.registry import Predictor, distinct_requests, max_new_tokens, register
+from lenpred.predictors.registry import Predictor, SignalsRead, distinct_requests, max_new_tokens, register
 from lenpred.signals import TokenSpan
 
 
@@ -85,6 +85,14 @@ class PooledHeadPredictor(Predictor):
         self.pooler = Pooler(self.pooler_name, lambda1, lambda2, alpha)
         self.layer = layer
 
+    def reads(self) -> SignalsRead:
+        """Hidden states at ``layer``, plus entropy and attention where the pooler weighs by them; ``last`` pooling
+        over a span that ends at the prompt's end reads the last prompt token's state alone."""
+        kind = POOLER_KINDS[self.pooler_name]
+        return SignalsRead(self.layer, kind.reads_entropy, kind.needs_semantic_score,
+                           last_token=self.pooler_name == "last" and self.params["pool_span"] != "content",
+                           features=self.predict_distribution is not None)
+
     def spans(self, requests: list) -> list[TokenSpan]:
         """The span each request is pooled over (see :func:`request_spans`)."""
         return request_spans(requests, self.params["pool_span"], self.params["semantic_divisor"])
@@ -136,8 +144,8 @@ class PooledHeadPredictor(Predictor):
 
     def distribution_from_features(self, features: np.ndarray, caps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`predict_distribution` from already pooled ``features`` ``(n, d)`` and caps ``(n,)``."""
-        probs = self.head_.predict_proba(np.asarray(features, np.float32))
-        return probs, np.minimum(self.head_.centres_[None, :], np.asarray(caps, np.float64)[:, None])
+        return self.head_.distribution(np.asarray(features, np.float32), np.asarray(caps, np.float64))
+
     def _get_state(self):
         return head_tensors(self.head_)
 

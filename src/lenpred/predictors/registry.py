@@ -19,6 +19,34 @@ from lenpred.registry import registrar
 PREDICTORS: dict[str, Callable[..., "Predictor"]] = {}
 
 
+@dataclass(frozen=True)
+class SignalsRead:
+    """What a fitted predictor reads of the serving model's prefill signals (:meth:`Predictor.reads`): the one
+    answer a pipeline, a serving engine and a traffic log ask of it.
+
+    Attributes:
+        layer: the hidden-state index it reads (0 = embeddings, ``L`` = the final norm's output, negative from the
+            end), ``None`` when it reads no hidden states (text proxies, floors, self-reports).
+        token_entropy: it reads every prompt position's next-token entropy (nats; the LM head over the prompt).
+        semantic_score: it reads the last layer's attention (ESTP's semantic score; eager attention there).
+        last_token: its whole input is the **last prompt token's** state at ``layer``, which a serving engine
+            captures in its own prefill (``LengthPredictor.predict_states``).
+        features: its head maps a feature vector (``features(requests)`` ``(n, d)`` float32) to a length
+            distribution (``distribution_from_features``): what an engine, a traffic log and a refit feed it.
+    """
+
+    layer: int | None = None
+    token_entropy: bool = False
+    semantic_score: bool = False
+    last_token: bool = False
+    features: bool = False
+
+    @property
+    def hidden_states_only(self) -> bool:
+        """It reads one layer's hidden states and nothing else: a forward that stops at ``layer`` suffices."""
+        return self.layer is not None and not (self.token_entropy or self.semantic_score)
+
+
 @dataclass(eq=False)
 class Request:
     """What a length predictor may look at for one request, before any output token exists.
@@ -119,6 +147,10 @@ class Predictor:
         hyper-parameters of the predictors in ``tune_after``). Default: the constructor's defaults only.
         """
         return [{}]
+
+    def reads(self) -> SignalsRead:
+        """What this predictor reads of the prefill signals (:class:`SignalsRead`); default: none of them."""
+        return SignalsRead()
 
     def diagnostics(self, requests: list[Request]) -> dict[str, Any]:
         """JSON-able facts about how the fitted predictor treats ``requests`` (e.g. pooling weights); default none."""

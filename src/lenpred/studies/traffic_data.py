@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from lenpred.backbone import load_backbone
-from lenpred.inputs.signals import signal_cache_path
+from lenpred.inputs.prefill import signal_cache_path
 
 # torch modules (dataset, inputs.cache) are imported inside the functions.
 

@@ -21,6 +21,7 @@ from starlette.requests import Request  # noqa: E402
 from starlette.responses import JSONResponse, StreamingResponse  # noqa: E402
 from starlette.routing import Route  # noqa: E402
 
+from lenpred.outcome import RequestOutcome  # noqa: E402
 from lenpred.serving.proxy.app import create_app, encode_body, health_endpoint, parse_predicted  # noqa: E402
 from lenpred.serving.proxy.metrics import ProxyMetrics  # noqa: E402
 from lenpred.serving.proxy.state import ProxiedRequest, ProxyState  # noqa: E402
@@ -93,7 +94,7 @@ async def _chat(request):
     return JSONResponse({"choices": [{"finish_reason": "length"}], "usage": {"completion_tokens": body["max_tokens"]}})
 
 
-def test_on_finished_hooks_get_id_prediction_observed_tokens_reason_cap_and_times():
+def test_on_finished_hooks_get_the_request_outcome_id_prediction_and_cap():
     records = []
 
     def broken(record):
@@ -117,11 +118,13 @@ def test_on_finished_hooks_get_id_prediction_observed_tokens_reason_cap_and_time
     assert r.status_code == 200 and s.status_code == 200  # the broken hook did not break the responses
     plain, stream = records
     assert (plain.request_id, plain.client_request_id) == (r.headers["x-lenpred-upstream-request-id"], "c1")
-    assert (plain.outcome, plain.expected_tokens, plain.observed_tokens, plain.finish_reason) == (
+    assert isinstance(plain, RequestOutcome)  # the per-request record shared with the plug-in and the traffic log
+    assert (plain.outcome, plain.expected_tokens, plain.num_output_tokens, plain.finish_reason) == (
         "forwarded", 30.4, 9, "length")
-    assert (plain.max_tokens, plain.prediction_cap_tokens, plain.path) == (9, 9, "/v1/chat/completions")
-    assert t0 <= plain.received_at_s <= plain.first_chunk_at_s <= plain.finished_at_s <= time.time()
-    assert (stream.observed_tokens, stream.finish_reason, stream.max_tokens, stream.prediction_cap_tokens) == (
+    assert (plain.max_new_tokens, plain.prediction_cap_tokens, plain.path) == (9, 9, "/v1/chat/completions")
+    assert t0 <= plain.arrival_time_s <= plain.first_token_time_s <= plain.finish_time_s <= time.time()
+    assert plain.jct_s == plain.finish_time_s - plain.arrival_time_s
+    assert (stream.num_output_tokens, stream.finish_reason, stream.max_new_tokens, stream.prediction_cap_tokens) == (
         2, "stop", 1024, 64)
     assert stream.client_request_id is None and stream.request_id.startswith("lenpred-")
 
@@ -145,7 +148,7 @@ def test_lenpred_serve_logs_answered_requests_with_the_interval_it_served(tiny_b
     teach nothing."""
     from conftest import TINY_PROMPTS, fit_tiny_predictor
 
-    from lenpred.online.learning import OnlineLearning, prompt_features
+    from lenpred.online.learning import OnlineLearning
     from lenpred.serving.proxy.app import traffic_hook
     from lenpred.serving.proxy.batching import LengthPredictorService
     from lenpred.online.traffic_log import TrafficLogConfig, read_traffic_log
@@ -183,4 +186,5 @@ def test_lenpred_serve_logs_answered_requests_with_the_interval_it_served(tiny_b
         assert (float(a.headers["x-lenpred-low"]), float(a.headers["x-lenpred-high"])) == pytest.approx(
             (p.low, p.high), abs=0.051)
         assert c["arrival_time_s"][i] <= c["first_token_time_s"][i] <= c["finish_time_s"][i]
-    np.testing.assert_allclose(log.features, prompt_features(lp, chat, 16), rtol=0, atol=2e-3)  # float16 rows
+    np.testing.assert_allclose(log.features, lp.predict(chat, 16, return_features=True)[1], rtol=0,
+                               atol=2e-3)  # float16 rows

@@ -230,23 +230,29 @@ def test_openai_base_url_with_v1_is_not_doubled():
 def test_cap_beyond_the_context_window_predicts_uncapped_then_clips():
     """A client's max_tokens larger than the predictor's window next to the prompt: predict without a cap, then
     clip to it (not skipped)."""
-    from lenpred.errors import ContextWindowError
-    from lenpred.serving.proxy.app import predictor_fn
+    from types import SimpleNamespace
 
-    class Window:  # a LengthPredictor stand-in: window 100 tokens, prompt = 10 tokens, predicts 80
+    from lenpred.errors import ContextWindowError
+    from lenpred.serving.proxy.batching import LengthPredictorService
+
+    class Window:  # a LengthPredictor stand-in: window 100 tokens, prompt = 10 tokens, predicts 9000 uncapped
+        backbone_ = SimpleNamespace(tokenizer="tok")
         calls = []
 
-        def predict(self, prompts, cap):
+        def prepare(self, prompts, cap, tokenizer=None):
             self.calls.append(cap)
             if cap is not None and 10 + cap > 100:
                 raise ContextWindowError("prompt 0 ... exceeds the model's context window of 100")
-            return [type("P", (), {"expected": min(80.0, cap) if cap else 80.0})() for _ in prompts]
+            return [SimpleNamespace(num_prompt_tokens=10, cap=cap) for _ in prompts]
+
+        def predict(self, requests, **options):
+            return [SimpleNamespace(expected=min(9000.0, r.cap) if r.cap else 9000.0) for r in requests]
 
     w = Window()
-    predict = predictor_fn(w)
-    assert predict(["q"], 50) == 50.0 and w.calls == [50]
-    assert predict(["q"], 8192) == 80.0 and w.calls[1:] == [8192, None]
-    assert predict(["q"], None) == 80.0
+    service = LengthPredictorService(w, tokenizers=1)
+    for cap, want in ((50, 50.0), (8192, 8192.0), (None, 9000.0)):
+        assert service.predict_batch([service.prepare(["q"], cap)]) == [want]
+    assert w.calls == [50, 8192, None, None]  # 8192 did not fit: predicted uncapped (9000), clipped to 8192
 
 
 def test_request_prompts():

@@ -93,12 +93,11 @@ def test_the_contract_module_imports_no_vllm_and_names_versions_and_attributes()
     import subprocess
     import sys
 
-    from lenpred.serving.vllm.contract import VLLM_VERSIONS, missing_attribute, require_attributes, vllm_version_warning
+    from lenpred.serving.vllm.contract import missing_attribute, require_attributes, vllm_version_warning
 
     code = "import sys, lenpred.serving.vllm.contract; print([m for m in sys.modules if m.split('.')[0] == 'vllm'])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
-    assert VLLM_VERSIONS == ("0.32.0",)
     assert vllm_version_warning("0.32.0", "x") is None and vllm_version_warning("0.32.0+cpu", "x") is None
     assert vllm_version_warning("0.33.1", "the lenpred scheduler") == (
         "the lenpred scheduler was written for vLLM 0.32.0, and vLLM 0.33.1 is installed: it relies on non-public vLLM "
@@ -227,16 +226,16 @@ def test_predict_states_equals_predict_without_loading_the_model(fitted_last, tm
         head.predict_states(states[:, :3], lengths, [20, 20])
 
 
-def test_predictors_that_pool_many_tokens_are_refused_by_the_plugin(fitted_last, tmp_path):
+def test_predictors_that_pool_many_tokens_are_refused_by_the_plugin(tiny_backbone):
+    from conftest import fit_tiny_predictor
+
     from lenpred.serving.vllm.config import load_head
 
-    fitted_last.method = "estp"  # what load_head sees of a pooling predictor
-    try:
-        assert fitted_last.engine_layer is None
+    for method in ("egtp", "mean"):  # entropy weights; a mean over every token's state
+        pooling = fit_tiny_predictor(tiny_backbone, method, 1)
+        assert pooling.engine_layer is None
         with pytest.raises(LenpredError, match="reads more than one last-token state"):
-            fitted_last.predict_states(np.zeros((1, 32), np.float32), [3], [5])
-    finally:
-        fitted_last.method = "last"
+            pooling.predict_states(np.zeros((1, 32), np.float32), [3], [5])
     assert load_head(EngineConfig()).engine_layer == 15  # the shipped predictor: last@15
 
 

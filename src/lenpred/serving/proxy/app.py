@@ -69,7 +69,7 @@ import time
 import uuid
 from typing import Any, Callable
 
-from lenpred.errors import ContextWindowError, LenpredError
+from lenpred.errors import LenpredError
 from lenpred.serving.proxy.state import (CAP_HEADER, CLIENT_ID_HEADER, DEFAULT_MAX_TOKENS_HEADER, EXPECTED_HEADER,
                                          HIGH_HEADER, LOW_HEADER, PREDICT_MS_HEADER, PRIORITY_HEADER, SKIPPED_HEADER,
                                          UPSTREAM_ID_HEADER, FinishedHook, FinishedRequest, ProxiedRequest,
@@ -82,23 +82,6 @@ PREDICTED_PATHS = ("/v1/chat/completions", "/v1/completions")
 Predict = Callable[[list, int | None], float]
 """``predict(prompts, max_tokens) -> expected output tokens``: ``prompts`` is a list of prompts, each a string (one
 user turn) or an OpenAI message list; the request's priority comes from the largest prediction."""
-
-
-def predictor_fn(predictor) -> Predict:
-    """A :data:`Predict` over a loaded :class:`lenpred.LengthPredictor` (its ``expected`` field: the expected
-    observed length, clipped to the cap).
-
-    A cap that does not fit the predictor's context window next to the prompt (clients often send a large
-    ``max_tokens`` to an upstream with a longer window) is not an error: the prediction is made uncapped and then
-    clipped to the cap."""
-    def predict(prompts: list, max_tokens: int | None) -> float:
-        try:
-            return max(p.expected for p in predictor.predict(prompts, max_tokens))
-        except ContextWindowError:
-            if max_tokens is None:
-                raise
-        return min(max(p.expected for p in predictor.predict(prompts, None)), float(max_tokens))
-    return predict
 
 
 def _text_content(content: Any) -> Any:
@@ -430,17 +413,16 @@ def create_app(upstream: str, predict, client=None, timeout_s: float | None = No
 
 def traffic_hook(online) -> FinishedHook:
     """The ``on_finished`` hook that teaches ``online`` (a :class:`lenpred.online.learning.OnlineLearning`) from
-    each answered request: its served prediction, ``observed_tokens`` (``usage.completion_tokens``), finish reason
-    and times. Requests without a served prediction (several prompts, skipped, online learning off), without a
-    usage, or not answered (upstream error, client gone) teach nothing: their length is unknown. The traffic log
-    journals the row with one unsynced write (tens of microseconds) and writes its parts on its own thread, so the
-    hook does not block the event loop for long."""
+    each answered request: its served prediction and the request's outcome (``num_output_tokens`` from
+    ``usage.completion_tokens``, finish reason, times). Requests without a served prediction (several prompts,
+    skipped, online learning off), without a usage, or not answered (upstream error, client gone) teach nothing:
+    their length is unknown. The traffic log journals the row with one unsynced write (about 0.1 ms) and writes its
+    parts on its own thread, so the hook does not block the event loop for long."""
 
     def hook(r: FinishedRequest) -> None:
-        if r.served is None or r.observed_tokens is None or r.outcome != "forwarded":
+        if r.served is None or r.num_output_tokens is None or r.outcome != "forwarded":
             return
-        online.finished(r.served, r.observed_tokens, r.finish_reason or "unknown", r.received_at_s,
-                        r.first_chunk_at_s, r.finished_at_s)
+        online.finished(r.served, r)
 
     return hook
 
@@ -544,7 +526,7 @@ def serve(upstream: str, host: str = "127.0.0.1", port: int = 8001, predictor: s
     from lenpred.truncated import truncated_plan
 
     model = LengthPredictor.from_pretrained(predictor, threads=threads)
-    plan = truncated_plan(model) if truncated else None
+    plan = truncated_plan(model.predictor_.reads(), model.backbone_.num_layers) if truncated else None
     how = f"truncated forward to layer {plan.layer} of {plan.num_layers}" if plan else "full prefill"
     message = (f"lenpred serve: {model.method} predictor loaded ({how}); listening on http://{host}:{port}, "
                f"forwarding to {upstream_root(upstream)} with a priority per request (Ctrl-C stops)")

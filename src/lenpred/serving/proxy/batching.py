@@ -91,10 +91,9 @@ class FunctionService:
 class LengthPredictorService:
     """A loaded :class:`lenpred.LengthPredictor` as a service: the request's prompts tokenised with a copy of the
     tokenizer that no other thread uses meanwhile (taken from a pool of copies, never waited for); a batch predicted in
-    one pass (:meth:`~lenpred.LengthPredictor.attach_states`, then ``predict_requests``: truncated forward for
-    hidden-state-only predictors, the chat template's shared prefix computed once:
-    :class:`lenpred.truncated.PrefixCache`). A request's value is its largest prompt's ``expected``
-    (a completions list of prompts).
+    one :meth:`~lenpred.LengthPredictor.predict` call (truncated forward for hidden-state-only predictors, the chat
+    template's shared prefix computed once: :class:`lenpred.truncated.PrefixCache`). A request's value is its largest
+    prompt's ``expected`` (a completions list of prompts).
 
     A cap that does not fit the predictor's context window next to the prompt (clients often send a large
     ``max_tokens`` to an upstream with a longer window) is not an error: the prediction is made uncapped and then
@@ -149,9 +148,9 @@ class LengthPredictorService:
 
     def predict_batch(self, items: list[Prepared]) -> list[float]:
         flat = [r for item in items for r in item.payload[0]]
-        self.predictor.attach_states(flat, self.batch_tokens, self.truncated, self.prefix_cache)
-        features = None if self.online is None else self.predictor.predictor_.features(flat)  # pooled once: logged too
-        predictions = self.predictor.predict_requests(flat, features)
+        out = self.predictor.predict(flat, batch_tokens=self.batch_tokens, truncated=self.truncated,
+                                     prefix_cache=self.prefix_cache, return_features=self.online is not None)
+        predictions, features = out if self.online is not None else (out, None)  # the head's input: logged too
         out, row = [], 0
         for item in items:
             requests, clip = item.payload[:2]

@@ -10,6 +10,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from lenpred.outcome import RequestOutcome
+
 _log = logging.getLogger("lenpred.serving.proxy")
 
 EXPECTED_HEADER, PRIORITY_HEADER, SKIPPED_HEADER = "x-lenpred-expected", "x-lenpred-priority", "x-lenpred-skipped"
@@ -21,40 +23,35 @@ UPSTREAM_ID_HEADER, CLIENT_ID_HEADER = "x-lenpred-upstream-request-id", "x-lenpr
 LOW_HEADER, HIGH_HEADER = "x-lenpred-low", "x-lenpred-high"  # the served interval (online learning on)
 
 
-@dataclass
-class FinishedRequest:
-    """What the proxy knows about one predicted-path request when it ends (the ``on_finished`` hooks' argument).
+@dataclass(kw_only=True)
+class FinishedRequest(RequestOutcome):
+    """What the proxy knows about one predicted-path request when it ends (the ``on_finished`` hooks' argument): the
+    shared per-request record (:class:`lenpred.outcome.RequestOutcome`) and the proxy's own fields.
 
     Attributes:
         request_id: the id sent upstream (``X-Request-Id``; also the response's ``x-lenpred-upstream-request-id``).
+        num_output_tokens: ``usage.completion_tokens`` of the upstream's answer; ``None`` when it carried no usage
+            (a stream without ``stream_options.include_usage``) or did not complete.
+        finish_reason: the answer's last ``finish_reason`` (``stop``, ``length``, ...); ``None`` when absent.
+        max_new_tokens: the generation cap sent upstream (``max_tokens``: the client's, or the proxy's default).
+        arrival_time_s, first_token_time_s, finish_time_s: Unix times (``time.time()``, seconds) of the request's
+            arrival, the upstream's first body chunk (``None``: none arrived) and the end.
+        num_prompt_tokens: ``None`` (the proxy does not count an upstream's prompt tokens).
         client_request_id: the client's own id, ``None`` when it sent none.
         path: ``/v1/chat/completions`` or ``/v1/completions``.
         outcome: ``forwarded``, ``upstream_error``, ``unreachable`` or ``cancelled`` (the ``requests`` metric's label).
         expected_tokens: the prediction (expected output tokens, clipped to ``prediction_cap_tokens``); ``None``
             when the prompt was skipped or the client left while it was predicted.
-        observed_tokens: ``usage.completion_tokens`` of the upstream's answer; ``None`` when it carried no usage
-            (a stream without ``stream_options.include_usage``) or did not complete.
-        finish_reason: the answer's last ``finish_reason`` (``stop``, ``length``, ...); ``None`` when absent.
-        max_tokens: the generation cap sent upstream (the client's, or the proxy's default).
-        prediction_cap_tokens: the cap the prediction was clipped to (``max_tokens`` unless ``x-lenpred-cap``).
-        received_at_s, first_chunk_at_s, finished_at_s: Unix times (``time.time()``, seconds) of the request's
-            arrival, the upstream's first body chunk (``None``: none arrived) and the end.
+        prediction_cap_tokens: the cap the prediction was clipped to (``max_new_tokens`` unless ``x-lenpred-cap``).
         served: the :class:`lenpred.online.learning.ServedPrediction` (interval served, features the head read)
             when the service learns from its traffic and the request had one prompt; else ``None``.
     """
 
-    request_id: str
     client_request_id: str | None
     path: str
     outcome: str
     expected_tokens: float | None
-    observed_tokens: int | None
-    finish_reason: str | None
-    max_tokens: int
     prediction_cap_tokens: int
-    received_at_s: float
-    first_chunk_at_s: float | None
-    finished_at_s: float
     served: Any = None
 
 
@@ -139,9 +136,11 @@ class ProxyState:
         """Call the ``on_finished`` hooks for ``req`` (nothing for passthrough requests, ``req=None``)."""
         if req is None or not self.on_finished:
             return
-        record = FinishedRequest(req.upstream_id, req.client_id, req.path, outcome, req.expected, observed_tokens,
-                                 finish_reason, req.max_tokens, req.prediction_cap_tokens, req.received_at_s,
-                                 req.first_chunk_at_s, time.time(), req.served)
+        record = FinishedRequest(
+            request_id=req.upstream_id, num_output_tokens=observed_tokens, finish_reason=finish_reason,
+            max_new_tokens=req.max_tokens, arrival_time_s=req.received_at_s, first_token_time_s=req.first_chunk_at_s,
+            finish_time_s=time.time(), client_request_id=req.client_id, path=req.path, outcome=outcome,
+            expected_tokens=req.expected, prediction_cap_tokens=req.prediction_cap_tokens, served=req.served)
         for hook in self.on_finished:
             try:
                 hook(record)

@@ -53,6 +53,7 @@ from lenpred.online.adaptive import AdaptiveConfig
 from lenpred.online.learning import OnlineLearning
 from lenpred.online.progressive import start_states, update_batch
 from lenpred.online.traffic_log import TrafficLogConfig
+from lenpred.outcome import RequestOutcome
 from lenpred.serving.parked import (SlotRequest, admission_limit, admission_priority, choose_decoders,
                                     preemption_order)
 from lenpred.serving.vllm.config import EngineConfig, check_served_model, load_head
@@ -431,14 +432,18 @@ class LenpredScheduler(Scheduler):
         if p is None:
             return kv_params, ec_params
         public = p.public()
-        reason = request.get_finished_reason()
+        reason = request.get_finished_reason()  # vLLM's FinishReason prints lower-case: stop, length, abort, error
+        outcome = RequestOutcome(request_id=rid, num_prompt_tokens=p.num_prompt_tokens,
+                                 num_output_tokens=request.num_output_tokens,
+                                 finish_reason=None if reason is None else str(reason).lower(),
+                                 max_new_tokens=p.max_tokens, arrival_time_s=request.arrival_time,
+                                 first_token_time_s=p.first_token_time_s, finish_time_s=time.time())
         if self._lp_online is not None and p.served is not None:
-            self._lp_online.finished(p.served, request.num_output_tokens, str(reason).lower(), request.arrival_time,
-                                     p.first_token_time_s, time.time())
-        if self._lp_log is not None:
+            self._lp_online.finished(p.served, outcome)
+        if self._lp_log is not None:  # its on-disk keys predate RequestOutcome's names: arrival_time is kept
             self._lp_log.write(json.dumps({
-                "request_id": rid, **public, "num_output_tokens": request.num_output_tokens,
-                "finish_reason": None if reason is None else str(reason), "arrival_time": request.arrival_time,
+                "request_id": rid, **public, "num_output_tokens": outcome.num_output_tokens,
+                "finish_reason": outcome.finish_reason, "arrival_time": outcome.arrival_time_s,
                 "num_preemptions": request.num_preemptions, "policy": self.lenpred_config.policy,
                 "client_priority": client_priority,
                 **({} if p.state is None else {"state": p.state.tolist()})}) + "\n")

@@ -1,16 +1,14 @@
-"""One head pass per request on every predict path (issue 29): the head's forward is counted with a hook, and the
-one-pass numbers are checked against the former two-pass formulas (``predict`` for the expectation, then
-``predict_distribution`` for the quantiles), to the bit."""
+"""The last prediction stage (lenpred.prediction): one head pass per request on every predict path (issue 29; the
+head's forward is counted with a hook), and the numbers every path serves checked against a hand-worked
+distribution: the tiny predictor's head is set to give the same bin probabilities for any input."""
 
 import numpy as np
 import pytest
-from conftest import TINY_PROMPTS, fit_tiny_predictor
+from conftest import TINY_PROMPTS, attach_full_prefill, fit_tiny_predictor
 
 from lenpred.errors import LenpredError
-from lenpred.intervals import distribution_quantiles, widened_interval
 from lenpred.online.adaptive import AdaptiveConfig
 from lenpred.online.learning import OnlineLearning
-from lenpred.prediction import raw_quantiles
 
 
 class HeadCalls:
@@ -33,9 +31,7 @@ def last(tiny_backbone):
 
 
 def _with_signals(lp, max_new_tokens=16):
-    requests = lp.prepare(TINY_PROMPTS, max_new_tokens)
-    lp.attach_states(requests)
-    return requests
+    return attach_full_prefill(lp.backbone_, lp.prepare(TINY_PROMPTS, max_new_tokens), 1)
 
 
 def _states(lp):
@@ -46,11 +42,10 @@ def _states(lp):
 PATHS = {
     "predict": lambda lp: lp.predict(TINY_PROMPTS, 16),
     "predict uncapped": lambda lp: lp.predict(TINY_PROMPTS),
-    "predict_prepared truncated": lambda lp: lp.predict_prepared(lp.prepare(TINY_PROMPTS, 16)),
-    "predict_prepared full": lambda lp: lp.predict_prepared(lp.prepare(TINY_PROMPTS, 16), truncated=False),
+    "predict full prefill": lambda lp: lp.predict(TINY_PROMPTS, 16, truncated=False),
+    "predict prepared": lambda lp: lp.predict(lp.prepare(TINY_PROMPTS, 16)),
+    "predict with features": lambda lp: lp.predict(TINY_PROMPTS, 16, return_features=True)[0],
     "predict_states": lambda lp: lp.predict_states(*_states(lp), [16, None, 5]),
-    "raw_quantiles": lambda lp: raw_quantiles(lp.predictor_, _with_signals(lp), lp.coverage),
-    "OnlineLearning.predict": lambda lp: OnlineLearning(lp).predict(_states(lp)[0], max_new_tokens=16),
 }
 
 
@@ -58,8 +53,7 @@ PATHS = {
 def test_every_predict_path_runs_the_head_once(last, one_torch_thread, path):
     with HeadCalls(last) as rows:
         out = PATHS[path](last)
-    assert rows == [3]  # one forward over the three requests
-    assert len(out) == (6 if path == "raw_quantiles" else 3)
+    assert rows == [3] and len(out) == 3  # one forward over the three requests
 
 
 def test_a_pooling_predictor_runs_the_head_once_too(tiny_backbone, one_torch_thread):
@@ -69,20 +63,66 @@ def test_a_pooling_predictor_runs_the_head_once_too(tiny_backbone, one_torch_thr
     assert rows == [3]
 
 
-def test_one_pass_gives_the_two_pass_numbers_to_the_bit(last, one_torch_thread):
-    requests = _with_signals(last)
-    caps = np.full(3, 16.0)
-    want_expected = np.clip(last.predictor_.predict(requests), 0, caps)
-    probs, values = last.predictor_.predict_distribution(requests)
-    tail = (1 - last.coverage) / 2  # 0.09999999999999998 for 0.8, as the former raw_quantiles computed it
-    q = distribution_quantiles(probs, values, (tail, 0.5, 1 - tail))
-    want_low, want_high = widened_interval(q[:, 0], q[:, 2], last.margin_, caps)
-    got = last.predict(TINY_PROMPTS, 16)
-    assert [p.expected for p in got] == want_expected.tolist()
-    assert [p.median for p in got] == np.minimum(q[:, 1], 16).tolist()
-    assert [p.low for p in got] == want_low.tolist() and [p.high for p in got] == want_high.tolist()
-    assert [p.low_raw for p in got] == q[:, 0].tolist() and [p.bin_probs for p in got] == probs.tolist()
+@pytest.fixture(scope="module")
+def fixed(tiny_backbone):
+    """The tiny ``last@1`` predictor with its head set by hand: the last linear layer's weights are zero and its bias
+    ``log p``, so every request gets ``p = (0.1, 0.2, 0.3, 0.4)`` over bin centres ``(10, 20, 30, 80)`` tokens; margin
+    1.5 tokens, coverage 0.8."""
+    import torch
+
+    lp = fit_tiny_predictor(tiny_backbone, "last", 1)
+    head = lp.predictor_.head_
+    final = head.module_.net[-1]
+    with torch.no_grad():
+        final.weight.zero_()
+        final.bias.copy_(torch.log(torch.tensor([0.1, 0.2, 0.3, 0.4])))
+    head.centres_ = np.array([10.0, 20.0, 30.0, 80.0])
+    return lp
+
+
+# Hand-worked, p = (.1, .2, .3, .4): the quantile of level q interpolates the bin values at the mid-CDF points
+# F - p/2 = (.05, .2, .45, .8), clamped beyond them (lenpred.intervals.distribution_quantiles); the interval is
+# [low_raw - 1.5, high_raw + 1.5] clipped to [0, cap].
+#   cap 40: values (10, 20, 30, 40); expected 1 + 4 + 9 + 16 = 30; median (q .5) 30 + 10 * .05/.35;
+#           low_raw (q .1) 10 + 10 * .05/.15; high_raw (q .9, past .8) 40, + 1.5 clipped to 40
+#   no cap: values (10, 20, 30, 80); expected 1 + 4 + 9 + 32 = 46; median 30 + 50 * .05/.35; high_raw 80
+#   cap 5:  every value 5: expected, median and the raw quantiles 5; low 3.5
+HAND = {40: (30.0, 30 + 10 / 7, 10 + 10 / 3 - 1.5, 40.0, 10 + 10 / 3, 40.0),
+        None: (46.0, 30 + 50 / 7, 10 + 10 / 3 - 1.5, 81.5, 10 + 10 / 3, 80.0),
+        5: (5.0, 5.0, 3.5, 5.0, 5.0, 5.0)}
+
+
+def _numbers(p):
+    return (p.expected, p.median, p.low, p.high, p.low_raw, p.high_raw)
+
+
+@pytest.mark.parametrize("cap", [40, None, 5])
+def test_predict_serves_the_hand_worked_distribution(fixed, one_torch_thread, cap):
+    for path in (lambda: fixed.predict(TINY_PROMPTS, cap), lambda: fixed.predict(TINY_PROMPTS, cap, truncated=False),
+                 lambda: fixed.predict(fixed.prepare(TINY_PROMPTS, cap))):
+        got = path()
+        for p in got:
+            assert _numbers(p) == pytest.approx(HAND[cap], abs=1e-5) and p.max_new_tokens == cap
+            assert p.bin_probs == pytest.approx([0.1, 0.2, 0.3, 0.4], abs=1e-6)
     assert "low_raw" not in got[0].to_dict(True)  # the CLI's output is unchanged
+
+
+def test_predict_states_serves_the_hand_worked_distribution(fixed, one_torch_thread):
+    X, lengths = _states(fixed)
+    got = fixed.predict_states(X, lengths, [40, None, 5])
+    for p, cap in zip(got, (40, None, 5)):
+        assert _numbers(p) == pytest.approx(HAND[cap], abs=1e-5) and p.max_new_tokens == cap
+
+
+def test_head_quantiles_of_a_bare_head_are_the_same_numbers(fixed, one_torch_thread):
+    from lenpred.prediction import head_quantiles
+
+    X, _ = _states(fixed)
+    expected, low_raw, high_raw = head_quantiles(fixed.predictor_.head_, X, np.array([40.0, np.inf, 5.0]), 0.8)
+    want = [HAND[c] for c in (40, None, 5)]
+    assert expected.tolist() == pytest.approx([w[0] for w in want], abs=1e-5)
+    assert low_raw.tolist() == pytest.approx([w[4] for w in want], abs=1e-5)
+    assert high_raw.tolist() == pytest.approx([w[5] for w in want], abs=1e-5)
 
 
 @pytest.mark.parametrize("adaptive", [None, "aci", "rolling"])
@@ -99,8 +139,6 @@ def test_predict_states_then_online_learning_runs_the_head_once(last, one_torch_
         assert (s.low, s.high, s.expected) == (p.low, p.high, p.expected)
         assert (s.low_raw, s.high_raw, s.num_prompt_tokens, s.max_new_tokens) == (p.low_raw, p.high_raw,
                                                                                   p.num_prompt_tokens, 16)
-    again = online.predict(X, max_new_tokens=16)  # the features-only path: one more pass, the same numbers
-    assert [(a.low_raw, a.high_raw, a.expected) for a in again] == [(s.low_raw, s.high_raw, s.expected) for s in served]
     np.testing.assert_array_equal(np.stack([s.features for s in served]), X)
 
 

@@ -1,4 +1,6 @@
-"""The ``signals`` input: prefill signals of every prompt (hidden states, entropy, attention received), cached."""
+"""The ``signals`` input: the serving model's prefill signals (hidden states, entropy, attention received) of every
+prompt, from the benchmark's cache (:func:`provide_signals`) or a fresh full prefill (:func:`attach_signals`). Named
+apart from :mod:`lenpred.signals`, which computes them."""
 
 from __future__ import annotations
 
