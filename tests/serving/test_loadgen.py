@@ -125,7 +125,9 @@ def test_a_stall_after_the_first_token_is_the_longest_gap(upstream):
     url, _ = upstream
     stall, normal = run_replay(url, [_req(0, "stall"), _req(1, "normal")], "m")
     assert stall["num_chunks"] == 3 and len(stall["gaps_s"]) == 2
-    assert 0.4 <= stall["max_gap_s"] < 1.5 and stall["max_gap_s"] == stall["gaps_s"][0]  # between tokens 1 and 2
+    # the upstream sleeps 0.4 s between tokens 1 and 2 (its event loop's clock; the client's reads it as 0.39997 s
+    # at times): a gap well above a normal one's, where the sleep is
+    assert 0.35 <= stall["max_gap_s"] < 1.5 and stall["max_gap_s"] == stall["gaps_s"][0]
     assert stall["ttft_s"] < 0.3  # a short TTFT hides the stall
     assert normal["max_gap_s"] < 0.2
 
