@@ -80,7 +80,7 @@ from lenpred.studies.queue_regime import (LENGTH_CLASSES, LENPRED_MODES, QUEUE_M
                                           length_classes, parse_modes, parse_patterns)
 
 RESUME_IGNORES = ("draws", "modes", "patterns", "out", "bootstrap_resamples", "report_only", "plan",
-                  "sim_cost_model")
+                  "sim_cost_model", "cost_model", "capacity_req_s")
 """Settings a finished run does not depend on (runs are keyed ``<draw>/<mode>/<pattern>``)."""
 MAX_NUM_BATCHED_TOKENS = 8192
 
@@ -131,8 +131,11 @@ def regime(args, source) -> dict:
     burst = draw_workload(source.table, source.table.num_rows, args.seed)
     for r in burst:
         r.output_len = source.clip(r.output_len, r.max_new_tokens)
-    cap = fcfs_capacity(burst, CostModel.load(args.cost_model), args.decode_bound, MAX_NUM_BATCHED_TOKENS)
-    cap["cost_model"] = args.cost_model
+    if args.capacity_req_s is not None:  # measured on the engine (stock FCFS's burst runs: N / makespan)
+        cap = {"capacity_req_s": args.capacity_req_s, "how": "given (--capacity-req-s)"}
+    else:
+        cap = fcfs_capacity(burst, CostModel.load(args.cost_model), args.decode_bound, MAX_NUM_BATCHED_TOKENS)
+        cap["cost_model"] = args.cost_model
     return {"decode_bound": args.decode_bound, "kv_cache_bytes": kv, "kv_bytes_per_token": per_token,
             "kv_floor_applied": floored, "kv_dtype": "float32", "max_model_len": stats["max_request_tokens"],
             "split": {k: round(v, 2) for k, v in stats.items()}, "capacity": cap, "plugin": resolved_plugin(args)}
@@ -167,6 +170,23 @@ def planned(args, source, reg: dict) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------------- runs
+
+def check_rates(store: dict, plan: dict) -> None:
+    """Refuse to add runs of a sustained pattern at another arrival rate than its stored runs used (a changed
+    capacity: ``--capacity-req-s`` or the cost model).
+
+    Raises:
+        LenpredError: a stored run's ``rate_req_s`` differs from the planned one (names the pattern and the fix).
+    """
+    for key, rec in store["runs"].items():
+        d, _, pattern = key.split("/")
+        planned_rate = plan.get((int(d), pattern), {}).get("rate_req_s")
+        stored = rec["settings"].get("rate_req_s")
+        if stored is not None and planned_rate is not None and abs(stored - planned_rate) > 1e-9:
+            raise LenpredError(f"{pattern} runs in runs.json arrived at {stored:.4f} req/s, this setting plans "
+                               f"{planned_rate:.4f} req/s: pass the capacity they used (--capacity-req-s) or a new "
+                               "--out")
+
 
 def mode_servers(model_dir: str, settings: dict, log_dir: Path, vllm_cpus, client_cpus):
     """``(servers, plug-in log path)`` of one mode (:func:`lenpred.studies.engine_bench.servers`)."""
@@ -219,8 +239,12 @@ def run(args) -> dict:
     out = Path(args.out)
     source = EngineWorkload(args.max_tokens)
     reg = regime(args, source)
-    store = load_resumable(out / "runs.json", dict(vars(args)), ignore=RESUME_IGNORES, fingerprint={"regime": reg})
+    fixed = {k: v for k, v in reg.items() if k != "capacity"}  # the capacity sets only the sustained patterns' rates
+    store = load_resumable(out / "runs.json", dict(vars(args)), ignore=RESUME_IGNORES,
+                           fingerprint={"engine_regime": fixed})
+    store["regime"] = reg
     plan = planned(args, source, reg)
+    check_rates(store, plan)
     messages = source.messages([p["rows"] for p in plan.values()])
     model_dir = str(resolve_model()[0])
     vllm_cpus = parse_cpu_set(args.vllm_cpus, "--vllm-cpus")
@@ -500,6 +524,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--sim-cost-model", default="results/scripts/serving/cost_vllm_1core.json",
                     help="cost model of the report's simulator on the same runs (predicted / measured mean JCT)")
     ap.add_argument("--plugin-config", default="", help="JSON merged over the plug-in's defaults at D")
+    ap.add_argument("--capacity-req-s", type=float, default=None,
+                    help="stock FCFS capacity at D, requests/s, measured on the engine (N / makespan of its burst "
+                         "runs); sets the sustained patterns' rates (default: simulated with --cost-model)")
     ap.add_argument("--run-timeout-s", type=float, default=3600.0,
                     help="each run ends by then: the client gives up on what is left (outcome cancelled), s")
     ap.add_argument("--vllm-cpus", default="0")
@@ -514,6 +541,7 @@ def parse_args() -> argparse.Namespace:
     raise_first([(args.decode_bound < 1, "--decode-bound must be >= 1"), (args.draws < 1, "--draws must be >= 1"),
                  (args.window_s <= 0, "--window-s must be > 0"),
                  (args.run_timeout_s <= 0, "--run-timeout-s must be > 0"),
+                 (args.capacity_req_s is not None and args.capacity_req_s <= 0, "--capacity-req-s must be > 0"),
                  (args.max_tokens is not None and args.max_tokens < 1, "--max-tokens must be >= 1")])
     return args
 
