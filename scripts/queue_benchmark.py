@@ -440,6 +440,8 @@ def markdown(rep: dict) -> str:
              f"{reg['max_model_len']}. FCFS capacity at D: {cap['capacity_req_s']:.3f} req/s ({cap['how']}; cost "
              f"model {cap['cost_model']}). Plug-in: `{json.dumps(reg['plugin'])}`. Settings: "
              f"`{json.dumps(rep['settings'])}`", ""]
+    if "simulator_cost_model" in rep:
+        lines += [f"The simulator on the same runs uses the cost model `{rep['simulator_cost_model']}`.", ""]
     for pattern, p in rep["patterns"].items():
         lines += pattern_markdown(pattern, p)
     lines += ["Intervals: 95 %, two-stage paired bootstrap over requests clustered by draw. The best lenpred mode is "
