@@ -68,7 +68,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -232,8 +231,7 @@ def run(args) -> dict:
     """Every missing run of the grid (:func:`lenpred.studies.engine_bench.run_grid`); returns the store."""
     from lenpred.backbone import resolve_model
     from lenpred.serving.loadgen import run_replay
-    from lenpred.serving.supervisor import parse_cpu_set
-    from lenpred.studies.engine_bench import EngineWorkload, MODEL_NAME, load_requests, one_run, run_grid
+    from lenpred.studies.engine_bench import EngineWorkload, MODEL_NAME, load_requests, one_run, pin_cores, run_grid
     from lenpred.studies.resume import load_resumable
 
     out = Path(args.out)
@@ -247,10 +245,7 @@ def run(args) -> dict:
     check_rates(store, plan)
     messages = source.messages([p["rows"] for p in plan.values()])
     model_dir = str(resolve_model()[0])
-    vllm_cpus = parse_cpu_set(args.vllm_cpus, "--vllm-cpus")
-    client_cpus = parse_cpu_set(args.client_cpus, "--client-cpus")
-    if client_cpus:
-        os.sched_setaffinity(0, client_cpus)
+    vllm_cpus, client_cpus = pin_cores(args.vllm_cpus, args.client_cpus)
     logs: dict[str, Path | None] = {}
     patterns = [p.name for p in parse_patterns(args.patterns)]
 

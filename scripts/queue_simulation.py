@@ -87,14 +87,12 @@ def run_mode(mode: str, reqs: list, cost, base, max_idle_s: float | None) -> lis
 
 
 def capacity(table, cost, D: int, kv: int, seed: int) -> float:
-    """Requests/s stock FCFS serves at bound D: 512 requests at once over the makespan."""
-    from lenpred.serving.policies import make_policy
-    from lenpred.serving.simulator import SimConfig, simulate
+    """Requests/s stock FCFS serves at bound D with this KV cache: 512 requests at once over the makespan
+    (:func:`lenpred.studies.queue_regime.fcfs_capacity`)."""
+    from lenpred.studies.queue_regime import fcfs_capacity
 
     reqs = draw(table, np.zeros(table.num_rows), 512, seed)
-    s = simulate(reqs, make_policy("fcfs"), cost, SimConfig(max_num_seqs=D, max_num_batched_tokens=8192,
-                                                            kv_cache_tokens=kv, block_size=BLOCK_SIZE))[0]
-    return 512 / s["makespan_s"]
+    return fcfs_capacity(reqs, cost, D, kv_cache_tokens=kv, block_size=BLOCK_SIZE)["capacity_req_s"]
 
 
 def patterns(D: int, cap: float, window_s: float) -> dict[str, tuple]:
@@ -109,7 +107,6 @@ def cell(jct: dict[str, list[np.ndarray]], mode: str, n: int) -> dict:
     """Mean JCT, the paired cut vs stock, p99 ratio and shares of both oracles' gains (request-level, by draw)."""
     from lenpred.metrics import paired_cluster_bootstrap as boot
 
-    np.seterr(all="ignore")  # a share of a zero oracle gain is nan (no queue: every order is equal)
     x = np.concatenate(jct[mode])
     s = np.concatenate(jct["stock"])
     out = {"mean_jct_s": float(x.mean()), "p99_jct_s": float(np.percentile(x, 99)),
@@ -119,9 +116,10 @@ def cell(jct: dict[str, list[np.ndarray]], mode: str, n: int) -> dict:
     out["jct_cut_vs_stock"] = boot({"a": jct["stock"], "b": jct[mode]}, lambda v: 1 - v["b"].mean() / v["a"].mean(), n)
     for o in ("priority:oracle", "priority:prompt_oracle"):
         if mode != o:
-            out[f"share_of_{o.split(':')[1]}"] = boot(
-                {"a": jct["stock"], "b": jct[mode], "o": jct[o]},
-                lambda v: (v["a"].mean() - v["b"].mean()) / (v["a"].mean() - v["o"].mean()), n)
+            with np.errstate(all="ignore"):  # a share of a zero oracle gain is nan (no queue: every order is equal)
+                out[f"share_of_{o.split(':')[1]}"] = boot(
+                    {"a": jct["stock"], "b": jct[mode], "o": jct[o]},
+                    lambda v: (v["a"].mean() - v["b"].mean()) / (v["a"].mean() - v["o"].mean()), n)
     if mode != "priority:prompt_len":
         out["jct_cut_vs_prompt_len"] = boot({"a": jct["priority:prompt_len"], "b": jct[mode]},
                                             lambda v: 1 - v["b"].mean() / v["a"].mean(), n)

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -126,8 +125,7 @@ def mode_servers(model_dir: str, mode: str, args, log_dir: Path, client_cpus, vl
 def run(args) -> tuple[dict, list]:
     from lenpred.backbone import resolve_model
     from lenpred.serving.loadgen import run_replay
-    from lenpred.serving.supervisor import parse_cpu_set
-    from lenpred.studies.engine_bench import MODEL_NAME, load_requests, one_run, run_grid
+    from lenpred.studies.engine_bench import MODEL_NAME, load_requests, one_run, pin_cores, run_grid
     from lenpred.studies.resume import load_resumable
 
     out = Path(args.out)
@@ -136,10 +134,7 @@ def run(args) -> tuple[dict, list]:
     store = load_resumable(path, dict(vars(args)), ignore=RESUME_IGNORES, fingerprint={"capacity": cap})
     draws, messages = workload(args)
     model_dir = str(resolve_model()[0])
-    vllm_cpus = parse_cpu_set(args.vllm_cpus, "--vllm-cpus")
-    client_cpus = parse_cpu_set(args.client_cpus, "--client-cpus")
-    if client_cpus:
-        os.sched_setaffinity(0, client_cpus)
+    vllm_cpus, client_cpus = pin_cores(args.vllm_cpus, args.client_cpus)
     logs: dict[str, Path | None] = {}
 
     def servers_for(d, mode):

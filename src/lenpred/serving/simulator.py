@@ -208,15 +208,17 @@ class _Continuous:
         """``(len(group),)`` tokens whose KV each prefilled request holds: its prompt and all but its last token."""
         return np.array([r.num_prompt_tokens + self.generated[r.request_id] - 1 for r in group], dtype=np.int64)
 
-    def _kv_room(self, steps: int = 1) -> int | None:
-        """Free KV blocks once every decoding request has computed ``steps`` more tokens (negative: short by that
-        many); ``None`` without a KV limit."""
-        if self.cfg.kv_cache_tokens is None:
-            return None
-        held = self._holders()
+    def _free_blocks(self, steps: np.ndarray) -> np.ndarray:
+        """``(len(steps),)`` free KV blocks once every decoding request has computed ``steps[i]`` more tokens (the
+        holders' blocks fixed; negative: short by that many)."""
         total = self.cfg.kv_cache_tokens // self.cfg.block_size
-        grown = int(self._blocks(self._computed(self.running) + steps).sum()) if self.running else 0
-        return total - grown - int(self._blocks(self._computed(held)).sum()) if held else total - grown
+        fixed = int(self._blocks(self._computed(self._holders())).sum())
+        grown = self._blocks(self._computed(self.running)[None, :] + np.asarray(steps)[:, None]).sum(axis=1)
+        return total - fixed - grown
+
+    def _kv_room(self) -> int | None:
+        """Free KV blocks after the next step's growth; ``None`` without a KV limit."""
+        return None if self.cfg.kv_cache_tokens is None else int(self._free_blocks(np.array([1]))[0])
 
     def _holders(self) -> list:
         """Prefilled requests that hold KV blocks without decoding (none here; the parked ones under parked
@@ -227,10 +229,7 @@ class _Continuous:
         """How many of the next ``k`` decode steps fit the KV cache (0: the next one does not)."""
         if self.cfg.kv_cache_tokens is None:
             return k
-        total = self.cfg.kv_cache_tokens // self.cfg.block_size
-        fixed = int(self._blocks(self._computed(self._holders())).sum()) if self._holders() else 0
-        grown = self._blocks(self._computed(self.running)[None, :] + np.arange(1, k + 1)[:, None]).sum(axis=1)
-        over = np.flatnonzero(grown + fixed > total)
+        over = np.flatnonzero(self._free_blocks(np.arange(1, k + 1)) < 0)
         return int(over[0]) if len(over) else k
 
     def _kv_victim(self):
@@ -246,9 +245,8 @@ class _Continuous:
                                f"blocks of {self.cfg.block_size} tokens, more than the cache's "
                                f"{self.cfg.kv_cache_tokens // self.cfg.block_size}: raise kv_cache_tokens")
 
-    def _make_kv_room(self) -> bool:
-        """Preempt (by recomputation) until the next step's growth fits; whether any request was preempted."""
-        preempted = False
+    def _make_kv_room(self) -> None:
+        """Preempt (by recomputation) until the next step's growth fits."""
         while self.running and self._kv_room() < 0:
             victim = self._kv_victim()
             group = self.running if victim in self.running else self._holders()
@@ -256,8 +254,6 @@ class _Continuous:
             self.preemptions[victim.request_id] += 1
             self.waiting.append(victim)
             self.idle_since[victim.request_id] = self.step
-            preempted = True
-        return preempted
 
     def _rank(self, r, waiting: bool) -> tuple:
         aged = (waiting and self.policy.aging_steps is not None

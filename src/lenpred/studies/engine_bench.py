@@ -157,6 +157,20 @@ def engine_env() -> None:
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 
 
+def pin_cores(vllm_cpus: str, client_cpus: str) -> tuple[set[int] | None, set[int] | None]:
+    """``(engine cores, client cores)`` parsed from the ``--vllm-cpus`` / ``--client-cpus`` settings; this process
+    (the client, and the proxy it starts) is pinned to the client cores when any are given.
+
+    Raises:
+        LenpredError: a malformed core list (:func:`lenpred.serving.supervisor.parse_cpu_set`)."""
+    from lenpred.serving.supervisor import parse_cpu_set
+
+    engine, client = parse_cpu_set(vllm_cpus, "--vllm-cpus"), parse_cpu_set(client_cpus, "--client-cpus")
+    if client:
+        os.sched_setaffinity(0, client)
+    return engine, client
+
+
 def vllm_command(model_dir: str, max_num_seqs: int, kv_cache_bytes: int, max_model_len: int = 4096,
                  extra: tuple[str, ...] | list[str] = ()) -> list[str]:
     """``python -m vllm.entrypoints.openai.api_server`` on ``127.0.0.1:PORT``: float32, eager, no chunked prefill,

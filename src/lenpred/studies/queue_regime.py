@@ -188,12 +188,14 @@ def sustained_num_requests(rate_req_s: float, window_s: float) -> int:
     return max(1, int(round(rate_req_s * window_s)))
 
 
-def fcfs_capacity(requests: list, cost, decode_bound: int, max_num_batched_tokens: int = 8192) -> dict:
+def fcfs_capacity(requests: list, cost, decode_bound: int, max_num_batched_tokens: int = 8192,
+                  kv_cache_tokens: int | None = None, block_size: int = 128) -> dict:
     """Requests/s stock FCFS serves at ``decode_bound``: the simulator (:func:`lenpred.serving.simulator.simulate`,
     the cost model ``cost``) runs ``requests`` all at once with ``max_num_seqs = D``; capacity = N / makespan.
 
     Args:
         requests: :class:`~lenpred.studies.workload.WorkloadRequest` with the output lengths to simulate.
+        kv_cache_tokens, block_size: the simulated KV cache (``None``: unbounded).
 
     Returns:
         ``capacity_req_s`` with the makespan (s), N, throughput (tok/s) and how it was computed.
@@ -201,7 +203,8 @@ def fcfs_capacity(requests: list, cost, decode_bound: int, max_num_batched_token
     from lenpred.serving.policies import make_policy
     from lenpred.serving.simulator import SimConfig, simulate
 
-    cfg = SimConfig(max_num_seqs=decode_bound, max_num_batched_tokens=max_num_batched_tokens, arrival="all")
+    cfg = SimConfig(max_num_seqs=decode_bound, max_num_batched_tokens=max_num_batched_tokens, arrival="all",
+                    kv_cache_tokens=kv_cache_tokens, block_size=block_size)
     s = simulate(requests, make_policy("fcfs"), cost, cfg)[0]
     return {"capacity_req_s": s["num_requests"] / s["makespan_s"], "makespan_s": s["makespan_s"],
             "num_requests": s["num_requests"], "throughput_tok_s": s["throughput_tok_s"],

@@ -212,9 +212,15 @@ class LenpredScheduler(Scheduler):
 
     def add_request(self, request) -> None:
         self._lp_client_priority[request.request_id] = request.priority  # before the policy overwrites it
-        if self.lenpred_config.admit_by != "arrival":  # the first stage of the two-stage rank: vLLM's waiting heap
-            request.priority = admission_priority(self.lenpred_config.admit_by, request.num_prompt_tokens)
+        self._lenpred_admission_rank(request)
         super().add_request(request)
+
+    def _lenpred_admission_rank(self, request) -> None:
+        """Under ``admit_by`` other than arrival, a waiting request's vLLM ``priority`` is its admission rank
+        (:func:`lenpred.serving.parked.admission_priority`): the first stage of the two-stage rank, vLLM's waiting
+        heap orders by it."""
+        if self.lenpred_config.admit_by != "arrival":
+            request.priority = admission_priority(self.lenpred_config.admit_by, request.num_prompt_tokens)
 
     def update_from_output(self, scheduler_output, model_runner_output):
         states = getattr(model_runner_output, STATES_ATTR, None)
@@ -398,8 +404,7 @@ class LenpredScheduler(Scheduler):
             self.lenpred_counters[counter] += 1
             self.lenpred_counters["recomputed_tokens"] += r.num_computed_tokens
             self.running.remove(r)
-            if self.lenpred_config.admit_by != "arrival":  # it waits again: back to the admission order's key
-                r.priority = admission_priority(self.lenpred_config.admit_by, r.num_prompt_tokens)
+            self._lenpred_admission_rank(r)  # it waits again: back to the admission order's key
             self._preempt_request(r, now)
             self._lp_decoding.discard(r.request_id)
 
