@@ -14,9 +14,11 @@ Arrival patterns (``--patterns``, default ``burst8,gamma1x1.1``: issue 38's two 
 * ``burst<k>``: N = k·D requests all at ``t = 0`` (``burst4``, ``burst8``; any k: the regime map's depths);
 * ``gamma<cv>x<load>``: Gamma inter-arrivals with CV ``cv`` (:func:`lenpred.serving.simulator.arrival_times`) at
   ``load`` x the stock FCFS capacity at D, for ``--window-s`` (600 s): N = round(rate x window), then arrivals stop
-  and the run ends when the queue drains. The capacity (requests/s) is N / makespan of stock FCFS at
-  ``max_num_seqs`` D simulated on the whole test split at once with the cost model ``--cost-model`` (this machine's
-  vLLM one by default; a flag, so a cost model measured with sampling can replace it); with D = 16: 0.371 req/s.
+  and the run ends when the queue drains. The capacity (requests/s) is the one measured on the engine and passed as
+  ``--capacity-req-s`` (stock FCFS's burst runs: 0.20 req/s at D = 16 on this machine, both as 128 / makespan and as
+  requests finished per second while the queue was full); without it, N / makespan of stock FCFS at ``max_num_seqs``
+  D simulated on the whole test split at once with ``--cost-model`` (this machine's vLLM measured with the requests'
+  own sampling: 0.228 req/s at D = 16, 14 % above the engine's, as the simulator's stock JCT is 12 % below).
 
 Per draw d (seed ``--seed`` + d) each pattern draws its own N requests from the test split (every scenario mixed),
 each sent as a streaming chat request with its recorded seed, temperature, top_p and cap (1,024 / 512 tokens;
@@ -51,14 +53,18 @@ Report (``--out``, default ``results/scripts/serving/queue/``: ``report.json``, 
 p99 JCT, mean TTFT, throughput; mean-JCT cut vs stock with two-stage bootstrap intervals over requests clustered by
 draw; each mode's share of the prompt oracle's and the recorded oracle's gain; the best lenpred mode against
 ``priority_prompt_len``; p99 JCT and throughput ratios to stock; mean JCT by length class (thirds of the recorded
-length); and issue 38's acceptance checks for the best lenpred mode.
+length); and issue 38's acceptance checks for the best lenpred mode. The modes run in the most draws are paired on
+the draws they share; a mode run in fewer (added later, or a draw still running) gets its own row, paired with stock
+on its draws, rather than cutting every comparison down to them.
 
-Size: at D = 16 a draw of the two acceptance patterns is about 20 minutes per mode (burst8 = 128 requests; gamma1x1.1
-= 245 requests over 600 s, then the drain), about 2.5 hours for all seven modes; 5 draws about 12-13 hours::
+Size: at D = 16 a run is about 12 minutes (burst8 = 128 requests: 640-710 s; gamma1x1.1 at 0.22 req/s = 132
+requests over 600 s, then the drain) and a draw of one pattern in all seven modes about 85 minutes; the two
+acceptance patterns at 5 draws take about 14 hours, so they run over several sessions (a restart resumes)::
 
-    .venv-vllm/bin/python scripts/queue_benchmark.py                      # the acceptance patterns, 5 draws
-    .venv-vllm/bin/python scripts/queue_benchmark.py --draws 1 --out /tmp/queue   # one draw (~2.5 h)
-    .venv-vllm/bin/python scripts/queue_benchmark.py --draws 2 --patterns burst4,gamma1x0.9,gamma3x0.9,gamma3x1.1
+    .venv-vllm/bin/python scripts/queue_benchmark.py --capacity-req-s 0.20          # the acceptance patterns, 5 draws
+    .venv-vllm/bin/python scripts/queue_benchmark.py --patterns burst8 --draws 1 --out /tmp/queue   # one draw (~85 min)
+    .venv-vllm/bin/python scripts/queue_benchmark.py --draws 2 --patterns burst2,burst4 \
+        --modes stock,plugin,priority_oracle                              # the regime map's shallower depths
     .venv-vllm/bin/python scripts/queue_benchmark.py --plan               # the resolved regime and runs; starts nothing
 
 The prompts are re-read from ``../shared/datasets`` (elsewhere set ``LENPRED_DATA_DIR``).
@@ -74,7 +80,7 @@ import numpy as np
 
 from lenpred.errors import LenpredError, raise_first
 from lenpred.studies.engine_bench import (complete_draws, cpu_lock, engine_env, fmt_ci, gain_share, latency_cell,
-                                          mean_cut, paired, pct, pooled, run_key)
+                                          mean_cut, mode_draws, paired, pct, pooled, run_key)
 from lenpred.studies.queue_regime import (LENGTH_CLASSES, LENPRED_MODES, QUEUE_MODES, STANDARD_PATTERNS,
                                           length_classes, parse_modes, parse_patterns)
 
@@ -359,6 +365,24 @@ def pattern_report(store: dict, pattern: str, num_draws: int, n: int) -> dict | 
     out["acceptance"] = acceptance(out["modes"], out["best_lenpred"], len(done))
     out["length_classes"] = by_length_class(store, done, pattern, modes, jct)
     out["jct_pooled"] = {m: pooled(jct[m]) for m in modes}
+    out["fewer_draws"] = fewer_draws(store, pattern, modes, num_draws, n)
+    return out
+
+
+def fewer_draws(store: dict, pattern: str, modes: list[str], num_draws: int, n: int) -> dict:
+    """Each mode run in fewer draws than ``modes`` (those :func:`complete_draws` pairs): paired with stock, and with
+    each oracle that ran in all its draws, on the draws it has (its own ``draws``); same cells as the main table."""
+    out = {}
+    for m, ds in mode_draws(store, pattern, QUEUE_MODES, num_draws).items():
+        ds = [d for d in ds if run_key(d, "stock", pattern) in store["runs"]]
+        if m in modes or not ds:
+            continue
+        group = ["stock", m] + [o for o in ("priority_prompt_oracle", "priority_oracle") if o != m and all(
+            run_key(d, o, pattern) in store["runs"] for d in ds)]
+        runs = {x: [store["runs"][run_key(d, x, pattern)] for d in ds] for x in group}
+        cells = {x: latency_cell(runs[x]) for x in group}
+        versus_stock(cells, paired(store, ds, pattern, group), runs, n)
+        out[m] = {"draws": ds, **cells[m]}
     return out
 
 
@@ -403,8 +427,10 @@ def add_simulated(rep: dict, store: dict, cost_model: str) -> None:
     cost = CostModel.load(cost_model)
     seed = store["config"]["seed"]
     for pattern, p in rep["patterns"].items():
-        for mode, cell in p["modes"].items():
-            runs = [(d, store["runs"][run_key(d, mode, pattern)]) for d in p["draws"]]
+        cells = [(mode, cell, p["draws"]) for mode, cell in p["modes"].items()]
+        cells += [(mode, cell, cell["draws"]) for mode, cell in p.get("fewer_draws", {}).items()]
+        for mode, cell, draws in cells:
+            runs = [(d, store["runs"][run_key(d, mode, pattern)]) for d in draws]
             sim = [simulated_mean_jct(rec, rep["regime"], cost, seed + d) for d, rec in runs]
             real = [np.mean([r["jct_s"] for r in rec["results"] if r["outcome"] == "ok"]) for _, rec in runs]
             cell["simulated_mean_jct_s"] = float(np.mean(sim))
@@ -439,6 +465,17 @@ def markdown(rep: dict) -> str:
         lines += [f"The simulator on the same runs uses the cost model `{rep['simulator_cost_model']}`.", ""]
     for pattern, p in rep["patterns"].items():
         lines += pattern_markdown(pattern, p)
+    if rep.get("regime_map"):
+        from lenpred.tables import markdown_table
+
+        def cut(c: dict) -> str:
+            sim = "" if c["simulated_cut"] is None else f"sim {c['simulated_cut']:+.1%}; "
+            return f"{fmt_ci(c['measured_cut'], pct)} ({sim}draws {c['draws']})"
+
+        lines += ["## Regime map: mean-JCT cut vs stock by queue depth (bursts of N = k·D; `regime_map.png`)", "",
+                  markdown_table(["N / D", *MAP_MODES], [[str(k), *(cut(cells[m]) if m in cells else "–"
+                                                                    for m in MAP_MODES)]
+                                                          for k, cells in rep["regime_map"].items()]), ""]
     lines += ["Intervals: 95 %, two-stage paired bootstrap over requests clustered by draw. The best lenpred mode is "
               "chosen on the runs it is scored on. Shares of an oracle's gain are unstable when that gain is near 0.",
               ""]
@@ -467,10 +504,20 @@ def pattern_markdown(pattern: str, p: dict) -> list[str]:
                              [[m, fmt_ci(x["jct_cut_vs_stock"], pct), get(x, "share_of_priority_prompt_oracle", sh),
                                get(x, "share_of_priority_oracle", sh), fmt_ci(x["p99_jct_ratio_vs_stock"], sh),
                                f"{x['throughput_ratio_vs_stock']:.3f}"] for m, x in cells.items() if m != "stock"]), ""]
-    if all("simulated_mean_jct_s" in x for x in cells.values()):
+    simulated = {**cells, **p.get("fewer_draws", {})}
+    if all("simulated_mean_jct_s" in x for x in simulated.values()):
         lines += ["Simulator on the same runs (predicted mean JCT s / measured): " + "; ".join(
-            f"{m} {x['simulated_mean_jct_s']:.1f} ({x['simulated_over_measured']:.2f})" for m, x in cells.items())
+            f"{m} {x['simulated_mean_jct_s']:.1f} ({x['simulated_over_measured']:.2f})" for m, x in simulated.items())
             + ".", ""]
+    if p.get("fewer_draws"):
+        lines += ["Modes run in fewer draws, each paired with stock (and the oracles) on its own draws:", "",
+                  markdown_table(["mode", "draws", "mean JCT s", "mean JCT cut vs stock", "share of prompt-oracle gain",
+                                  "share of oracle gain", "p99 JCT / stock", "tok/s / stock"],
+                                 [[m, str(x["draws"]), f"{x['mean_jct_s']:.1f}", fmt_ci(x["jct_cut_vs_stock"], pct),
+                                   get(x, "share_of_priority_prompt_oracle", sh),
+                                   get(x, "share_of_priority_oracle", sh),
+                                   fmt_ci(x["p99_jct_ratio_vs_stock"], sh), f"{x['throughput_ratio_vs_stock']:.3f}"]
+                                  for m, x in p["fewer_draws"].items()]), ""]
     classes = p["length_classes"]
     bounds = ", ".join(f"{name} <= {b:.0f}" for name, b in zip(LENGTH_CLASSES, classes["upper_tokens"]) if b)
     lines += [f"Mean JCT (s) by length class (thirds of the recorded length, tokens: {bounds}):", "",
@@ -487,14 +534,73 @@ def pattern_markdown(pattern: str, p: dict) -> list[str]:
     return lines
 
 
+MAP_MODES = ("priority_prompt_len", "priority_lenpred", "plugin", "priority_oracle")
+"""The regime map's modes: the free baseline, both lenpred paths and the recorded-length oracle."""
+
+
+def regime_map(rep: dict) -> dict:
+    """Issue 38's regime map from the burst patterns run (``burst<k>``: N = k·D at once): per depth k and mode of
+    :data:`MAP_MODES` that ran, the measured mean-JCT cut vs stock (paired interval, on the mode's draws) and the
+    simulator's cut on the same runs (1 − simulated mean JCT / simulated stock's); depths ascending."""
+    out = {}
+    for name, p in rep["patterns"].items():
+        depth = parse_patterns(name)[0].depth
+        if depth is None or "jct_pooled" not in p:
+            continue
+        cells = {**p["modes"], **p.get("fewer_draws", {})}
+        sim_stock = cells["stock"].get("simulated_mean_jct_s")
+        out[depth] = {m: {"measured_cut": cells[m]["jct_cut_vs_stock"],
+                          "simulated_cut": None if sim_stock is None
+                          else 1 - cells[m]["simulated_mean_jct_s"] / sim_stock,
+                          "draws": cells[m].get("draws", p["draws"])}
+                      for m in MAP_MODES if m in cells}
+    return dict(sorted(out.items()))
+
+
+def plot_regime_map(rmap: dict, path: Path, decode_bound: int) -> None:
+    """Measured cut (points, 95 % intervals) and the simulator's on the same runs (dashed, crosses) vs depth N/D."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for i, mode in enumerate(MAP_MODES):
+        depths = [k for k, cells in rmap.items() if mode in cells]
+        if not depths:
+            continue
+        c = [rmap[k][mode]["measured_cut"] for k in depths]
+        line = ax.errorbar(depths, [100 * v[0] for v in c], yerr=[[100 * (v[0] - v[1]) for v in c],
+                                                                   [100 * (v[2] - v[0]) for v in c]],
+                           marker="o", capsize=3, label=f"{mode} (engine)")
+        sim = [(k, rmap[k][mode]["simulated_cut"]) for k in depths if rmap[k][mode]["simulated_cut"] is not None]
+        if sim:
+            ax.plot([k for k, _ in sim], [100 * v for _, v in sim], ls="--", marker="x", color=line[0].get_color(),
+                    alpha=0.7)
+    ax.axhline(0, color="grey", lw=0.8, label="stock FCFS")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(list(rmap), [str(k) for k in rmap])
+    ax.set_xlabel("queue depth N / D (all at once)")
+    ax.set_ylabel("mean JCT cut vs stock (%)")
+    ax.set_title(f"vllm serve, 1 core, D = {decode_bound}; dashed / x: simulator on the same runs", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def save_report(args, store: dict) -> None:
-    """Write ``report.json``, ``report.md`` and a JCT CDF per pattern under ``--out``; print the Markdown."""
+    """Write ``report.json``, ``report.md``, a JCT CDF per pattern and, with a burst run, the regime map
+    (``regime_map.png``) under ``--out``; print the Markdown."""
     from lenpred.io import write_json
     from lenpred.studies.scheduling_report import plot_jct_cdf
 
     out = Path(args.out)
     rep = report(store, args.bootstrap_resamples)
     add_simulated(rep, store, args.sim_cost_model)
+    rep["regime_map"] = regime_map(rep)
+    if rep["regime_map"]:
+        plot_regime_map(rep["regime_map"], out / "regime_map.png", rep["regime"]["decode_bound"])
     write_json(out / "report.json", rep)
     (out / "report.md").write_text(markdown(rep))
     for pattern, p in rep["patterns"].items():
@@ -516,9 +622,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--window-s", type=float, default=600.0, help="arrival window of the gamma patterns, s")
     ap.add_argument("--max-tokens", type=int, default=None,
                     help="clip every recorded cap to this many tokens (a labelled diagnostic; default: none)")
-    ap.add_argument("--cost-model", default="results/scripts/serving/cost_vllm_1core.json",
+    ap.add_argument("--cost-model", default="results/scripts/serving/cost_vllm_1core_sampled.json",
                     help="cost model of the simulated FCFS capacity at D")
-    ap.add_argument("--sim-cost-model", default="results/scripts/serving/cost_vllm_1core.json",
+    ap.add_argument("--sim-cost-model", default="results/scripts/serving/cost_vllm_1core_sampled.json",
                     help="cost model of the report's simulator on the same runs (predicted / measured mean JCT)")
     ap.add_argument("--plugin-config", default="", help="JSON merged over the plug-in's defaults at D")
     ap.add_argument("--capacity-req-s", type=float, default=None,

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from lenpred.studies.engine_bench import (PORT, complete_draws, latency_cell, paired, rotated, row_priority, run_key,
-                                          servers, vllm_command)
+from lenpred.studies.engine_bench import (PORT, complete_draws, latency_cell, mode_draws, paired, rotated, row_priority,
+                                          run_key, servers, vllm_command)
 
 
 def _result(i: int, jct: float, outcome: str = "ok") -> dict:
@@ -32,10 +32,17 @@ def test_paired_keeps_requests_ok_under_every_mode_and_complete_draws():
     store = {"runs": {run_key(0, "stock", "b"): _run([_result(0, 4.0), _result(1, 6.0), _result(2, 8.0)]),
                       run_key(0, "fast", "b"): _run([_result(0, 2.0), _result(1, 3.0, "failed"), _result(2, 5.0)]),
                       run_key(1, "stock", "b"): _run([_result(0, 1.0)])}}
-    modes, done = complete_draws(store, "b", ("stock", "fast", "other"), 2)
-    assert modes == ["stock", "fast"] and done == [0]  # draw 1 lacks "fast"
-    jct = paired(store, done, "b", modes)
+    jct = paired(store, [0], "b", ["stock", "fast"])
     assert [v.tolist() for v in jct["stock"]] == [[4.0, 8.0]] and [v.tolist() for v in jct["fast"]] == [[2.0, 5.0]]
+    # "fast" ran in one draw of two: the draws stock (the reference) has are kept, "fast" is paired on its own
+    assert mode_draws(store, "b", ("stock", "fast", "other"), 2) == {"stock": [0, 1], "fast": [0]}
+    assert complete_draws(store, "b", ("stock", "fast", "other"), 2) == (["stock"], [0, 1])
+    store["runs"][run_key(1, "fast", "b")] = _run([_result(0, 0.5)])
+    store["runs"][run_key(1, "other", "b")] = _run([_result(0, 0.7)])
+    assert complete_draws(store, "b", ("stock", "fast", "other"), 2) == (["stock", "fast"], [0, 1])
+    del store["runs"][run_key(1, "stock", "b")]  # the reference's draws decide: a draw stock has not run yet waits
+    assert complete_draws(store, "b", ("stock", "fast", "other"), 2) == (["stock", "fast"], [0])
+    assert complete_draws({"runs": {}}, "b", ("stock",), 2) == ([], [])
 
 
 def test_latency_cell():

@@ -315,12 +315,22 @@ def run_grid(store: dict, path: Path, num_draws: int, all_modes, modes, patterns
 
 # ---------------------------------------------------------------------------------------------------- report
 
+def mode_draws(store: dict, pattern: str, all_modes, num_draws: int) -> dict[str, list[int]]:
+    """Per mode of ``all_modes`` (in its order) with at least one run of ``pattern``: the draws that have it."""
+    draws = {m: [d for d in range(num_draws) if run_key(d, m, pattern) in store["runs"]] for m in all_modes}
+    return {m: ds for m, ds in draws.items() if ds}
+
+
 def complete_draws(store: dict, pattern: str, all_modes, num_draws: int) -> tuple[list[str], list[int]]:
-    """The modes (in ``all_modes``'s order) with at least one run of ``pattern``, and the draws in which every one
-    of them has it (only those are paired)."""
-    modes = [m for m in all_modes if any(run_key(d, m, pattern) in store["runs"] for d in range(num_draws))]
-    done = [d for d in range(num_draws) if all(run_key(d, m, pattern) in store["runs"] for m in modes)]
-    return modes, done
+    """The draws of ``pattern`` the reference mode (the first of ``all_modes`` with a run: stock) ran in, and the
+    modes (in ``all_modes``'s order) that ran in every one of them: only those are paired. A mode run in fewer
+    draws (added later, or a draw still running) is left out rather than cutting every comparison down to its
+    draws: pair it separately on its own draws (:func:`mode_draws`)."""
+    draws = mode_draws(store, pattern, all_modes, num_draws)
+    if not draws:
+        return [], []
+    done = next(iter(draws.values()))
+    return [m for m, ds in draws.items() if set(done) <= set(ds)], done
 
 
 def paired(store: dict, draws_done: list[int], pattern: str, modes: list[str], key: str = "jct_s"):

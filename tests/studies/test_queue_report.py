@@ -1,0 +1,74 @@
+"""``scripts/queue_benchmark.py --report-only`` on a hand-made ``runs.json``: which draws pair which modes, the cuts
+against stock, a mode run in fewer draws paired on its own, and the regime map (no engine)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PLUGIN = {"policy": "srpt", "plp": False, "decode_slots": 2, "prefill_ahead": 2, "admit_by": "prompt_len",
+          "max_idle_s": None}
+
+
+def _run(mode: str, pattern: str, jcts: list[float]) -> dict:
+    plugin = PLUGIN if mode == "plugin" else None
+    settings = {"mode": mode, "pattern": pattern, "num_requests": len(jcts), "rate_req_s": None, "max_num_seqs": 2,
+                "kv_cache_bytes": 46080 * 4096, "scheduling_policy": "fcfs" if mode == "stock" else "priority",
+                "priority": None, "proxy": None, "plugin": plugin}
+    results = [{"request_id": i, "outcome": "ok", "jct_s": j, "ttft_s": j / 2, "finish_reason": "stop",
+                "completion_tokens": 10 * (i + 1), "prompt_tokens": 20, "priority": None,
+                "priority_sent": float(10 * (i + 1)), "recorded_output_tokens": 10 * (i + 1)}
+               for i, j in enumerate(jcts)]
+    log = [{"request_id": f"x-q{i}-y", "expected": 10.0 * (i + 1)} for i in range(len(jcts))] if plugin else []
+    return {"settings": settings, "results": results, "summary": {"throughput_tok_s": 50.0}, "preemptions": 0.0,
+            "loadavg_1m_before": 0.1, "plugin_log": log}
+
+
+@pytest.fixture
+def report(tmp_path: Path) -> dict:
+    runs = {}
+    for pattern in ("burst4", "burst8"):
+        runs[f"0/stock/{pattern}"] = _run("stock", pattern, [10.0, 20.0, 30.0])
+        runs[f"0/plugin/{pattern}"] = _run("plugin", pattern, [5.0, 10.0, 15.0])
+        runs[f"1/stock/{pattern}"] = _run("stock", pattern, [10.0, 10.0, 10.0])
+        runs[f"1/plugin/{pattern}"] = _run("plugin", pattern, [10.0, 10.0, 10.0])
+        runs[f"0/priority_oracle/{pattern}"] = _run("priority_oracle", pattern, [4.0, 8.0, 12.0])  # draw 0 only
+    regime = {"decode_bound": 2, "kv_cache_bytes": 46080 * 4096, "kv_bytes_per_token": 46080, "kv_floor_applied": False,
+              "kv_dtype": "float32", "max_model_len": 2422, "plugin": PLUGIN,
+              "capacity": {"capacity_req_s": 0.2, "how": "given (--capacity-req-s)", "cost_model": None}}
+    (tmp_path / "runs.json").write_text(json.dumps({"config": {"seed": 100, "max_tokens": None}, "regime": regime,
+                                                    "runs": runs}))
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "queue_benchmark.py"), "--report-only", "--out",
+                    str(tmp_path), "--bootstrap-resamples", "50", "--sim-cost-model",
+                    str(ROOT / "results/scripts/serving/cost_vllm_1core_sampled.json")],
+                   check=True, cwd=ROOT, capture_output=True, text=True)
+    assert (tmp_path / "regime_map.png").stat().st_size > 0 and (tmp_path / "report.md").exists()
+    return json.loads((tmp_path / "report.json").read_text())
+
+
+def test_modes_in_fewer_draws_are_paired_on_their_own(report):
+    p = report["patterns"]["burst8"]
+    # stock and the plug-in ran in both draws: paired over both, the oracle's single draw does not cut them down
+    assert p["draws"] == [0, 1] and list(p["modes"]) == ["stock", "plugin"]
+    # pooled over both draws: 1 - (30 + 30) / (60 + 30)
+    assert p["modes"]["plugin"]["jct_cut_vs_stock"][0] == pytest.approx(1 / 3)
+    oracle = p["fewer_draws"]["priority_oracle"]
+    assert oracle["draws"] == [0] and oracle["jct_cut_vs_stock"][0] == pytest.approx(1 - 8 / 20)
+    assert oracle["p99_jct_ratio_vs_stock"][0] == pytest.approx(
+        (8 + 0.98 * 4) / (20 + 0.98 * 10))  # numpy's linear percentile of (4, 8, 12) over (10, 20, 30)
+
+
+def test_regime_map_orders_depths_and_matches_the_cells(report):
+    rmap = report["regime_map"]
+    assert list(rmap) == ["4", "8"]  # N / D ascending (JSON keys)
+    cell = rmap["8"]["plugin"]
+    assert cell["measured_cut"] == report["patterns"]["burst8"]["modes"]["plugin"]["jct_cut_vs_stock"]
+    sim = report["patterns"]["burst8"]["modes"]
+    assert cell["simulated_cut"] == pytest.approx(1 - sim["plugin"]["simulated_mean_jct_s"]
+                                                  / sim["stock"]["simulated_mean_jct_s"])
+    assert rmap["8"]["priority_oracle"]["draws"] == [0] and "priority_lenpred" not in rmap["8"]
