@@ -53,9 +53,9 @@ Report (``--out``, default ``results/scripts/serving/queue/``: ``report.json``, 
 p99 JCT, mean TTFT, throughput; mean-JCT cut vs stock with two-stage bootstrap intervals over requests clustered by
 draw; each mode's share of the prompt oracle's and the recorded oracle's gain; the best lenpred mode against
 ``priority_prompt_len``; p99 JCT and throughput ratios to stock; mean JCT by length class (thirds of the recorded
-length); and issue 38's acceptance checks for the best lenpred mode. The modes run in the most draws are paired on
-the draws they share; a mode run in fewer (added later, or a draw still running) gets its own row, paired with stock
-on its draws, rather than cutting every comparison down to them.
+length); and issue 38's acceptance checks for the best lenpred mode. The modes that ran in every draw stock ran in
+are paired on those draws; a mode run in fewer (added later, or a draw still running) gets its own row, paired with
+stock on its draws, rather than cutting every comparison down to them.
 
 Size: at D = 16 a run is about 12 minutes (burst8 = 128 requests: 640-710 s; gamma1x1.1 at 0.22 req/s = 132
 requests over 600 s, then the drain) and a draw of one pattern in all seven modes about 85 minutes; the two
@@ -353,20 +353,29 @@ def pattern_report(store: dict, pattern: str, num_draws: int, n: int) -> dict | 
     modes, done = complete_draws(store, pattern, QUEUE_MODES, num_draws)
     if not done:
         return None
-    runs = {m: [store["runs"][run_key(d, m, pattern)] for d in done] for m in modes}
-    first = runs[modes[0]][0]["settings"]
-    out = {"num_requests": first["num_requests"], "rate_req_s": first["rate_req_s"], "draws": done,
-           "modes": {m: latency_cell(runs[m]) for m in modes}}
-    if "stock" not in modes:
+    first = store["runs"][run_key(done[0], modes[0], pattern)]["settings"]
+    cells, jct = paired_cells(store, pattern, done, modes, n)
+    out = {"num_requests": first["num_requests"], "rate_req_s": first["rate_req_s"], "draws": done, "modes": cells}
+    if jct is None:
         return out
-    jct = paired(store, done, pattern, modes)
-    versus_stock(out["modes"], jct, runs, n)
     out["best_lenpred"] = best_lenpred(out["modes"], jct, n)
     out["acceptance"] = acceptance(out["modes"], out["best_lenpred"], len(done))
     out["length_classes"] = by_length_class(store, done, pattern, modes, jct)
     out["jct_pooled"] = {m: pooled(jct[m]) for m in modes}
     out["fewer_draws"] = fewer_draws(store, pattern, modes, num_draws, n)
     return out
+
+
+def paired_cells(store: dict, pattern: str, draws: list[int], modes: list[str], n: int) -> tuple[dict, dict | None]:
+    """``(cells, jct)``: each mode's :func:`latency_cell` over ``draws`` and, with stock among ``modes``, its paired
+    comparison with stock (:func:`versus_stock`) and the paired JCTs (:func:`paired`; ``None`` without stock)."""
+    runs = {m: [store["runs"][run_key(d, m, pattern)] for d in draws] for m in modes}
+    cells = {m: latency_cell(runs[m]) for m in modes}
+    if "stock" not in modes:
+        return cells, None
+    jct = paired(store, draws, pattern, modes)
+    versus_stock(cells, jct, runs, n)
+    return cells, jct
 
 
 def fewer_draws(store: dict, pattern: str, modes: list[str], num_draws: int, n: int) -> dict:
@@ -379,10 +388,7 @@ def fewer_draws(store: dict, pattern: str, modes: list[str], num_draws: int, n: 
             continue
         group = ["stock", m] + [o for o in ("priority_prompt_oracle", "priority_oracle") if o != m and all(
             run_key(d, o, pattern) in store["runs"] for d in ds)]
-        runs = {x: [store["runs"][run_key(d, x, pattern)] for d in ds] for x in group}
-        cells = {x: latency_cell(runs[x]) for x in group}
-        versus_stock(cells, paired(store, ds, pattern, group), runs, n)
-        out[m] = {"draws": ds, **cells[m]}
+        out[m] = {"draws": ds, **paired_cells(store, pattern, ds, group, n)[0][m]}
     return out
 
 
@@ -499,11 +505,13 @@ def pattern_markdown(pattern: str, p: dict) -> list[str]:
     if "jct_pooled" not in p:
         return lines + ["(no stock runs: nothing paired)", ""]
     get = lambda x, k, f: fmt_ci(x[k], f) if k in x else "–"  # noqa: E731
-    lines += [markdown_table(["mode", "mean JCT cut vs stock", "share of prompt-oracle gain", "share of oracle gain",
-                              "p99 JCT / stock", "tok/s / stock"],
-                             [[m, fmt_ci(x["jct_cut_vs_stock"], pct), get(x, "share_of_priority_prompt_oracle", sh),
-                               get(x, "share_of_priority_oracle", sh), fmt_ci(x["p99_jct_ratio_vs_stock"], sh),
-                               f"{x['throughput_ratio_vs_stock']:.3f}"] for m, x in cells.items() if m != "stock"]), ""]
+    versus = ["mean JCT cut vs stock", "share of prompt-oracle gain", "share of oracle gain", "p99 JCT / stock",
+              "tok/s / stock"]
+    versus_row = lambda x: [  # noqa: E731
+        fmt_ci(x["jct_cut_vs_stock"], pct), get(x, "share_of_priority_prompt_oracle", sh),
+        get(x, "share_of_priority_oracle", sh), fmt_ci(x["p99_jct_ratio_vs_stock"], sh),
+        f"{x['throughput_ratio_vs_stock']:.3f}"]
+    lines += [markdown_table(["mode", *versus], [[m, *versus_row(x)] for m, x in cells.items() if m != "stock"]), ""]
     simulated = {**cells, **p.get("fewer_draws", {})}
     if all("simulated_mean_jct_s" in x for x in simulated.values()):
         lines += ["Simulator on the same runs (predicted mean JCT s / measured): " + "; ".join(
@@ -511,12 +519,8 @@ def pattern_markdown(pattern: str, p: dict) -> list[str]:
             + ".", ""]
     if p.get("fewer_draws"):
         lines += ["Modes run in fewer draws, each paired with stock (and the oracles) on its own draws:", "",
-                  markdown_table(["mode", "draws", "mean JCT s", "mean JCT cut vs stock", "share of prompt-oracle gain",
-                                  "share of oracle gain", "p99 JCT / stock", "tok/s / stock"],
-                                 [[m, str(x["draws"]), f"{x['mean_jct_s']:.1f}", fmt_ci(x["jct_cut_vs_stock"], pct),
-                                   get(x, "share_of_priority_prompt_oracle", sh),
-                                   get(x, "share_of_priority_oracle", sh),
-                                   fmt_ci(x["p99_jct_ratio_vs_stock"], sh), f"{x['throughput_ratio_vs_stock']:.3f}"]
+                  markdown_table(["mode", "draws", "mean JCT s", *versus],
+                                 [[m, str(x["draws"]), f"{x['mean_jct_s']:.1f}", *versus_row(x)]
                                   for m, x in p["fewer_draws"].items()]), ""]
     classes = p["length_classes"]
     bounds = ", ".join(f"{name} <= {b:.0f}" for name, b in zip(LENGTH_CLASSES, classes["upper_tokens"]) if b)
@@ -565,7 +569,7 @@ def plot_regime_map(rmap: dict, path: Path, decode_bound: int) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    for i, mode in enumerate(MAP_MODES):
+    for mode in MAP_MODES:
         depths = [k for k, cells in rmap.items() if mode in cells]
         if not depths:
             continue
