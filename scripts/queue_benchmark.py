@@ -302,31 +302,39 @@ def versus_stock(cells: dict, jct: dict, runs: dict, n: int) -> None:
 
 def best_lenpred(cells: dict, jct: dict, n: int) -> dict | None:
     """The lenpred mode (:data:`~lenpred.studies.queue_regime.LENPRED_MODES`) with the lowest paired mean JCT (chosen
-    on the same runs it is scored on), and its mean-JCT cut vs ``priority_prompt_len`` (paired bootstrap)."""
+    on the same runs it is scored on) and ``jct_cut_vs``: its paired mean-JCT cut against every other non-stock mode
+    (``1 - mean(best) / mean(other)``; negative where the other mode is faster; paired bootstrap)."""
     from lenpred.metrics import paired_cluster_bootstrap as boot
 
     ours = [m for m in LENPRED_MODES if m in cells]
     if not ours:
         return None
     best = min(ours, key=lambda m: float(np.mean(np.concatenate(jct[m]))))
-    out = {"mode": best}
-    if "priority_prompt_len" in cells:
-        out["jct_cut_vs_priority_prompt_len"] = boot({"a": jct["priority_prompt_len"], "b": jct[best]},
-                                                     mean_cut("a", "b"), n)
-    return out
+    return {"mode": best, "jct_cut_vs": {m: boot({"a": jct[m], "b": jct[best]}, mean_cut("a", "b"), n)
+                                         for m in cells if m not in ("stock", best)}}
 
 
-def by_length_class(store: dict, done: list[int], pattern: str, modes: list[str], jct: dict) -> dict:
-    """Mean JCT (s) per mode of the short / medium / long thirds of the recorded length (paired requests, classes
-    over every draw's requests together) and the classes' upper bounds in tokens."""
-    recorded = np.concatenate(paired(store, done, pattern, modes, "recorded_output_tokens")[modes[0]])
-    classes = length_classes(recorded)
-    out = {"upper_tokens": [float(recorded[classes == k].max()) if (classes == k).any() else None
-                            for k in range(len(LENGTH_CLASSES))], "modes": {}}
+def by_length_class(store: dict, done: list[int], pattern: str, modes: list[str], jct: dict, n: int) -> dict:
+    """Per mode, the mean JCT (s) of the short / medium / long thirds of the recorded length (paired requests, classes
+    over every draw's requests together) and, with stock among ``modes``, each third's paired mean-JCT cut vs stock
+    (``jct_cut_vs_stock``: mode -> class -> (estimate, low, high); a class with no request is left out); the
+    classes' upper bounds in tokens."""
+    from lenpred.metrics import paired_cluster_bootstrap as boot
+
+    recorded = paired(store, done, pattern, modes, "recorded_output_tokens")[modes[0]]
+    flat = np.concatenate(recorded)
+    classes = length_classes(flat)
+    per_draw = np.split(classes, np.cumsum([len(r) for r in recorded])[:-1])
+    out = {"upper_tokens": [float(flat[classes == k].max()) if (classes == k).any() else None
+                            for k in range(len(LENGTH_CLASSES))], "modes": {}, "jct_cut_vs_stock": {}}
     for m in modes:
         x = np.concatenate(jct[m])
         out["modes"][m] = {name: float(x[classes == k].mean()) if (classes == k).any() else None
                            for k, name in enumerate(LENGTH_CLASSES)}
+        if m != "stock" and "stock" in modes:
+            sub = lambda mode, k: [j[c == k] for j, c in zip(jct[mode], per_draw)]  # noqa: E731
+            out["jct_cut_vs_stock"][m] = {name: boot({"a": sub("stock", k), "b": sub(m, k)}, mean_cut("a", "b"), n)
+                                          for k, name in enumerate(LENGTH_CLASSES) if (classes == k).any()}
     return out
 
 
@@ -338,7 +346,7 @@ def acceptance(cells: dict, best: dict | None, draws: int) -> dict | None:
         return None
     c = cells[best["mode"]]
     cut, share = c["jct_cut_vs_stock"], c.get("share_of_priority_prompt_oracle")
-    vs = best.get("jct_cut_vs_priority_prompt_len")
+    vs = best["jct_cut_vs"].get("priority_prompt_len")
     checks = {"cut_ge_12pct_interval_above_0": bool(cut[0] >= 0.12 and cut[1] > 0),
               "prompt_oracle_share_ge_0.8": None if share is None else bool(share[0] >= 0.8),
               "beats_prompt_len_interval_above_0": None if vs is None else bool(vs[1] > 0),
@@ -360,7 +368,7 @@ def pattern_report(store: dict, pattern: str, num_draws: int, n: int) -> dict | 
         return out
     out["best_lenpred"] = best_lenpred(out["modes"], jct, n)
     out["acceptance"] = acceptance(out["modes"], out["best_lenpred"], len(done))
-    out["length_classes"] = by_length_class(store, done, pattern, modes, jct)
+    out["length_classes"] = by_length_class(store, done, pattern, modes, jct, n)
     out["jct_pooled"] = {m: pooled(jct[m]) for m in modes}
     out["fewer_draws"] = fewer_draws(store, pattern, modes, num_draws, n)
     return out
@@ -465,7 +473,7 @@ def markdown(rep: dict) -> str:
              f"KV cache {reg['kv_cache_bytes']:,} bytes for every mode ({reg['kv_bytes_per_token']:,} bytes/token, "
              f"{reg['kv_dtype']}; one-request floor applied: {reg['kv_floor_applied']}); --max-model-len "
              f"{reg['max_model_len']}. FCFS capacity at D: {cap['capacity_req_s']:.3f} req/s ({cap['how']}; cost "
-             f"model {cap['cost_model']}). Plug-in: `{json.dumps(reg['plugin'])}`. Settings: "
+             f"model {cap.get('cost_model')}). Plug-in: `{json.dumps(reg['plugin'])}`. Settings: "
              f"`{json.dumps(rep['settings'])}`", ""]
     if "simulator_cost_model" in rep:
         lines += [f"The simulator on the same runs uses the cost model `{rep['simulator_cost_model']}`.", ""]
@@ -524,15 +532,20 @@ def pattern_markdown(pattern: str, p: dict) -> list[str]:
                                   for m, x in p["fewer_draws"].items()]), ""]
     classes = p["length_classes"]
     bounds = ", ".join(f"{name} <= {b:.0f}" for name, b in zip(LENGTH_CLASSES, classes["upper_tokens"]) if b)
-    lines += [f"Mean JCT (s) by length class (thirds of the recorded length, tokens: {bounds}):", "",
-              markdown_table(["mode", *LENGTH_CLASSES],
-                             [[m, *(f"{v:.1f}" if v is not None else "–" for v in row.values())]
+    cut_cls = classes.get("jct_cut_vs_stock", {})
+    lines += [f"Mean JCT (s) by length class (thirds of the recorded length, tokens: {bounds}), and each third's "
+              "cut vs stock:", "",
+              markdown_table(["mode", *LENGTH_CLASSES, *(f"{c} cut vs stock" for c in LENGTH_CLASSES)],
+                             [[m, *(f"{v:.1f}" if v is not None else "–" for v in row.values()),
+                               *(fmt_ci(cut_cls[m][c], pct) if c in cut_cls.get(m, {}) else "–"
+                                 for c in LENGTH_CLASSES)]
                               for m, row in classes["modes"].items()]), ""]
     best, acc = p["best_lenpred"], p["acceptance"]
     if best is not None:
-        vs = best.get("jct_cut_vs_priority_prompt_len")
-        lines += [f"Best lenpred mode: {best['mode']}" + (f"; mean-JCT cut vs priority_prompt_len {fmt_ci(vs, pct)}"
-                                                           if vs else "") + ".", "",
+        lines += [f"Best lenpred mode: {best['mode']}; its mean-JCT cut vs each other mode (negative: that mode is "
+                  "faster):", "",
+                  markdown_table(["vs mode", "mean-JCT cut"],
+                                 [[m, fmt_ci(v, pct)] for m, v in best["jct_cut_vs"].items()]), "",
                   "Issue 38's checks: " + ", ".join(f"{k} {'n/a' if v is None else 'yes' if v else 'NO'}"
                                                     for k, v in acc.items() if k not in ("mode", "all")) + ".", ""]
     return lines

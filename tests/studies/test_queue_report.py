@@ -38,6 +38,8 @@ def report(tmp_path: Path) -> dict:
         runs[f"1/stock/{pattern}"] = _run("stock", pattern, [10.0, 10.0, 10.0])
         runs[f"1/plugin/{pattern}"] = _run("plugin", pattern, [10.0, 10.0, 10.0])
         runs[f"0/priority_oracle/{pattern}"] = _run("priority_oracle", pattern, [4.0, 8.0, 12.0])  # draw 0 only
+    runs["0/priority_prompt_len/burst4"] = _run("priority_prompt_len", "burst4", [6.0, 12.0, 18.0])
+    runs["1/priority_prompt_len/burst4"] = _run("priority_prompt_len", "burst4", [10.0, 10.0, 10.0])
     regime = {"decode_bound": 2, "kv_cache_bytes": 46080 * 4096, "kv_bytes_per_token": 46080, "kv_floor_applied": False,
               "kv_dtype": "float32", "max_model_len": 2422, "plugin": PLUGIN,
               "capacity": {"capacity_req_s": 0.2, "how": "given (--capacity-req-s)", "cost_model": None}}
@@ -72,3 +74,19 @@ def test_regime_map_orders_depths_and_matches_the_cells(report):
     assert cell["simulated_cut"] == pytest.approx(1 - sim["plugin"]["simulated_mean_jct_s"]
                                                   / sim["stock"]["simulated_mean_jct_s"])
     assert rmap["8"]["priority_oracle"]["draws"] == [0] and "priority_lenpred" not in rmap["8"]
+
+
+def test_length_thirds_and_the_best_mode_against_the_others_are_paired(report):
+    classes = report["patterns"]["burst8"]["length_classes"]
+    # recorded lengths (10, 20, 30) in both draws: thirds = request 0 / 1 / 2 of each draw (stable ranks)
+    assert classes["upper_tokens"] == [10.0, 20.0, 30.0]
+    cut = classes["jct_cut_vs_stock"]["plugin"]
+    assert cut["short"][0] == pytest.approx(1 - (5 + 10) / (10 + 10))
+    assert cut["medium"][0] == pytest.approx(1 - (10 + 10) / (20 + 10))
+    assert cut["long"][0] == pytest.approx(1 - (15 + 10) / (30 + 10))
+    assert "stock" not in classes["jct_cut_vs_stock"]
+    best = report["patterns"]["burst4"]["best_lenpred"]
+    # the plug-in (5, 10, 15 | 10, 10, 10) against prompt-length priority (6, 12, 18 | 10, 10, 10)
+    assert best["mode"] == "plugin" and list(best["jct_cut_vs"]) == ["priority_prompt_len"]
+    assert best["jct_cut_vs"]["priority_prompt_len"][0] == pytest.approx(1 - 60 / 66)
+    assert report["patterns"]["burst4"]["acceptance"]["beats_prompt_len_interval_above_0"] is not None
