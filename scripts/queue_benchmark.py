@@ -316,7 +316,7 @@ def best_lenpred(cells: dict, jct: dict, n: int) -> dict | None:
 
 def by_length_class(store: dict, done: list[int], pattern: str, modes: list[str], jct: dict, n: int) -> dict:
     """Per mode, the mean JCT (s) of the short / medium / long thirds of the recorded length (paired requests, classes
-    over every draw's requests together) and, with stock among ``modes``, each third's paired mean-JCT cut vs stock
+    over every draw's requests together) and each non-stock mode's paired mean-JCT cut vs stock per third
     (``jct_cut_vs_stock``: mode -> class -> (estimate, low, high); a class with no request is left out); the
     classes' upper bounds in tokens."""
     from lenpred.metrics import paired_cluster_bootstrap as boot
@@ -325,16 +325,17 @@ def by_length_class(store: dict, done: list[int], pattern: str, modes: list[str]
     flat = np.concatenate(recorded)
     classes = length_classes(flat)
     per_draw = np.split(classes, np.cumsum([len(r) for r in recorded])[:-1])
+    present = [(k, name) for k, name in enumerate(LENGTH_CLASSES) if (classes == k).any()]
+    third = lambda mode, k: [j[c == k] for j, c in zip(jct[mode], per_draw)]  # noqa: E731
     out = {"upper_tokens": [float(flat[classes == k].max()) if (classes == k).any() else None
                             for k in range(len(LENGTH_CLASSES))], "modes": {}, "jct_cut_vs_stock": {}}
     for m in modes:
         x = np.concatenate(jct[m])
         out["modes"][m] = {name: float(x[classes == k].mean()) if (classes == k).any() else None
                            for k, name in enumerate(LENGTH_CLASSES)}
-        if m != "stock" and "stock" in modes:
-            sub = lambda mode, k: [j[c == k] for j, c in zip(jct[mode], per_draw)]  # noqa: E731
-            out["jct_cut_vs_stock"][m] = {name: boot({"a": sub("stock", k), "b": sub(m, k)}, mean_cut("a", "b"), n)
-                                          for k, name in enumerate(LENGTH_CLASSES) if (classes == k).any()}
+        if m != "stock":
+            out["jct_cut_vs_stock"][m] = {name: boot({"a": third("stock", k), "b": third(m, k)}, mean_cut("a", "b"), n)
+                                          for k, name in present}
     return out
 
 
@@ -532,7 +533,7 @@ def pattern_markdown(pattern: str, p: dict) -> list[str]:
                                   for m, x in p["fewer_draws"].items()]), ""]
     classes = p["length_classes"]
     bounds = ", ".join(f"{name} <= {b:.0f}" for name, b in zip(LENGTH_CLASSES, classes["upper_tokens"]) if b)
-    cut_cls = classes.get("jct_cut_vs_stock", {})
+    cut_cls = classes["jct_cut_vs_stock"]
     lines += [f"Mean JCT (s) by length class (thirds of the recorded length, tokens: {bounds}), and each third's "
               "cut vs stock:", "",
               markdown_table(["mode", *LENGTH_CLASSES, *(f"{c} cut vs stock" for c in LENGTH_CLASSES)],
