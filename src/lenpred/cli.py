@@ -359,7 +359,9 @@ SERVE = Options(run_proxy, {
     "adaptive_interval": "Adapt the served interval online: aci or rolling \\[default: off, the predictor's fixed "
                          "margin].",
     "group_header": "Request header naming the request's group (route, client): the adaptive interval is calibrated "
-                    "per group."})
+                    "per group.",
+    "aging_tokens_per_s": "Starvation guard: each second a request has waited counts as this many tokens off its "
+                          "priority (0: off; the tail-vs-mean trade-off: docs/scheduling.md)."})
 
 
 @app.command()

@@ -26,3 +26,15 @@ def test_cost_model_fit_recovers_coefficients(tmp_path):
     assert run_features(B, [P] * B, L)[5] == B * (P + 1) + B * (P + 2)
     with pytest.raises(LenpredError, match="not a lenpred cost model"):
         CostModel.load(tmp_path / "missing.json")
+
+
+def test_streaming_overhead_adds_to_the_per_sequence_decode_cost():
+    base = CostModel("vllm", {"p0": 0.1, "p1": 0.0, "p2": 0.0, "d0": 0.05, "d1": 0.01, "d2": 0.0})
+    served = base.with_streaming_overhead(0.003)
+    # a step of 16 sequences: 0.05 + 16·(0.01 + 0.003); the prefill and the original are unchanged
+    assert served.decode_step_time_s(16, 0) == pytest.approx(0.05 + 16 * 0.013)
+    assert base.decode_step_time_s(16, 0) == pytest.approx(0.05 + 16 * 0.01)
+    assert served.prefill_time_s([100]) == base.prefill_time_s([100])
+    assert served.settings["streaming_overhead_s_per_token"] == 0.003
+    with pytest.raises(LenpredError, match="must be >= 0"):
+        base.with_streaming_overhead(-0.001)

@@ -113,6 +113,23 @@ def test_aging_promotes_a_starved_request():
     assert aged[0].finish_time_s < aged[3].finish_time_s
 
 
+def test_delay_dependent_priority_is_prediction_plus_rate_times_arrival():
+    # the same workload as above: r0 (prediction 2) waits behind requests predicted 1. At 5 tokens/s of aging its
+    # key is 2 + 5·0.5 = 4.5 and r3's is 1 + 5·2.5 = 13.5, so r0 runs before r3; without aging r0 is last
+    reqs = [req(0, 2, arrival=0.5), req(1, 3, pred=1), req(2, 3, pred=1, arrival=0.5), req(3, 3, pred=1, arrival=2.5)]
+    aged = make_policy("sjf:est", aging_tokens_per_s=5.0)
+    assert [aged.key(r)[0] for r in reqs] == [4.5, 1.0, 3.5, 13.5]
+    assert make_policy("sjf:est").key(reqs[3])[0] == 1.0
+    from lenpred.serving.simulator import _Continuous  # keeps the requests' own arrival times
+
+    finish = lambda policy: {t.request_id: t.finish_time_s  # noqa: E731
+                             for t in _Continuous(reqs, policy, unit_cost(), SimConfig(max_num_seqs=1)).run()[1]}
+    plain, guarded = finish(make_policy("sjf:est")), finish(aged)
+    assert plain[0] == max(plain.values()) and guarded[0] < guarded[3]
+    with pytest.raises(LenpredError, match="aging must be >= 0"):
+        make_policy("sjf:est", aging_tokens_per_s=-1.0).key(reqs[0])
+
+
 def test_fused_prefill_drops_second_overhead():
     reqs = [req(i, L) for i, L in enumerate(LENGTHS)]
     _, timings = simulate(reqs, make_policy("fcfs"), unit_cost(fused=True), SimConfig(max_num_seqs=2))

@@ -158,6 +158,20 @@ class CostModel:
         feats = run_features(len(prompt_tokens), prompt_tokens, num_new_tokens)
         return float(feats @ np.array([self.coefficients[k] for k in COEFFICIENTS]))
 
+    def with_streaming_overhead(self, s_per_token: float) -> "CostModel":
+        """A copy whose decode step costs ``s_per_token`` seconds more per sequence (``d1 + s_per_token``): the work
+        an OpenAI-compatible server does for every token it streams (detokenize, one SSE chunk per token) when its
+        process shares the engine's core, which a cost model measured on the bare engine (``vllm.LLM``) lacks.
+
+        Raises:
+            LenpredError: a negative overhead.
+        """
+        if s_per_token < 0:
+            raise LenpredError(f"streaming overhead must be >= 0 s per token, got {s_per_token}")
+        settings = {**self.settings, "streaming_overhead_s_per_token": s_per_token}
+        return CostModel(self.engine, {**self.coefficients, "d1": self.coefficients["d1"] + s_per_token},
+                         self.hardware, self.fit_stats, self.fused_prefill, settings)
+
     def save(self, path: str | Path) -> None:
         """Write as JSON (atomically)."""
         write_json(path, asdict(self))

@@ -154,13 +154,37 @@ class Random(Policy):
 @register("sjf")
 @dataclass
 class SJF(Policy):
-    """Shortest job first by the predictor's static prediction (SSJF, Qiu et al. 2024); ``oracle`` = true length."""
+    """Shortest job first by the predictor's static prediction (SSJF, Qiu et al. 2024); ``oracle`` = true length.
+
+    Attributes:
+        aging_tokens_per_s: delay-dependent priority (Kleinrock 1964): each second a request has waited counts as
+            this many tokens off its prediction. Every waiting request ages at the same rate, so the order at any
+            moment is the static key ``prediction + aging_tokens_per_s × arrival_time_s``, a number a client or
+            proxy can send as vLLM's ``priority`` at arrival (``lenpred serve --aging-tokens-per-s``). 0: none.
+    """
 
     reads_prediction: ClassVar[bool] = True
     predictor: str | None = "oracle"
+    aging_tokens_per_s: float = 0.0
 
     def key(self, request, generated: int = 0) -> tuple:
-        return (request.predictions[self.predictor], *arrival_order(request))
+        return (aged_priority(request.predictions[self.predictor], request.arrival_time_s, self.aging_tokens_per_s),
+                *arrival_order(request))
+
+
+def aged_priority(prediction: float, arrival_s: float, aging_tokens_per_s: float) -> float:
+    """``prediction + aging_tokens_per_s × arrival_s``: the static priority (lower first) under which requests that
+    wait gain ``aging_tokens_per_s`` tokens of rank per second (:class:`SJF`).
+
+    Args:
+        prediction: tokens (or any length signal). arrival_s: seconds on a clock shared by every request.
+
+    Raises:
+        LenpredError: a negative aging rate.
+    """
+    if aging_tokens_per_s < 0:
+        raise LenpredError(f"aging must be >= 0 tokens per second of waiting, got {aging_tokens_per_s}")
+    return prediction + aging_tokens_per_s * arrival_s
 
 
 @register("srpt")

@@ -116,6 +116,24 @@ def test_priority_is_the_rounded_prediction_and_the_body_passes_through(stack):
     assert predictor.calls[-1] == ([[{"role": "user", "content": "one two three"}]], 100)
 
 
+def test_the_starvation_guard_adds_the_aging_rate_times_the_arrival_time():
+    up = Upstream()
+    with LoopbackServer(up.app()) as up_url:
+        app = create_app(up_url, StubPredictor(), aging_tokens_per_s=2.0)
+        before = time.time()
+        app.state.proxy.started_at_s = before - 100.0  # the aging clock started 100 s ago
+        with LoopbackServer(app) as proxy_url, httpx.Client(base_url=proxy_url, timeout=10) as client:
+            r = client.post("/v1/chat/completions", json={"model": "m", "messages": [
+                {"role": "user", "content": "one two three"}], "max_tokens": 100})
+            late_s = time.time() - before
+    assert r.status_code == 200 and r.headers["x-lenpred-expected"] == "30.4"
+    # priority = round(30.4 + 2 tokens/s × (100 s + the server's start and the request's delay))
+    assert 230 <= up.received[-1]["priority"] <= 230.4 + 2 * late_s + 0.5
+    assert r.headers["x-lenpred-priority"] == str(up.received[-1]["priority"])
+    with pytest.raises(LenpredError, match="aging-tokens-per-s must be >= 0"):
+        create_app("http://unused", StubPredictor(), aging_tokens_per_s=-1.0)
+
+
 def test_cap_clips_and_completions_take_the_longest_prompt(stack):
     client, up, predictor = stack
     r = client.post("/v1/completions", json={"model": "m", "prompt": ["a b", "a b c d e"], "max_tokens": 42})

@@ -7,7 +7,10 @@ What it does to each request (Starlette app, httpx ``AsyncClient`` to the upstre
 * ``POST /v1/chat/completions`` and ``POST /v1/completions``: the JSON body's prompt (``messages`` through the same
   chat-template path as :meth:`lenpred.LengthPredictor.predict`; a completions ``prompt`` string is read as one
   user turn, a list of strings by the longest prediction) is predicted with ``max_tokens`` (or
-  ``max_completion_tokens``) as the cap, and the body is forwarded with ``priority = int(round(expected))``.
+  ``max_completion_tokens``) as the cap, and the body is forwarded with ``priority = int(round(expected))``, or
+  with the starvation guard ``aging_tokens_per_s`` = k > 0, ``int(round(expected + k × t))`` with ``t`` the seconds
+  from the proxy's start to the request's arrival (delay-dependent priority: a request that has waited W seconds in
+  the engine's queue outranks one predicted k·W tokens shorter that arrived later).
   A request header ``x-lenpred-cap: N`` replaces that cap for the prediction only (it is not forwarded): for
   benchmarks that force each generation's length with ``max_tokens``, where clipping the prediction to
   ``max_tokens`` would hand it the true length. A cap that does not fit the predictor's context window next to the
@@ -70,6 +73,7 @@ import uuid
 from typing import Any, Callable
 
 from lenpred.errors import LenpredError
+from lenpred.serving.policies import aged_priority
 from lenpred.serving.proxy.state import (CAP_HEADER, CLIENT_ID_HEADER, DEFAULT_MAX_TOKENS_HEADER, EXPECTED_HEADER,
                                          HIGH_HEADER, LOW_HEADER, PREDICT_MS_HEADER, PRIORITY_HEADER, SKIPPED_HEADER,
                                          UPSTREAM_ID_HEADER, FinishedHook, FinishedRequest, ProxiedRequest,
@@ -272,7 +276,8 @@ async def predict_priority(state: ProxyState, req: ProxiedRequest, watch: Client
     req.expected = expected
     state.metrics.predicted.observe(expected)
     if "priority" not in req.body:
-        req.body["priority"] = int(round(expected))
+        waited_from_s = req.received_at_s - state.started_at_s
+        req.body["priority"] = int(round(aged_priority(expected, waited_from_s, state.aging_tokens_per_s)))
     req.headers |= {EXPECTED_HEADER: f"{expected:.1f}", PRIORITY_HEADER: str(req.body["priority"])}
     req.served = prepared.served
     if req.served is not None:
@@ -361,7 +366,7 @@ async def _lifespan(app):
 
 def create_app(upstream: str, predict, client=None, timeout_s: float | None = None, max_connections: int = 1024,
                default_max_tokens: int = 1024, batch=None, metrics=None, on_finished: tuple[FinishedHook, ...] = (),
-               group_header: str | None = None):
+               group_header: str | None = None, aging_tokens_per_s: float = 0.0):
     """The proxy as a Starlette app.
 
     Args:
@@ -381,13 +386,14 @@ def create_app(upstream: str, predict, client=None, timeout_s: float | None = No
             ``app.state.proxy.on_finished``, where more can be appended before serving).
         group_header: request header whose value is the request's group key, passed to the service's ``prepare``
             (an adaptive interval per route or client); ``None``: no groups.
+        aging_tokens_per_s: the starvation guard (:class:`ProxyState`); 0: off.
 
     Returns:
         The app; its state is ``app.state.proxy`` (:class:`ProxyState`), with ``app.state.metrics`` and
         ``app.state.batcher`` as shortcuts.
 
     Raises:
-        LenpredError: ``max_connections`` or ``default_max_tokens`` below 1.
+        LenpredError: ``max_connections`` or ``default_max_tokens`` below 1, or a negative ``aging_tokens_per_s``.
     """
     from starlette.applications import Starlette
     from starlette.routing import Route
@@ -395,13 +401,12 @@ def create_app(upstream: str, predict, client=None, timeout_s: float | None = No
     from lenpred.serving.proxy.batching import FunctionService, PredictionBatcher
     from lenpred.serving.proxy.metrics import ProxyMetrics
 
-    if max_connections < 1 or default_max_tokens < 1:
-        raise LenpredError(f"--max-connections and --default-max-tokens must be >= 1, got {max_connections} and "
-                           f"{default_max_tokens}")
+    _check_limits(max_connections, default_max_tokens, aging_tokens_per_s)
     metrics = metrics or ProxyMetrics()
     service = predict if hasattr(predict, "predict_batch") else FunctionService(predict)
     state = ProxyState(upstream_root(upstream), service, PredictionBatcher(service, batch, metrics), metrics,
-                       max_connections, default_max_tokens, timeout_s, client, list(on_finished), group_header)
+                       max_connections, default_max_tokens, timeout_s, client, list(on_finished), group_header,
+                       aging_tokens_per_s)
     methods = ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"]
     routes = [Route(p, predicted_endpoint, methods=["POST"]) for p in PREDICTED_PATHS]
     routes += [Route("/health", health_endpoint, methods=["GET"]), Route("/metrics", metrics_endpoint, methods=["GET"])]
@@ -427,8 +432,17 @@ def traffic_hook(online) -> FinishedHook:
     return hook
 
 
+def _check_limits(max_connections: int, default_max_tokens: int, aging_tokens_per_s: float) -> None:
+    """Nothing; raises :class:`LenpredError` for a connection or token limit below 1 or a negative aging rate."""
+    if max_connections < 1 or default_max_tokens < 1:
+        raise LenpredError(f"--max-connections and --default-max-tokens must be >= 1, got {max_connections} and "
+                           f"{default_max_tokens}")
+    if not aging_tokens_per_s >= 0:
+        raise LenpredError(f"--aging-tokens-per-s must be >= 0 (0: no starvation guard), got {aging_tokens_per_s}")
+
+
 def _check_serve_args(upstream: str, port: int, max_connections: int, default_max_tokens: int,
-                      traffic_log: str | None, adaptive_interval: str | None) -> None:
+                      traffic_log: str | None, adaptive_interval: str | None, aging_tokens_per_s: float) -> None:
     """Nothing; raises :class:`LenpredError` for the first of :func:`serve`'s arguments that is not valid."""
     import urllib.parse
 
@@ -441,9 +455,7 @@ def _check_serve_args(upstream: str, port: int, max_connections: int, default_ma
         raise LenpredError(f"--traffic-log {traffic_log} is (or lies under) a file: pass a directory")
     if not 0 <= port <= 65535:
         raise LenpredError(f"--port must be in 0..65535, got {port}")
-    if max_connections < 1 or default_max_tokens < 1:
-        raise LenpredError(f"--max-connections and --default-max-tokens must be >= 1, got {max_connections} and "
-                           f"{default_max_tokens}")
+    _check_limits(max_connections, default_max_tokens, aging_tokens_per_s)
     from lenpred.online.adaptive import METHODS
 
     if adaptive_interval is not None and adaptive_interval not in METHODS:
@@ -498,10 +510,12 @@ def _check_serve_extra() -> None:
 def serve(upstream: str, host: str = "127.0.0.1", port: int = 8001, predictor: str | None = None,
           threads: int | None = 1, timeout_s: float | None = None, max_connections: int = 1024,
           default_max_tokens: int = 1024, batch=None, truncated: bool = True, traffic_log: str | None = None,
-          adaptive_interval: str | None = None, group_header: str | None = None, on_ready=None) -> None:
+          adaptive_interval: str | None = None, group_header: str | None = None, aging_tokens_per_s: float = 0.0,
+          on_ready=None) -> None:
     """Load the predictor and run the proxy with uvicorn until interrupted (the ``lenpred serve`` command).
 
-    ``max_connections``, ``default_max_tokens``, ``batch``, ``group_header``: see :func:`create_app`;
+    ``max_connections``, ``default_max_tokens``, ``batch``, ``group_header``, ``aging_tokens_per_s``: see
+    :func:`create_app`;
     ``truncated``: the truncated forward for hidden-state-only predictors (:mod:`lenpred.truncated`; off: the full
     prefill). ``traffic_log`` (a directory: :mod:`lenpred.online.traffic_log`) and ``adaptive_interval`` (``aci``
     or ``rolling``: :mod:`lenpred.online.adaptive`) switch on learning from served traffic (a pooled-head
@@ -520,7 +534,8 @@ def serve(upstream: str, host: str = "127.0.0.1", port: int = 8001, predictor: s
 
     from lenpred.pipeline import LengthPredictor
 
-    _check_serve_args(upstream, port, max_connections, default_max_tokens, traffic_log, adaptive_interval)
+    _check_serve_args(upstream, port, max_connections, default_max_tokens, traffic_log, adaptive_interval,
+                      aging_tokens_per_s)
     _check_port_free(host, port)
     from lenpred.serving.proxy.batching import LengthPredictorService
     from lenpred.truncated import truncated_plan
@@ -536,7 +551,7 @@ def serve(upstream: str, host: str = "127.0.0.1", port: int = 8001, predictor: s
     service.warm_up()
     app = create_app(upstream, service, timeout_s=timeout_s, max_connections=max_connections,
                      default_max_tokens=default_max_tokens, batch=batch, group_header=group_header,
-                     on_finished=() if online is None else (traffic_hook(online),))
+                     aging_tokens_per_s=aging_tokens_per_s, on_finished=() if online is None else (traffic_hook(online),))
     try:  # uvicorn's own connection cap stays off (limit_concurrency=None): queueing is the engine's job
         with torch_threads(threads):  # the process's count while it serves; restored when the server stops
             uvicorn.run(app, host=host, port=port, log_level="warning", backlog=4096)

@@ -108,6 +108,10 @@ class ProxyState:
         on_finished: hooks called with a :class:`FinishedRequest` when a predicted-path request ends.
         group_header: request header whose value is the request's group key (adaptive interval per route or
             client, Mondrian-style); ``None``: no groups.
+        aging_tokens_per_s: the starvation guard: each second since the proxy started counts this many tokens onto
+            a request's priority (:func:`lenpred.serving.policies.aged_priority`), so a request that waits in the
+            engine's queue outranks one this much shorter per second it has waited. 0: off.
+        started_at_s: Unix time the proxy started (the aging clock's origin).
         pool: the connection semaphore (waits for a connection happen, and are timed, here).
     """
 
@@ -121,6 +125,8 @@ class ProxyState:
     client: Any = None
     on_finished: list[FinishedHook] = field(default_factory=list)
     group_header: str | None = None
+    aging_tokens_per_s: float = 0.0
+    started_at_s: float = field(default_factory=time.time)
     pool: asyncio.Semaphore = field(init=False)
 
     def __post_init__(self):
