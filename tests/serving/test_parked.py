@@ -7,7 +7,8 @@ import pytest
 
 from lenpred.errors import LenpredError
 from lenpred.serving.parked import (PARKED_POLICIES, ParkedPolicy, ParkedSJF, ParkedSRPT, SlotRequest, admission_limit,
-                                    choose_decoders, make_parked_policy, preemption_order, register_parked)
+                                    admission_priority, choose_decoders, make_parked_policy, preemption_order,
+                                    register_parked)
 
 
 def req(i, arrival, total=math.inf, remaining=None, decoding=False, idle=0.0, new_block=False):
@@ -53,6 +54,25 @@ def test_starvation_guard_promotes_the_longest_idle():
     assert choose_decoders(rs, "sjf", 1, max_idle_s=60.0).decode == ("r1",)
     assert choose_decoders(rs, "srpt", 1, max_idle_s=60.0).decode == ("r0",)
     assert choose_decoders(rs, "sjf", 1, max_idle_s=None).promoted == ()
+
+
+def test_delay_dependent_priority_ranks_prediction_plus_rate_times_arrival():
+    # SRPT, one slot: r0 arrived at 0 s with 100 tokens to go, r1 at 30 s with 40. Without aging r1 decodes; at
+    # 1 token/s r0's rank is 100 + 0 = 100 and r1's 40 + 30 = 70: r1 still; at 3 tokens/s r1's is 130: r0 decodes
+    rs = [req(0, 0.0, 100), req(1, 30.0, 40)]
+    assert choose_decoders(rs, "srpt", 1, max_idle_s=None).decode == ("r1",)
+    assert choose_decoders(rs, "srpt", 1, max_idle_s=None, aging_tokens_per_s=1.0).decode == ("r1",)
+    assert choose_decoders(rs, "srpt", 1, max_idle_s=None, aging_tokens_per_s=3.0).decode == ("r0",)
+    # the rank persists while r0 decodes (unlike a one-step promotion): r0, now decoding with 90 to go, keeps the slot
+    rs = [req(0, 0.0, 100, remaining=90, decoding=True), req(1, 30.0, 40)]
+    assert choose_decoders(rs, "srpt", 1, max_idle_s=None, aging_tokens_per_s=3.0).decode == ("r0",)
+    # fcfs reads no prediction: aging leaves it as it is
+    assert choose_decoders(rs, "fcfs", 1, aging_tokens_per_s=3.0).decode == ("r0",)
+    # admission by prompt length: round(200 + 2 × 12.4) = 225; arrival order ignores both
+    assert admission_priority("prompt_len", 200, 12.4, 2.0) == 225
+    assert admission_priority("prompt_len", 200) == 200 and admission_priority("arrival", 200, 12.4, 2.0) == 0
+    with pytest.raises(LenpredError, match="aging must be >= 0"):
+        choose_decoders(rs, "srpt", 1, aging_tokens_per_s=-1.0)
 
 
 def test_kv_budget_parks_the_longest_remaining_decoders_that_need_a_block():

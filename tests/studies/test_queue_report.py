@@ -15,7 +15,7 @@ PLUGIN = {"policy": "srpt", "plp": False, "decode_slots": 2, "prefill_ahead": 2,
           "max_idle_s": None}
 
 
-def _run(mode: str, pattern: str, jcts: list[float]) -> dict:
+def _run(mode: str, pattern: str, jcts: list[float], boot_id: str = "boot-a") -> dict:
     plugin = PLUGIN if mode == "plugin" else None
     settings = {"mode": mode, "pattern": pattern, "num_requests": len(jcts), "rate_req_s": None, "max_num_seqs": 2,
                 "kv_cache_bytes": 46080 * 4096, "scheduling_policy": "fcfs" if mode == "stock" else "priority",
@@ -26,7 +26,7 @@ def _run(mode: str, pattern: str, jcts: list[float]) -> dict:
                for i, j in enumerate(jcts)]
     log = [{"request_id": f"x-q{i}-y", "expected": 10.0 * (i + 1)} for i in range(len(jcts))] if plugin else []
     return {"settings": settings, "results": results, "summary": {"throughput_tok_s": 50.0}, "preemptions": 0.0,
-            "loadavg_1m_before": 0.1, "plugin_log": log}
+            "loadavg_1m_before": 0.1, "plugin_log": log, "machine": {"hostname": "h", "boot_id": boot_id}}
 
 
 @pytest.fixture
@@ -36,7 +36,8 @@ def report(tmp_path: Path) -> dict:
         runs[f"0/stock/{pattern}"] = _run("stock", pattern, [10.0, 20.0, 30.0])
         runs[f"0/plugin/{pattern}"] = _run("plugin", pattern, [5.0, 10.0, 15.0])
         runs[f"1/stock/{pattern}"] = _run("stock", pattern, [10.0, 10.0, 10.0])
-        runs[f"1/plugin/{pattern}"] = _run("plugin", pattern, [10.0, 10.0, 10.0])
+        other = "boot-b" if pattern == "burst8" else "boot-a"  # burst8's draw 1: its plug-in run on another machine
+        runs[f"1/plugin/{pattern}"] = _run("plugin", pattern, [10.0, 10.0, 10.0], other)
         runs[f"0/priority_oracle/{pattern}"] = _run("priority_oracle", pattern, [4.0, 8.0, 12.0])  # draw 0 only
     runs["0/priority_prompt_len/burst4"] = _run("priority_prompt_len", "burst4", [6.0, 12.0, 18.0])
     runs["1/priority_prompt_len/burst4"] = _run("priority_prompt_len", "burst4", [10.0, 10.0, 10.0])
@@ -90,3 +91,11 @@ def test_length_thirds_and_the_best_mode_against_the_others_are_paired(report):
     assert best["mode"] == "plugin" and list(best["jct_cut_vs"]) == ["priority_prompt_len"]
     assert best["jct_cut_vs"]["priority_prompt_len"][0] == pytest.approx(1 - 60 / 66)
     assert report["patterns"]["burst4"]["acceptance"]["beats_prompt_len_interval_above_0"] is not None
+
+
+def test_a_draw_run_on_two_machines_is_flagged(report, tmp_path: Path):
+    # draw 1's plug-in run of burst8 recorded another boot id than its stock run; burst4's draws each ran on one
+    assert report["patterns"]["burst8"]["mixed_machine_draws"] == [1]
+    assert report["patterns"]["burst4"]["mixed_machine_draws"] == []
+    md = (tmp_path / "report.md").read_text()
+    assert md.count("ran on more than one machine") == 1

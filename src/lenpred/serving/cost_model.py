@@ -24,6 +24,7 @@ tokens generated per row: 1 = prefill only; the run is 1 prefill + L − 1 decod
 from __future__ import annotations
 
 import json
+import math
 import platform
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -163,12 +164,15 @@ class CostModel:
         an OpenAI-compatible server does for every token it streams (detokenize, one SSE chunk per token) when its
         process shares the engine's core, which a cost model measured on the bare engine (``vllm.LLM``) lacks.
 
+        ``settings["streaming_overhead_s_per_token"]`` holds the total added (applied twice, the two add up).
+
         Raises:
-            LenpredError: a negative overhead.
+            LenpredError: an overhead that is negative or not a finite number.
         """
-        if s_per_token < 0:
-            raise LenpredError(f"streaming overhead must be >= 0 s per token, got {s_per_token}")
-        settings = {**self.settings, "streaming_overhead_s_per_token": s_per_token}
+        if not 0 <= s_per_token < math.inf:
+            raise LenpredError(f"streaming overhead must be a finite number >= 0 s per token, got {s_per_token}")
+        total = self.settings.get("streaming_overhead_s_per_token", 0.0) + s_per_token
+        settings = {**self.settings, "streaming_overhead_s_per_token": total}
         return CostModel(self.engine, {**self.coefficients, "d1": self.coefficients["d1"] + s_per_token},
                          self.hardware, self.fit_stats, self.fused_prefill, settings)
 

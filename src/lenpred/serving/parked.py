@@ -33,7 +33,12 @@ PLP's refreshed estimate where one exists. Ties go by arrival (:func:`lenpred.se
 Starvation guard (every policy): a parked request idle for ``max_idle_s`` seconds or more (since its prefill ended or
 it last decoded) is *promoted*: it ranks ahead of every unpromoted request, longest-idle first (vllm-ltr's aging
 rule, in seconds instead of steps). Under a non-preemptive policy (``fcfs``, ``sjf``) promotion takes the next free
-slot; under a preemptive one (``srpt``) it displaces the worst-ranked unpromoted incumbent.
+slot; under a preemptive one (``srpt``) it displaces the worst-ranked unpromoted incumbent. Under ``srpt`` a promotion
+lasts one step (the promoted request decodes, its idle time is 0 again, and the next step ranks it by its remaining
+length), so it cannot bound the tail under sustained load. **Delay-dependent priority** does
+(``aging_tokens_per_s`` = k, every policy that reads a prediction, and the ``prompt_len`` admission order): a request's
+rank is its prediction (or prompt length) plus ``k × arrival_time_s`` (:func:`lenpred.serving.policies.aged_priority`),
+so each second it has waited counts k tokens in its favour, for as long as it waits.
 
 KV budget: a decoding request whose next token starts a new KV block needs one free block. When fewer blocks are
 free than the chosen decoders need, the decoders with the longest predicted remaining length are parked instead
@@ -53,7 +58,7 @@ from typing import ClassVar
 
 from lenpred.errors import LenpredError
 from lenpred.registry import registrar
-from lenpred.serving.policies import arrival_order
+from lenpred.serving.policies import aged_priority, arrival_order, check_aging_rate
 
 
 @dataclass(frozen=True)
@@ -195,21 +200,26 @@ ADMISSION_ORDERS = ("arrival", "prompt_len")
 """Orders in which waiting requests are admitted (prefilled) into the ranking window (:func:`admission_priority`)."""
 
 
-def admission_priority(admit_by: str, num_prompt_tokens: int) -> int:
+def admission_priority(admit_by: str, num_prompt_tokens: int, arrival_s: float = 0.0,
+                       aging_tokens_per_s: float = 0.0) -> int:
     """A waiting request's admission rank (lower first; ties by arrival): ``arrival``: 0 for every request (first
     come, first prefilled); ``prompt_len``: its prompt tokens — the first stage of a two-stage rank: a free prompt-only
     signal orders the prefill (shorter prompts prefill sooner and cost less of the prefill every request waits
     behind), then the engine's own prediction, which exists only after the prefill, ranks the prefilled requests for
     the decode slots. In the simulator's deep queues it gained more than either stage alone
     (``scripts/queue_simulation.py``). The plug-in hands it to vLLM as the request's ``priority``
-    (``--scheduling-policy priority``: vLLM's waiting heap orders by ``(priority, arrival)``).
+    (``--scheduling-policy priority``: vLLM's waiting heap orders by ``(priority, arrival)``). With
+    ``aging_tokens_per_s`` = k the ``prompt_len`` rank is ``round(prompt tokens + k × arrival_s)`` (delay-dependent
+    priority, :func:`lenpred.serving.policies.aged_priority`; ``arrival_s`` on a clock shared by every request).
 
     Raises:
-        LenpredError: an unknown order (the message lists the valid ones).
+        LenpredError: an unknown order (the message lists the valid ones) or an aging rate outside
+            :func:`lenpred.serving.policies.check_aging_rate`'s range.
     """
     if admit_by not in ADMISSION_ORDERS:
         raise LenpredError(f"unknown admission order '{admit_by}'; valid: {', '.join(ADMISSION_ORDERS)}")
-    return int(num_prompt_tokens) if admit_by == "prompt_len" else 0
+    aged = aged_priority(float(num_prompt_tokens), arrival_s, aging_tokens_per_s)
+    return int(round(aged)) if admit_by == "prompt_len" else 0
 
 
 def admission_limit(max_num_seqs: int, decode_slots: int, prefill_ahead: int | None) -> int:
@@ -229,7 +239,7 @@ def admission_limit(max_num_seqs: int, decode_slots: int, prefill_ahead: int | N
 
 def choose_decoders(requests: list[SlotRequest], policy: ParkedPolicy | str, decode_slots: int,
                     max_idle_s: float | None = 60.0, switch_margin_tokens: float = 16.0,
-                    free_kv_blocks: int | None = None) -> SlotDecision:
+                    free_kv_blocks: int | None = None, aging_tokens_per_s: float = 0.0) -> SlotDecision:
     """Pick the prefilled requests that decode this step (module docstring: the rules).
 
     Args:
@@ -239,12 +249,15 @@ def choose_decoders(requests: list[SlotRequest], policy: ParkedPolicy | str, dec
         max_idle_s: starvation guard in seconds (``None``: off).
         switch_margin_tokens: a preemptive policy's hysteresis in tokens (>= 0; ``srpt``).
         free_kv_blocks: free KV-cache blocks before this step (``None``: do not check).
+        aging_tokens_per_s: delay-dependent priority (module docstring; 0: off): the rank of a policy that reads a
+            prediction is ``prediction + aging_tokens_per_s × arrival_time_s``.
 
     Returns:
         a :class:`SlotDecision`; ``decode`` holds ``min(decode_slots, len(requests))`` ids unless KV parks some.
 
     Raises:
-        LenpredError: an unknown policy, ``decode_slots < 1``, a negative margin or ``max_idle_s``.
+        LenpredError: an unknown policy, ``decode_slots < 1``, a negative margin or ``max_idle_s``, or an aging rate
+            outside :func:`lenpred.serving.policies.check_aging_rate`'s range.
     """
     policy = make_parked_policy(policy)
     if decode_slots < 1:
@@ -254,8 +267,14 @@ def choose_decoders(requests: list[SlotRequest], policy: ParkedPolicy | str, dec
     promoted = [r for r in requests if max_idle_s is not None and not r.decoding and r.idle_s >= max_idle_s]
     promoted.sort(key=lambda r: (-r.idle_s, r.arrival_time_s, r.request_id))
     promoted_ids = {r.request_id for r in promoted}
-    rest = sorted((r for r in requests if r.request_id not in promoted_ids),
-                  key=lambda r: policy.key(r, switch_margin_tokens))
+    check_aging_rate(aging_tokens_per_s)
+    aged = aging_tokens_per_s > 0 and policy.reads_prediction
+
+    def rank(r: SlotRequest) -> tuple:
+        key = policy.key(r, switch_margin_tokens)
+        return (aged_priority(key[0], r.arrival_time_s, aging_tokens_per_s), *key[1:]) if aged else key
+
+    rest = sorted((r for r in requests if r.request_id not in promoted_ids), key=rank)
     if policy.preemptive:
         order = promoted + rest
     else:  # non-preemptive: incumbents keep their slots, free slots go to the promoted, then by rank

@@ -14,7 +14,9 @@ A policy ranks requests by a key (lower runs first), as vLLM's priority queue do
 
 Each takes optional **aging** (starvation guard, vllm-ltr's rule, Fu et al. 2024): a waiting request that has
 sat for ``aging_steps`` scheduler steps (200 in vllm-ltr) since it arrived or was last preempted is promoted
-ahead of every non-promoted request; promoted requests run among themselves in arrival order.
+ahead of every non-promoted request; promoted requests run among themselves in arrival order. ``sjf`` also takes the
+**delay-dependent priority** ``aging_tokens_per_s`` (Kleinrock 1964; :class:`SJF`): a static key that a client or a
+proxy can send as vLLM's ``priority``, so stock vLLM applies it.
 """
 
 from __future__ import annotations
@@ -167,9 +169,30 @@ class SJF(Policy):
     predictor: str | None = "oracle"
     aging_tokens_per_s: float = 0.0
 
+    def __post_init__(self):
+        check_aging_rate(self.aging_tokens_per_s)
+
+    @property
+    def label(self) -> str:
+        """:attr:`Policy.label`, with ``+age<k>/s`` when the delay-dependent priority is on."""
+        return super().label + (f"+age{self.aging_tokens_per_s:g}/s" if self.aging_tokens_per_s else "")
+
     def key(self, request, generated: int = 0) -> tuple:
         return (aged_priority(request.predictions[self.predictor], request.arrival_time_s, self.aging_tokens_per_s),
                 *arrival_order(request))
+
+
+MAX_AGING_TOKENS_PER_S = 1e6
+"""The largest aging rate accepted: ``rate × seconds`` must stay a 64-bit integer when it is sent as vLLM's
+``priority`` (vLLM serialises requests to its engine process with 64-bit integers)."""
+
+
+def check_aging_rate(aging_tokens_per_s: float) -> None:
+    """Nothing; raises :class:`LenpredError` unless ``0 <= aging_tokens_per_s <= MAX_AGING_TOKENS_PER_S`` (finite; 0
+    is off)."""
+    if not 0 <= aging_tokens_per_s <= MAX_AGING_TOKENS_PER_S:  # nan fails every comparison
+        raise LenpredError(f"aging must be >= 0 tokens per second of waiting (0: no starvation guard) and at most "
+                           f"{MAX_AGING_TOKENS_PER_S:g}, got {aging_tokens_per_s}")
 
 
 def aged_priority(prediction: float, arrival_s: float, aging_tokens_per_s: float) -> float:
@@ -180,10 +203,9 @@ def aged_priority(prediction: float, arrival_s: float, aging_tokens_per_s: float
         prediction: tokens (or any length signal). arrival_s: seconds on a clock shared by every request.
 
     Raises:
-        LenpredError: a negative aging rate.
+        LenpredError: an aging rate outside ``[0, MAX_AGING_TOKENS_PER_S]`` or not a number (:func:`check_aging_rate`).
     """
-    if aging_tokens_per_s < 0:
-        raise LenpredError(f"aging must be >= 0 tokens per second of waiting, got {aging_tokens_per_s}")
+    check_aging_rate(aging_tokens_per_s)
     return prediction + aging_tokens_per_s * arrival_s
 
 

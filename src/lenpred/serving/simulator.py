@@ -401,6 +401,8 @@ class ParkedConfig:
             ``None``: every arrival is prefilled as soon as it fits.
         admit_by: the order waiting requests are prefilled in (:func:`lenpred.serving.parked.admission_priority`:
             ``arrival`` or ``prompt_len``, shortest prompt first).
+        aging_tokens_per_s: delay-dependent priority on both stages (the decode-slot rank and the ``prompt_len``
+            admission; :func:`lenpred.serving.parked.choose_decoders`); 0: off.
 
     Raises:
         LenpredError: an unknown policy (the message lists the registered ones), or a policy that reads a prediction
@@ -414,11 +416,12 @@ class ParkedConfig:
     switch_margin_tokens: float = 16.0
     prefill_ahead: int | None = PREFILL_AHEAD
     admit_by: str = "arrival"
+    aging_tokens_per_s: float = 0.0
 
     def __post_init__(self):
         if self.parked_policy().reads_prediction and self.predictor is None:
             raise LenpredError(f"parked {self.policy} needs a predictor")
-        admission_priority(self.admit_by, 0)  # refuses an unknown order
+        admission_priority(self.admit_by, 0, 0.0, self.aging_tokens_per_s)  # refuses an unknown order or rate
 
     def parked_policy(self) -> ParkedPolicy:
         """The registered policy :attr:`policy` names (:func:`lenpred.serving.parked.make_parked_policy`)."""
@@ -475,8 +478,9 @@ class _Parked(_Continuous):
         room = self._kv_room()
         new = []
         limit = admission_limit(self.cfg.max_num_seqs, self.parked_cfg.decode_slots, self.parked_cfg.prefill_ahead)
-        order = lambda r: (admission_priority(self.parked_cfg.admit_by, r.num_prompt_tokens),  # noqa: E731
-                           r.arrival_time_s, r.request_id)
+        c = self.parked_cfg
+        order = lambda r: (admission_priority(c.admit_by, r.num_prompt_tokens, r.arrival_time_s,  # noqa: E731
+                                              c.aging_tokens_per_s), r.arrival_time_s, r.request_id)
         for w in sorted(self.waiting, key=order):
             if len(self.running) + len(self.parked) + len(new) >= limit:
                 break
@@ -508,7 +512,8 @@ class _Parked(_Continuous):
         c = self.parked_cfg
         decoding = {r.request_id for r in self.running}
         decision = choose_decoders([self._slot(r, r.request_id in decoding) for r in pool], self.parked_policy,
-                                   c.decode_slots, c.max_idle_s, c.switch_margin_tokens)
+                                   c.decode_slots, c.max_idle_s, c.switch_margin_tokens,
+                                   aging_tokens_per_s=c.aging_tokens_per_s)
         by_id = {str(r.request_id): r for r in pool}
         for r in self.running:
             self.last_decode_t[r.request_id] = self.t

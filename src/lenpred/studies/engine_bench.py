@@ -17,7 +17,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -208,14 +208,14 @@ class Servers:
 
 
 def servers(vllm_cmd: list[str], log: Path, vllm_cpus: set[int] | None, proxy_log: Path | None = None,
-            proxy_cpus: set[int] | None = None) -> Servers:
-    """``vllm_cmd`` pinned to ``vllm_cpus``; with ``proxy_log``, ``lenpred serve --threads 1`` in front of it on
-    ``PORT + 1``, pinned to ``proxy_cpus`` (its prediction's forward runs there)."""
+            proxy_cpus: set[int] | None = None, proxy_args: Sequence[str] = ()) -> Servers:
+    """``vllm_cmd`` pinned to ``vllm_cpus``; with ``proxy_log``, ``lenpred serve --threads 1 *proxy_args`` in front
+    of it on ``PORT + 1``, pinned to ``proxy_cpus`` (its prediction's forward runs there)."""
     url = f"http://127.0.0.1:{PORT}"
     out = Servers([vllm_cmd], [f"{url}/health"], [log], [vllm_cpus], url)
     if proxy_log is not None:
         out.commands.append([sys.executable, "-m", "lenpred.cli", "serve", "--upstream", url, "--port",
-                             str(PORT + 1), "--threads", "1"])
+                             str(PORT + 1), "--threads", "1", *proxy_args])
         out.url = f"http://127.0.0.1:{PORT + 1}"
         out.urls.append(f"{out.url}/health")
         out.logs.append(proxy_log)

@@ -96,12 +96,21 @@ class QueueMode:
             ``None``: nothing (with the proxy, ``lenpred serve`` sets its prediction).
         proxy: ``lenpred serve --threads 1`` in front (its forward on the client's core).
         plugin_plp: ``None``: no plug-in; else the in-engine plug-in with its PLP refresh on or off.
+        aging_tokens_per_s: with the proxy, its starvation guard (``lenpred serve --aging-tokens-per-s``, tokens of
+            predicted length per second waited); 0: off.
     """
 
     priority_policy: bool = False
     priority: str | None = None
     proxy: bool = False
     plugin_plp: bool | None = None
+    aging_tokens_per_s: float = 0.0
+
+
+GUARD_AGING_TOKENS_PER_S = 4.0
+"""``lenpred serve``'s guard rate in the mode ``priority_lenpred_guard``: the smallest of the validated simulator's
+rates (1, 4, 8, 16; ``scripts/queue_simulation.py``) that keeps its p99 JCT within 1.1x stock's at 1.1x load with
+both Gamma CV 1 and 3 at D = 16 (1.04 and 1.09; at 1 token/s: 1.05 and 1.20)."""
 
 
 QUEUE_MODES = {
@@ -112,8 +121,9 @@ QUEUE_MODES = {
     "priority_prompt_oracle": QueueMode(priority_policy=True, priority="prompt_oracle"),
     "plugin": QueueMode(plugin_plp=False),
     "plugin_plp": QueueMode(plugin_plp=True),
+    "priority_lenpred_guard": QueueMode(priority_policy=True, proxy=True, aging_tokens_per_s=GUARD_AGING_TOKENS_PER_S),
 }
-LENPRED_MODES = ("priority_lenpred", "plugin", "plugin_plp")
+LENPRED_MODES = ("priority_lenpred", "plugin", "plugin_plp", "priority_lenpred_guard")
 """The modes that schedule by lenpred's own prediction (the oracles and prompt length do not)."""
 
 
@@ -134,8 +144,9 @@ def plugin_settings(decode_bound: int, overrides: dict | None = None) -> dict:
     """The plug-in's :class:`~lenpred.serving.vllm.config.EngineConfig` fields for bound D, the design the simulator
     found best in deep queues (``scripts/queue_simulation.py``): parked SRPT without PLP, ``decode_slots`` D, a
     ranking window ``prefill_ahead`` of D, prompts prefilled shortest first (``admit_by: prompt_len``, the two-stage
-    rank), no starvation guard (in the simulator it cost mean JCT without bringing p99 down under SRPT); then
-    ``overrides``."""
+    rank), no starvation guard (``max_idle_s`` cannot bound p99 under SRPT, a promotion lasts one step; the
+    delay-dependent ``aging_tokens_per_s`` can, at a cost in mean JCT, under sustained load only: set it in
+    ``overrides``, ``--plugin-config``); then ``overrides``."""
     return {"policy": "srpt", "plp": False, "decode_slots": decode_bound, "prefill_ahead": decode_bound,
             "admit_by": "prompt_len", "max_idle_s": None, **(overrides or {})}
 

@@ -117,21 +117,24 @@ def test_priority_is_the_rounded_prediction_and_the_body_passes_through(stack):
 
 
 def test_the_starvation_guard_adds_the_aging_rate_times_the_arrival_time():
+    from lenpred.serving.proxy.state import AGING_EPOCH_S
+
     up = Upstream()
-    with LoopbackServer(up.app()) as up_url:
-        app = create_app(up_url, StubPredictor(), aging_tokens_per_s=2.0)
-        before = time.time()
-        app.state.proxy.started_at_s = before - 100.0  # the aging clock started 100 s ago
-        with LoopbackServer(app) as proxy_url, httpx.Client(base_url=proxy_url, timeout=10) as client:
+    with LoopbackServer(up.app()) as up_url, LoopbackServer(create_app(up_url, StubPredictor(),
+                                                                        aging_tokens_per_s=2.0)) as proxy_url:
+        with httpx.Client(base_url=proxy_url, timeout=10) as client:
+            before = time.time()
             r = client.post("/v1/chat/completions", json={"model": "m", "messages": [
                 {"role": "user", "content": "one two three"}], "max_tokens": 100})
-            late_s = time.time() - before
+            after = time.time()
     assert r.status_code == 200 and r.headers["x-lenpred-expected"] == "30.4"
-    # priority = round(30.4 + 2 tokens/s × (100 s + the server's start and the request's delay))
-    assert 230 <= up.received[-1]["priority"] <= 230.4 + 2 * late_s + 0.5
-    assert r.headers["x-lenpred-priority"] == str(up.received[-1]["priority"])
-    with pytest.raises(LenpredError, match="aging-tokens-per-s must be >= 0"):
-        create_app("http://unused", StubPredictor(), aging_tokens_per_s=-1.0)
+    # priority = round(30.4 + 2 tokens/s × (arrival − the fixed epoch)), the arrival between before and after
+    sent = up.received[-1]["priority"]
+    assert round(30.4 + 2 * (before - AGING_EPOCH_S)) <= sent <= round(30.4 + 2 * (after - AGING_EPOCH_S))
+    assert r.headers["x-lenpred-priority"] == str(sent)
+    for bad in (-1.0, float("inf"), float("nan"), 2e6):
+        with pytest.raises(LenpredError, match="aging-tokens-per-s: aging must be >= 0"):
+            create_app("http://unused", StubPredictor(), aging_tokens_per_s=bad)
 
 
 def test_cap_clips_and_completions_take_the_longest_prompt(stack):

@@ -190,6 +190,8 @@ def test_engine_config_refuses_unknown_keys_and_values():
             EngineConfig(**bad)
     with pytest.raises(LenpredError, match="max_idle_s must be a number >= 0 or null, got '5'"):
         EngineConfig(max_idle_s="5")
+    with pytest.raises(LenpredError, match="aging_tokens_per_s must be a number >= 0, got -1"):
+        EngineConfig(aging_tokens_per_s=-1)
     with pytest.raises(LenpredError, match="plp must be true or false, got 'no'"):
         EngineConfig(plp="no")
     with pytest.raises(LenpredError, match="adaptive_interval 'ewma' is unknown; valid: None, aci, rolling"):

@@ -8,9 +8,9 @@ What it does to each request (Starlette app, httpx ``AsyncClient`` to the upstre
   chat-template path as :meth:`lenpred.LengthPredictor.predict`; a completions ``prompt`` string is read as one
   user turn, a list of strings by the longest prediction) is predicted with ``max_tokens`` (or
   ``max_completion_tokens``) as the cap, and the body is forwarded with ``priority = int(round(expected))``, or
-  with the starvation guard ``aging_tokens_per_s`` = k > 0, ``int(round(expected + k × t))`` with ``t`` the seconds
-  from the proxy's start to the request's arrival (delay-dependent priority: a request that has waited W seconds in
-  the engine's queue outranks one predicted k·W tokens shorter that arrived later).
+  with the starvation guard ``aging_tokens_per_s`` = k > 0, ``int(round(expected + k × t))`` with ``t`` the request's
+  arrival in seconds since the fixed :data:`~lenpred.serving.proxy.state.AGING_EPOCH_S` (delay-dependent priority: a
+  request that has waited W seconds in the engine's queue outranks one predicted k·W tokens shorter that came later).
   A request header ``x-lenpred-cap: N`` replaces that cap for the prediction only (it is not forwarded): for
   benchmarks that force each generation's length with ``max_tokens``, where clipping the prediction to
   ``max_tokens`` would hand it the true length. A cap that does not fit the predictor's context window next to the
@@ -73,11 +73,11 @@ import uuid
 from typing import Any, Callable
 
 from lenpred.errors import LenpredError
-from lenpred.serving.policies import aged_priority
-from lenpred.serving.proxy.state import (CAP_HEADER, CLIENT_ID_HEADER, DEFAULT_MAX_TOKENS_HEADER, EXPECTED_HEADER,
-                                         HIGH_HEADER, LOW_HEADER, PREDICT_MS_HEADER, PRIORITY_HEADER, SKIPPED_HEADER,
-                                         UPSTREAM_ID_HEADER, FinishedHook, FinishedRequest, ProxiedRequest,
-                                         ProxyState)
+from lenpred.serving.policies import aged_priority, check_aging_rate
+from lenpred.serving.proxy.state import (AGING_EPOCH_S, CAP_HEADER, CLIENT_ID_HEADER, DEFAULT_MAX_TOKENS_HEADER,
+                                         EXPECTED_HEADER, HIGH_HEADER, LOW_HEADER, PREDICT_MS_HEADER, PRIORITY_HEADER,
+                                         SKIPPED_HEADER, UPSTREAM_ID_HEADER, FinishedHook, FinishedRequest,
+                                         ProxiedRequest, ProxyState)
 from lenpred.serving.proxy.upstream import ClientGone, ClientWatch, error_response, forward, gone_response
 from lenpred.torch_state import torch_threads
 
@@ -276,8 +276,8 @@ async def predict_priority(state: ProxyState, req: ProxiedRequest, watch: Client
     req.expected = expected
     state.metrics.predicted.observe(expected)
     if "priority" not in req.body:
-        waited_from_s = req.received_at_s - state.started_at_s
-        req.body["priority"] = int(round(aged_priority(expected, waited_from_s, state.aging_tokens_per_s)))
+        arrival_s = req.received_at_s - AGING_EPOCH_S
+        req.body["priority"] = int(round(aged_priority(expected, arrival_s, state.aging_tokens_per_s)))
     req.headers |= {EXPECTED_HEADER: f"{expected:.1f}", PRIORITY_HEADER: str(req.body["priority"])}
     req.served = prepared.served
     if req.served is not None:
@@ -393,7 +393,8 @@ def create_app(upstream: str, predict, client=None, timeout_s: float | None = No
         ``app.state.batcher`` as shortcuts.
 
     Raises:
-        LenpredError: ``max_connections`` or ``default_max_tokens`` below 1, or a negative ``aging_tokens_per_s``.
+        LenpredError: ``max_connections`` or ``default_max_tokens`` below 1, or ``aging_tokens_per_s`` negative,
+            not finite or above :data:`lenpred.serving.policies.MAX_AGING_TOKENS_PER_S`.
     """
     from starlette.applications import Starlette
     from starlette.routing import Route
@@ -433,12 +434,15 @@ def traffic_hook(online) -> FinishedHook:
 
 
 def _check_limits(max_connections: int, default_max_tokens: int, aging_tokens_per_s: float) -> None:
-    """Nothing; raises :class:`LenpredError` for a connection or token limit below 1 or a negative aging rate."""
+    """Nothing; raises :class:`LenpredError` for a connection or token limit below 1 or an aging rate outside
+    :func:`lenpred.serving.policies.check_aging_rate`'s range."""
     if max_connections < 1 or default_max_tokens < 1:
         raise LenpredError(f"--max-connections and --default-max-tokens must be >= 1, got {max_connections} and "
                            f"{default_max_tokens}")
-    if not aging_tokens_per_s >= 0:
-        raise LenpredError(f"--aging-tokens-per-s must be >= 0 (0: no starvation guard), got {aging_tokens_per_s}")
+    try:
+        check_aging_rate(aging_tokens_per_s)
+    except LenpredError as exc:
+        raise LenpredError(f"--aging-tokens-per-s: {exc}") from None
 
 
 def _check_serve_args(upstream: str, port: int, max_connections: int, default_max_tokens: int,

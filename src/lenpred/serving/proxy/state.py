@@ -14,6 +14,9 @@ from lenpred.outcome import RequestOutcome
 
 _log = logging.getLogger("lenpred.serving.proxy")
 
+AGING_EPOCH_S = 1767225600.0
+"""The starvation guard's clock origin, Unix seconds (2026-01-01 00:00 UTC): fixed, so every proxy replica and
+restart ages requests on one clock, and small enough that ``rate × seconds`` stays a modest integer."""
 EXPECTED_HEADER, PRIORITY_HEADER, SKIPPED_HEADER = "x-lenpred-expected", "x-lenpred-priority", "x-lenpred-skipped"
 PREDICT_MS_HEADER = "x-lenpred-predict-ms"  # wall time of the prediction (waiting for the predictor included)
 CAP_HEADER = "x-lenpred-cap"  # request header: the prediction's cap instead of max_tokens (not forwarded)
@@ -108,10 +111,13 @@ class ProxyState:
         on_finished: hooks called with a :class:`FinishedRequest` when a predicted-path request ends.
         group_header: request header whose value is the request's group key (adaptive interval per route or
             client, Mondrian-style); ``None``: no groups.
-        aging_tokens_per_s: the starvation guard: each second since the proxy started counts this many tokens onto
-            a request's priority (:func:`lenpred.serving.policies.aged_priority`), so a request that waits in the
-            engine's queue outranks one this much shorter per second it has waited. 0: off.
-        started_at_s: Unix time the proxy started (the aging clock's origin).
+        aging_tokens_per_s: the starvation guard: a request's priority is its prediction plus this many tokens per
+            second of its arrival time on the shared clock :data:`AGING_EPOCH_S`
+            (:func:`lenpred.serving.policies.aged_priority`), so one that waits in the engine's queue outranks a
+            request predicted this much shorter per second it has waited. The clock is wall time, not the proxy's
+            uptime, so proxy replicas in front of one engine and a restarted proxy rank alike. A client's own
+            ``priority`` is kept as sent, and with the guard on it is compared with numbers of about
+            ``aging_tokens_per_s × 3·10⁷`` (it then runs first). 0: off.
         pool: the connection semaphore (waits for a connection happen, and are timed, here).
     """
 
@@ -126,7 +132,6 @@ class ProxyState:
     on_finished: list[FinishedHook] = field(default_factory=list)
     group_header: str | None = None
     aging_tokens_per_s: float = 0.0
-    started_at_s: float = field(default_factory=time.time)
     pool: asyncio.Semaphore = field(init=False)
 
     def __post_init__(self):

@@ -11,6 +11,7 @@ from lenpred.errors import LenpredError
 from lenpred.pipeline import LengthPredictor
 from lenpred.serving.parked import (ADMISSION_ORDERS, DECODE_SLOTS, PARKED_POLICIES, PREFILL_AHEAD, ParkedPolicy,
                                     make_parked_policy)
+from lenpred.serving.policies import check_aging_rate
 
 OBSERVE = "observe"
 """The policy that captures and predicts but schedules as stock vLLM (the overhead reference)."""
@@ -36,7 +37,11 @@ class EngineConfig:
             simulator on that cost model gives the recorded-length oracle its largest gain at 24–32 slots. A fixed
             number rather than a start-up measurement, so that runs repeat; on another engine or accelerator measure
             the knee with that script and set it.
-        max_idle_s: starvation guard: a parked request idle this long is promoted (``None``: off).
+        max_idle_s: starvation guard: a parked request idle this long is promoted (``None``: off). Under ``srpt`` a
+            promotion lasts one step, so it does not bound the tail under sustained load; ``aging_tokens_per_s`` does.
+        aging_tokens_per_s: delay-dependent priority (:func:`lenpred.serving.parked.choose_decoders`): each second a
+            request has waited counts this many tokens off its rank, both for the decode slots and, under ``admit_by:
+            prompt_len``, for admission (0: off).
         switch_margin_tokens: a preemptive policy's hysteresis in tokens (``srpt``).
         prefill_ahead: the ranking window: at most this many prefilled requests wait parked; new arrivals are
             prefilled (in arrival order) only while fewer do (``None``: all, as soon as they fit). In a queue deeper
@@ -80,6 +85,7 @@ class EngineConfig:
     policy: str = "sjf"
     decode_slots: int = DECODE_SLOTS
     max_idle_s: float | None = 60.0
+    aging_tokens_per_s: float = 0.0
     switch_margin_tokens: float = 16.0
     prefill_ahead: int | None = PREFILL_AHEAD
     admit_by: str = "arrival"
@@ -111,6 +117,8 @@ class EngineConfig:
         integer("decode_slots", 1)
         integer("prefill_ahead", 0, none_ok=True)
         number("max_idle_s", none_ok=True)
+        number("aging_tokens_per_s")
+        check_aging_rate(self.aging_tokens_per_s)
         number("switch_margin_tokens")
         for name in ("plp", "log_states"):
             if not isinstance(getattr(self, name), bool):

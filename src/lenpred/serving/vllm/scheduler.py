@@ -185,6 +185,7 @@ class LenpredScheduler(Scheduler):
             raise LenpredError(f"lenpred admit_by '{cfg.admit_by}' orders vLLM's waiting queue by request priority: "
                                "start vLLM with --scheduling-policy priority")
         self._lp_policy = cfg.parked_policy()  # resolved once; None: observe
+        self._lp_clock_origin = time.time()  # the admission rank's aging clock (vLLM's arrival times are Unix times)
         is_async = isinstance(self, AsyncScheduler)
         logger.info("lenpred scheduler: policy %s, %d decode slots, on vLLM's %s (async scheduling %s)", cfg.policy,
                     cfg.decode_slots, "AsyncScheduler" if is_async else "Scheduler", "on" if is_async else "off")
@@ -219,8 +220,10 @@ class LenpredScheduler(Scheduler):
         """Under ``admit_by`` other than arrival, a waiting request's vLLM ``priority`` is its admission rank
         (:func:`lenpred.serving.parked.admission_priority`): the first stage of the two-stage rank, vLLM's waiting
         heap orders by it."""
-        if self.lenpred_config.admit_by != "arrival":
-            request.priority = admission_priority(self.lenpred_config.admit_by, request.num_prompt_tokens)
+        cfg = self.lenpred_config
+        if cfg.admit_by != "arrival":
+            request.priority = admission_priority(cfg.admit_by, request.num_prompt_tokens,
+                                                  request.arrival_time - self._lp_clock_origin, cfg.aging_tokens_per_s)
 
     def update_from_output(self, scheduler_output, model_runner_output):
         states = getattr(model_runner_output, STATES_ATTR, None)
@@ -376,7 +379,8 @@ class LenpredScheduler(Scheduler):
             return []
         slots = {r.request_id: self._lenpred_slot(r, now) for r in ready}
         decision = choose_decoders(list(slots.values()), self._lp_policy, cfg.decode_slots, cfg.max_idle_s,
-                                   cfg.switch_margin_tokens, self.kv_cache_manager.block_pool.get_num_free_blocks())
+                                   cfg.switch_margin_tokens, self.kv_cache_manager.block_pool.get_num_free_blocks(),
+                                   cfg.aging_tokens_per_s)
         self.lenpred_counters["promoted"] += len(set(decision.promoted) & set(decision.decode))
         self.lenpred_counters["kv_parked"] += len(decision.kv_parked)
         # vLLM's fallback preemption: FCFS pops running[-1], priority takes the max (priority, arrival)
