@@ -294,7 +294,7 @@ def main() -> None:
     from lenpred.serving.policies import check_aging_rate
 
     try:
-        args.aging = tuple(float(x) for x in args.aging.split(",") if x.strip())
+        args.aging = tuple(dict.fromkeys(float(x) for x in args.aging.split(",") if x.strip()))  # repeats dropped
         for k in args.aging:
             check_aging_rate(k)
     except (ValueError, LenpredError) as exc:

@@ -126,8 +126,9 @@ def test_delay_dependent_priority_is_prediction_plus_rate_times_arrival():
                              for t in _Continuous(reqs, policy, unit_cost(), SimConfig(max_num_seqs=1)).run()[1]}
     plain, guarded = finish(make_policy("sjf:est")), finish(aged)
     assert plain[0] == max(plain.values()) and guarded[0] < guarded[3]
-    with pytest.raises(LenpredError, match="aging must be >= 0"):
-        make_policy("sjf:est", aging_tokens_per_s=-1.0).key(reqs[0])
+    for bad in (-1.0, True, "4", None):  # a negative rate, and what is not a number (a bool is not one here)
+        with pytest.raises(LenpredError, match="aging must be a number >= 0"):
+            make_policy("sjf:est", aging_tokens_per_s=bad)
 
 
 def test_fused_prefill_drops_second_overhead():

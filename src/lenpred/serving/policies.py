@@ -21,6 +21,7 @@ proxy can send as vLLM's ``priority``, so stock vLLM applies it.
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field, fields
 from typing import Callable, ClassVar
 
@@ -188,11 +189,12 @@ MAX_AGING_TOKENS_PER_S = 1e6
 
 
 def check_aging_rate(aging_tokens_per_s: float) -> None:
-    """Nothing; raises :class:`LenpredError` unless ``0 <= aging_tokens_per_s <= MAX_AGING_TOKENS_PER_S`` (finite; 0
-    is off)."""
-    if not 0 <= aging_tokens_per_s <= MAX_AGING_TOKENS_PER_S:  # nan fails every comparison
-        raise LenpredError(f"aging must be >= 0 tokens per second of waiting (0: no starvation guard) and at most "
-                           f"{MAX_AGING_TOKENS_PER_S:g}, got {aging_tokens_per_s}")
+    """Nothing; raises :class:`LenpredError` unless ``aging_tokens_per_s`` is a real number (:class:`numbers.Real`,
+    numpy's included; not a bool or a string) with ``0 <= aging_tokens_per_s <= MAX_AGING_TOKENS_PER_S`` (0 is off)."""
+    real = isinstance(aging_tokens_per_s, numbers.Real) and not isinstance(aging_tokens_per_s, bool)
+    if not real or not 0 <= aging_tokens_per_s <= MAX_AGING_TOKENS_PER_S:  # nan fails every comparison
+        raise LenpredError(f"aging must be a number >= 0 tokens per second of waiting (0: no starvation guard) and "
+                           f"at most {MAX_AGING_TOKENS_PER_S:g}, got {aging_tokens_per_s!r}")
 
 
 def aged_priority(prediction: float, arrival_s: float, aging_tokens_per_s: float) -> float:

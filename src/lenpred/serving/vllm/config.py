@@ -41,7 +41,8 @@ class EngineConfig:
             promotion lasts one step, so it does not bound the tail under sustained load; ``aging_tokens_per_s`` does.
         aging_tokens_per_s: delay-dependent priority (:func:`lenpred.serving.parked.choose_decoders`): each second a
             request has waited counts this many tokens off its rank, both for the decode slots and, under ``admit_by:
-            prompt_len``, for admission (0: off).
+            prompt_len``, for admission (0: off). Behind ``lenpred serve --aging-tokens-per-s`` with ``rank_by:
+            priority`` leave it 0: the priority already carries the proxy's aging.
         switch_margin_tokens: a preemptive policy's hysteresis in tokens (``srpt``).
         prefill_ahead: the ranking window: at most this many prefilled requests wait parked; new arrivals are
             prefilled (in arrival order) only while fewer do (``None``: all, as soon as they fit). In a queue deeper
