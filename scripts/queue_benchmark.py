@@ -17,8 +17,8 @@ Arrival patterns (``--patterns``, default ``burst8,gamma1x1.1``: issue 38's two 
   and the run ends when the queue drains. The capacity (requests/s) is the one measured on the engine and passed as
   ``--capacity-req-s`` (stock FCFS's burst runs: 0.20 req/s at D = 16 on the machine of ``queue/``, both as 128 /
   makespan and as requests finished per second while the queue was full; 0.30 and 0.33 on a later session's machine,
-  ``queue_guard/``: measure it on the machine that runs the sustained pattern, in the same session); without it, N / makespan of stock FCFS at ``max_num_seqs``
-  D simulated on the whole test split at once with ``--cost-model`` (this machine's vLLM measured with the requests'
+  ``queue_guard/``: measure it on the machine that runs the sustained pattern, in the same session); without it,
+  N / makespan of stock FCFS at ``max_num_seqs`` D simulated on the whole test split at once with ``--cost-model`` (this machine's vLLM measured with the requests'
   own sampling: 0.228 req/s at D = 16, 14 % above the engine's, as the simulator's stock JCT is 12 % below).
 
 Per draw d (seed ``--seed`` + d) each pattern draws its own N requests from the test split (every scenario mixed),
@@ -230,13 +230,11 @@ def machine() -> dict:
 def mixed_machine_draws(store: dict, pattern: str, draws: list[int]) -> list[int]:
     """The draws of ``pattern`` among ``draws`` whose runs recorded more than one :func:`machine` (runs recorded
     before the field existed are not counted)."""
-    out = []
-    for d in draws:
-        ids = {json.dumps(rec["machine"], sort_keys=True) for k, rec in store["runs"].items()
-               if k.startswith(f"{d}/") and k.endswith(f"/{pattern}") and rec.get("machine")}
-        if len(ids) > 1:
-            out.append(d)
-    return out
+    def machines(d: int) -> set[str]:
+        runs = (store["runs"].get(run_key(d, m, pattern)) for m in QUEUE_MODES)
+        return {json.dumps(rec["machine"], sort_keys=True) for rec in runs if rec and rec.get("machine")}
+
+    return [d for d in draws if len(machines(d)) > 1]
 
 
 def record(rec: dict, rows: list[dict], settings: dict) -> dict:
