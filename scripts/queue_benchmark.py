@@ -18,8 +18,9 @@ Arrival patterns (``--patterns``, default ``burst8,gamma1x1.1``: issue 38's two 
   ``--capacity-req-s`` (stock FCFS's burst runs: 0.20 req/s at D = 16 on the machine of ``queue/``, both as 128 /
   makespan and as requests finished per second while the queue was full; 0.30 and 0.33 on a later session's machine,
   ``queue_guard/``: measure it on the machine that runs the sustained pattern, in the same session); without it,
-  N / makespan of stock FCFS at ``max_num_seqs`` D simulated on the whole test split at once with ``--cost-model`` (this machine's vLLM measured with the requests'
-  own sampling: 0.228 req/s at D = 16, 14 % above the engine's, as the simulator's stock JCT is 12 % below).
+  N / makespan of stock FCFS at ``max_num_seqs`` D simulated on the whole test split at once with ``--cost-model``
+  (the ``queue/`` machine's vLLM measured with the requests' own sampling: 0.228 req/s at D = 16, 14 % above the
+  engine's, as the simulator's stock JCT is 12 % below).
 
 Per draw d (seed ``--seed`` + d) each pattern draws its own N requests from the test split (every scenario mixed),
 each sent as a streaming chat request with its recorded seed, temperature, top_p and cap (1,024 / 512 tokens;
