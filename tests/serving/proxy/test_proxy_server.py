@@ -174,6 +174,14 @@ def test_a_client_priority_is_kept(stack):
     assert r.headers["x-lenpred-expected"] == "20.4" and r.headers["x-lenpred-priority"] == "0"
 
 
+def test_a_null_client_priority_is_replaced_by_the_prediction(stack):
+    # vLLM's `priority: int` refuses null with a 400, so null counts as "not given", as an absent key does
+    client, up, _ = stack
+    r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "a b"}], "priority": None})
+    assert r.status_code == 200 and up.received[-1]["priority"] == 20
+    assert r.headers["x-lenpred-priority"] == "20"
+
+
 def test_streaming_is_passed_chunk_by_chunk(stack):
     client, up, _ = stack
     body = {"messages": [{"role": "user", "content": "hi"}], "stream": True}

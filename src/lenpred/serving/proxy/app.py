@@ -17,9 +17,10 @@ What it does to each request (Starlette app, httpx ``AsyncClient`` to the upstre
   prompt is applied after an uncapped prediction.
   The prediction is returned in the headers ``x-lenpred-expected`` (tokens, 0.1), ``x-lenpred-priority`` and
   ``x-lenpred-predict-ms`` (what the prediction added to the request's latency: tokenising, waiting for a batch and
-  the batch itself). A body that already holds ``priority`` keeps it (the client decides; the prediction is still
-  reported). A prompt the proxy cannot read (token-id prompts, no prompt, one too long for the predictor's model)
-  is forwarded with ``x-lenpred-skipped: <reason>``; the upstream then answers as it would.
+  the batch itself). A body that already holds a non-null ``priority`` keeps it (the client decides; the prediction
+  is still reported; a null one is replaced, since vLLM refuses it). A prompt the proxy cannot read (token-id
+  prompts, no prompt, one too long for the predictor's model) is forwarded with ``x-lenpred-skipped: <reason>``; the
+  upstream then answers as it would.
 * **The cap.** A missing or null ``max_tokens`` (and ``max_completion_tokens``) is filled with one default
   (``default_max_tokens``, the same for every policy), forwarded, and reported in ``x-lenpred-default-max-tokens``;
   a cap that is not a positive integer is refused with 400 (before any prediction).
@@ -275,7 +276,7 @@ async def predict_priority(state: ProxyState, req: ProxiedRequest, watch: Client
         return "prediction is not finite"
     req.expected = expected
     state.metrics.predicted.observe(expected)
-    if "priority" not in req.body:
+    if req.body.get("priority") is None:  # absent or JSON null (vLLM's int field refuses null): lenpred sets it
         arrival_s = req.received_at_s - AGING_EPOCH_S
         req.body["priority"] = int(round(aged_priority(expected, arrival_s, state.aging_tokens_per_s)))
     req.headers |= {EXPECTED_HEADER: f"{expected:.1f}", PRIORITY_HEADER: str(req.body["priority"])}
