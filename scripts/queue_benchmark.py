@@ -535,8 +535,8 @@ def markdown(rep: dict) -> str:
              f"KV cache {reg['kv_cache_bytes']:,} bytes for every mode ({reg['kv_bytes_per_token']:,} bytes/token, "
              f"{reg['kv_dtype']}; one-request floor applied: {reg['kv_floor_applied']}); --max-model-len "
              f"{reg['max_model_len']}. FCFS capacity at D: {cap['capacity_req_s']:.3f} req/s ({cap['how']}; cost "
-             f"model {cap.get('cost_model')}). Plug-in: `{json.dumps(reg['plugin'])}`. Settings: "
-             f"`{json.dumps(rep['settings'])}`", ""]
+             f"model {cap.get('cost_model')}). Plug-in: `{json.dumps(reg['plugin'])}`. The last "
+             f"invocation's settings (each run's own are in runs.json): `{json.dumps(rep['settings'])}`", ""]
     if "simulator_cost_model" in rep:
         fit = rep["simulator_streaming_overhead"]
         lines += [f"The simulator on the same runs uses the bare engine's cost model `{rep['simulator_cost_model']}` "
