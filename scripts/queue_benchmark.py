@@ -400,7 +400,8 @@ def pattern_report(store: dict, pattern: str, num_draws: int, n: int) -> dict | 
     out["acceptance"] = acceptance(out["modes"], out["best_lenpred"], len(done))
     out["length_classes"] = by_length_class(store, done, pattern, modes, jct, n)
     out["jct_pooled"] = {m: pooled(jct[m]) for m in modes}
-    out["fewer_draws"] = fewer_draws(store, pattern, modes, num_draws, n)
+    best = out["best_lenpred"]["mode"] if out["best_lenpred"] else None
+    out["fewer_draws"] = fewer_draws(store, pattern, modes, num_draws, n, best)
     return out
 
 
@@ -416,17 +417,25 @@ def paired_cells(store: dict, pattern: str, draws: list[int], modes: list[str], 
     return cells, jct
 
 
-def fewer_draws(store: dict, pattern: str, modes: list[str], num_draws: int, n: int) -> dict:
+def fewer_draws(store: dict, pattern: str, modes: list[str], num_draws: int, n: int,
+                best: str | None = None) -> dict:
     """Each mode run in fewer draws than ``modes`` (those :func:`complete_draws` pairs): paired with stock, and with
-    each oracle that ran in all its draws, on the draws it has (its own ``draws``); same cells as the main table."""
+    each oracle that ran in all its draws, on the draws it has (its own ``draws``); same cells as the main table,
+    plus ``best_lenpred_cut``: the mean-JCT cut of the best lenpred mode ``best`` (one of ``modes``, so it ran in
+    every such draw) against it on those draws (positive: the lenpred mode is faster)."""
+    from lenpred.metrics import paired_cluster_bootstrap as boot
+
     out = {}
     for m, ds in mode_draws(store, pattern, QUEUE_MODES, num_draws).items():
         ds = [d for d in ds if run_key(d, "stock", pattern) in store["runs"]]
         if m in modes or not ds:
             continue
         group = ["stock", m] + [o for o in ("priority_prompt_oracle", "priority_oracle") if o != m and all(
-            run_key(d, o, pattern) in store["runs"] for d in ds)]
-        out[m] = {"draws": ds, **paired_cells(store, pattern, ds, group, n)[0][m]}
+            run_key(d, o, pattern) in store["runs"] for d in ds)] + ([best] if best else [])
+        cells, jct = paired_cells(store, pattern, ds, group, n)
+        out[m] = {"draws": ds, **cells[m]}
+        if best:
+            out[m]["best_lenpred_cut"] = boot({"a": jct[m], "b": jct[best]}, mean_cut("a", "b"), n)
     return out
 
 
@@ -596,9 +605,11 @@ def pattern_markdown(pattern: str, p: dict) -> list[str]:
                       f"{m} {x['simulated_mean_jct_s']:.1f} ({x['simulated_over_measured']:.2f}; "
                       f"{x['offline_over_measured']:.2f})" for m, x in simulated.items()) + ".", ""]
     if p.get("fewer_draws"):
-        lines += ["Modes run in fewer draws, each paired with stock (and the oracles) on its own draws:", "",
-                  markdown_table(["mode", "draws", "mean JCT s", *versus],
-                                 [[m, str(x["draws"]), f"{x['mean_jct_s']:.1f}", *versus_row(x)]
+        best_cut = lambda x: fmt_ci(x["best_lenpred_cut"], pct) if "best_lenpred_cut" in x else "–"  # noqa: E731
+        lines += ["Modes run in fewer draws, each paired with stock, the oracles and the best lenpred mode on its own "
+                  "draws:", "",
+                  markdown_table(["mode", "draws", "mean JCT s", *versus, "best lenpred mode's cut vs it"],
+                                 [[m, str(x["draws"]), f"{x['mean_jct_s']:.1f}", *versus_row(x), best_cut(x)]
                                   for m, x in p["fewer_draws"].items()]), ""]
     classes = p["length_classes"]
     bounds = ", ".join(f"{name} <= {b:.0f}" for name, b in zip(LENGTH_CLASSES, classes["upper_tokens"]) if b)

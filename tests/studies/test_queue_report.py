@@ -62,6 +62,7 @@ def test_modes_in_fewer_draws_are_paired_on_their_own(report):
     assert p["modes"]["plugin"]["jct_cut_vs_stock"][0] == pytest.approx(1 / 3)
     oracle = p["fewer_draws"]["priority_oracle"]
     assert oracle["draws"] == [0] and oracle["jct_cut_vs_stock"][0] == pytest.approx(1 - 8 / 20)
+    assert oracle["best_lenpred_cut"][0] == pytest.approx(1 - 10 / 8)  # the plug-in's draw 0 (mean 10) vs 8
     assert oracle["p99_jct_ratio_vs_stock"][0] == pytest.approx(
         (8 + 0.98 * 4) / (20 + 0.98 * 10))  # numpy's linear percentile of (4, 8, 12) over (10, 20, 30)
 
