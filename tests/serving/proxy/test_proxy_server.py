@@ -175,11 +175,13 @@ def test_a_client_priority_is_kept(stack):
 
 
 def test_a_null_client_priority_is_replaced_by_the_prediction(stack):
-    # vLLM's `priority: int` refuses null with a 400, so null counts as "not given", as an absent key does
+    # vLLM's `priority: int` refuses null with a 400, so null counts as "not given" (dropped), as an absent key
     client, up, _ = stack
     r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "a b"}], "priority": None})
     assert r.status_code == 200 and up.received[-1]["priority"] == 20
     assert r.headers["x-lenpred-priority"] == "20"
+    r = client.post("/v1/completions", json={"prompt": [1, 2], "priority": None})  # skipped: dropped, not null
+    assert "token ids" in r.headers["x-lenpred-skipped"] and "priority" not in up.received[-1]
 
 
 def test_streaming_is_passed_chunk_by_chunk(stack):

@@ -18,7 +18,7 @@ What it does to each request (Starlette app, httpx ``AsyncClient`` to the upstre
   The prediction is returned in the headers ``x-lenpred-expected`` (tokens, 0.1), ``x-lenpred-priority`` and
   ``x-lenpred-predict-ms`` (what the prediction added to the request's latency: tokenising, waiting for a batch and
   the batch itself). A body that already holds a non-null ``priority`` keeps it (the client decides; the prediction
-  is still reported; a null one is replaced, since vLLM refuses it). A prompt the proxy cannot read (token-id
+  is still reported; a null one counts as not given, since vLLM refuses it). A prompt the proxy cannot read (token-id
   prompts, no prompt, one too long for the predictor's model) is forwarded with ``x-lenpred-skipped: <reason>``; the
   upstream then answers as it would.
 * **The cap.** A missing or null ``max_tokens`` (and ``max_completion_tokens``) is filled with one default
@@ -244,6 +244,8 @@ def parse_predicted(state: ProxyState, path: str, raw: bytes, request_headers) -
         headers[CLIENT_ID_HEADER] = client_id.encode("ascii", "replace").decode()[:200]
     if "request_id" in body:
         body["request_id"] = upstream_id
+    if "priority" in body and body["priority"] is None:  # null = not given (vLLM's `priority: int` refuses null)
+        del body["priority"]
     group = request_headers.get(state.group_header) if state.group_header else None
     return ProxiedRequest(path, body, headers, cap, predict_cap, upstream_id, client_id, time.time(), group=group)
 
@@ -276,7 +278,7 @@ async def predict_priority(state: ProxyState, req: ProxiedRequest, watch: Client
         return "prediction is not finite"
     req.expected = expected
     state.metrics.predicted.observe(expected)
-    if req.body.get("priority") is None:  # absent or JSON null (vLLM's int field refuses null): lenpred sets it
+    if "priority" not in req.body:
         arrival_s = req.received_at_s - AGING_EPOCH_S
         req.body["priority"] = int(round(aged_priority(expected, arrival_s, state.aging_tokens_per_s)))
     req.headers |= {EXPECTED_HEADER: f"{expected:.1f}", PRIORITY_HEADER: str(req.body["priority"])}
