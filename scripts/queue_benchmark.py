@@ -606,8 +606,9 @@ def pattern_markdown(pattern: str, p: dict) -> list[str]:
                       f"{x['offline_over_measured']:.2f})" for m, x in simulated.items()) + ".", ""]
     if p.get("fewer_draws"):
         best_cut = lambda x: fmt_ci(x["best_lenpred_cut"], pct) if "best_lenpred_cut" in x else "–"  # noqa: E731
-        lines += ["Modes run in fewer draws, each paired with stock, the oracles and the best lenpred mode on its own "
-                  "draws:", "",
+        best_mode = (p["best_lenpred"] or {}).get("mode", "–")
+        lines += ["Modes run in fewer draws, each paired with stock, the oracles and the best lenpred mode "
+                  f"({best_mode}; its cut positive: it is faster) on its own draws:", "",
                   markdown_table(["mode", "draws", "mean JCT s", *versus, "best lenpred mode's cut vs it"],
                                  [[m, str(x["draws"]), f"{x['mean_jct_s']:.1f}", *versus_row(x), best_cut(x)]
                                   for m, x in p["fewer_draws"].items()]), ""]

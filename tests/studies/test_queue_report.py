@@ -54,7 +54,7 @@ def report(tmp_path: Path) -> dict:
     return json.loads((tmp_path / "report.json").read_text())
 
 
-def test_modes_in_fewer_draws_are_paired_on_their_own(report):
+def test_modes_in_fewer_draws_are_paired_on_their_own(report, tmp_path: Path):
     p = report["patterns"]["burst8"]
     # stock and the plug-in ran in both draws: paired over both, the oracle's single draw does not cut them down
     assert p["draws"] == [0, 1] and list(p["modes"]) == ["stock", "plugin"]
@@ -63,6 +63,9 @@ def test_modes_in_fewer_draws_are_paired_on_their_own(report):
     oracle = p["fewer_draws"]["priority_oracle"]
     assert oracle["draws"] == [0] and oracle["jct_cut_vs_stock"][0] == pytest.approx(1 - 8 / 20)
     assert oracle["best_lenpred_cut"][0] == pytest.approx(1 - 10 / 8)  # the plug-in's draw 0 (mean 10) vs 8
+    md = (tmp_path / "report.md").read_text()
+    row = next(line for line in md.splitlines() if line.startswith("| priority_oracle | [0] |"))
+    assert "the best lenpred mode (plugin;" in md and row.endswith("| -25.0% [-25.0%, -25.0%] |")
     assert oracle["p99_jct_ratio_vs_stock"][0] == pytest.approx(
         (8 + 0.98 * 4) / (20 + 0.98 * 10))  # numpy's linear percentile of (4, 8, 12) over (10, 20, 30)
 
