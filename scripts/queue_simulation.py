@@ -26,9 +26,9 @@ every mode. Cost: the bare engine's cost model (``--cost-model``, measured with 
 work per streamed token (``--streaming-overhead-ms``, default: the value ``scripts/queue_benchmark.py`` fitted on the
 engine's stock burst runs, read from its ``report.json``; with it the simulator predicts every burst run's mean JCT
 on the machine both were measured on within 10 %, not the sustained runs near saturation; on another machine
-re-measure both: ``docs/serving.md``). Capacity at D: requests/s = N / makespan of stock FCFS on a burst of 512. Sustained patterns: arrivals
-for ``--window-s`` seconds, then the queue drains. Intervals: 95 %, two-stage paired bootstrap over requests
-clustered by draw (:func:`lenpred.metrics.paired_cluster_bootstrap`). Output (``--out``, default
+re-measure both: ``docs/serving.md``). Capacity at D: requests/s = N / makespan of stock FCFS on a burst of 512.
+Sustained patterns: arrivals for ``--window-s`` seconds, then the queue drains. Intervals: 95 %, two-stage paired
+bootstrap over requests clustered by draw (:func:`lenpred.metrics.paired_cluster_bootstrap`). Output (``--out``, default
 ``results/scripts/serving/queue_simulation``): ``.json`` (every setting and cell), ``.md`` (tables),
 ``_map.png`` (mean-JCT cut vs queue depth N/D) and ``_aging.png`` (the guard's mean-vs-tail trade-off)::
 
