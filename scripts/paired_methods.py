@@ -45,7 +45,7 @@ def main() -> None:
     if unknown or missing:
         raise LenpredError(f"unknown methods {unknown} / no saved predictor for {missing} in {args.predictors}: run "
                            "`lenpred evaluate` (it saves them) or pass other --pairs")
-    data = load_dataset(args.bench, {i for m in methods for i in PREDICTORS[m].inputs}).data
+    data = load_dataset(args.bench, {i for m in methods for i in PREDICTORS[m]().reads().inputs}).data
     test = data.index["test"]
     y, pid, scenario = data.y[test], data.cols["prompt_id"][test], data.cols["scenario"][test]
     with torch_threads(1):

@@ -32,6 +32,7 @@ RANKS = {
     "online": 2,
     "pipeline": 3,  # LengthPredictor: dataset + tuning + predictors
     "predictor_config": 3, "predictor_card": 3, "traffic_refit": 3,  # its config.json, card, refit on traffic
+    "predictor_progressive": 3,  # its PLP part (start / update), a mixin
     "serving": 4,  # policies, simulator, proxy (serves a LengthPredictor), vLLM plug-in
     "studies": 5,
     "cli": 6, "cli_schedule": 6,  # the commands (`lenpred schedule ...` in their own module)

@@ -10,7 +10,7 @@ import torch
 
 from lenpred.pipeline import LengthPredictor
 from lenpred.signals import extract_signals
-from lenpred.predictors import SignalsRead
+from lenpred.predictors import Reads
 from lenpred.truncated import PrefixCache, TruncatedPlan, truncated_hidden_states, truncated_plan
 
 from conftest import TINY_PROMPTS, fit_tiny_predictor
@@ -49,12 +49,12 @@ def test_the_shared_prefix_from_the_cache_gives_the_same_states(tiny_backbone, o
 @pytest.mark.parametrize("method,layer", [("last", 1), ("mean", 2), ("max", 1), ("trail", 1), ("trail", 2)])
 def test_predict_takes_the_truncated_forward_with_the_full_prefills_predictions(tiny_backbone, one_torch_thread,
                                                                                  method, layer, monkeypatch):
-    import lenpred.inputs.prefill as full_path
+    import lenpred.truncated as forward
 
     lp = _fitted(tiny_backbone, method, layer)
     assert truncated_plan(lp.predictor_.reads(), 2) == TruncatedPlan(layer, 2)
     want = lp.predict(PROMPTS, 16, truncated=False)
-    monkeypatch.setattr(full_path, "attach_signals", None)  # predict must not run the full prefill now
+    monkeypatch.setattr(forward, "attach_signals", None)  # predict must not run the full prefill now
     for cache in (None, PrefixCache()):
         got = lp.predict(PROMPTS, 16, prefix_cache=cache)
         for w, g in zip(want, got):
@@ -64,14 +64,14 @@ def test_predict_takes_the_truncated_forward_with_the_full_prefills_predictions(
 
 
 @pytest.mark.parametrize("reads,plan", [
-    (SignalsRead(1, last_token=True), TruncatedPlan(1, 2)),
-    (SignalsRead(2), TruncatedPlan(2, 2)),  # L: the final norm is applied
-    (SignalsRead(1, semantic_score=True), None),  # attention: the full prefill
-    (SignalsRead(1, token_entropy=True), None),  # entropy: the LM head over every position
-    (SignalsRead(-1), None),  # counted from the end: the full path resolves it
-    (SignalsRead(0), None),  # the embeddings (some models scale them inside the forward)
-    (SignalsRead(3), None),  # past the model's depth
-    (SignalsRead(), None),  # no hidden states (text, prompt length)
+    (Reads(1, last_token=True), TruncatedPlan(1, 2)),
+    (Reads(2), TruncatedPlan(2, 2)),  # L: the final norm is applied
+    (Reads(1, semantic_score=True), None),  # attention: the full prefill
+    (Reads(1, token_entropy=True), None),  # entropy: the LM head over every position
+    (Reads(-1), None),  # counted from the end: the full path resolves it
+    (Reads(0), None),  # the embeddings (some models scale them inside the forward)
+    (Reads(3), None),  # past the model's depth
+    (Reads(), None),  # no hidden states (text, prompt length)
 ])
 def test_the_plan_follows_what_the_predictor_reads(reads, plan):
     assert truncated_plan(reads, 2) == plan
@@ -79,7 +79,7 @@ def test_the_plan_follows_what_the_predictor_reads(reads, plan):
 
 def test_an_entropy_predictor_runs_the_full_prefill(tiny_backbone, one_torch_thread):
     egtp = _fitted(tiny_backbone, "egtp", 1)  # entropy weights: the LM head is needed
-    assert egtp.predictor_.reads() == SignalsRead(1, token_entropy=True, features=True)
+    assert egtp.predictor_.reads() == Reads(1, token_entropy=True, features=True)
     got = egtp.predict(PROMPTS, 16)
     assert [g.expected for g in got] == [w.expected for w in egtp.predict(PROMPTS, 16, truncated=False)]
 

@@ -148,6 +148,8 @@ class Dataset:
         values: what the input providers measured (e.g. PiA's ``tokens_per_word``), for the tuning context.
         table: the benchmark's records (a ``pyarrow.Table``, all rows, duplicates included).
         timing: seconds each input provider took, by input name.
+        bench_name: the benchmark's directory name.
+        plan_fingerprint: its sampling plan's fingerprint (``bench.json``), what makes two benchmarks the same.
     """
 
     backbone: Any
@@ -156,6 +158,8 @@ class Dataset:
     values: dict[str, Any]
     table: Any
     timing: dict[str, float]
+    bench_name: str
+    plan_fingerprint: str
 
 
 def load_dataset(bench: str | Path, needs: set[str], model: str | None = None, backbone=None,
@@ -165,7 +169,7 @@ def load_dataset(bench: str | Path, needs: set[str], model: str | None = None, b
 
     Args:
         bench: benchmark directory (built by ``lenpred bench build``).
-        needs: input names to provide (union of the predictors' ``inputs``).
+        needs: input names to provide (:func:`lenpred.predictors.required_inputs` of the predictors).
         model: the serving model (:func:`lenpred.backbone.resolve_model`); ``None``: the benchmark's own
             (:func:`lenpred.bench.records.benchmark_model`). Ignored when ``backbone`` is given.
         backbone: an already loaded serving model.
@@ -184,4 +188,5 @@ def load_dataset(bench: str | Path, needs: set[str], model: str | None = None, b
     layers = check_layers(layers, trail_layers, backbone.num_layers)
     data = load_eval_data(bench, backbone.tokenizer, data_dir, table)
     values, timing = provide_inputs(needs, backbone, data, {"layers": layers, "cache": cache, "bench": bench})
-    return Dataset(backbone, data, layers, values, table, timing)
+    return Dataset(backbone, data, layers, values, table, timing, Path(bench).name,
+                   read_manifest(bench)["plan_fingerprint"])

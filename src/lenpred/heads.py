@@ -184,9 +184,9 @@ class HeadConfig:
 class SoftLabelRegressor:
     """Estimator: pooled features ``(n, d)`` float -> predicted output length ``(n,)`` in tokens.
 
-    scikit-learn style: ``__init__`` stores hyper-parameters, ``fit`` learns ``edges_``, ``centres_``,
-    ``mean_``, ``std_``, ``length_scale_`` and ``module_`` and returns ``self``; ``seed`` fixes the
-    initialisation and batch order.
+    scikit-learn style: ``__init__`` stores hyper-parameters, ``fit`` learns ``n_features_in_`` (the width ``d``),
+    ``edges_``, ``centres_``, ``mean_``, ``std_``, ``length_scale_`` and ``module_`` and returns ``self``; ``seed``
+    fixes the initialisation and batch order.
     """
 
     def __init__(self, config: HeadConfig | None = None, seed: int = 0, warm_start: bool = False):
@@ -236,11 +236,12 @@ class SoftLabelRegressor:
         if not (self.warm_start and hasattr(self, "module_")):
             self.edges_ = length_bin_edges(y, cfg.num_bins, cfg.binning, caps[censored], censored)
             self.centres_ = bin_centres(y, self.edges_)
+            self.n_features_in_ = X.shape[1]
             self.mean_, self.std_ = X.mean(0), X.std(0) + 1e-6
             self.length_scale_ = float(y.std() + 1e-6)
             self.module_ = DistributionHead(X.shape[1], len(self.centres_), cfg.dropout)
-        elif X.shape[1] != len(self.mean_):
-            raise LenpredError(f"warm start: X has {X.shape[1]} features, the fitted head reads {len(self.mean_)}")
+        elif X.shape[1] != self.n_features_in_:
+            raise LenpredError(f"warm start: X has {X.shape[1]} features, the fitted head reads {self.n_features_in_}")
         K = len(self.centres_)
         q = soft_labels(torch.from_numpy(assign_bins(y, self.edges_)), K, cfg.tau)
         q[torch.from_numpy(censored)] = 0.0  # a capped sample's label is the censored term, not a bin
@@ -306,8 +307,8 @@ class SoftLabelRegressor:
         head = cls(HeadConfig(**state["config"]), state["seed"])
         head.edges_, head.centres_ = np.asarray(state["edges"]), np.asarray(state["centres"])
         head.mean_, head.std_ = np.asarray(state["mean"], np.float32), np.asarray(state["std"], np.float32)
-        head.length_scale_ = float(state["length_scale"])
-        head.module_ = DistributionHead(len(head.mean_), len(head.centres_), head.config.dropout)
+        head.length_scale_, head.n_features_in_ = float(state["length_scale"]), len(head.mean_)
+        head.module_ = DistributionHead(head.n_features_in_, len(head.centres_), head.config.dropout)
         head.module_.load_state_dict(state["module"])
         head.module_.eval()
         return head

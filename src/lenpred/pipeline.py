@@ -17,7 +17,7 @@ tokenised requests) and runs the cheapest forward that feeds the predictor — t
 when it reads entropy or attention (:meth:`lenpred.predictors.Predictor.reads` says which); and
 :meth:`LengthPredictor.predict_states` takes the states an engine captured in its own prefill (no model pass). Both
 end in ONE head pass -> distribution -> expected / median / interval (:mod:`lenpred.prediction`). PLP re-estimates
-during decoding: :meth:`~LengthPredictor.start`, :meth:`~LengthPredictor.update`.
+during decoding: :meth:`~LengthPredictor.start`, :meth:`~LengthPredictor.update` (:mod:`lenpred.predictor_progressive`).
 
 Loading it with another model revision or another prompt rule is an error that says so.
 """
@@ -30,34 +30,35 @@ from typing import Iterable
 
 import numpy as np
 
-from lenpred.backbone import load_backbone, recorded_model_name
+from lenpred.backbone import load_backbone
 from lenpred.errors import LenpredError
 from lenpred.intervals import conformal_margin
 from lenpred.io import atomic_path
 from lenpred.prediction import HeadOutput, LengthPrediction, head_pass, length_predictions
 from lenpred.predictor_card import card_from_test_split, render_card
 from lenpred.predictor_config import CONFIG_FILE, PredictorConfig, TrainingBenchmark, checked_settings, read_config
-from lenpred.prompts import TEMPLATE_RULE
+from lenpred.predictor_progressive import PROGRESSIVE_FILE, ProgressiveMixin
 
-__all__ = ["CONFIG_FILE", "DEFAULT_PREDICTOR", "LengthPrediction", "LengthPredictor", "render_card"]
+__all__ = ["CONFIG_FILE", "DEFAULT_PREDICTOR", "PROGRESSIVE_FILE", "LengthPrediction", "LengthPredictor",
+           "render_card"]
 
 # The modules that import torch (predictors, tuning, dataset, truncated, inputs.cache, online.progressive) and
 # scipy (metrics) are imported inside the methods: `import lenpred` and `LengthPredictor(...)` stay light, and bad
 # input is reported before they load.
 
 WEIGHTS_FILE, CARD_FILE = "predictor.safetensors", "CARD.md"
-PROGRESSIVE_FILE = "plp.safetensors"  # optional: the PLP head (lenpred progressive) for start / update
 DEFAULT_PREDICTOR = Path(__file__).parent / "default_predictor"
 """The predictor that ships with the package: a soft-label head on SmolLM2-135M-Instruct's final prompt-token state
 (layer 15, `last` pooling after the template prefix), trained on ForeLen; chosen on validation (see README)."""
 
 
-class LengthPredictor:
+class LengthPredictor(ProgressiveMixin):
     """Predict how many tokens the serving model will generate for a prompt, from its own prefill signals.
 
-    scikit-learn style: ``__init__`` stores settings (:meth:`get_params`); :meth:`fit` tunes the method on a
-    benchmark's validation split, calibrates the interval there and scores the test split (``card_``);
-    :meth:`from_traffic` refits a served predictor on its logged traffic; :meth:`predict` takes prompts.
+    scikit-learn style: ``__init__`` stores settings (:meth:`get_params`); :meth:`fit` loads a benchmark and
+    :meth:`fit_dataset` tunes the method on its validation split, calibrates the interval there and scores the test
+    split (``card_``); :meth:`from_traffic` refits a served predictor on its logged traffic; :meth:`predict` takes
+    prompts.
 
     Args:
         method: a registered predictor (``estp``, ``egtp``, ``mean``, ``trail``, ``scenario_median``, ...).
@@ -71,9 +72,10 @@ class LengthPredictor:
             (:func:`lenpred.intervals.conformal_margin`).
         seed, epochs, binning, pool_span, semantic_divisor: see :class:`lenpred.studies.evaluate.EvalConfig`.
 
-    Fitted attributes: ``predictor_`` (the fitted predictor), ``margin_`` (the interval margin, tokens), ``config_``
+    Fitted attributes: ``predictor_`` (the fitted :class:`lenpred.predictors.Predictor`; its ``n_features_in_`` is
+    the width of the states :meth:`predict_states` takes), ``margin_`` (the interval margin, tokens), ``config_``
     (:class:`lenpred.predictor_config.PredictorConfig`), ``card_`` (the test card), ``backbone_`` (the model; absent
-    when loaded with ``load_model=False``).
+    when loaded with ``load_model=False``); ``progressive_`` with a PLP head (:class:`ProgressiveMixin`).
     """
 
     def __init__(self, method: str = "estp", model: str | None = None,
@@ -97,44 +99,60 @@ class LengthPredictor:
 
     def fit(self, bench: str | Path, data_dir: str | None = None, cache: str | None = None, backbone=None,
             threads: int | None = None) -> "LengthPredictor":
-        """Tune on ``bench``'s validation split, refit, calibrate the interval on validation, score test.
+        """Load ``bench`` with the serving model and the inputs the method reads (all the I/O:
+        :func:`lenpred.dataset.load_dataset`), then :meth:`fit_dataset` on it.
+
+        Raises:
+            LenpredError: as :meth:`fit_dataset` (checked before anything loads), or any benchmark / data error.
+        """
+        from lenpred.dataset import load_dataset
+        from lenpred.predictors import required_inputs
+
+        self._check_method(threads)
+        dataset = load_dataset(str(bench), required_inputs((self.method,)), model=self.model, backbone=backbone,
+                               data_dir=data_dir, cache=cache, layers=self.layers, threads=threads)
+        return self.fit_dataset(dataset)
+
+    def fit_dataset(self, dataset) -> "LengthPredictor":
+        """Tune on ``dataset``'s validation split, refit, calibrate the interval on validation, score test; no file is
+        read and no model loaded here (scikit-learn's ``fit``).
+
+        Args:
+            dataset: a :class:`lenpred.dataset.Dataset` holding the inputs the method reads
+                (:func:`lenpred.predictors.required_inputs`), as :func:`lenpred.dataset.load_dataset` gives.
 
         Raises:
             LenpredError: unknown method, a predictor that reads the model's self-report (PiA cannot predict new
-                prompts without generating), bad settings, or any benchmark / data error.
+                prompts without generating), bad settings, or inputs missing from ``dataset``.
         """
-        from lenpred.bench.records import read_manifest
-        from lenpred.dataset import load_dataset
-        from lenpred.tuning import TuningSettings, check_run_settings, tune_and_refit, tuning_context
-        from lenpred.predictors import PREDICTORS
+        from lenpred.tuning import TuningSettings, tune_and_refit, tuning_context
 
-        check_run_settings((self.method,), (self.seed,), threads)
-        settings = TuningSettings(epochs=self.epochs, binning=self.binning, pool_span=self.pool_span,
-                                  semantic_divisor=self.semantic_divisor)
-        if "self_report" in PREDICTORS[self.method].inputs:
-            raise LenpredError(f"'{self.method}' reads the model's own self-report, which needs a generation per "
-                               "prompt: it cannot be a LengthPredictor; pick a method that reads signals or text")
-        prepared = load_dataset(str(bench), set(PREDICTORS[self.method].inputs), model=self.model, backbone=backbone,
-                                data_dir=data_dir, cache=cache, layers=self.layers, threads=threads)
-        self.backbone_, data = prepared.backbone, prepared.data
-        ctx = tuning_context(settings, prepared.layers, prepared.backbone.num_layers, prepared.values)
+        self._check_method()
+        data, settings = dataset.data, TuningSettings(epochs=self.epochs, binning=self.binning,
+                                                      pool_span=self.pool_span, semantic_divisor=self.semantic_divisor)
+        ctx = tuning_context(settings, dataset.layers, dataset.backbone.num_layers, dataset.values)
         run = tune_and_refit(self.method, data, ctx, (self.seed,))
-        self.predictor_ = run.fitted
+        self.backbone_, self.predictor_ = dataset.backbone, run.fitted
         _, low, high = self._head_pass(data.rows("validation")).quantiles(self.coverage)
         self.margin_ = conformal_margin(low, high, data.y[data.index["validation"]], self.coverage, strict=False)
-        benchmark = TrainingBenchmark(Path(bench).name, read_manifest(bench)["plan_fingerprint"],
-                                      prepared.table.num_rows, data.dropped_duplicates)
-        reads = self.predictor_.reads()
-        self.config_ = PredictorConfig(
-            method=self.method, params=self.predictor_.params, chosen_on_validation=run.chosen,
-            model_id=recorded_model_name(self.backbone_.model_id), model_revision=self.backbone_.revision,
-            layers=[] if reads.layer is None else [int(reads.layer)], semantic=reads.semantic_score,
-            template_rule=TEMPLATE_RULE, coverage=self.coverage, interval_margin=self.margin_,
-            training_benchmark=benchmark)
+        benchmark = TrainingBenchmark(dataset.bench_name, dataset.plan_fingerprint, dataset.table.num_rows,
+                                      data.dropped_duplicates)
+        self.config_ = PredictorConfig.from_fit(self.method, self.predictor_, run.chosen, self.backbone_, self.coverage,
+                                                self.margin_, benchmark)
         rows, test = data.rows("test"), data.index["test"]  # signals from the benchmark's cache: no forward here
         self.card_ = card_from_test_split(self._predictions(rows, self._head_pass(rows)), data.y[test],
                                           data.cols["scenario"][test], data.cols["prompt_id"][test])
         return self
+
+    def _check_method(self, threads: int | None = None) -> None:
+        """Refuse an unknown method, bad seed or threads, and a predictor that reads the model's self-report."""
+        from lenpred.predictors import make_predictor
+        from lenpred.tuning import check_run_settings
+
+        check_run_settings((self.method,), (self.seed,), threads)
+        if make_predictor(self.method).reads().self_report:
+            raise LenpredError(f"'{self.method}' reads the model's own self-report, which needs a generation per "
+                               "prompt: it cannot be a LengthPredictor; pick a method that reads signals or text")
 
     @classmethod
     def from_traffic(cls, log: str | Path, bench: str | Path | None = None, base: str | Path | None = None,
@@ -239,19 +257,11 @@ class LengthPredictor:
     def _attach_states(self, requests: list, batch_tokens: int = 4096, truncated: bool = True, prefix_cache=None,
                        progress: bool = False) -> None:
         """Set the requests' ``signals`` by the cheapest forward that gives what the predictor reads (see
-        :meth:`predict`); nothing for a predictor that reads no signals."""
-        from lenpred.inputs.prefill import attach_signals
-        from lenpred.truncated import attach_truncated_signals, truncated_plan
+        :meth:`predict`: :func:`lenpred.truncated.attach_prefill_signals`)."""
+        from lenpred.truncated import attach_prefill_signals
 
-        if "signals" not in self.predictor_.inputs:
-            return
-        reads = self.predictor_.reads()
-        plan = truncated_plan(reads, self.backbone_.num_layers) if truncated else None
-        if plan is not None:
-            attach_truncated_signals(self.backbone_, requests, plan, batch_tokens, prefix_cache, progress)
-        else:
-            layers = (reads.layer,) if reads.layer is not None else (self.backbone_.num_layers,)
-            attach_signals(self.backbone_, requests, layers, reads.semantic_score, batch_tokens, progress)
+        attach_prefill_signals(self.backbone_, requests, self.predictor_.reads(), batch_tokens, truncated,
+                               prefix_cache, progress)
 
     def _head_pass(self, requests: list, features: np.ndarray | None = None) -> HeadOutput:
         """One head pass over requests whose signals are attached (or over their ``features``)."""
@@ -269,7 +279,7 @@ class LengthPredictor:
         """The hidden-state index (0 = embeddings, ``L`` = the final norm's output) whose **last prompt token**
         state is this predictor's whole input, so that a serving engine can capture it during its own prefill
         (:meth:`predict_states`); ``None`` when the predictor reads more (pooling over tokens, entropy, attention,
-        text): :attr:`lenpred.predictors.SignalsRead.last_token`. Today: ``last`` pooling over a span that ends at
+        text): :attr:`lenpred.predictors.Reads.last_token`. Today: ``last`` pooling over a span that ends at
         the prompt's end, and ``trail``."""
         self._check_fitted()
         reads = self.predictor_.reads()
@@ -294,7 +304,7 @@ class LengthPredictor:
             raise LenpredError(f"predictor '{self.method}' reads more than one last-token state: an engine cannot "
                                "feed it from its prefill; use a `last` or `trail` predictor")
         states = np.asarray(states, np.float32)
-        width = len(self.predictor_.head_.mean_)
+        width = self.predictor_.n_features_in_
         if states.ndim != 2 or states.shape[1] != width or len(states) != len(max_new_tokens):
             raise LenpredError(f"predict_states needs ({len(max_new_tokens)}, {width}) states, got {states.shape}")
         caps = np.array([np.inf if c is None else c for c in max_new_tokens], dtype=np.float64)
@@ -303,70 +313,6 @@ class LengthPredictor:
     def _postprocess(self, out: HeadOutput, num_prompt_tokens, max_new_tokens) -> list[LengthPrediction]:
         """The head's output -> distribution -> expected / median / calibrated interval, one per request."""
         return length_predictions(out, self.coverage, self.margin_, num_prompt_tokens, max_new_tokens)
-
-    # ------------------------------------------------------------------ progressive (online) prediction
-
-    def attach_progressive(self, path: str | Path) -> "LengthPredictor":
-        """Add a PLP head written by ``lenpred progressive`` (``plp.safetensors``); it must read this predictor's
-        prompt representation (same method and layer) and this model.
-
-        Raises:
-            LenpredError: unreadable, or trained on another prompt representation or model revision."""
-        from lenpred.online.progressive import load_plp
-
-        self._plp = load_plp(path, f"{self.method}@{self.predictor_.params.get('layer')}", self.config_.model_revision)
-        self._plp_path = None
-        return self
-
-    def _progressive(self) -> tuple:
-        """``(plp head, info)``: attached, or read now from the saved directory's ``plp.safetensors`` (predict never
-        needs it, so loading waits for the first use).
-
-        Raises:
-            AttributeError: no progressive head (so ``hasattr(lp, "progressive_")`` answers ``False``)."""
-        if getattr(self, "_plp_path", None) is not None:
-            self.attach_progressive(self._plp_path)
-        if getattr(self, "_plp", None) is None:
-            raise AttributeError("this LengthPredictor has no progressive head")
-        return self._plp
-
-    @property
-    def progressive_(self):
-        """The PLP head (:class:`lenpred.predictors.progressive.PLPHead`); absent without one."""
-        return self._progressive()[0]
-
-    @property
-    def progressive_info_(self) -> dict:
-        """What the PLP head reads (``plp_layer``, ``steps``, ``prompt``, ``model_revision``); absent without one."""
-        return self._progressive()[1]
-
-    def start(self, prompts: Iterable[str | list[dict[str, str]]], max_new_tokens: int | None = None) -> list:
-        """Prefill each prompt and return its online state (:class:`lenpred.online.progressive.RequestState`) with
-        the first remaining-length estimate (PLP at decode step 0, from the prefill's signals).
-
-        Raises:
-            LenpredError: no progressive head attached, or a bad prompt."""
-        from lenpred.online.progressive import start_states
-
-        if not hasattr(self, "progressive_"):
-            raise LenpredError("this LengthPredictor has no progressive head: attach_progressive('plp.safetensors') "
-                               "from a `lenpred progressive` run")
-        requests = self.prepare(prompts, max_new_tokens)
-        self._attach_states(requests, truncated=False)  # the PLP layer's last-token state too: the full prefill
-        final = self.progressive_info_["plp_layer"]
-        states = np.stack([r.signals.last_token_state(final).numpy() for r in requests])
-        caps = np.full(len(requests), np.inf if max_new_tokens is None else float(max_new_tokens))
-        return start_states(self.progressive_, self.predictor_.features(requests), states, caps)
-
-    def update(self, states: list, steps, hidden_states) -> np.ndarray:
-        """Re-estimate the remaining tokens of running requests: ``steps`` ``(B,)`` tokens generated, ``hidden_states``
-        ``(B, d)`` each current token's hidden state at the layer in ``progressive_info_['plp_layer']``. ``(B,)`` float64 (see
-        :func:`lenpred.online.progressive.update_batch`)."""
-        from lenpred.online.progressive import update_batch
-
-        if not hasattr(self, "progressive_"):
-            raise LenpredError("this LengthPredictor has no progressive head: attach_progressive(...) first")
-        return update_batch(self.progressive_, states, steps, hidden_states)
 
     # ------------------------------------------------------------------ persistence
 
@@ -381,10 +327,7 @@ class LengthPredictor:
             self.predictor_.save(tmp / WEIGHTS_FILE)
             (tmp / CONFIG_FILE).write_text(self.config_.to_json(self.get_params(), self.card_))
             (tmp / CARD_FILE).write_text(render_card(self.config_, self.card_))
-            if hasattr(self, "progressive_"):
-                from lenpred.online.progressive import save_plp
-
-                save_plp(self.progressive_, tmp / PROGRESSIVE_FILE, self.progressive_info_)
+            self._save_progressive(tmp)
         return Path(path)
 
     @classmethod
@@ -416,7 +359,7 @@ class LengthPredictor:
             raise LenpredError(f"{path / WEIGHTS_FILE} holds '{self.predictor_.registry_name}', config.json says "
                                f"'{config.method}': the directory is mixed up; retrain it")
         self.margin_, self.card_ = config.interval_margin, card
-        self._plp_path = path / PROGRESSIVE_FILE if (path / PROGRESSIVE_FILE).exists() else None
+        self._find_progressive(path)
         return self
 
     def check_model_revision(self, revision: str, model: str = "", where: str | Path = "this predictor") -> None:

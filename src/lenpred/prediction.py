@@ -99,19 +99,14 @@ class HeadOutput:
         return q[:, 1], q[:, 0], q[:, 2]
 
 
-def has_distribution(predictor) -> bool:
-    """Whether a fitted predictor gives a bin distribution (the pooled soft-label heads; not the point predictors
-    nor the ranking score, whose ``predict_distribution`` is ``None``)."""
-    return getattr(predictor, "predict_distribution", None) is not None
-
-
 def head_pass(predictor, caps: np.ndarray, requests: list | None = None,
               features: np.ndarray | None = None) -> HeadOutput:
     """Run ``predictor``'s head once.
 
     Args:
-        predictor: a fitted :class:`lenpred.predictors.Predictor`. A distribution predictor must read features
-            (``features`` / ``distribution_from_features``: the pooled-head contract).
+        predictor: a fitted :class:`lenpred.predictors.Predictor`. A feature head (``reads().features``) runs
+            through :meth:`~lenpred.predictors.Predictor.features` and
+            :meth:`~lenpred.predictors.Predictor.distribution_from_features`, any other through ``predict``.
         caps: ``(n,)`` float64 ``max_new_tokens`` (``inf``: none).
         requests: the :class:`lenpred.predictors.Request` objects (signals attached where the predictor reads them);
             unused when ``features`` is given.
@@ -122,17 +117,16 @@ def head_pass(predictor, caps: np.ndarray, requests: list | None = None,
         (a distribution head's ``predict`` is its distribution's capped mean).
 
     Raises:
-        LenpredError: neither requests nor features, or a distribution predictor that cannot take features.
+        LenpredError: neither requests nor features, or features for a predictor without a feature head.
     """
     caps = np.asarray(caps, np.float64)
     if requests is None and features is None:
         raise LenpredError("head_pass needs the requests or their features")
-    if not has_distribution(predictor):
-        raw = predictor.predict(requests) if features is None else predictor.predict_features(features, caps)
-        return HeadOutput(np.clip(raw, 0, caps), caps)
-    if not hasattr(predictor, "distribution_from_features"):
-        raise LenpredError(f"predictor '{predictor.registry_name}' gives a distribution but not from features: "
-                           "implement features() and distribution_from_features() (see PooledHeadPredictor)")
+    if not predictor.reads().features:
+        if features is not None:
+            raise LenpredError(f"predictor '{predictor.registry_name}' has no feature head: pass the requests, not "
+                               "features")
+        return HeadOutput(np.clip(predictor.predict(requests), 0, caps), caps)
     X = predictor.features(requests) if features is None else features
     return HeadOutput.from_distribution(*predictor.distribution_from_features(X, caps), caps)
 

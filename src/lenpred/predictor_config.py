@@ -16,6 +16,7 @@ from pathlib import Path
 from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any
 
+from lenpred.backbone import recorded_model_name
 from lenpred.errors import LenpredError
 from lenpred.prompts import TEMPLATE_RULE
 from lenpred.version import __version__
@@ -136,6 +137,20 @@ class PredictorConfig:
     def __post_init__(self):
         if not 0 < self.coverage < 1:
             raise LenpredError(f"interval coverage must lie in (0, 1), got {self.coverage}")
+
+    @classmethod
+    def from_fit(cls, method: str, predictor, chosen: dict[str, Any], backbone, coverage: float, margin: float,
+                 benchmark: TrainingBenchmark) -> "PredictorConfig":
+        """The config of ``predictor`` (a fitted :class:`lenpred.predictors.Predictor` of the registered ``method``,
+        its hyper-parameters ``chosen`` on validation; what it reads from :meth:`~lenpred.predictors.Predictor.reads`)
+        fitted on ``benchmark`` with the serving ``backbone`` (:class:`lenpred.backbone.Backbone`), its interval
+        calibrated to ``coverage`` with ``margin`` tokens, under this version's prompt rule."""
+        reads = predictor.reads()
+        return cls(method=method, params=predictor.params, chosen_on_validation=chosen,
+                   model_id=recorded_model_name(backbone.model_id), model_revision=backbone.revision,
+                   layers=[] if reads.layer is None else [int(reads.layer)], semantic=reads.semantic_score,
+                   template_rule=TEMPLATE_RULE, coverage=coverage, interval_margin=margin,
+                   training_benchmark=benchmark)
 
     def to_json(self, settings: dict[str, Any], card: dict[str, Any]) -> str:
         """The text of ``config.json``: the fields in their order (``training_traffic`` left out when ``None``), then

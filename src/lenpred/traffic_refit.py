@@ -110,7 +110,7 @@ def check_log_matches(traffic_log, base, path) -> None:
 
     Raises:
         LenpredError: another width, model revision, method or layers (the message names both values)."""
-    meta, width = traffic_log.metadata, len(base.predictor_.head_.mean_)
+    meta, width = traffic_log.metadata, base.predictor_.n_features_in_
     if int(meta["feature_dim"]) != width:
         raise LenpredError(f"traffic log {path} holds {meta['feature_dim']}-wide features, the base predictor reads "
                            f"{width}: log the base predictor's features, or pass the --base it was served with")

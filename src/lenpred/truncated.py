@@ -27,7 +27,8 @@ import torch
 
 from lenpred.errors import LenpredError
 from lenpred.inputs.cache import token_batches
-from lenpred.predictors.registry import SignalsRead
+from lenpred.inputs.prefill import attach_signals
+from lenpred.predictors.registry import Reads
 from lenpred.prompts import check_fits
 from lenpred.signals import PromptSignals, left_pad
 from lenpred.torch_state import with_backbone_threads
@@ -49,7 +50,7 @@ class _Stop(Exception):
     """Raised by the capture hook to end the forward pass after the layer that is needed."""
 
 
-def truncated_plan(reads: SignalsRead, num_layers: int) -> TruncatedPlan | None:
+def truncated_plan(reads: Reads, num_layers: int) -> TruncatedPlan | None:
     """The plan for a predictor that reads ``reads`` (:meth:`lenpred.predictors.Predictor.reads`) of a model with
     ``num_layers`` decoder layers, or ``None`` when it reads more than one positive layer's hidden states (entropy-
     or attention-weighted poolers, text proxies, the embeddings, a layer counted from the end): the full prefill
@@ -198,7 +199,7 @@ def attach_truncated_signals(backbone, requests: list, plan: TruncatedPlan, batc
     """Set each request's ``signals`` to a :class:`lenpred.signals.PromptSignals` holding only ``plan.layer``'s
     states (``(1, n, d)``) and zero entropies (which such a predictor ignores), prompts
     grouped by length into batches of at most ``batch_tokens`` padded tokens (what a hidden-states-only predictor,
-    :attr:`lenpred.predictors.SignalsRead.hidden_states_only`, reads). With ``prefix_cache``, the template's
+    :attr:`lenpred.predictors.Reads.hidden_states_only`, reads). With ``prefix_cache``, the template's
     fixed prefix (the tokens before the users' content, ``Request.content_span``) is computed once and reused;
     ``progress``: a bar, as the full prefill's (:func:`lenpred.inputs.prefill.attach_signals`)."""
     from tqdm.auto import tqdm
@@ -211,3 +212,21 @@ def attach_truncated_signals(backbone, requests: list, plan: TruncatedPlan, batc
                                          prefix_cache)
         for i, h in zip(batch, states):
             requests[i].signals = PromptSignals(h[None], torch.zeros(h.shape[0]), None, (plan.layer,))
+
+
+def attach_prefill_signals(backbone, requests: list, reads: Reads, batch_tokens: int = 4096, truncated: bool = True,
+                           prefix_cache: PrefixCache | None = None, progress: bool = False) -> None:
+    """Set each request's ``signals`` by the cheapest forward that gives what a predictor ``reads``
+    (:meth:`lenpred.predictors.Predictor.reads`): this module's truncated prefill when it reads one positive layer's
+    hidden states only (:func:`truncated_plan`; ``truncated=False`` turns it off), else the full prefill at its layer
+    (the last when it reads entropy or attention alone), with the last layer's attention when it reads the semantic
+    score (:func:`lenpred.inputs.prefill.attach_signals`); nothing for a predictor that reads no prefill signal.
+    ``batch_tokens``, ``prefix_cache``, ``progress``: as :func:`attach_truncated_signals`."""
+    if "signals" not in reads.inputs:
+        return
+    plan = truncated_plan(reads, backbone.num_layers) if truncated else None
+    if plan is not None:
+        attach_truncated_signals(backbone, requests, plan, batch_tokens, prefix_cache, progress)
+    else:
+        layers = (reads.layer,) if reads.layer is not None else (backbone.num_layers,)
+        attach_signals(backbone, requests, layers, reads.semantic_score, batch_tokens, progress)

@@ -1,4 +1,4 @@
-"""Input providers: one per input a predictor may read (``Predictor.inputs``).
+"""Input providers: one per input a predictor may read (``Predictor.reads().inputs``).
 
 A provider fills the :class:`lenpred.predictors.Request` field of its name for the prompts that need it and returns
 values the tuner may pass on (e.g. PiA's tokens-per-word ratio). ``text`` and ``scenario`` come with the prompt

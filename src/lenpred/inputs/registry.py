@@ -21,7 +21,7 @@ def provide_inputs(needs: set[str], backbone, data, settings: dict[str, Any]) ->
     """Run the provider of every needed input; returns ``(values, seconds per input)``.
 
     Args:
-        needs: input names (union of the chosen predictors' ``inputs``).
+        needs: input names (:func:`lenpred.predictors.required_inputs` of the chosen predictors).
         backbone: the serving model.
         data: a :class:`lenpred.dataset.EvalData`.
         settings: provider settings (``layers``, ``cache``, ``bench``).

@@ -66,7 +66,7 @@ def update_batch(plp: PLPHead, states: list[RequestState], steps: np.ndarray, hi
     if hidden.ndim != 2 or len(hidden) != len(states) or steps.shape != (len(states),):
         raise LenpredError(f"update_batch needs {len(states)} states, steps ({len(states)},) and hidden "
                            f"({len(states)}, d); got steps {steps.shape}, hidden {hidden.shape}")
-    width = len(plp.head_.mean_) - len(states[0].prompt_features) - 1 if states else hidden.shape[1]
+    width = plp.head_.n_features_in_ - len(states[0].prompt_features) - 1 if states else hidden.shape[1]
     if hidden.shape[1] != width:
         raise LenpredError(f"hidden states have {hidden.shape[1]} features, this PLP head reads {width}: pass the "
                            "current token's hidden state at the head's layer (progressive_info_['plp_layer'])")

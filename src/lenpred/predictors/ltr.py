@@ -72,7 +72,7 @@ class ListwiseRankingPredictor(PooledHeadPredictor):
     pooler_name = "estp"
     supports_censoring = False  # ListMLE ranks observed lengths; capped ones rank at their cap
     tune_after = ("estp",)
-    predict_distribution = None  # a ranking score, not a length distribution
+    gives_distribution = False  # a ranking score, not a length distribution
 
     @classmethod
     def param_grid(cls, ctx) -> list[dict]:
@@ -88,6 +88,21 @@ class ListwiseRankingPredictor(PooledHeadPredictor):
             raise LenpredError("ltr pools as ESTP chose on validation, and no ESTP choice is made yet: tune it first "
                                "(lenpred.tuning.tune_dependencies)")
         return [{k: estp[k] for k in ("layer", "lambda1", "alpha")} | settings]
+
+    @property
+    def n_features_in_(self) -> int:
+        """The pooled features' width ``d`` the fitted scorer reads.
+
+        Raises:
+            AttributeError: not fitted."""
+        return len(self.mean_)
+
+    def distribution_from_features(self, features, caps):
+        """Not available: a ranking score is not a length distribution (``reads().features`` is false).
+
+        Raises:
+            NotImplementedError: always."""
+        raise NotImplementedError("predictor 'ltr' gives a ranking score, not a length distribution")
 
     def _head(self) -> dict:
         return {"epochs": 60, "lr": 1e-3, "weight_decay": 1e-2, "list_size": 32, **self.params["head"]}
@@ -130,7 +145,7 @@ class ListwiseRankingPredictor(PooledHeadPredictor):
         tensors = {f"module.{k}": v.clone() for k, v in self.module_.state_dict().items()}
         for key in ("mean_", "std_", "train_scores_", "train_lengths_"):
             tensors[key] = torch.from_numpy(np.asarray(getattr(self, key)))
-        return tensors, {"in_dim": int(len(self.mean_))}
+        return tensors, {"in_dim": self.n_features_in_}
 
     def _set_state(self, tensors, info):
         self.module_ = _Scorer(info["in_dim"])

@@ -14,7 +14,7 @@ import numpy as np
 
 from lenpred.errors import LenpredError
 from lenpred.inputs.pia import parse_word_count
-from lenpred.predictors.registry import Predictor, register, unique_map
+from lenpred.predictors.registry import Predictor, Reads, register, unique_map
 
 
 @register("pia")
@@ -37,7 +37,9 @@ class PerceptionInAdvance(Predictor):
             which carries a ``self_report``; ``predict`` before ``fit``.
     """
 
-    inputs = ("self_report",)
+    def reads(self) -> Reads:
+        """The serving model's own answer-length estimate (``Request.self_report``)."""
+        return Reads(self_report=True)
 
     @classmethod
     def param_grid(cls, ctx) -> list[dict]:

@@ -12,7 +12,7 @@ import torch
 from lenpred.errors import LenpredError
 from lenpred.heads import HeadConfig, SoftLabelRegressor, head_from_tensors, head_tensors
 from lenpred.pooling import POOLER_KINDS, POOLERS, Pooler
-from lenpred.predictors.registry import Predictor, SignalsRead, distinct_requests, max_new_tokens, register
+from lenpred.predictors.registry import Predictor, Reads, distinct_requests, max_new_tokens, register
 from lenpred.signals import TokenSpan
 
 
@@ -62,8 +62,8 @@ class PooledHeadPredictor(Predictor):
     """
 
     pooler_name = "mean"
-    inputs = ("signals",)
     supports_censoring = True
+    gives_distribution = True  # its head gives a length distribution (ltr: a ranking score; reads().features)
     searches_weights = False  # lambda1 x alpha on top of the layer grid (PoolerKind.searches_weights: ESTP)
 
     @classmethod
@@ -85,13 +85,21 @@ class PooledHeadPredictor(Predictor):
         self.pooler = Pooler(self.pooler_name, lambda1, lambda2, alpha)
         self.layer = layer
 
-    def reads(self) -> SignalsRead:
+    def reads(self) -> Reads:
         """Hidden states at ``layer``, plus entropy and attention where the pooler weighs by them; ``last`` pooling
         over a span that ends at the prompt's end reads the last prompt token's state alone."""
         kind = POOLER_KINDS[self.pooler_name]
-        return SignalsRead(self.layer, kind.reads_entropy, kind.needs_semantic_score,
-                           last_token=self.pooler_name == "last" and self.params["pool_span"] != "content",
-                           features=self.predict_distribution is not None)
+        return Reads(self.layer, kind.reads_entropy, kind.needs_semantic_score,
+                     last_token=self.pooler_name == "last" and self.params["pool_span"] != "content",
+                     features=self.gives_distribution)
+
+    @property
+    def n_features_in_(self) -> int:
+        """The pooled features' width ``d`` (the serving model's hidden size), read off the fitted head.
+
+        Raises:
+            AttributeError: not fitted (``hasattr`` answers ``False``, as scikit-learn's fitted attributes)."""
+        return self.head_.n_features_in_
 
     def spans(self, requests: list) -> list[TokenSpan]:
         """The span each request is pooled over (see :func:`request_spans`)."""
@@ -130,17 +138,12 @@ class PooledHeadPredictor(Predictor):
         return self
 
     def predict(self, requests):
-        return self.predict_features(self.features(requests), max_new_tokens(requests))
+        return self.head_.predict(self.features(requests), max_new_tokens(requests))
 
     def predict_distribution(self, requests) -> tuple[np.ndarray, np.ndarray]:
         """``(probs, values)``, both ``(n, K)`` float64: each request's bin probabilities and the length each bin
         stands for, ``min(c_j, max_new_tokens)`` in tokens (non-decreasing along K)."""
         return self.distribution_from_features(self.features(requests), max_new_tokens(requests))
-
-    def predict_features(self, features: np.ndarray, caps: np.ndarray) -> np.ndarray:
-        """:meth:`predict` from already pooled ``features`` ``(n, d)`` float32 (what :meth:`features` returns, e.g.
-        states an engine captured) and caps ``(n,)`` in tokens (``inf``: none); ``(n,)`` float64 tokens."""
-        return self.head_.predict(np.asarray(features, np.float32), np.asarray(caps, np.float64))
 
     def distribution_from_features(self, features: np.ndarray, caps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`predict_distribution` from already pooled ``features`` ``(n, d)`` and caps ``(n,)``."""

@@ -46,7 +46,7 @@ from torch import nn
 
 from lenpred.errors import LenpredError
 from lenpred.heads import assign_bins, bin_centres, length_bin_edges
-from lenpred.predictors.registry import Predictor, Request, distinct_requests, register
+from lenpred.predictors.registry import Predictor, Reads, Request, distinct_requests, register
 from lenpred.predictors.text_encoder import DEFAULT_PROXY, ProxyEncoder, load_proxy_encoder, mean_pool, pad_batch
 from lenpred.torch_state import torch_seed, torch_threads
 
@@ -156,7 +156,9 @@ class ProxyPredictor(Predictor):
             the same seed gives the same predictions in any process and any ``--threads`` setting.
     """
 
-    inputs = ("text",)
+    def reads(self) -> Reads:
+        """The prompt's text (``Request.text``), nothing of the serving model."""
+        return Reads(text=True)
 
     @classmethod
     def param_grid(cls, ctx) -> list[dict]:

@@ -1,9 +1,11 @@
-"""The predictor contract and registry: :class:`Request`, :class:`Predictor` (save / load), :func:`register`,
-:func:`make_predictor` and helpers over lists of requests (:mod:`lenpred.predictors` describes the contract)."""
+"""The predictor contract and registry: :class:`Request`, :class:`Reads`, :class:`Predictor` (save / load),
+:func:`register`, :func:`make_predictor`, :func:`required_inputs` and helpers over lists of requests
+(:mod:`lenpred.predictors` describes the contract)."""
 
 from __future__ import annotations
 
 import json
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -20,9 +22,9 @@ PREDICTORS: dict[str, Callable[..., "Predictor"]] = {}
 
 
 @dataclass(frozen=True)
-class SignalsRead:
-    """What a fitted predictor reads of the serving model's prefill signals (:meth:`Predictor.reads`): the one
-    answer a pipeline, a serving engine and a traffic log ask of it.
+class Reads:
+    """What a predictor reads of a request (:meth:`Predictor.reads`), the one declaration of it: what a loader
+    provides (:attr:`inputs`), which forward a pipeline runs, what a serving engine and a traffic log feed it.
 
     Attributes:
         layer: the hidden-state index it reads (0 = embeddings, ``L`` = the final norm's output, negative from the
@@ -31,8 +33,12 @@ class SignalsRead:
         semantic_score: it reads the last layer's attention (ESTP's semantic score; eager attention there).
         last_token: its whole input is the **last prompt token's** state at ``layer``, which a serving engine
             captures in its own prefill (``LengthPredictor.predict_states``).
-        features: its head maps a feature vector (``features(requests)`` ``(n, d)`` float32) to a length
-            distribution (``distribution_from_features``): what an engine, a traffic log and a refit feed it.
+        features: its head maps a feature vector (:meth:`Predictor.features` ``(n, d)`` float32, ``d =
+            n_features_in_``) to a length distribution (:meth:`Predictor.distribution_from_features`): what an
+            engine, a traffic log and a refit feed it.
+        text: it reads the user-visible prompt text (``Request.text``: the text proxies).
+        self_report: it reads the serving model's own answer-length estimate (``Request.self_report``: PiA).
+        scenario: it reads the request's workload name (``Request.scenario``: the per-scenario floors).
     """
 
     layer: int | None = None
@@ -40,11 +46,22 @@ class SignalsRead:
     semantic_score: bool = False
     last_token: bool = False
     features: bool = False
+    text: bool = False
+    self_report: bool = False
+    scenario: bool = False
 
     @property
     def hidden_states_only(self) -> bool:
         """It reads one layer's hidden states and nothing else: a forward that stops at ``layer`` suffices."""
         return self.layer is not None and not (self.token_entropy or self.semantic_score)
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        """The :class:`Request` fields beyond ``token_ids`` it reads, as input-provider names
+        (:mod:`lenpred.inputs`): ``signals`` (any prefill signal), ``text``, ``self_report``, ``scenario``."""
+        signals = self.layer is not None or self.token_entropy or self.semantic_score
+        flags = {"signals": signals, "text": self.text, "self_report": self.self_report, "scenario": self.scenario}
+        return tuple(name for name, read in flags.items() if read)
 
 
 @dataclass(eq=False)
@@ -123,17 +140,39 @@ def make_predictor(name: str, **params: Any) -> "Predictor":
     return PREDICTORS[name](**params)
 
 
-class Predictor:
-    """Base class: subclasses implement ``fit``/``predict`` and ``_get_state``/``_set_state``.
+def required_inputs(methods) -> set[str]:
+    """The inputs a loader provides for the registered predictors ``methods``: the union of their
+    :attr:`Reads.inputs`, asked of each one default-constructed (:meth:`Predictor.reads` answers from the
+    constructor's parameters, and which inputs a predictor reads does not depend on them).
 
-    ``params`` (constructor arguments) are JSON-able; the fitted state is a dict of numpy arrays /
-    tensors, stored with safetensors (no pickle) next to a JSON header.
+    Raises:
+        LenpredError: an unknown name (the message lists the valid ones).
+    """
+    return {name for m in methods for name in make_predictor(m).reads().inputs}
+
+
+class Predictor(ABC):
+    """The contract every registered predictor keeps (scikit-learn style; :mod:`lenpred.predictors`).
+
+    Every predictor implements :meth:`fit`, :meth:`predict` and ``_get_state`` / ``_set_state`` (what :meth:`save` /
+    :meth:`load` store), and declares once what it reads in :meth:`reads`. One whose ``reads().features`` is true (a
+    feature head: the pooled heads, TRAIL) also implements :meth:`features` and :meth:`distribution_from_features`
+    and sets :attr:`n_features_in_`: :func:`lenpred.prediction.head_pass` calls those and nothing else.
+
+    ``params`` (constructor arguments) are JSON-able; the fitted state is a dict of numpy arrays / tensors, stored
+    with safetensors (no pickle) next to a JSON header.
+
+    Attributes:
+        n_features_in_: the width ``d`` of the feature vector the fitted head reads (:meth:`features`' columns: the
+            serving model's hidden size for the pooled heads), what an engine's captured states must have;
+            ``None`` for a predictor that reads no feature vector (floors, text proxies, self-reports). Set by
+            ``fit`` and on load (scikit-learn's ``n_features_in_``).
     """
 
     registry_name = "base"
-    inputs: tuple[str, ...] = ()  # Request fields beyond token_ids that fit/predict read
     supports_censoring = False  # fit(requests, y, censored=...) treats capped samples as lower bounds
     tune_after: tuple[str, ...] = ()  # predictors whose chosen hyper-parameters param_grid reads (fitted first)
+    n_features_in_: int | None = None
 
     def __init__(self, **params: Any):
         self.params = params
@@ -148,25 +187,51 @@ class Predictor:
         """
         return [{}]
 
-    def reads(self) -> SignalsRead:
-        """What this predictor reads of the prefill signals (:class:`SignalsRead`); default: none of them."""
-        return SignalsRead()
+    def reads(self) -> Reads:
+        """What this predictor reads (:class:`Reads`), from its constructor's parameters alone (never its fitted
+        state: a loader asks a default-constructed one, :func:`required_inputs`); default: the token ids only."""
+        return Reads()
 
     def diagnostics(self, requests: list[Request]) -> dict[str, Any]:
         """JSON-able facts about how the fitted predictor treats ``requests`` (e.g. pooling weights); default none."""
         return {}
 
+    @abstractmethod
     def fit(self, requests: list[Request], y: np.ndarray) -> "Predictor":
-        raise NotImplementedError
+        """Learn from ``requests`` (their inputs attached) and observed lengths ``y`` ``(n,)`` tokens; returns
+        ``self``."""
 
+    @abstractmethod
     def predict(self, requests: list[Request]) -> np.ndarray:
-        raise NotImplementedError
+        """``(n,)`` float64 predicted output lengths in tokens."""
 
+    def features(self, requests: list[Request]) -> np.ndarray:
+        """A feature head's input ``(n, n_features_in_)`` float32 for ``requests`` (``reads().features``).
+
+        Raises:
+            NotImplementedError: this predictor reads no feature vector.
+        """
+        raise NotImplementedError(f"predictor '{self.registry_name}' ({type(self).__name__}) reads no feature vector "
+                                  "(reads().features is false): it predicts from requests only")
+
+    def distribution_from_features(self, features: np.ndarray, caps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(probs, values)``, both ``(n, K)`` float64: each row's bin probabilities (summing to 1) and the length
+        each bin stands for, ``min(c_j, cap)`` tokens, from ``features`` ``(n, n_features_in_)`` float32 and caps
+        ``(n,)`` tokens (``inf``: none); ``reads().features`` predictors only.
+
+        Raises:
+            NotImplementedError: this predictor's head gives no length distribution from features.
+        """
+        raise NotImplementedError(f"predictor '{self.registry_name}' ({type(self).__name__}) gives no length "
+                                  "distribution from features (reads().features is false)")
+
+    @abstractmethod
     def _get_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-        raise NotImplementedError
+        """The fitted state as ``(tensors, JSON-able info)``."""
 
+    @abstractmethod
     def _set_state(self, tensors: dict[str, torch.Tensor], info: dict[str, Any]) -> None:
-        raise NotImplementedError
+        """Restore the fitted state :meth:`_get_state` gave."""
 
     def save(self, path: str | Path) -> None:
         """Write the fitted predictor to ``path`` (a safetensors file with a JSON header), atomically."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from lenpred.errors import LenpredError
-from lenpred.predictors.registry import SignalsRead, register, unique_map
+from lenpred.predictors.registry import Reads, register, unique_map
 from lenpred.predictors.pooled import PooledHeadPredictor
 
 TRAIL_HEAD = {"lam": 1.0, "tau": 1e-3, "num_bins": 10, "binning": "quantile"}  # tau -> 0: soft labels become one-hot
@@ -35,9 +35,9 @@ class TrailPredictor(PooledHeadPredictor):
     def diagnostics(self, requests: list) -> dict:
         return {}
 
-    def reads(self) -> SignalsRead:
+    def reads(self) -> Reads:
         """The last prompt token's state at ``layer``, nothing else."""
-        return SignalsRead(self.layer, last_token=True, features=True)
+        return Reads(self.layer, last_token=True, features=True)
 
     def __init__(self, layer: int = -1, seed: int = 0, head: dict | None = None, **pooled):
         super().__init__(layer=layer, seed=seed, head={**TRAIL_HEAD, **(head or {})}, **pooled)

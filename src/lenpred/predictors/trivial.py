@@ -8,7 +8,7 @@ import torch
 from sklearn.linear_model import LinearRegression
 
 from lenpred.errors import LenpredError
-from lenpred.predictors.registry import Predictor, num_prompt_tokens, register
+from lenpred.predictors.registry import Predictor, Reads, num_prompt_tokens, register
 
 
 @register("global_median")
@@ -61,7 +61,9 @@ class ScenarioMedian(Predictor):
     """The median training length of the request's scenario (the best constant per scenario under MAE); a scenario
     not seen in training gets the median over all scenarios."""
 
-    inputs = ("scenario",)
+    def reads(self) -> Reads:
+        """The request's workload (``Request.scenario``); the prompt length comes with its token ids."""
+        return Reads(scenario=True)
 
     def fit(self, requests, y):
         y, scen = np.asarray(y, dtype=np.float64), _scenarios(requests)
@@ -84,7 +86,9 @@ class ScenarioPromptLengthRegression(Predictor):
     """One least-squares line ``y = a_s * num_prompt_tokens + b_s`` per scenario ``s``, clipped at 0; a scenario not
     seen in training gets the line fitted on all of them."""
 
-    inputs = ("scenario",)
+    def reads(self) -> Reads:
+        """The request's workload (``Request.scenario``); the prompt length comes with its token ids."""
+        return Reads(scenario=True)
 
     def fit(self, requests, y):
         y, scen, n = np.asarray(y, dtype=np.float64), _scenarios(requests), num_prompt_tokens(requests)[:, None]

@@ -224,7 +224,7 @@ def run_evaluate(cfg: EvalConfig) -> EvalReport:
                             fingerprint={"benchmark": _benchmark_fingerprint(cfg.bench)})  # refused before any work
     t_start = time.perf_counter()
     logger.info("loading %s and %s …", cfg.model or "the benchmark model", cfg.bench)
-    needs = {i for m in cfg.methods for i in PREDICTORS[m].inputs}
+    needs = {i for m in cfg.methods for i in PREDICTORS[m]().reads().inputs}
     run = prepare_run(cfg, needs)
     backbone, data, layers, ctx = run.backbone, run.data, run.layers, run.ctx
     if not data.complete:

@@ -137,7 +137,7 @@ def build_workload_table(bench: str | Path = DEFAULT_BENCH,
     predictors_dir = Path(predictors_dir)
     fingerprint = _inputs_fingerprint(bench, predictors_dir, predictors)
     check_run_settings(tuple(predictors), threads=threads)
-    run = load_dataset(str(bench), {i for m in predictors for i in PREDICTORS[m].inputs}, model=model, threads=threads)
+    run = load_dataset(str(bench), {i for m in predictors for i in PREDICTORS[m]().reads().inputs}, model=model, threads=threads)
     data, test = run.data, run.data.index["test"]
     requests = data.rows("test")
     cols = {"request_index": np.arange(len(test)), "prompt_id": data.cols["prompt_id"][test].astype(str),
