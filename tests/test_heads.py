@@ -261,6 +261,7 @@ def test_regressor_state_round_trip(fitted):
     np.testing.assert_array_equal(clone.predict(X), head.predict(X))
     np.testing.assert_array_equal(clone.edges_, head.edges_)
     assert clone.config == head.config
+    assert head.n_features_in_ == clone.n_features_in_ == 32  # the toy clusters' width, fitted and restored
 
 
 def test_regressor_fit_is_seeded():

@@ -37,6 +37,29 @@ def test_round_trip_gives_identical_predictions(fitted, tmp_path, tiny_model_dir
         assert sum(p.bin_probs) == pytest.approx(1.0) and max(p.bin_values) <= 20
 
 
+def test_fit_is_the_loader_then_fit_dataset_which_reads_no_file(fitted, tiny_bench, monkeypatch):
+    """fit(bench) = load_dataset (all the I/O) + fit_dataset (none: the loaders are made to fail)."""
+    import lenpred.bench.records
+    import lenpred.dataset
+    from lenpred.dataset import load_dataset
+    from lenpred.predictors import required_inputs
+
+    bench, data, root = tiny_bench
+    dataset = load_dataset(bench, required_inputs(("estp",)), model=fitted.model, data_dir=str(data),
+                           cache=str(root / "cache"), layers=(1, -1))
+    assert required_inputs(("estp",)) == {"signals"} and dataset.layers == (1, 2)
+
+    def no_io(*args, **kwargs):
+        raise AssertionError("fit_dataset read a file")
+
+    for module, name in ((lenpred.dataset, "load_dataset"), (lenpred.dataset, "load_backbone"),
+                         (lenpred.bench.records, "read_manifest"), (lenpred.bench.records, "load_records")):
+        monkeypatch.setattr(module, name, no_io)
+    again = LengthPredictor("estp", fitted.model, layers=(1, -1), coverage=0.5, epochs=3).fit_dataset(dataset)
+    assert again.config_ == fitted.config_ and again.card_ == fitted.card_ and again.margin_ == fitted.margin_
+    assert again.predictor_.n_features_in_ == 32  # the tiny model's hidden size
+
+
 def test_card_scores_every_test_sample_once(fitted):
     """The card's scenario groups together hold the whole test split (the scores themselves are checked by hand in
     tests/test_predictor_card.py)."""

@@ -7,7 +7,7 @@ from safetensors.torch import save_file
 
 from lenpred.errors import LenpredError
 from lenpred.pooling import POOLERS
-from lenpred.predictors import PREDICTORS, Predictor, Request, make_predictor, num_prompt_tokens
+from lenpred.predictors import PREDICTORS, Predictor, Reads, Request, make_predictor, num_prompt_tokens, required_inputs
 from lenpred.signals import PromptSignals
 
 LAYERS = (0, 2)
@@ -85,6 +85,8 @@ def test_save_load_round_trip(name, train_set, tmp_path):
     assert type(loaded) is type(model)
     assert loaded.params == model.params
     np.testing.assert_array_equal(loaded.predict(test), before)
+    # the feature width, fitted and loaded: the fake signals' D for a predictor of hidden states, else none
+    assert model.n_features_in_ == loaded.n_features_in_ == (D if model.reads().layer is not None else None)
 
 
 def test_pooled_predictor_predictions_lie_within_training_range(train_set):
@@ -175,3 +177,46 @@ def test_features_pool_each_shared_request_once():
 def test_pooled_predictor_without_signals_names_the_fix():
     with pytest.raises(LenpredError, match="prefill signals"):
         make_predictor("egtp").fit([Request("p/0", [1, 2, 3])] * 2, np.array([1.0, 2.0]))
+
+
+def test_reads_names_the_inputs_a_loader_provides():
+    assert Reads().inputs == ()  # token ids only: the floors
+    assert Reads(1).inputs == ("signals",) and Reads(token_entropy=True).inputs == ("signals",)
+    assert Reads(text=True, scenario=True).inputs == ("text", "scenario")
+    assert Reads(2, self_report=True).inputs == ("signals", "self_report")
+    assert required_inputs(("last", "ssjf_reg", "pia", "scenario_median", "global_median")) == {
+        "signals", "text", "self_report", "scenario"}
+    assert required_inputs(("global_median", "prompt_length")) == set()
+    with pytest.raises(LenpredError, match="unknown predictor 'oracle'; valid predictors: .*egtp"):
+        required_inputs(("oracle",))
+
+
+def test_head_pass_calls_the_declared_head_methods(train_set):
+    from lenpred.prediction import head_pass
+
+    signals, y = train_set
+    caps = np.full(len(signals), np.inf)  # the fake requests carry no cap
+    last = make_predictor("last", layer=2, head={"epochs": 3, "num_bins": 4}).fit(signals, y)
+    X = last.features(signals)
+    assert X.shape == (len(signals), D) and last.n_features_in_ == D
+    by_requests, by_features = head_pass(last, caps, signals), head_pass(last, caps, features=X)
+    np.testing.assert_array_equal(by_requests.expected, by_features.expected)
+    np.testing.assert_allclose(by_requests.expected, np.clip(last.predict(signals), 0, caps))
+    assert by_requests.probs.shape == (len(signals), len(last.head_.centres_))
+    median = make_predictor("global_median").fit(signals, y)  # a point predictor: predict, never features
+    # sorted y: 3 5 7 12 18 25 | 33 40 48 61 90 150 -> median (25 + 33) / 2 = 29
+    np.testing.assert_array_equal(head_pass(median, caps, signals).expected, np.full(len(signals), 29.0))
+    with pytest.raises(LenpredError, match="'global_median' has no feature head"):
+        head_pass(median, caps, features=X)
+    with pytest.raises(NotImplementedError, match=r"'global_median' \(GlobalMedian\) reads no feature vector"):
+        median.features(signals)
+    ltr = make_predictor("ltr", layer=2, head={"epochs": 2})
+    assert not ltr.reads().features and not hasattr(ltr, "n_features_in_")  # fitted attribute: absent before fit
+    with pytest.raises(NotImplementedError, match="'ltr' gives a ranking score"):
+        ltr.distribution_from_features(X, caps)
+
+
+def test_every_registered_predictor_implements_the_abstract_methods():
+    assert all(not cls.__abstractmethods__ for cls in PREDICTORS.values())
+    with pytest.raises(TypeError, match="abstract"):
+        Predictor()
