@@ -78,6 +78,7 @@ def test_fit_traffic_saves_a_predictor_whose_card_names_its_data(base, tmp_path)
     t = p.config_.training_traffic
     assert (t.num_train, t.num_calibration, t.num_test, t.parts) == (30, 15, 15, len(log.parts))
     assert p.config_.training_benchmark is None and p.method == "last" and p.coverage == 0.5
+    assert p.predictor_.n_features_in_ == base_p.predictor_.n_features_in_ == 32  # the tiny model's hidden size
     card = p.card_["latest traffic"]
     assert card["n"] == 15 and 0 <= card["interval_coverage"] <= 1 and len(card["mae_minus_base"]) == 3
     path = p.save_pretrained(tmp_path / "refit")
@@ -110,7 +111,7 @@ def test_logs_of_another_predictor_are_refused(base, tmp_path):
             w.record(_row(np.zeros(3), float(i)))
     with pytest.raises(LenpredError, match="3-wide features"):
         LengthPredictor.from_traffic(tmp_path / "wide", base=base_dir)
-    d = len(base_p.predictor_.head_.mean_)
+    d = base_p.predictor_.n_features_in_
     with TrafficLogWriter(TrafficLogConfig(tmp_path / "rev", metadata={"model_revision": "other"})) as w:
         for i in range(20):
             w.record(_row(np.zeros(d), float(i)))
