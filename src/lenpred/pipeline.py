@@ -108,7 +108,7 @@ class LengthPredictor(ProgressiveMixin):
         from lenpred.dataset import load_dataset
         from lenpred.predictors import required_inputs
 
-        self._check_method(threads)
+        self._checked_settings(threads)  # before the model loads
         dataset = load_dataset(str(bench), required_inputs((self.method,)), model=self.model, backbone=backbone,
                                data_dir=data_dir, cache=cache, layers=self.layers, threads=threads)
         return self.fit_dataset(dataset)
@@ -125,11 +125,9 @@ class LengthPredictor(ProgressiveMixin):
             LenpredError: unknown method, a predictor that reads the model's self-report (PiA cannot predict new
                 prompts without generating), bad settings, or inputs missing from ``dataset``.
         """
-        from lenpred.tuning import TuningSettings, tune_and_refit, tuning_context
+        from lenpred.tuning import tune_and_refit, tuning_context
 
-        self._check_method()
-        data, settings = dataset.data, TuningSettings(epochs=self.epochs, binning=self.binning,
-                                                      pool_span=self.pool_span, semantic_divisor=self.semantic_divisor)
+        data, settings = dataset.data, self._checked_settings()
         ctx = tuning_context(settings, dataset.layers, dataset.backbone.num_layers, dataset.values)
         run = tune_and_refit(self.method, data, ctx, (self.seed,))
         self.backbone_, self.predictor_ = dataset.backbone, run.fitted
@@ -144,15 +142,19 @@ class LengthPredictor(ProgressiveMixin):
                                           data.cols["scenario"][test], data.cols["prompt_id"][test])
         return self
 
-    def _check_method(self, threads: int | None = None) -> None:
-        """Refuse an unknown method, bad seed or threads, and a predictor that reads the model's self-report."""
+    def _checked_settings(self, threads: int | None = None):
+        """The tuner's settings (:class:`lenpred.tuning.TuningSettings`), after refusing an unknown method, bad seed,
+        threads or settings, and a predictor that reads the model's self-report."""
         from lenpred.predictors import make_predictor
-        from lenpred.tuning import check_run_settings
+        from lenpred.tuning import TuningSettings, check_run_settings
 
         check_run_settings((self.method,), (self.seed,), threads)
+        settings = TuningSettings(epochs=self.epochs, binning=self.binning, pool_span=self.pool_span,
+                                  semantic_divisor=self.semantic_divisor)
         if make_predictor(self.method).reads().self_report:
             raise LenpredError(f"'{self.method}' reads the model's own self-report, which needs a generation per "
                                "prompt: it cannot be a LengthPredictor; pick a method that reads signals or text")
+        return settings
 
     @classmethod
     def from_traffic(cls, log: str | Path, bench: str | Path | None = None, base: str | Path | None = None,
