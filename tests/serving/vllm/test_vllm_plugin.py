@@ -50,7 +50,7 @@ def served(tmp_path_factory):
 
     log = tmp_path_factory.mktemp("vllm") / "requests.jsonl"
     cfg = EngineConfig(policy="srpt", decode_slots=1, switch_margin_tokens=0, plp=False, log_path=str(log),
-                       log_states=True, traffic_log=str(log.parent / "traffic"), adaptive_interval="aci")
+                       admit_by="arrival", log_states=True, traffic_log=str(log.parent / "traffic"), adaptive_interval="aci")
     backbone = load_backbone()
     ids = [chat_token_ids(backbone.tokenizer, p) for p in PROMPTS]
     assert len(ids[2]) > CHUNK
@@ -180,12 +180,15 @@ def test_engine_chat_counts_lenpred_predicts_tokens_and_predicts_the_same(chatte
 def test_request_prediction_public_fields_are_plain_python_numbers():
     import msgspec
 
-    from lenpred.serving.vllm.scheduler import RequestPrediction
+    from lenpred.prediction import LengthPrediction
+    from lenpred.serving.vllm.scheduler import ServedRequest
 
-    p = RequestPrediction(np.float64(71.26), 63.9, np.float32(12.6), np.float64(151.5), 160, 74, 0.0,
-                          plp_step=np.int64(32), plp_remaining=np.float64(30.44))
+    p = ServedRequest(prediction=LengthPrediction(np.int64(74), np.float64(71.26), 63.9, np.float32(12.6),
+                                                  np.float64(151.5), 0.8, 160),
+                      plp_step=np.int64(32), plp_remaining=np.float64(30.44))
     out = p.public()
     assert out == {"expected": 71.3, "median": 63.9, "low": 12.6, "high": 151.5, "max_tokens": 160,
                    "num_prompt_tokens": 74, "plp_step": 32, "plp_remaining": 30.4, "num_plp_updates": 0,
                    "num_parked_steps": 0}
+    assert all(type(v) in (int, float) for v in out.values())
     msgspec.msgpack.encode(out)  # what vLLM's output serializer needs (NumPy scalars made it drop the step)

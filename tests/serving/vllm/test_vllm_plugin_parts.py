@@ -136,28 +136,32 @@ def test_the_scheduler_module_imports_neither_the_worker_nor_the_capture():
 def test_engine_config_takes_its_policy_names_and_properties_from_the_registry():
     from dataclasses import dataclass
 
-    from lenpred.serving.parked import PARKED_POLICIES, ParkedPolicy, ParkedSJF, register_parked
+    from lenpred.serving.parked import SchedulerConfig
+    from lenpred.serving.policies import POLICIES, SJF, Policy, register
 
-    assert EngineConfig(policy="observe").parked_policy() is None
-    assert EngineConfig(policy="sjf").parked_policy() == ParkedSJF()
-    assert EngineConfig(policy="srpt").refreshes_remaining and not EngineConfig(policy="srpt", plp=False
-                                                                                ).refreshes_remaining
+    assert EngineConfig(policy="observe").engine_policy() is None
+    assert EngineConfig(policy="sjf", max_idle_s=5.0).engine_policy() == SJF(max_idle_s=5.0)
+    assert EngineConfig(policy="srpt", plp=True).refreshes_remaining and not EngineConfig(policy="srpt"
+                                                                                          ).refreshes_remaining
     assert not EngineConfig(policy="sjf").refreshes_remaining and not EngineConfig(policy="observe").refreshes_remaining
+    shared = {f: getattr(SchedulerConfig(), f) for f in SchedulerConfig.__dataclass_fields__}
+    assert {f: getattr(EngineConfig(), f) for f in shared} == shared  # one set of defaults: the measured design
 
-    @register_parked("lifo")
+    @register("lifo")
     @dataclass(frozen=True)
-    class LIFO(ParkedPolicy):  # a new policy is one registered class; its flags drive the engine
+    class LIFO(Policy):  # a new policy is one registered class; its flags drive the engine
         reads_remaining = True
+        rank_unit = "s"
 
-        def key(self, request, switch_margin_tokens):
-            return (-request.arrival_time_s, request.request_id)
+        def rank(self, view):
+            return -view.arrival_time_s
 
     try:
-        cfg = EngineConfig(policy="lifo")
-        assert cfg.parked_policy() == LIFO() and cfg.refreshes_remaining
+        cfg = EngineConfig(policy="lifo", plp=True)
+        assert cfg.engine_policy() == LIFO() and cfg.refreshes_remaining
     finally:
-        del PARKED_POLICIES["lifo"]
-    with pytest.raises(LenpredError, match="policy 'lifo' is unknown; valid: observe, fcfs, sjf, srpt"):
+        del POLICIES["lifo"]
+    with pytest.raises(LenpredError, match="policy 'lifo' is unknown; valid: observe, fcfs, random, sjf, srpt, hrrn"):
         EngineConfig(policy="lifo")
 
 
@@ -181,9 +185,10 @@ def test_engine_config_refuses_unknown_keys_and_values():
     ok = EngineConfig.from_vllm(SimpleNamespace(additional_config={"lenpred": {"policy": "srpt", "decode_slots": 2}}))
     assert ok.policy == "srpt" and ok.decode_slots == 2
     assert EngineConfig.from_vllm(SimpleNamespace(additional_config=None)) == EngineConfig()
-    with pytest.raises(LenpredError, match=r"unknown lenpred setting\(s\) slots in --additional-config; valid: predictor, policy"):
+    with pytest.raises(LenpredError, match=r"unknown lenpred setting\(s\) slots in --additional-config; valid: policy, "
+                                           "decode_slots, prefill_ahead, admit_by"):
         EngineConfig.from_vllm(SimpleNamespace(additional_config={"lenpred": {"slots": 2}}))
-    with pytest.raises(LenpredError, match="policy 'lifo' is unknown; valid: observe, fcfs, sjf, srpt"):
+    with pytest.raises(LenpredError, match="policy 'lifo' is unknown; valid: observe, fcfs, random, sjf, srpt, hrrn"):
         EngineConfig(policy="lifo")
     for bad in ({"decode_slots": 0}, {"decode_slots": True}, {"decode_slots": 2.0}):
         with pytest.raises(LenpredError, match="decode_slots must be an integer >= 1"):

