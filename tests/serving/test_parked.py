@@ -184,3 +184,40 @@ def test_a_policy_registered_in_one_class_is_chosen_and_simulated_by_name(longes
     assert [t.jct_s for t in timings] == [2, 7, 4]  # shortest first, for contrast
     with pytest.raises(LenpredError, match="parked lpt ranks by a prediction: pass predictor="):
         simulate_parked(reqs, cfg, unit, SimConfig(max_num_seqs=8), predictor=None)
+
+
+def test_boost_is_arrival_minus_the_gamma_boost_of_the_work():
+    import math
+
+    from lenpred.serving.policies import boost
+
+    # b_γ(w) = (1/γ) ln(1/(1 − e^(−γw))): γ = 0.5/s, w = 2 s: 2 · ln(1/(1 − e^-1)) = 2 · 0.458675 = 0.91735
+    assert boost(2.0, 0.5) == pytest.approx(2 * math.log(1 / (1 - math.exp(-1))))
+    assert boost(0.1, 0.5) > boost(2.0, 0.5) > boost(20.0, 0.5)  # short jobs are boosted most
+    b = pol("boost", gamma_per_s=0.5, tokens_per_s=10.0)
+    # r0 arrived at 0 with a 200-token prompt (20 s: boost 2·ln(1/(1−e^-10)) ≈ 0.0001); r1 at 1.5 s with a 20-token
+    # prompt (2 s: boost 0.917): r1's boosted arrival 0.583 > r0's ≈ 0, so r0 first; at 0.5 s, r1 (−0.417) goes first
+    far, near = req(1, 1.5, prompt=20), req(1, 0.5, prompt=20)
+    assert b.rank(far) == pytest.approx(1.5 - 0.91735, abs=1e-4)
+    assert choose_decoders([req(0, 0.0, prompt=200), far], b, 1).decode == ("r0",)
+    assert choose_decoders([req(0, 0.0, prompt=200), near], b, 1).decode == ("r1",)
+    # on the predicted length instead: the same boost of 20 predicted tokens
+    assert pol("boost_predicted", gamma_per_s=0.5, tokens_per_s=10.0).rank(req(1, 1.5, 20, prompt=999)) == \
+        pytest.approx(b.rank(far))
+    assert POLICIES["boost_predicted"].reads_prediction and not POLICIES["boost"].reads_prediction
+
+
+def test_las_levels_double_their_quanta_and_skip_join_by_prompt():
+    from dataclasses import replace
+
+    las = pol("las", quantum_tokens=16, prompt_tokens_per_token=16.0)
+    level = lambda prompt, generated: las.level(replace(req(0, 0.0, prompt=prompt), num_output_tokens=generated))  # noqa
+    # quanta 16, 32, 64: level 0 for 0-15 tokens, 1 for 16-47, 2 for 48-111
+    assert [level(10, g) for g in (0, 15, 16, 47, 48, 111, 112)] == [0, 0, 1, 1, 2, 2, 3]
+    # a 600-token prompt costs 600/16 = 37.5 tokens: it skips the 16- and 32-token levels (needs 64 ≥ 37.5)
+    assert level(600, 0) == 2 and level(600, 63) == 2 and level(600, 64) == 3
+    # preemptive: a request demoted to level 1 loses its slot to a fresh one; KV pressure takes the lowest level first
+    old, new = replace(req(0, 0.0, prompt=10, decoding=True), num_output_tokens=20), req(1, 5.0, prompt=10)
+    assert choose_decoders([old, new], las, 1).decode == ("r1",)
+    assert preemption_order([new, old], las) == ["r0", "r1"]
+    assert las.tokens_to_rank_change(old) == 48 - 20 and las.tokens_to_rank_change(new) == 16

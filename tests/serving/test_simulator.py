@@ -298,7 +298,8 @@ def test_policies_are_registered_classes_and_duplicates_are_refused():
 
     from lenpred.serving.policies import POLICIES, SJF, SRPT, Policy, register
 
-    assert list(POLICIES) == ["fcfs", "random", "sjf", "srpt", "hrrn"] and POLICIES["sjf"] is SJF
+    assert list(POLICIES) == ["fcfs", "random", "sjf", "srpt", "hrrn", "boost", "boost_predicted", "las"]
+    assert POLICIES["sjf"] is SJF
     assert isinstance(make_policy("srpt:est"), SRPT) and make_policy("srpt:est").preemptive
     assert not make_policy("sjf:est").preemptive and make_policy("sjf:est").remaining is None
     with pytest.raises(LenpredError, match="policy name 'sjf' is already registered by SJF"):
@@ -317,7 +318,7 @@ def test_policies_are_registered_classes_and_duplicates_are_refused():
         reqs = [req(0, 3), req(1, 1, arrival=1.0), req(2, 2, arrival=2.0)]
         lifo = make_policy("lifo")
         assert [r.request_id for r in sorted(reqs, key=lambda r: lifo.key(workload_view(r, lifo, 0, 0.0)))] == [2, 1, 0]
-        with pytest.raises(LenpredError, match="valid policies: fcfs, random, sjf, srpt, hrrn, lifo"):
+        with pytest.raises(LenpredError, match="valid policies: fcfs, random, sjf, srpt, hrrn, boost, .*, lifo"):
             make_policy("nope")
     finally:
         del POLICIES["lifo"]

@@ -22,6 +22,9 @@ Registered:
 * ``hrrn``: highest response ratio next on prompt tokens (Brinch Hansen 1971; SGLang's prefill ordering):
   ``(waited work + own work) / own work``, own work = the prompt's tokens, waited work = seconds waited ×
   ``tokens_per_s``; prediction-free, and long prompts that waited catch up.
+* ``boost`` / ``boost_predicted``: γ-Boost (Yu & Scully 2024; UniBoost): the boosted arrival time
+  ``arrival − b_γ(work)``, ``b_γ(w) = (1/γ) ln(1/(1 − e^(−γw)))``, on prompt tokens / on the predicted length.
+* ``las``: least attained service with skip-join multi-level feedback (FastServe), prediction-free, preemptive.
 
 Starvation guards, declared per policy: **delay-dependent priority** ``aging_tokens_per_s`` = k (Kleinrock 1964; a
 rank in tokens only): the rank is ``rank + k × arrival_time_s``, so each second waited counts k tokens in the
@@ -45,8 +48,9 @@ from lenpred.registry import registrar
 
 TRAIL_PREEMPT_FRACTION = 0.8  # TRAIL's c: preemptible while generated < c × first prediction
 VLLM_LTR_AGING_STEPS = 200  # vllm-ltr's starvation threshold in scheduler steps
-RANK_UNITS = ("s", "tokens", "ratio", "random")
-"""The units a rank may be in: seconds (arrival order), tokens (a length), a unitless ratio, a random draw."""
+RANK_UNITS = ("s", "tokens", "ratio", "level", "random")
+"""The units a rank may be in: seconds (arrival order), tokens (a length), a unitless ratio, a feedback queue's level,
+a random draw."""
 
 
 @dataclass(frozen=True)
@@ -227,6 +231,12 @@ class Policy:
         preemptive)."""
         return False
 
+    def tokens_to_rank_change(self, view: RequestView) -> int | None:
+        """How many more tokens a decoding request generates before its rank worsens on its own (an executor that
+        batches decode steps between events must re-rank then); ``None``: never (the default: ranks that only
+        improve while decoding, like a countdown, need no re-rank)."""
+        return None
+
     def victim_key(self, view: RequestView) -> tuple:
         """The order in which KV pressure takes victims (lowest key first): the longest predicted remaining length
         first, then the latest arrival (no prediction, ``inf``, goes first)."""
@@ -334,6 +344,106 @@ class HRRN(Policy):
     def rank(self, view: RequestView) -> float:
         work = max(view.num_prompt_tokens, 1)
         return -(view.waited_s * self.tokens_per_s + work) / work
+
+
+def boost(work_s: float, gamma_per_s: float) -> float:
+    """γ-Boost's boost in seconds: ``b_γ(w) = (1/γ) · ln(1 / (1 − e^(−γ·w)))`` (Yu & Scully 2024; UniBoost), large for
+    small jobs (``→ ∞`` as ``w → 0``), vanishing for large ones (``≈ e^(−γ·w)/γ``).
+
+    Args:
+        work_s: the job's size in seconds (> 0; 0 is treated as a millisecond). gamma_per_s: γ (> 0), per second.
+    """
+    w = max(work_s, 1e-3)
+    return -math.log(-math.expm1(-gamma_per_s * w)) / gamma_per_s
+
+
+@register("boost")
+@dataclass(frozen=True)
+class Boost(Policy):
+    """γ-Boost on prompt tokens (prediction-free): the rank is the boosted arrival time
+    ``arrival_time_s − b_γ(num_prompt_tokens / tokens_per_s)`` in seconds (:func:`boost`): shorter jobs jump the
+    queue by a bounded amount, so no job waits forever behind an endless stream of shorter ones (a tail guard by
+    construction). Non-preemptive.
+
+    Attributes:
+        gamma_per_s: γ: the larger, the smaller the boosts (``1/γ`` sets their scale in seconds).
+        tokens_per_s: tokens per second of work (prefill and decode on the engine).
+    """
+
+    rank_unit: ClassVar[str] = "s"
+    gamma_per_s: float = 0.05
+    tokens_per_s: float = 60.0
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not (self.gamma_per_s > 0 and self.tokens_per_s > 0):
+            raise LenpredError(f"{self.name} gamma_per_s and tokens_per_s must be > 0, got {self.gamma_per_s!r}, "
+                               f"{self.tokens_per_s!r}")
+
+    def work_tokens(self, view: RequestView) -> float:
+        """The size the boost reads, in tokens."""
+        return float(view.num_prompt_tokens)
+
+    def rank(self, view: RequestView) -> float:
+        return view.arrival_time_s - boost(self.work_tokens(view) / self.tokens_per_s, self.gamma_per_s)
+
+
+@register("boost_predicted")
+@dataclass(frozen=True)
+class PredictedBoost(Boost):
+    """γ-Boost on the predicted output length (:class:`Boost` with ``work = predicted_total`` tokens)."""
+
+    reads_prediction: ClassVar[bool] = True
+
+    def work_tokens(self, view: RequestView) -> float:
+        return view.predicted_total
+
+
+@register("las")
+@dataclass(frozen=True)
+class LAS(Policy):
+    """Least attained service with skip-join multi-level feedback (FastServe, Wu et al. 2023), prediction-free: level
+    ``k`` holds a request until it has generated ``quantum_tokens · 2^k`` tokens there, then it drops to ``k + 1``; a
+    new request skips the levels whose quantum is shorter than its prompt's prefill (``num_prompt_tokens /
+    prompt_tokens_per_token`` token-equivalents). The rank is the level (lower first, FIFO within a level);
+    preemptive: a demoted request loses its slot to a higher-level one (parked: its KV kept while it fits).
+    KV pressure takes the lowest level's latest arrival first.
+
+    Attributes:
+        quantum_tokens: the top level's quantum (tokens).
+        prompt_tokens_per_token: how many prompt tokens cost one decode token's time (skip-join).
+    """
+
+    rank_unit: ClassVar[str] = "level"
+    preemptive: ClassVar[bool] = True
+    quantum_tokens: int = 16
+    prompt_tokens_per_token: float = 16.0
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not (self.quantum_tokens >= 1 and self.prompt_tokens_per_token > 0):
+            raise LenpredError("las quantum_tokens must be >= 1 and prompt_tokens_per_token > 0")
+
+    def attained(self, view: RequestView) -> int:
+        """Tokens of service counted from the top level: the quanta of the levels skip-join skipped, plus the tokens
+        generated."""
+        q = self.quantum_tokens
+        start = max(0, math.ceil(math.log2(max(view.num_prompt_tokens / self.prompt_tokens_per_token / q, 1.0))))
+        return q * (2 ** start - 1) + view.num_output_tokens
+
+    def level(self, view: RequestView) -> int:
+        """The request's current level: ``k`` with ``q(2^k − 1) <= attained < q(2^(k+1) − 1)``."""
+        return int(math.floor(math.log2(self.attained(view) / self.quantum_tokens + 1)))
+
+    def rank(self, view: RequestView) -> float:
+        return float(self.level(view))
+
+    def tokens_to_rank_change(self, view: RequestView) -> int:
+        """Tokens until the request drops to the next level."""
+        return self.quantum_tokens * (2 ** (self.level(view) + 1) - 1) - self.attained(view)
+
+    def victim_key(self, view: RequestView) -> tuple:
+        return (-self.level(view), -view.arrival_time_s, str(view.request_id))
 
 
 def build_policy(name: str, **kw) -> Policy:

@@ -337,6 +337,9 @@ class _Continuous:
         if self.waiting and self.policy.aging_steps is not None:
             to_aging = [self.policy.aging_steps - (self.step - self.idle_since[r.request_id]) for r in self.waiting]
             k = min([k] + [a for a in to_aging if a > 0])
+        if self.waiting and self.policy.preemptive:  # re-rank where a running request's rank worsens
+            changes = [self.policy.tokens_to_rank_change(self._view(r, True)) for r in self.running]
+            k = min([k] + [c for c in changes if c is not None and c > 0])
         updates = getattr(self.policy.remaining, "update_steps", None)
         if self.waiting and self.policy.reads_remaining and updates:
             for r in self.running:
@@ -484,6 +487,9 @@ class _Parked(_Continuous):
                 later = [s for s in updates if s > self.generated[r.request_id]]
                 if later:
                     k = min(k, later[0] - self.generated[r.request_id])
+        if self.parked and self.slot_policy.preemptive:  # re-rank where a decoder's rank worsens (LAS's demotions)
+            changes = [self.slot_policy.tokens_to_rank_change(self._slot_view(r, True)) for r in self.running]
+            k = min([k] + [c for c in changes if c is not None and c > 0])
         if self.parked and self.slot_policy.max_idle_s is not None:
             step_s = self.cost.decode_step_time_s(len(self.running), self._context())
             idle = [self.slot_policy.max_idle_s - (self.t - self.last_decode_t[r.request_id]) for r in self.parked]

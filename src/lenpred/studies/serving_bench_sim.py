@@ -10,7 +10,8 @@ import numpy as np
 
 from lenpred.serving.cost_model import CostModel
 from lenpred.serving.policies import make_policy
-from lenpred.serving.simulator import ParkedConfig, SimConfig, simulate, simulate_parked
+from lenpred.serving.parked import SchedulerConfig
+from lenpred.serving.simulator import SimConfig, simulate, simulate_parked
 from lenpred.studies.engine_bench import run_key
 from lenpred.studies.serving_bench_runs import PATTERNS, ServingBenchConfig
 from lenpred.studies.workload import draw_workload, load_workload_table
@@ -26,10 +27,9 @@ def parked_summary(requests: list, policy: str, predictor: str | None, cfg: Serv
     """The summary of one parked simulation (:func:`lenpred.serving.simulator.simulate_parked`) with the
     benchmark's starvation guard, no prefill-ahead bound and ``decode_slots`` (``None``: ``cfg.decode_slots``):
     the serving benchmark's only call of the parked simulator."""
-    parked = ParkedConfig(policy=policy, predictor=predictor,
-                          decode_slots=cfg.decode_slots if decode_slots is None else decode_slots,
-                          max_idle_s=cfg.max_idle_s, prefill_ahead=None)
-    return simulate_parked(requests, parked, cost, sim)[0]
+    parked = SchedulerConfig(policy=policy, decode_slots=cfg.decode_slots if decode_slots is None else decode_slots,
+                             max_idle_s=cfg.max_idle_s, prefill_ahead=None, admit_by="arrival")
+    return simulate_parked(requests, parked, cost, sim, predictor=predictor)[0]
 
 
 def sim_config(cfg: ServingBenchConfig, share: float | None, capacity_req_s: float, d: int) -> SimConfig:

@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.vllm]
 
 PROMPT_TOKENS = (20, 12, 16, 14, 10, 8)
 PREDICTED = (50, 10, 40, 20, 5, 30)  # tokens, sent as each request's priority
-OUTPUT_TOKENS = (6, 3, 5, 4, 2, 7)
+OUTPUT_TOKENS = (30, 3, 20, 18, 2, 40)  # long enough for LAS to demote (its first quantum: 16 tokens)
 DECODE_SLOTS, WINDOW = 2, 2
 FAST = CostModel("1 ms per forward", {"p0": 1e-3, "p1": 0.0, "p2": 0.0, "d0": 1e-3, "d1": 0.0, "d2": 0.0},
                  fused_prefill=True)  # waits stay ~ms in both executors, so HRRN's waited work is negligible in both
@@ -84,10 +84,12 @@ def served(model_dir, policy: str) -> tuple[list[tuple], list[str]]:
 def test_the_trace_makes_policies_disagree():
     """The suite is only as strong as its trace: policies must decide differently on it. The window takes the four
     shortest prompts (5: 8 tokens, 4: 10, 1: 12, 3: 14); fcfs decodes the two first arrivals of them (1, 3), sjf the
-    two shortest predictions (4: 5 tokens, 1: 10), hrrn the two shortest prompts (5, 4)."""
-    runs = {p: simulated(p) for p in ("fcfs", "sjf", "hrrn")}
-    assert {p: d[0] for p, (d, _) in runs.items()} == {"fcfs": ("1", "3"), "sjf": ("1", "4"), "hrrn": ("4", "5")}
-    assert len({tuple(f) for _, f in runs.values()}) == 3  # three finish orders
+    two shortest predictions (4: 5 tokens, 1: 10), hrrn the two shortest prompts (5, 4). LAS demotes a request after
+    16 tokens, so its slots change hands mid-request (more decisions than requests)."""
+    runs = {p: simulated(p) for p in ("fcfs", "sjf", "hrrn", "las")}
+    assert {p: runs[p][0][0] for p in ("fcfs", "sjf", "hrrn")} == {"fcfs": ("1", "3"), "sjf": ("1", "4"),
+                                                                  "hrrn": ("4", "5")}
+    assert len({tuple(d) for d, _ in runs.values()}) == 4 and len(runs["las"][0]) > len(OUTPUT_TOKENS)
 
 
 @pytest.mark.parametrize("policy", list(POLICIES))
