@@ -74,9 +74,9 @@ class SimExperimentConfig:
                   (not 0 < self.cv, f"--cv must be > 0 (1 = Poisson; > 1 burstier), got {self.cv}")]
         raise_first(checks)
 
-        bad = [a for a in self.arrivals if a not in ARRIVALS]
+        bad = [a for a in self.arrivals if a not in ARRIVALS or a == "given"]
         if bad:
-            raise LenpredError(f"--arrivals: unknown process {', '.join(bad)}; use any of {', '.join(ARRIVALS)}")
+            raise LenpredError(f"--arrivals: unknown process {', '.join(bad)}; use any of all, poisson, gamma")
 
     def policies(self) -> list[tuple[str, int | None]]:
         """``(policy spec, aging steps)`` rows of the continuous-batching table."""
