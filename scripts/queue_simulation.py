@@ -3,8 +3,9 @@ requests at their cap, queues of N = D..8·D at once and sustained Gamma arrival
 The regime map and the design study behind the in-engine plug-in's prefill-ahead window (issue 38).
 
 The study is :mod:`lenpred.studies.queue_sim` (:class:`~lenpred.studies.queue_sim.QueueSimConfig`, ``run``) and
-:mod:`lenpred.studies.queue_sim_render`; this script builds the config. Every mode runs the same draws of the committed test-split workload (recorded lengths, natural EOS as sampled,
-clipped to the caps), on the vLLM cost model measured on this machine (``--cost-model``):
+:mod:`lenpred.studies.queue_sim_render`; this script builds the config. Every mode runs the same draws of the committed
+test-split workload (recorded lengths, natural EOS as sampled, clipped to the caps), on the vLLM cost model measured on
+this machine (``--cost-model``):
 
 * ``stock``: vLLM FCFS, ``max_num_seqs`` D;
 * ``priority:<signal>``: vLLM's priority queue (``--scheduling-policy priority``) ordered at admission by
@@ -30,7 +31,7 @@ engine's stock burst runs, read from its ``report.json``; with it the simulator 
 on the machine both were measured on within 10 %, not the sustained runs near saturation; on another machine
 re-measure both: ``docs/serving.md``). Capacity at D: requests/s = N / makespan of stock FCFS on a burst of 512.
 Sustained patterns: arrivals for ``--window-s`` seconds, then the queue drains. Intervals: 95 %, two-stage paired
-bootstrap over requests clustered by draw (:func:`lenpred.metrics.paired_cluster_bootstrap`). Output (``--out``, default
+bootstrap over requests clustered by draw (:func:`lenpred.studies.paired.compare`). Output (``--out``, default
 ``results/scripts/serving/queue_simulation``): ``.json`` (every setting and cell), ``.md`` (tables),
 ``_map.png`` (mean-JCT cut vs queue depth N/D) and ``_aging.png`` (the guard's mean-vs-tail trade-off)::
 
@@ -57,7 +58,8 @@ def parse_config() -> QueueSimConfig:
     ap.add_argument("--window-s", type=float, default=d.window_s, help="sustained arrival window, s")
     ap.add_argument("--window-factors", default=",".join(f"{f:g}" for f in d.window_factors),
                     help="prefill-ahead windows W as multiples of D")
-    ap.add_argument("--max-idle-s", type=float, default=d.max_idle_s, help="the plug-in's starvation guard (default: off)")
+    ap.add_argument("--max-idle-s", type=float, default=d.max_idle_s,
+                    help="the plug-in's starvation guard (default: off)")
     ap.add_argument("--cost-model", default=d.cost_model, help="the bare engine's cost model (scripts/decode_knee.py)")
     ap.add_argument("--streaming-overhead-ms", type=float, default=d.streaming_overhead_ms,
                     help="API-server work per streamed token, ms (default: fitted by queue_benchmark.py, read from "

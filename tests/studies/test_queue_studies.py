@@ -1,5 +1,6 @@
-"""The queue studies' configs and the one call site of the parked decoder's settings (:mod:`lenpred.studies.queue_bench`,
-:mod:`lenpred.studies.queue_sim`, :mod:`lenpred.studies.parked_sim`), without an engine."""
+"""The queue studies' configs and the one call site of the parked decoder's settings
+(:mod:`lenpred.studies.queue_bench`, :mod:`lenpred.studies.queue_sim`, :mod:`lenpred.studies.parked_sim`), without an
+engine."""
 
 from __future__ import annotations
 

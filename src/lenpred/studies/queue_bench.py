@@ -1,5 +1,5 @@
-"""Scheduling where requests wait, on the real engine (issue 38): ``vllm serve`` on one core with a deep queue at a fixed decode bound D,
-every mode on the same draws of test-split requests, natural EOS, paired with stock vLLM.
+"""Scheduling where requests wait, on the real engine (issue 38): ``vllm serve`` on one core with a deep queue at a
+fixed decode bound D, every mode on the same draws of test-split requests, natural EOS, paired with stock vLLM.
 
 The regime: every mode decodes at most D (``--decode-bound``) sequences per step, and every mode gets the same KV
 cache, sized so that about D requests fit at their cap: ``--kv-cache-memory-bytes`` = ceil(D x (mean prompt tokens +

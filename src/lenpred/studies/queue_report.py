@@ -168,7 +168,8 @@ def simulated_mean_jct(rec: dict, regime_: dict, cost, seed: int) -> float:
     st = rec["settings"]
     engine = {int(re.search(r"-q(\d+)-", x["request_id"]).group(1)): x["expected"] for x in rec["plugin_log"]}
     reqs = [WorkloadRequest(r["request_id"], [], max(int(r["completion_tokens"] or 1), 1), 0, "", str(r["request_id"]),
-                            {"sent": float(r["priority_sent"] if r["priority_sent"] is not None else r["priority"] or 0),
+                            {"sent": float(r["priority_sent"] if r["priority_sent"] is not None
+                                           else r["priority"] or 0),
                              "engine": float(engine.get(r["request_id"], 1e9))},
                             num_prompt_tokens=int(r["prompt_tokens"] or 1))
             for r in rec["results"] if r["outcome"] == "ok"]

@@ -89,7 +89,8 @@ class QueueSimConfig:
         bad_overhead = self.streaming_overhead_ms is not None and not 0 <= self.streaming_overhead_ms < 1e3
         raise_first([(self.draws < 1, "draws must be >= 1"), (not self.window_factors or min(self.window_factors) <= 0,
                                                               "window factors must be > 0"),
-                     (bad_overhead, f"the streaming overhead must be in [0, 1000) ms, got {self.streaming_overhead_ms}")])
+                     (bad_overhead,
+                      f"the streaming overhead must be in [0, 1000) ms, got {self.streaming_overhead_ms}")])
 
 
 def run_parked(requests: list, cost, sim_cfg, *, policy: str, predictor: str | None, decode_slots: int,
@@ -209,7 +210,8 @@ def study(cfg: QueueSimConfig, table, cost, oracle_p: np.ndarray, D: int) -> dic
             for m in names:
                 timings = sorted(run_mode(m, reqs, cost, base, cfg.max_idle_s), key=lambda t: t.request_id)
                 jct[m].append(np.array([t.jct_s for t in timings]))
-        out["patterns"][name] = {"num_requests": n, "arrival": arrival, "rate_req_s": rate if arrival != "all" else None,
+        out["patterns"][name] = {"num_requests": n, "arrival": arrival,
+                                 "rate_req_s": rate if arrival != "all" else None,
                                  "cv": cv, "modes": {m: cell(jct, m, cfg.bootstrap_resamples) for m in names}}
         print(f"D={D} {name}: done", flush=True)
     return out
@@ -232,7 +234,8 @@ def engine_streaming_overhead(path: Path) -> float:
         return float(json.loads(Path(path).read_text())["simulator_streaming_overhead"]["s_per_token"])
     except (OSError, ValueError, KeyError, TypeError):
         raise LenpredError(f"no fitted streaming overhead in {path} (missing, or written before the fit): run "
-                           "`python scripts/queue_benchmark.py --report-only`, or pass --streaming-overhead-ms") from None
+                           "`python scripts/queue_benchmark.py --report-only`, or pass --streaming-overhead-ms"
+                           ) from None
 
 
 def run(cfg: QueueSimConfig) -> dict:
