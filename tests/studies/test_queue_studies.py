@@ -42,7 +42,8 @@ def test_mode_names():
 
 def test_run_parked_names_every_setting():
     from lenpred.serving.cost_model import CostModel
-    from lenpred.serving.simulator import ParkedConfig, SimConfig, simulate_parked
+    from lenpred.serving.parked import SchedulerConfig
+    from lenpred.serving.simulator import SimConfig, simulate_parked
     from lenpred.studies.workload import WorkloadRequest
 
     reqs = [WorkloadRequest(i, [], n, 64, "rl", f"p{i}", {"last": float(n)}, num_prompt_tokens=20)
@@ -51,7 +52,7 @@ def test_run_parked_names_every_setting():
     cfg = SimConfig(max_num_seqs=3)
     got = run_parked(reqs, cost, cfg, policy="sjf", predictor="last", decode_slots=1, max_idle_s=None,
                      prefill_ahead=2, admit_by="prompt_len")
-    want = simulate_parked(reqs, ParkedConfig("sjf", "last", 1, None, 16.0, 2, "prompt_len", 0.0), cost, cfg)
+    want = simulate_parked(reqs, SchedulerConfig("sjf", 1, 2, "prompt_len", None, 16.0, 0.0), cost, cfg, "last")
     assert got[0] == want[0]
     assert [t.jct_s for t in got[1]] == [t.jct_s for t in want[1]]
     # one decode slot, shortest prediction first: 5, then 12, then 30 tokens

@@ -354,17 +354,6 @@ def latency_cell(runs: list[dict]) -> dict:
             "loadavg_1m_before_max": float(max(run["loadavg_1m_before"] for run in runs))}
 
 
-def mean_cut(a: str, b: str):
-    """The statistic ``1 − mean(b) / mean(a)`` (mean-JCT cut of ``b`` against ``a``) for the paired bootstrap."""
-    return lambda v: 1 - v[b].mean() / v[a].mean()
-
-
-def gain_share(ref: str, mode: str, oracle: str):
-    """The statistic ``(mean(ref) − mean(mode)) / (mean(ref) − mean(oracle))``: the share of the oracle's mean-JCT
-    gain over ``ref`` that ``mode`` recovers (unstable when the oracle's gain is near 0)."""
-    return lambda v: (v[ref].mean() - v[mode].mean()) / (v[ref].mean() - v[oracle].mean())
-
-
 def fmt_ci(t, f) -> str:
     """``estimate [low, high]`` with each number written by ``f``."""
     return f"{f(t[0])} [{f(t[1])}, {f(t[2])}]"

@@ -104,7 +104,7 @@ def run(cfg: ParkedSimConfig) -> dict:
     from lenpred.serving.cost_model import CostModel
     from lenpred.serving.policies import make_policy
     from lenpred.serving.simulator import SimConfig, simulate
-    from lenpred.studies.simulate import draw_bootstrap
+    from lenpred.studies.paired import draw_mean
     from lenpred.studies.workload import draw_workload, load_workload_table, progressive_estimates, table_prompt_oracle
 
     cost = CostModel.load(cfg.cost_model)
@@ -136,7 +136,7 @@ def run(cfg: ParkedSimConfig) -> dict:
         arrival = key.split("/", 1)[0]
         base, orc, porc = (jct[f"{arrival}/{k}"] for k in ("fcfs", "parked_sjf:oracle", "parked_sjf:prompt_oracle"))
         report["rows"][key] = {
-            "mean_jct_s": draw_bootstrap({"x": np.array(per_draw[key])}, lambda v: float(v["x"].mean()), n),
+            "mean_jct_s": draw_mean(per_draw[key], n),
             "jct_cut_vs_fcfs": compare("mean_cut", base, x, n),
             "share_of_oracle": compare("oracle_share", base, x, n, oracle=orc),
             "share_of_prompt_oracle": compare("oracle_share", base, x, n, oracle=porc),

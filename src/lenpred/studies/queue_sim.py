@@ -97,14 +97,15 @@ def run_parked(requests: list, cost, sim_cfg, *, policy: str, predictor: str | N
                max_idle_s: float | None, prefill_ahead: int | None, switch_margin_tokens: float = 16.0,
                admit_by: str = "arrival", aging_tokens_per_s: float = 0.0, remaining=None):
     """:func:`lenpred.serving.simulator.simulate_parked` of ``requests`` under the parked decoder's settings
-    (:class:`~lenpred.serving.simulator.ParkedConfig`'s fields, each named), ranked by ``predictor``; returns its
+    (:class:`~lenpred.serving.parked.SchedulerConfig`'s fields, each named), ranked by ``predictor``; returns its
     ``(summary, timings)``. The one call site of the parked settings in the studies."""
-    from lenpred.serving.simulator import ParkedConfig, simulate_parked
+    from lenpred.serving.parked import SchedulerConfig
+    from lenpred.serving.simulator import simulate_parked
 
-    parked = ParkedConfig(policy=policy, predictor=predictor, decode_slots=decode_slots, max_idle_s=max_idle_s,
-                          switch_margin_tokens=switch_margin_tokens, prefill_ahead=prefill_ahead, admit_by=admit_by,
-                          aging_tokens_per_s=aging_tokens_per_s)
-    return simulate_parked(requests, parked, cost, sim_cfg, remaining)
+    parked = SchedulerConfig(policy=policy, decode_slots=decode_slots, max_idle_s=max_idle_s,
+                             switch_margin_tokens=switch_margin_tokens, prefill_ahead=prefill_ahead, admit_by=admit_by,
+                             aging_tokens_per_s=aging_tokens_per_s)
+    return simulate_parked(requests, parked, cost, sim_cfg, predictor, remaining)
 
 
 def kv_tokens(table, D: int) -> int:
