@@ -27,6 +27,7 @@ from lenpred.studies.static_run import CalibrationConfig, StaticRunConfig
 from lenpred.studies.traffic import TrafficReplayConfig
 from lenpred.studies.vllm_offline import VLLMOfflineConfig
 from lenpred.studies.vllm_serve import VLLMServeConfig
+from lenpred.studies.whatif import WhatifConfig
 from lenpred.studies.workload import WorkloadConfig
 
 # (command, flag) -> the default `--help` shows, as the README / docs state it; comma lists are text
@@ -54,6 +55,7 @@ COMMANDS = {
     "progressive": ([ProgressiveConfig], set()),
     "train": ([LengthPredictor, LengthPredictor.fit, LengthPredictor.from_traffic], {"out", "traffic"}),
     "traffic-replay": ([TrafficReplayConfig], set()),
+    "whatif": ([WhatifConfig], set()),
     "predict": ([], {"predictor", "file", "max_new_tokens", "scenario", "distribution", "threads"}),
     "serve": ([run_proxy, BatchConfig], set()),
     "diagnose": ([DiagnoseConfig], {"skip"}),

@@ -28,6 +28,7 @@ from lenpred.studies.diagnose.config import DiagnoseConfig
 from lenpred.studies.evaluate import DEMO_DEFAULTS, EvalConfig
 from lenpred.studies.progressive import ProgressiveConfig
 from lenpred.studies.traffic import TrafficReplayConfig
+from lenpred.studies.whatif import WhatifConfig
 
 app = typer.Typer(help="Predict LLM output length from the serving model's own prefill signals.",
                   no_args_is_help=True, pretty_exceptions_enable=False)
@@ -167,6 +168,26 @@ def traffic_replay(**options):
     from lenpred.studies.traffic import render_traffic, run_traffic_replay
 
     render_traffic(run_traffic_replay(TrafficReplayConfig(**options)), Console())
+
+
+@app.command()
+@one_line_errors
+@with_options(Options(WhatifConfig, {
+    "traffic": "Traffic-log directory to replay (the plug-in's traffic_log or lenpred serve --traffic-log; policy "
+               "observe logs without changing the order).",
+    "cost_model": "Cost-model JSON measured on the serving machine \\[default: fitted from the log's timings].",
+    "decode_slots": "Concurrency bounds D to replay at, comma-separated \\[default: the log's own, half and double].",
+    "out": "Output directory for whatif.json / .md / .png.",
+    "clusters": "Blocks of consecutive arrivals the paired bootstrap resamples.",
+    "bootstrap_resamples": "Paired bootstrap resamples."}))
+def whatif(**options):
+    """Would length-aware scheduling help this traffic? Replays a traffic log's arrivals, lengths and served
+    predictions: stock FCFS vs prompt-length priority vs lenpred vs the recorded length, and a verdict."""
+    from lenpred.studies.whatif import render_whatif, run_whatif
+
+    report = run_whatif(WhatifConfig(**options))
+    typer.echo(render_whatif(report))
+    typer.echo(f"wrote {Path(options['out']) / 'whatif.json'}, whatif.md, whatif.png")
 
 
 def _read_prompts(prompts: list[str], file: Optional[str]) -> list:

@@ -41,7 +41,7 @@ from lenpred.serving.metrics import RequestTiming, summarize
 from lenpred.serving.parked import SchedulerConfig, admission_limit, admission_priority, choose_decoders
 from lenpred.serving.policies import FCFS, Policy, RequestView, padding_ratio, static_batches, workload_view
 
-ARRIVALS = ("all", "poisson", "gamma")
+ARRIVALS = ("all", "poisson", "gamma", "given")
 BATCHINGS = ("static", "continuous")
 
 
@@ -54,7 +54,8 @@ class SimConfig:
         max_num_seqs: concurrency limit (continuous) / batch size (static).
         max_num_batched_tokens: continuous batching's token budget per step (vLLM's name; 2048 = its default on
             CPU without chunked prefill).
-        arrival: ``all`` (every request at t = 0, in workload order), ``poisson`` or ``gamma``.
+        arrival: ``all`` (every request at t = 0, in workload order), ``poisson``, ``gamma``, or ``given`` (the
+            requests' own ``arrival_time_s``: a replayed trace or traffic log).
         rate_per_s: mean arrival rate (requests/s) for poisson / gamma.
         cv: coefficient of variation of gamma inter-arrival times (1 = Poisson; > 1 burstier).
         seed: arrival-time seed.
@@ -124,15 +125,20 @@ def arrival_times(n: int, arrival: str, rate_per_s: float = 1.0, cv: float = 1.0
     The first request arrives at 0."""
     if arrival == "all":
         return np.zeros(n)
-    if arrival not in ARRIVALS:
-        raise LenpredError(f"arrival must be one of {', '.join(ARRIVALS)}, got '{arrival}'")
+    if arrival not in ARRIVALS or arrival == "given":
+        drawn = [a for a in ARRIVALS if a != "given"]
+        raise LenpredError(f"arrival times are drawn for {', '.join(drawn)}, got '{arrival}' (given times are the "
+                           "requests' own)")
     cv = 1.0 if arrival == "poisson" else cv
     gaps = np.random.default_rng(seed).gamma(1.0 / cv ** 2, cv ** 2 / rate_per_s, size=n)
     return np.concatenate([[0.0], np.cumsum(gaps[1:])])
 
 
 def with_arrivals(requests: list, cfg: SimConfig) -> list:
-    """Copies of ``requests`` with ``arrival_time_s`` from :func:`arrival_times` (in workload order)."""
+    """Copies of ``requests`` with ``arrival_time_s`` from :func:`arrival_times` (in workload order); under ``given``
+    their own."""
+    if cfg.arrival == "given":
+        return [copy.copy(r) for r in requests]
     times = arrival_times(len(requests), cfg.arrival, cfg.rate_per_s, cfg.cv, cfg.seed)
     out = []
     for r, t in zip(requests, times):

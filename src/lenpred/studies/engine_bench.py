@@ -58,9 +58,9 @@ class EngineWorkload:
 
     A row (one request of a draw) is a dict: ``request`` (a :class:`~lenpred.studies.workload.WorkloadRequest`),
     ``max_tokens`` (its recorded cap, clipped to ``max_tokens``), the recorded ``seed``, ``temperature`` and
-    ``top_p``, ``oracle`` (its recorded length in tokens, clipped to the cap) and ``prompt_oracle`` (the mean
-    clipped length of the prompt's other test samples; the scenario's median when it has none: the best any
-    prompt-only predictor can do).
+    ``top_p``, ``oracle`` (its recorded length in tokens, clipped to the cap) and ``prompt_oracle``
+    (:func:`lenpred.studies.workload.table_prompt_oracle` of the clipped test lengths: the mean of the prompt's other
+    samples, else its scenario's median; the best any prompt-only predictor can do).
 
     Args:
         max_tokens: clip every cap to this many tokens (a diagnostic; ``None``: the recorded caps).
@@ -70,7 +70,7 @@ class EngineWorkload:
     def __init__(self, max_tokens: int | None = None, bench: str | Path = DEFAULT_BENCH):
         import pyarrow.parquet as pq
 
-        from lenpred.studies.workload import load_workload_table
+        from lenpred.studies.workload import load_workload_table, table_prompt_oracle
 
         self.max_tokens, self.bench = max_tokens, Path(bench)
         self.table = load_workload_table(bench=bench, token_ids=False, rebuild=False)
@@ -79,11 +79,7 @@ class EngineWorkload:
                                          "top_p"]).to_pylist()
         self.sampling = {(r["prompt_id"], r["sample_index"]): r for r in records if r["split"] == "test"}
         col = lambda c: self.table.column(c).to_pylist()  # noqa: E731
-        self.by_prompt: dict[str, list[int]] = {}
-        self.by_scenario: dict[str, list[int]] = {}
-        for pid, scen, length, cap in zip(col("prompt_id"), col("scenario"), col("output_len"), col("max_new_tokens")):
-            self.by_prompt.setdefault(pid, []).append(self.clip(length, cap))
-            self.by_scenario.setdefault(scen, []).append(self.clip(length, cap))
+        self.prompt_oracle = table_prompt_oracle(self.table, max_tokens)  # (rows,) tokens, by table row
         self.sample_index = dict(zip(col("request_index"), col("sample_index")))
 
     def clip(self, length: int, cap: int) -> int:
@@ -98,13 +94,10 @@ class EngineWorkload:
         rows = []
         for r in draw_workload(self.table, n, seed):
             s = self.sampling[(r.prompt_id, self.sample_index[r.table_row])]
-            own = self.clip(r.output_len, r.max_new_tokens)
-            others = list(self.by_prompt[r.prompt_id])
-            others.remove(own)
-            prompt_oracle = float(np.mean(others)) if others else float(np.median(self.by_scenario[r.scenario]))
             rows.append({"request": r, "max_tokens": min(r.max_new_tokens, self.max_tokens or r.max_new_tokens),
                          "seed": int(s["seed"]), "temperature": round(float(s["temperature"]), 4),
-                         "top_p": float(s["top_p"]), "oracle": own, "prompt_oracle": prompt_oracle})
+                         "top_p": float(s["top_p"]), "oracle": self.clip(r.output_len, r.max_new_tokens),
+                         "prompt_oracle": float(self.prompt_oracle[r.table_row])})
         return rows
 
     def messages(self, draws: list[list[dict]]) -> dict[str, list[dict]]:
@@ -359,17 +352,6 @@ def latency_cell(runs: list[dict]) -> dict:
             "capped_share": float(np.mean([r["finish_reason"] == "length" for r in res])),
             "mean_output_tokens": float(np.mean([r["completion_tokens"] or 0 for r in res])),
             "loadavg_1m_before_max": float(max(run["loadavg_1m_before"] for run in runs))}
-
-
-def mean_cut(a: str, b: str):
-    """The statistic ``1 − mean(b) / mean(a)`` (mean-JCT cut of ``b`` against ``a``) for the paired bootstrap."""
-    return lambda v: 1 - v[b].mean() / v[a].mean()
-
-
-def gain_share(ref: str, mode: str, oracle: str):
-    """The statistic ``(mean(ref) − mean(mode)) / (mean(ref) − mean(oracle))``: the share of the oracle's mean-JCT
-    gain over ``ref`` that ``mode`` recovers (unstable when the oracle's gain is near 0)."""
-    return lambda v: (v[ref].mean() - v[mode].mean()) / (v[ref].mean() - v[oracle].mean())
 
 
 def fmt_ci(t, f) -> str:

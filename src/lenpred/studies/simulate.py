@@ -14,6 +14,7 @@ from lenpred.serving.cost_model import CostModel
 from lenpred.serving.policies import countdown_remaining, make_policy, progressive_remaining
 from lenpred.serving.simulator import ARRIVALS, SimConfig, simulate
 from lenpred.studies import DEFAULT_BENCH, report_dict
+from lenpred.studies.paired import compare_draws, draw_mean
 from lenpred.studies.workload import (DEFAULT_PREDICTORS, DEFAULT_PREDICTORS_DIR, DEFAULT_TABLE, check_predictors,
                                       draw_workload, load_workload_table, progressive_estimates)
 
@@ -74,9 +75,9 @@ class SimExperimentConfig:
                   (not 0 < self.cv, f"--cv must be > 0 (1 = Poisson; > 1 burstier), got {self.cv}")]
         raise_first(checks)
 
-        bad = [a for a in self.arrivals if a not in ARRIVALS]
+        bad = [a for a in self.arrivals if a not in ARRIVALS or a == "given"]
         if bad:
-            raise LenpredError(f"--arrivals: unknown process {', '.join(bad)}; use any of {', '.join(ARRIVALS)}")
+            raise LenpredError(f"--arrivals: unknown process {', '.join(bad)}; use any of all, poisson, gamma")
 
     def policies(self) -> list[tuple[str, int | None]]:
         """``(policy spec, aging steps)`` rows of the continuous-batching table."""
@@ -116,18 +117,6 @@ class SimReport:
     def to_dict(self) -> dict:
         """The ``simulation.json`` content, in its key order."""
         return report_dict(self)
-
-
-def draw_bootstrap(per_draw: dict[str, np.ndarray], stat, n_resamples: int = 2000, seed: int = 0,
-                   confidence: float = 0.95) -> tuple[float, float, float]:
-    """Paired percentile bootstrap over workload draws: every resample picks the same draws for every row, and
-    ``stat(resampled per_draw) -> float`` (e.g. a ratio of mean gains). Returns ``(estimate, low, high)``."""
-    n = len(next(iter(per_draw.values())))
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, n, size=(n_resamples, n))
-    values = np.array([stat({k: v[i] for k, v in per_draw.items()}) for i in idx])
-    alpha = (1 - confidence) / 2
-    return float(stat(per_draw)), float(np.nanquantile(values, alpha)), float(np.nanquantile(values, 1 - alpha))
 
 
 def _rate(table, cfg: SimExperimentConfig, cost) -> float:
@@ -202,7 +191,7 @@ def summarize_runs(runs: dict[str, list[dict]], cfg: SimExperimentConfig) -> dic
         for m in METRICS:
             vals = np.array([s[m] for s in summaries if s[m] is not None], dtype=np.float64)
             if len(vals) == len(summaries):
-                row[m] = draw_bootstrap({"x": vals}, lambda v: float(np.mean(v["x"])), cfg.bootstrap_resamples)
+                row[m] = draw_mean(vals, cfg.bootstrap_resamples)
         out["rows"][key] = row
     settings = sorted({k.rsplit("/", 1)[0] for k in runs})
     for setting in settings:
@@ -215,11 +204,9 @@ def summarize_runs(runs: dict[str, list[dict]], cfg: SimExperimentConfig) -> dic
                 key = f"{setting}/{name}:{p}"
                 if key not in runs:
                     continue
-                per_draw = {k: np.array([s["mean_jct_s"] for s in runs[r]]) for k, r in
-                            (("fcfs", fcfs), ("pred", key), ("oracle", oracle))}
-                share = lambda v: float((v["fcfs"].mean() - v["pred"].mean())  # noqa: E731
-                                        / (v["fcfs"].mean() - v["oracle"].mean()))
-                out["gain_share"][key] = draw_bootstrap(per_draw, share, cfg.bootstrap_resamples)
+                per = lambda r: np.array([s["mean_jct_s"] for s in runs[r]])  # noqa: E731
+                out["gain_share"][key] = compare_draws("oracle_share", per(fcfs), per(key), cfg.bootstrap_resamples,
+                                                       oracle=per(oracle))
     for key, summaries in runs.items():
         if key.startswith("static/"):
             out["padding"][key.rsplit("/", 1)[1]] = out["rows"][key]["padding_ratio"]

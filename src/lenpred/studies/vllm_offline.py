@@ -332,7 +332,7 @@ def run_vllm_offline(cfg: VLLMOfflineConfig, table=None) -> dict:
 
 
 def _report(cfg: VLLMOfflineConfig, partial: dict, draws: list, cost, summarize) -> dict:
-    from lenpred.studies.simulate import draw_bootstrap
+    from lenpred.studies.paired import compare_draws, draw_mean
     from lenpred.serving.simulator import SimConfig, simulate
 
     sim_cfg = SimConfig(batching="continuous", max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
@@ -357,17 +357,11 @@ def _report(cfg: VLLMOfflineConfig, partial: dict, draws: list, cost, summarize)
             step_errors["fit" if d < cfg.fit_draws else "held_out"] += errs
     metrics = ("throughput_tok_s", "mean_jct_s", "p90_jct_s", "mean_ttft_s", "makespan_s", "sim_mean_jct_s",
                "sim_makespan_s", "sim_mean_jct_rel_error", "sim_makespan_rel_error")
-    rows = {p: {m: draw_bootstrap({"x": np.array([s[m] for s in ss])}, lambda v: float(np.mean(v["x"])),
-                                  cfg.bootstrap_resamples) for m in metrics} for p, ss in runs.items()}
+    rows = {p: {m: draw_mean([s[m] for s in ss], cfg.bootstrap_resamples) for m in metrics} for p, ss in runs.items()}
     per = lambda p: np.array([s["mean_jct_s"] for s in runs[p]])  # noqa: E731
-    share = {}
-    for p in cfg.predictors:
-        per_draw = {"fcfs": per("fcfs"), "pred": per(f"sjf:{p}"), "oracle": per("sjf:oracle")}
-        share[p] = draw_bootstrap(per_draw, lambda v: float((v["fcfs"].mean() - v["pred"].mean())
-                                                            / (v["fcfs"].mean() - v["oracle"].mean())),
-                                  cfg.bootstrap_resamples)
-    gain = {p: draw_bootstrap({"fcfs": per("fcfs"), "x": per(p)},
-                              lambda v: float(1 - v["x"].mean() / v["fcfs"].mean()), cfg.bootstrap_resamples)
+    share = {p: compare_draws("oracle_share", per("fcfs"), per(f"sjf:{p}"), cfg.bootstrap_resamples,
+                              oracle=per("sjf:oracle")) for p in cfg.predictors}
+    gain = {p: compare_draws("mean_cut", per("fcfs"), per(p), cfg.bootstrap_resamples)
             for p in cfg.policies() if p != "fcfs"}
     held = [s for d in range(cfg.fit_draws, cfg.draws) for ss in runs.values() for s in [ss[d]]]
     return {"config": asdict(cfg), "engine": "vllm offline (LLMEngine.step loop, in-process), priority scheduling",

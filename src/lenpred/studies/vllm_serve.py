@@ -301,21 +301,18 @@ def _serve_report(cfg: VLLMServeConfig, partial: dict, draws: list, rate: float)
     """Run 3's report: per mode the draws' summaries (JCT, TTFT from the planned send time, over requests that
     produced output), bootstrap intervals over draws, the paired JCT (and, with natural EOS, TTFT) cut vs FCFS, and
     checks (prediction error and latency under the load, outcome counts, achieved arrival rate)."""
-    from lenpred.studies.simulate import draw_bootstrap
+    from lenpred.studies.paired import compare_draws, draw_mean
     from lenpred.serving.loadgen import run_label
 
     natural = not cfg.ignore_eos
     runs, checks, jct_draw0 = _serve_runs(cfg, partial, draws, natural)
     checks = _reduce_checks(checks, natural)
     metrics = ("throughput_tok_s", "mean_jct_s", "p90_jct_s", "mean_ttft_s", "p90_ttft_s", "makespan_s")
-    rows = {m: {k: draw_bootstrap({"x": np.array([s[k] for s in ss])}, lambda v: float(np.mean(v["x"])),
-                                  cfg.bootstrap_resamples) for k in metrics} for m, ss in runs.items()}
+    rows = {m: {k: draw_mean([s[k] for s in ss], cfg.bootstrap_resamples) for k in metrics} for m, ss in runs.items()}
     per = lambda m, k="mean_jct_s": np.array([s[k] for s in runs[m]])  # noqa: E731
-    share = draw_bootstrap({"fcfs": per("fcfs"), "pred": per("predicted"), "oracle": per("oracle")},
-                           lambda v: float((v["fcfs"].mean() - v["pred"].mean())
-                                           / (v["fcfs"].mean() - v["oracle"].mean())), cfg.bootstrap_resamples)
-    cut = lambda k: {m: draw_bootstrap({"fcfs": per("fcfs", k), "x": per(m, k)},  # noqa: E731
-                                       lambda v: float(1 - v["x"].mean() / v["fcfs"].mean()), cfg.bootstrap_resamples)
+    share = compare_draws("oracle_share", per("fcfs"), per("predicted"), cfg.bootstrap_resamples,
+                          oracle=per("oracle"))
+    cut = lambda k: {m: compare_draws("mean_cut", per("fcfs", k), per(m, k), cfg.bootstrap_resamples)  # noqa: E731
                      for m in ("predicted", "oracle")}
     report = {"config": asdict(cfg), "rate_per_s": rate, "rows": rows, "runs": runs, "gain_share_predicted": share,
               "jct_reduction_vs_fcfs": cut("mean_jct_s"), "checks": checks, "jct_draw0": jct_draw0}

@@ -271,6 +271,48 @@ def predictor_names(table) -> list[str]:
     return [c[len("pred_"):] for c in table.column_names if c.startswith("pred_")]
 
 
+def prompt_oracle(prompt_ids, lengths, scenarios) -> np.ndarray:
+    """The prompt oracle, the best any prompt-only predictor can do: per sample, the mean length of its prompt's
+    *other* samples; for a prompt with no other sample, the median length of its scenario's other samples. Never the
+    sample's own length. The one rule of the engine benchmark and the simulator studies.
+
+    Args:
+        prompt_ids, scenarios: ``(n,)`` the prompt and scenario of each sample.
+        lengths: ``(n,)`` output lengths in tokens, already clipped to each request's cap.
+
+    Returns:
+        ``(n,)`` float64, tokens.
+
+    Raises:
+        LenpredError: a single-sample prompt whose scenario has no other sample (nothing to fall back on).
+    """
+    pids, scen = np.asarray(prompt_ids), np.asarray(scenarios)
+    y = np.asarray(lengths, dtype=np.float64)
+    out = np.empty_like(y)
+    for pid in np.unique(pids):
+        idx = np.flatnonzero(pids == pid)
+        if len(idx) > 1:
+            out[idx] = (y[idx].sum() - y[idx]) / (len(idx) - 1)
+            continue
+        others = np.flatnonzero(scen == scen[idx[0]])
+        others = others[others != idx[0]]
+        if not len(others):
+            raise LenpredError(f"prompt {pid} has one sample and scenario {scen[idx[0]]} no other: no prompt oracle")
+        out[idx] = np.median(y[others])
+    return out
+
+
+def table_prompt_oracle(table, max_tokens: int | None = None) -> np.ndarray:
+    """:func:`prompt_oracle` of a workload table's rows ``(rows,)`` float64, tokens: each recorded length clipped to
+    its cap and to ``max_tokens`` (``None``: the caps alone) first. What the engine benchmark sends and the simulator
+    studies rank by."""
+    col = lambda c: table.column(c).to_pylist()  # noqa: E731
+    caps = np.asarray(col("max_new_tokens"))
+    if max_tokens is not None:
+        caps = np.minimum(caps, max_tokens)
+    return prompt_oracle(col("prompt_id"), np.minimum(np.asarray(col("output_len")), caps), col("scenario"))
+
+
 def draw_workload(table, n: int, seed: int, scenario_mix: dict[str, float] | None = None,
                   max_output_len: int | None = None) -> list[WorkloadRequest]:
     """Sample ``n`` distinct requests (without replacement) from the table, seeded.

@@ -1,0 +1,160 @@
+"""The engine's queue benchmark report written out: ``report.md`` (the regime, then per pattern its tables),
+``report.json``, a JCT CDF per pattern and the regime map (``regime_map.png``) from
+:func:`lenpred.studies.queue_report.report`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from lenpred.io import write_json
+from lenpred.studies.engine_bench import fmt_ci, pct
+from lenpred.studies.queue_regime import LENGTH_CLASSES
+from lenpred.studies.queue_report import MAP_MODES, report
+from lenpred.tables import markdown_table
+
+
+def markdown(rep: dict) -> str:
+    """``report.md``: the regime, then per pattern its tables."""
+    reg = rep["regime"]
+    cap = reg["capacity"]
+    lines = [f"# Scheduling where requests wait: `vllm serve` on one core, decode bound D = {reg['decode_bound']}, "
+             f"{rep['label']}", "",
+             f"KV cache {reg['kv_cache_bytes']:,} bytes for every mode ({reg['kv_bytes_per_token']:,} bytes/token, "
+             f"{reg['kv_dtype']}; one-request floor applied: {reg['kv_floor_applied']}); --max-model-len "
+             f"{reg['max_model_len']}. FCFS capacity at D: {cap['capacity_req_s']:.3f} req/s ({cap['how']}; cost "
+             f"model {cap.get('cost_model')}). Plug-in: `{json.dumps(reg['plugin'])}`. The last "
+             f"invocation's settings (each run's own are in runs.json): `{json.dumps(rep['settings'])}`", ""]
+    if "simulator_cost_model" in rep:
+        fit = rep["simulator_streaming_overhead"]
+        lines += [f"The simulator on the same runs uses the bare engine's cost model `{rep['simulator_cost_model']}` "
+                  f"(`vllm.LLM`, no server) plus {1000 * fit['s_per_token']:.2f} ms per streamed token: what the API "
+                  f"server, on the engine's core, spends on each token it streams, fitted on stock's burst runs "
+                  f"({len(fit['fitted_on'])}, in-sample); every other run validates it.", ""]
+    for pattern, p in rep["patterns"].items():
+        lines += pattern_markdown(pattern, p)
+    if rep.get("regime_map"):
+        def cut(c: dict) -> str:
+            sim = "" if c["simulated_cut"] is None else f"sim {c['simulated_cut']:+.1%}; "
+            return f"{fmt_ci(c['measured_cut'], pct)} ({sim}draws {c['draws']})"
+
+        lines += ["## Regime map: mean-JCT cut vs stock by queue depth (bursts of N = k·D; `regime_map.png`)", "",
+                  markdown_table(["N / D", *MAP_MODES], [[str(k), *(cut(cells[m]) if m in cells else "–"
+                                                                    for m in MAP_MODES)]
+                                                          for k, cells in rep["regime_map"].items()]), ""]
+    lines += ["Intervals: 95 %, two-stage paired bootstrap over requests clustered by draw. The best lenpred mode is "
+              "chosen on the runs it is scored on. Shares of an oracle's gain are unstable when that gain is near 0.",
+              ""]
+    return "\n".join(lines)
+
+
+def pattern_markdown(pattern: str, p: dict) -> list[str]:
+    """One pattern's tables: latency per mode; against stock; by length class; the best lenpred mode's checks."""
+    sh = lambda x: f"{x:.2f}"  # noqa: E731
+    cells = p["modes"]
+    rate = "all at once" if p["rate_req_s"] is None else f"Gamma arrivals at {p['rate_req_s']:.3f} req/s"
+    lines = [f"## {pattern} ({p['num_requests']} requests per draw, {rate}; draws {p['draws']})", ""]
+    if p.get("mixed_machine_draws"):
+        lines += [f"**Draws {p['mixed_machine_draws']} ran on more than one machine** (`machine` in `runs.json`): "
+                  "their pairs compare machines as well as orders; rerun them in one session.", ""]
+    lines += [markdown_table(["mode", "ok", "mean JCT s", "p50", "p90", "p99", "mean TTFT s", "tok/s", "preemptions",
+                              "capped"],
+                             [[m, f"{x['num_ok']}/{x['num_requests']}", f"{x['mean_jct_s']:.1f}",
+                               f"{x['p50_jct_s']:.1f}", f"{x['p90_jct_s']:.1f}", f"{x['p99_jct_s']:.1f}",
+                               f"{x['mean_ttft_s']:.2f}", f"{x['throughput_tok_s']:.1f}", f"{x['preemptions']:.0f}",
+                               f"{x['capped_share']:.0%}"] for m, x in cells.items()]), ""]
+    if "jct_pooled" not in p:
+        return lines + ["(no stock runs: nothing paired)", ""]
+    get = lambda x, k, f: fmt_ci(x[k], f) if k in x else "–"  # noqa: E731
+    versus = ["mean JCT cut vs stock", "share of prompt-oracle gain", "share of oracle gain", "p99 JCT / stock",
+              "tok/s / stock"]
+    versus_row = lambda x: [  # noqa: E731
+        fmt_ci(x["jct_cut_vs_stock"], pct), get(x, "share_of_priority_prompt_oracle", sh),
+        get(x, "share_of_priority_oracle", sh), fmt_ci(x["p99_jct_ratio_vs_stock"], sh),
+        f"{x['throughput_ratio_vs_stock']:.3f}"]
+    lines += [markdown_table(["mode", *versus], [[m, *versus_row(x)] for m, x in cells.items() if m != "stock"]), ""]
+    simulated = {**cells, **p.get("fewer_draws", {})}
+    if all("simulated_mean_jct_s" in x for x in simulated.values()):
+        lines += ["Simulator on the same runs: predicted mean JCT s (predicted / measured; the same ratio "
+                  "without the streaming overhead): " + "; ".join(
+                      f"{m} {x['simulated_mean_jct_s']:.1f} ({x['simulated_over_measured']:.2f}; "
+                      f"{x['offline_over_measured']:.2f})" for m, x in simulated.items()) + ".", ""]
+    if p.get("fewer_draws"):
+        best_cut = lambda x: fmt_ci(x["best_lenpred_cut"], pct) if "best_lenpred_cut" in x else "–"  # noqa: E731
+        best_mode = (p["best_lenpred"] or {}).get("mode", "–")
+        lines += ["Modes run in fewer draws, each paired with stock, the oracles and the best lenpred mode "
+                  f"({best_mode}; its cut positive: it is faster) on its own draws:", "",
+                  markdown_table(["mode", "draws", "mean JCT s", *versus, "best lenpred mode's cut vs it"],
+                                 [[m, str(x["draws"]), f"{x['mean_jct_s']:.1f}", *versus_row(x), best_cut(x)]
+                                  for m, x in p["fewer_draws"].items()]), ""]
+    classes = p["length_classes"]
+    bounds = ", ".join(f"{name} <= {b:.0f}" for name, b in zip(LENGTH_CLASSES, classes["upper_tokens"]) if b)
+    cut_cls = classes["jct_cut_vs_stock"]
+    lines += [f"Mean JCT (s) by length class (thirds of the recorded length, tokens: {bounds}), and each third's "
+              "cut vs stock:", "",
+              markdown_table(["mode", *LENGTH_CLASSES, *(f"{c} cut vs stock" for c in LENGTH_CLASSES)],
+                             [[m, *(f"{v:.1f}" if v is not None else "–" for v in row.values()),
+                               *(fmt_ci(cut_cls[m][c], pct) if c in cut_cls.get(m, {}) else "–"
+                                 for c in LENGTH_CLASSES)]
+                              for m, row in classes["modes"].items()]), ""]
+    best, acc = p["best_lenpred"], p["acceptance"]
+    if best is not None:
+        lines += [f"Best lenpred mode: {best['mode']}; its mean-JCT cut vs each other mode (negative: that mode is "
+                  "faster):", "",
+                  markdown_table(["vs mode", "mean-JCT cut"],
+                                 [[m, fmt_ci(v, pct)] for m, v in best["jct_cut_vs"].items()]), "",
+                  "Issue 38's checks: " + ", ".join(f"{k} {'n/a' if v is None else 'yes' if v else 'NO'}"
+                                                    for k, v in acc.items() if k not in ("mode", "all")) + ".", ""]
+    return lines
+
+
+
+def plot_regime_map(rmap: dict, path: Path, decode_bound: int) -> None:
+    """Measured cut (points, 95 % intervals) and the simulator's on the same runs (dashed, crosses) vs depth N/D."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for mode in MAP_MODES:
+        depths = [k for k, cells in rmap.items() if mode in cells]
+        if not depths:
+            continue
+        c = [rmap[k][mode]["measured_cut"] for k in depths]
+        line = ax.errorbar(depths, [100 * v[0] for v in c], yerr=[[100 * (v[0] - v[1]) for v in c],
+                                                                   [100 * (v[2] - v[0]) for v in c]],
+                           marker="o", capsize=3, label=f"{mode} (engine)")
+        sim = [(k, rmap[k][mode]["simulated_cut"]) for k in depths if rmap[k][mode]["simulated_cut"] is not None]
+        if sim:
+            ax.plot([k for k, _ in sim], [100 * v for _, v in sim], ls="--", marker="x", color=line[0].get_color(),
+                    alpha=0.7)
+    ax.axhline(0, color="grey", lw=0.8, label="stock FCFS")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(list(rmap), [str(k) for k in rmap])
+    ax.set_xlabel("queue depth N / D (all at once)")
+    ax.set_ylabel("mean JCT cut vs stock (%)")
+    ax.set_title(f"vllm serve, 1 core, D = {decode_bound}; dashed / x: simulator on the same runs", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def save_report(store: dict, out: str | Path, n_resamples: int = 2000, sim_cost_model: str | None = None) -> dict:
+    """Write ``report.json``, ``report.md``, a JCT CDF per pattern and, with a burst run, the regime map
+    (``regime_map.png``) under ``out``; returns the report (:func:`lenpred.studies.queue_report.report` with
+    ``n_resamples`` and ``sim_cost_model``)."""
+    from lenpred.studies.scheduling_report import plot_jct_cdf
+
+    out = Path(out)
+    rep = report(store, n_resamples, sim_cost_model)
+    if rep["regime_map"]:
+        plot_regime_map(rep["regime_map"], out / "regime_map.png", rep["regime"]["decode_bound"])
+    write_json(out / "report.json", rep)
+    (out / "report.md").write_text(markdown(rep))
+    for pattern, p in rep["patterns"].items():
+        if "jct_pooled" in p:
+            plot_jct_cdf(p["jct_pooled"], out / f"jct_cdf_{pattern}.png",
+                         f"JCT per request, {pattern}, D = {rep['regime']['decode_bound']} (vllm serve, 1 core)")
+    return rep

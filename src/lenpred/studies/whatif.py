@@ -1,0 +1,296 @@
+"""``lenpred whatif --traffic LOG``: would length-aware scheduling help *this* traffic? Replays a traffic log's own
+arrivals, prompt and output lengths and served predictions through the simulator, at the log's concurrency bound and
+at others, under stock FCFS, prompt-length priority, lenpred (the plug-in's parked SRPT on the served predictions)
+and the recorded length (an unattainable oracle), and ends with one sentence: turn it on or not, and why.
+
+The engine's cost comes from a calibration file (a :class:`lenpred.serving.cost_model.CostModel` JSON measured on the
+serving machine) or from the log's own timings (:func:`cost_from_log`), and the report says which. Intervals are
+paired over the same requests, clustered by consecutive blocks of arrivals (:func:`lenpred.studies.paired.compare`):
+a burst and its neighbours share a fate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from lenpred.errors import LenpredError
+from lenpred.io import write_json
+from lenpred.serving.cost_model import CostModel
+from lenpred.serving.parked import SchedulerConfig
+from lenpred.serving.policies import make_policy
+from lenpred.serving.simulator import SimConfig, simulate, simulate_parked
+from lenpred.studies.paired import compare
+from lenpred.studies.workload import WorkloadRequest
+
+logger = logging.getLogger(__name__)
+
+MODES = ("stock FCFS", "prompt-length priority", "lenpred", "recorded length")
+"""The orders compared: vLLM's default; ``--scheduling-policy priority`` by prompt tokens (free, prediction-free);
+the plug-in's design (parked SRPT, D decode slots, a window of D, shortest prompt first) on the predictions the log
+served; the same design on each request's recorded length."""
+MIN_REQUESTS = 20
+WORTH_IT = 0.02
+"""The smallest mean-JCT cut (its interval's lower end) worth turning scheduling on for."""
+PROBES = 16
+"""Times per request at which :func:`cost_from_log` counts the requests generating beside it."""
+TAIL_LIMIT = 1.1
+"""The largest p99 JCT ratio to stock called "the tail unchanged"."""
+
+
+@dataclass
+class WhatifConfig:
+    """Settings of :func:`run_whatif`.
+
+    Attributes:
+        traffic: a traffic-log directory (:mod:`lenpred.online.traffic_log`; the plug-in's ``traffic_log`` or
+            ``lenpred serve --traffic-log``; ``observe`` logs without changing the order).
+        cost_model: a cost-model JSON measured on the serving machine (``None``: fitted from the log's timings).
+        decode_slots: concurrency bounds D to replay at (``None``: the log's own bound, half and double it).
+        out: where ``whatif.json``, ``whatif.md`` and ``whatif.png`` go.
+        clusters: consecutive-arrival blocks the bootstrap resamples (>= 2).
+        bootstrap_resamples: paired bootstrap resamples.
+    """
+
+    traffic: str
+    cost_model: str | None = None
+    decode_slots: tuple[int, ...] | None = None
+    out: str = "results/whatif"
+    clusters: int = 10
+    bootstrap_resamples: int = 2000
+
+    def __post_init__(self):
+        if self.decode_slots is not None and (not self.decode_slots or min(self.decode_slots) < 1):
+            raise LenpredError(f"decode slots must be >= 1, got {self.decode_slots}")
+        if self.clusters < 2:
+            raise LenpredError(f"clusters must be >= 2 (the bootstrap resamples them), got {self.clusters}")
+
+
+@dataclass
+class LoggedTraffic:
+    """What the replay reads of a traffic log, rows in arrival order; times in seconds from the first arrival.
+
+    Attributes:
+        arrival_s, first_token_s, finish_s: ``(n,)`` float64.
+        num_prompt_tokens, num_output_tokens: ``(n,)`` int64.
+        expected: ``(n,)`` float64, the predicted length served, tokens.
+    """
+
+    arrival_s: np.ndarray
+    first_token_s: np.ndarray
+    finish_s: np.ndarray
+    num_prompt_tokens: np.ndarray
+    num_output_tokens: np.ndarray
+    expected: np.ndarray
+
+    @classmethod
+    def read(cls, directory: str | Path) -> "LoggedTraffic":
+        """Read a traffic log (:func:`lenpred.online.traffic_log.read_traffic_log`).
+
+        Raises:
+            LenpredError: fewer than :data:`MIN_REQUESTS` rows, or rows without prompt length or first-token time.
+        """
+        from lenpred.online.traffic_log import read_traffic_log
+
+        c = read_traffic_log(directory).columns
+        n = len(c["arrival_time_s"])
+        if n < MIN_REQUESTS:
+            raise LenpredError(f"traffic log {directory} holds {n} requests; a replay needs at least {MIN_REQUESTS}: "
+                               "log longer")
+        for name in ("num_prompt_tokens", "first_token_time_s"):
+            if np.isnan(c[name]).any():
+                raise LenpredError(f"traffic log {directory} has rows without {name}: whatif replays only logs that "
+                                   "record it (the plug-in's and lenpred serve's do)")
+        order = np.argsort(c["arrival_time_s"], kind="stable")
+        t0 = c["arrival_time_s"][order[0]]
+        return cls(c["arrival_time_s"][order] - t0, c["first_token_time_s"][order] - t0, c["finish_time_s"][order] - t0,
+                   c["num_prompt_tokens"][order].astype(np.int64), c["num_output_tokens"][order].astype(np.int64),
+                   c["expected"][order].astype(np.float64))
+
+
+def busy_counts(starts: np.ndarray, ends: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """``(len(at),)`` how many intervals ``[starts_i, ends_i)`` contain each time in ``at``."""
+    s, e = np.sort(starts), np.sort(ends)
+    return np.searchsorted(s, at, side="right") - np.searchsorted(e, at, side="right")
+
+
+def observed_bound(traffic: LoggedTraffic) -> int:
+    """The most requests the log shows generating at once (between first token and finish): the engine's
+    concurrency bound as served (at least 1)."""
+    return max(int(busy_counts(traffic.first_token_s, traffic.finish_s, traffic.first_token_s).max()), 1)
+
+
+def cost_from_log(traffic: LoggedTraffic) -> CostModel:
+    """A cost model fitted to the log's own timings: the decode step ``d0 + d1·B`` from each request's time per
+    output token after its first, ``(finish − first token) / (n − 1)``, against the mean number of requests
+    generating beside it (B, itself included, sampled at :data:`PROBES` evenly spaced times of its decode); the prefill ``p0 + p1·P`` from the
+    time to first token of requests that arrived to an idle engine (nothing generating or waiting). Least squares,
+    clipped at 0; with fewer than 3 idle arrivals the prefill is ``p0`` = their median TTFT (or ``d0``), ``p1`` = 0.
+
+    Raises:
+        LenpredError: fewer than 3 requests with 2 or more output tokens (nothing to fit the decode step on).
+    """
+    n = traffic.num_output_tokens
+    multi = n >= 2
+    if multi.sum() < 3:
+        raise LenpredError("the traffic log has fewer than 3 requests of 2+ output tokens: pass a measured "
+                           "--cost-model instead")
+    first, finish = traffic.first_token_s[multi], traffic.finish_s[multi]
+    per_token = (finish - first) / (n[multi] - 1)
+    probes = first + (finish - first) * (np.arange(PROBES)[:, None] + 0.5) / PROBES
+    batch = np.mean([busy_counts(traffic.first_token_s, traffic.finish_s, p) for p in probes], axis=0)
+    d1, d0 = _line(batch, per_token)
+    in_system = busy_counts(traffic.arrival_s, traffic.finish_s, traffic.arrival_s)  # itself included
+    idle = in_system == 1
+    ttft = traffic.first_token_s[idle] - traffic.arrival_s[idle]
+    if idle.sum() >= 3 and np.ptp(traffic.num_prompt_tokens[idle]) > 0:
+        p1, p0 = _line(traffic.num_prompt_tokens[idle].astype(np.float64), ttft)
+    else:
+        p0, p1 = (float(np.median(ttft)) if len(ttft) else d0), 0.0
+    coefficients = {"p0": p0, "p1": p1, "p2": 0.0, "d0": d0, "d1": d1, "d2": 0.0}
+    return CostModel("fitted to a traffic log", coefficients,
+                     fit_stats={"num_decode_requests": int(multi.sum()), "num_idle_arrivals": int(idle.sum())})
+
+
+def _line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """``(slope, intercept)`` of ``y ≈ intercept + slope·x`` by non-negative least squares (``scipy.optimize.nnls``,
+    as :meth:`lenpred.serving.cost_model.CostModel.fit`)."""
+    from scipy.optimize import nnls
+
+    (slope, intercept), _ = nnls(np.stack([x, np.ones_like(x)], axis=1), y)
+    return float(slope), float(intercept)
+
+
+def workload(traffic: LoggedTraffic) -> list[WorkloadRequest]:
+    """The log's requests as simulator requests, at their logged arrival times: predictions ``served`` (what the log
+    served), ``oracle`` (the recorded length) and ``prompt_len``."""
+    return [WorkloadRequest(i, [], int(n), max(int(n), 1), "traffic", f"r{i}",
+                            {"served": float(e), "oracle": float(n), "prompt_len": float(p)},
+                            num_prompt_tokens=int(p), arrival_time_s=float(a))
+            for i, (a, p, n, e) in enumerate(zip(traffic.arrival_s, traffic.num_prompt_tokens,
+                                                 traffic.num_output_tokens, traffic.expected))]
+
+
+def replay(requests: list[WorkloadRequest], cost, decode_slots: int) -> dict[str, np.ndarray]:
+    """``{mode: (n,) JCT in seconds}`` of each of :data:`MODES` at ``decode_slots`` (stock and prompt-length priority
+    run ``decode_slots`` sequences; the plug-in's design admits ``decode_slots`` more into its window)."""
+    stock = SimConfig(max_num_seqs=decode_slots, max_num_batched_tokens=8192, arrival="given")
+    parked = dataclasses.replace(stock, max_num_seqs=2 * decode_slots)
+    design = SchedulerConfig(decode_slots=decode_slots, prefill_ahead=decode_slots)
+    runs = {"stock FCFS": simulate(requests, make_policy("fcfs"), cost, stock)[1],
+            "prompt-length priority": simulate(requests, make_policy("sjf:prompt_len"), cost, stock)[1],
+            "lenpred": simulate_parked(requests, design, cost, parked, predictor="served")[1],
+            "recorded length": simulate_parked(requests, design, cost, parked, predictor="oracle")[1]}
+    return {m: np.array([t.jct_s for t in sorted(timings, key=lambda t: t.request_id)]) for m, timings in runs.items()}
+
+
+def compare_modes(jct: dict[str, np.ndarray], clusters: int, n_resamples: int) -> dict[str, dict]:
+    """Per mode: mean and p99 JCT (s) and, against stock FCFS, the paired mean-JCT cut and p99 ratio with 95 %
+    intervals over ``clusters`` consecutive blocks of arrivals."""
+    blocks = lambda x: np.array_split(x, clusters)  # noqa: E731 - requests are in arrival order
+    out = {}
+    for mode, x in jct.items():
+        cell = {"mean_jct_s": float(x.mean()), "p99_jct_s": float(np.percentile(x, 99))}
+        if mode != "stock FCFS":
+            ref = blocks(jct["stock FCFS"])
+            cell["jct_cut_vs_stock"] = compare("mean_cut", ref, blocks(x), n_resamples)
+            cell["p99_ratio_vs_stock"] = compare("p99_ratio", ref, blocks(x), n_resamples)
+        out[mode] = cell
+    return out
+
+
+def verdict(cells: dict[str, dict], decode_slots: int) -> str:
+    """One sentence: turn lenpred on or not at ``decode_slots``, and why (module constants :data:`WORTH_IT` and
+    :data:`TAIL_LIMIT`)."""
+    ours, oracle = cells["lenpred"], cells["recorded length"]
+    cut, p99 = ours["jct_cut_vs_stock"], ours["p99_ratio_vs_stock"][0]
+    head = f"at D = {decode_slots} lenpred cuts mean JCT by {cut[0]:+.1%} [{cut[1]:+.1%}, {cut[2]:+.1%}]"
+    if cut[1] >= WORTH_IT and p99 <= TAIL_LIMIT:
+        return f"Turn it on: {head} with p99 {p99:.2f}x stock's (requests queue here, and shorter ones finish sooner)."
+    if cut[1] >= WORTH_IT:
+        return (f"Turn it on only if the tail may grow: {head}, but p99 is {p99:.2f}x stock's (sustained overload: "
+                "the longest requests wait for the backlog; the starvation guard aging_tokens_per_s trades some back).")
+    best = oracle["jct_cut_vs_stock"][0]
+    return (f"Leave it off: {head}, not reliably {WORTH_IT:.0%} or more; even the recorded length gains {best:+.1%} "
+            "(requests rarely wait for a slot at this bound, so no order can help much).")
+
+
+def run_whatif(cfg: WhatifConfig) -> dict:
+    """Replay the log (module docstring) and write ``whatif.json``, ``whatif.md`` and ``whatif.png`` under
+    ``cfg.out``; returns the report (``verdict`` is the sentence at the log's own bound).
+
+    Raises:
+        LenpredError: an unreadable or too small log (:meth:`LoggedTraffic.read`), an unreadable cost model.
+    """
+    traffic = LoggedTraffic.read(cfg.traffic)
+    if cfg.cost_model is not None:
+        cost, source = CostModel.load(cfg.cost_model), f"the calibration file {cfg.cost_model}"
+    else:
+        cost, source = cost_from_log(traffic), "the log's own timings (cost_from_log)"
+    own = observed_bound(traffic)
+    bounds = cfg.decode_slots or tuple(sorted({max(own // 2, 1), own, 2 * own}))
+    requests = workload(traffic)
+    results = {}
+    for d in bounds:
+        logger.info("whatif: replaying %d requests at D = %d", len(requests), d)
+        results[d] = compare_modes(replay(requests, cost, d), cfg.clusters, cfg.bootstrap_resamples)
+    at = own if own in results else bounds[0]
+    report = {"traffic": str(cfg.traffic), "num_requests": len(requests), "observed_bound": own,
+              "cost_source": source, "cost_coefficients": cost.coefficients,
+              "duration_s": float(traffic.finish_s.max()), "results": {str(d): r for d, r in results.items()},
+              "verdict_at": at, "verdict": verdict(results[at], at), "settings": dataclasses.asdict(cfg)}
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "whatif.json", report)
+    (out / "whatif.md").write_text(render_whatif(report))
+    plot_whatif(report, out / "whatif.png")
+    return report
+
+
+def render_whatif(report: dict) -> str:
+    """The report as Markdown: one table per concurrency bound, then the cost's source and the verdict."""
+    pct = lambda t: f"{t[0]:+.1%} [{t[1]:+.1%}, {t[2]:+.1%}]"  # noqa: E731
+    lines = [f"# What if: {report['num_requests']} logged requests over {report['duration_s']:.0f} s",
+             "", f"The log's own concurrency bound: D = {report['observed_bound']}; the engine's cost from "
+             f"{report['cost_source']}. Intervals: paired, clustered by consecutive arrivals.", ""]
+    for d, cells in report["results"].items():
+        lines += [f"## D = {d}", "", "| order | mean JCT s | mean-JCT cut vs stock | p99 JCT s | p99 / stock |",
+                  "|---|---:|---:|---:|---:|"]
+        for mode, c in cells.items():
+            cut = pct(c["jct_cut_vs_stock"]) if "jct_cut_vs_stock" in c else "–"
+            ratio = (f"{c['p99_ratio_vs_stock'][0]:.2f} [{c['p99_ratio_vs_stock'][1]:.2f}, "
+                     f"{c['p99_ratio_vs_stock'][2]:.2f}]") if "p99_ratio_vs_stock" in c else "–"
+            lines.append(f"| {mode} | {c['mean_jct_s']:.1f} | {cut} | {c['p99_jct_s']:.1f} | {ratio} |")
+        lines.append("")
+    return "\n".join(lines + [report["verdict"], ""])
+
+
+def plot_whatif(report: dict, path: Path) -> None:
+    """Mean-JCT cut and p99 ratio vs stock, per order, against the concurrency bound (95 % intervals)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    bounds = [int(d) for d in report["results"]]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for mode in MODES[1:]:
+        for ax, key, scale in ((axes[0], "jct_cut_vs_stock", 100), (axes[1], "p99_ratio_vs_stock", 1)):
+            est = np.array([report["results"][str(d)][mode][key] for d in bounds]) * scale
+            ax.errorbar(bounds, est[:, 0], yerr=[est[:, 0] - est[:, 1], est[:, 2] - est[:, 0]], marker="o",
+                        capsize=3, label=mode)
+    axes[0].axhline(0, color="grey", lw=0.8)
+    axes[1].axhline(1, color="grey", lw=0.8)
+    axes[0].set(xlabel="concurrency bound D", ylabel="mean-JCT cut vs stock FCFS (%)", xscale="log")
+    axes[1].set(xlabel="concurrency bound D", ylabel="p99 JCT / stock's", xscale="log")
+    for ax in axes:
+        ax.axvline(report["observed_bound"], color="grey", ls=":", lw=0.8)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(report["verdict"], fontsize=8, wrap=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,60 @@
+"""The queue studies' configs and the one call site of the parked decoder's settings
+(:mod:`lenpred.studies.queue_bench`, :mod:`lenpred.studies.queue_sim`, :mod:`lenpred.studies.parked_sim`), without an
+engine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from lenpred.errors import LenpredError
+from lenpred.studies.parked_sim import ParkedSimConfig
+from lenpred.studies.queue_bench import QueueBenchConfig
+from lenpred.studies.queue_sim import QueueSimConfig, modes, run_parked
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_configs_refuse_bad_settings():
+    assert QueueBenchConfig().modes.split(",")[0] == "stock"
+    with pytest.raises(LenpredError, match="unknown arrival pattern"):
+        QueueBenchConfig(patterns="poisson")
+    with pytest.raises(LenpredError, match="unknown mode"):
+        QueueBenchConfig(modes="stock,fifo")
+    with pytest.raises(LenpredError, match="--capacity-req-s must be > 0"):
+        QueueBenchConfig(capacity_req_s=0.0)
+    assert QueueSimConfig(aging=(4, 4.0, 1)).aging == (4.0, 1.0)  # repeats dropped, floats
+    with pytest.raises(LenpredError):
+        QueueSimConfig(aging=(-1.0,))
+    with pytest.raises(LenpredError, match="streaming overhead"):
+        QueueSimConfig(streaming_overhead_ms=1e3)
+    with pytest.raises(LenpredError, match="max_tokens must be >= 1"):
+        ParkedSimConfig(max_tokens=0)
+
+
+def test_mode_names():
+    names = modes(16, (16, 32), aging=(4.0,))
+    assert names[:6] == ["stock", "priority:prompt_len", "priority:oracle", "priority:prompt_oracle", "priority:last",
+                         "priority:proxy"]
+    assert "plugin:sjf:Wall" in names and names[-1] == "plugin:srpt:W16:prompt_len@4"
+
+
+def test_run_parked_names_every_setting():
+    from lenpred.serving.cost_model import CostModel
+    from lenpred.serving.parked import SchedulerConfig
+    from lenpred.serving.simulator import SimConfig, simulate_parked
+    from lenpred.studies.workload import WorkloadRequest
+
+    reqs = [WorkloadRequest(i, [], n, 64, "rl", f"p{i}", {"last": float(n)}, num_prompt_tokens=20)
+            for i, n in enumerate((30, 5, 12))]
+    cost = CostModel.load(ROOT / "results/scripts/serving/cost_vllm_1core_sampled.json")
+    cfg = SimConfig(max_num_seqs=3)
+    got = run_parked(reqs, cost, cfg, policy="sjf", predictor="last", decode_slots=1, max_idle_s=None,
+                     prefill_ahead=2, admit_by="prompt_len")
+    want = simulate_parked(reqs, SchedulerConfig("sjf", 1, 2, "prompt_len", None, 16.0, 0.0), cost, cfg, "last")
+    assert got[0] == want[0]
+    assert [t.jct_s for t in got[1]] == [t.jct_s for t in want[1]]
+    # one decode slot, shortest prediction first: 5, then 12, then 30 tokens
+    order = sorted(got[1], key=lambda t: t.jct_s)
+    assert [t.request_id for t in order] == [1, 2, 0]

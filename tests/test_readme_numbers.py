@@ -1,0 +1,275 @@
+"""Every measured number the README quotes is checked against the JSON file that holds it.
+
+One row of :data:`CHECKS` per number: the JSON file (relative to the repository root), the key path in it ("/"
+between keys, list indices as digits; or a function of the loaded JSON), the formatter, and the README snippet with
+``{}`` where the formatted value goes. In a snippet ``…`` stands for any text on the same line (a table row's other
+cells). The README is read with each paragraph on one line and every table row on its own, so a snippet may cross
+the README's line breaks but not a table row's end. A number that changes in its JSON fails here until the README
+quotes the new value. Numbers the README quotes that come from no results file (the example output of
+``lenpred predict``, set-up times) are not listed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+
+EVALUATE = "results/evaluate/results.json"
+PAIRED = "results/scripts/paired_methods.json"
+CARD = "benchmarks/smollm2-forelen/card.json"
+PREDICT_SPEED = "results/scripts/predict_speed/predict_speed.json"
+PREDICTOR = "src/lenpred/default_predictor/config.json"
+STATE_CHECK = "results/scripts/serving/state_check.json"
+OVERHEAD = "results/scripts/serving/overhead.json"
+ADMITTED = "results/scripts/serving/benchmark/report.json"
+QUEUE = "results/scripts/serving/queue/report.json"
+GUARD = "results/scripts/serving/queue_guard/report.json"
+
+
+def _signed(x: float, digits: int = 1) -> str:
+    """``+1.3`` / ``−7.7`` (a minus sign, as the README prints it) / ``0.0``."""
+    text = f"{abs(x):.{digits}f}"
+    if float(text) == 0:
+        return text
+    return ("+" if x > 0 else "−") + text
+
+
+def f0(x: float) -> str:
+    return f"{x:.0f}"
+
+
+def f1(x: float) -> str:
+    return f"{x:.1f}"
+
+
+def f2(x: float) -> str:
+    return f"{x:.2f}"
+
+
+def f3(x: float) -> str:
+    return f"{x:.3f}"
+
+
+def thousands(x: float) -> str:
+    """``1,520``."""
+    return f"{x:,.0f}"
+
+
+def sci(x: float) -> str:
+    """``1.4e-4`` (one decimal, no padded exponent)."""
+    mantissa, exponent = f"{x:.1e}".split("e")
+    return f"{mantissa}e{int(exponent)}"
+
+
+def ci(v) -> str:
+    """``[178.4, 206.3]`` from ``[low, high]``."""
+    return f"[{v[0]:.1f}, {v[1]:.1f}]"
+
+
+def diff(v) -> str:
+    """``−20.1 [−34.9, −6.6]`` from ``[point, low, high]``."""
+    return f"{_signed(v[0])} [{_signed(v[1])}, {_signed(v[2])}]"
+
+
+def pct(v) -> str:
+    """``+18.0 % [+11.5, +24.2]`` from fractions ``[point, low, high]``."""
+    return f"{_signed(100 * v[0])} % [{_signed(100 * v[1])}, {_signed(100 * v[2])}]"
+
+
+def share(v) -> str:
+    """``0.90 [0.66, 1.30]`` from ``[point, low, high]``."""
+    return f"{v[0]:.2f} [{v[1]:.2f}, {v[2]:.2f}]"
+
+
+def ratio(v) -> str:
+    """``1.28× [1.09, 1.71]`` from ``[point, low, high]``."""
+    return f"{v[0]:.2f}× [{v[1]:.2f}, {v[2]:.2f}]"
+
+
+def times(x: float) -> str:
+    """``3.0×``."""
+    return f"{x:.1f}×"
+
+
+def seconds(ms: float) -> str:
+    """``10.8`` seconds from milliseconds."""
+    return f"{ms / 1000:.1f}"
+
+
+def first(f):
+    """Format the point estimate of ``[point, low, high]`` with ``f``."""
+    return lambda v: f(v[0])
+
+
+def bold_point(f):
+    """``f``'s text with its point estimate in bold: ``**0.90** [0.66, 1.30]``."""
+    def render(v):
+        point, rest = f(v).split(" ", 1)
+        return f"**{point}** {rest}"
+    return render
+
+
+def card_total(column: str):
+    """The benchmark card's ``column`` summed over scenarios, split ``all``."""
+    return lambda card: sum(row[column] for row in card if row["split"] == "all")
+
+
+# the README's table rows, by their first cell
+MEDIAN = "| per-scenario median (floor) |"
+TRAIL = "| TRAIL (best external baseline) |"
+SSJF = "| SSJF-Reg |"
+ESTP = "| ESTP |"
+EGTP = "| EGTP |"
+LAST = "| **last-token head, layer 15 (ships)** |"
+STOCK = "| stock vLLM, FCFS |"
+PROMPT_LEN = "| `--scheduling-policy priority` by prompt length (free baseline) |"
+SERVE = "| `lenpred serve` (the shipped head, its forward on a second core) in front of priority |"
+PLUGIN = "| **the plug-in** (the engine's own prefill state, no second pass; the command above) |"
+PROMPT_ORACLE = "| priority by the prompt oracle (the best any prompt-only predictor can do) |"
+ORACLE = "| priority by the recorded length (oracle; draw 0 only) |"
+
+BURST = "patterns/burst8/modes"
+SUSTAINED = "patterns/gamma1x1.1/modes"
+MAE = "results/{}/overall"
+
+CHECKS = [
+    # the benchmark
+    (CARD, card_total("prompts"), thousands, "({} real prompts,"),
+    (CARD, card_total("responses"), thousands, "{} sampled responses of SmolLM2-135M-Instruct"),
+    (EVALUATE, "num_samples/test", thousands, "{} test samples"),
+    # the MAE table
+    (EVALUATE, MAE.format("scenario_median") + "/mae", f1, MEDIAN + " {} |"),
+    (EVALUATE, MAE.format("scenario_median") + "/mae_ci", ci, MEDIAN + " … | {} |"),
+    (EVALUATE, MAE.format("trail") + "/mae", f1, TRAIL + " {} |"),
+    (EVALUATE, MAE.format("trail") + "/mae_ci", ci, TRAIL + " … | {} |"),
+    (EVALUATE, MAE.format("trail") + "/diff_floor", diff, TRAIL + " … | {} |"),
+    (EVALUATE, MAE.format("ssjf_reg") + "/mae", f1, SSJF + " {} |"),
+    (EVALUATE, MAE.format("ssjf_reg") + "/mae_ci", ci, SSJF + " … | {} |"),
+    (EVALUATE, MAE.format("ssjf_reg") + "/diff_floor", diff, SSJF + " … | {} |"),
+    (EVALUATE, MAE.format("estp") + "/mae", f1, ESTP + " {} |"),
+    (EVALUATE, MAE.format("estp") + "/mae_ci", ci, ESTP + " … | {} |"),
+    (EVALUATE, MAE.format("estp") + "/diff_floor", diff, ESTP + " … | {} |"),
+    (EVALUATE, MAE.format("egtp") + "/mae", f1, EGTP + " {} |"),
+    (EVALUATE, MAE.format("egtp") + "/mae_ci", ci, EGTP + " … | {} |"),
+    (EVALUATE, MAE.format("egtp") + "/diff_floor", diff, EGTP + " … | {} (within noise) |"),
+    (EVALUATE, MAE.format("last") + "/mae", f1, LAST + " **{}** |"),
+    (EVALUATE, MAE.format("last") + "/mae_ci", ci, LAST + " … | {} |"),
+    (EVALUATE, MAE.format("last") + "/diff_floor", diff, LAST + " … | **{}** |"),
+    # the shipped head paired with the others
+    (PAIRED, "pairs/last - estp/overall", diff, "it beats ESTP ({})"),
+    (PAIRED, "pairs/last - ssjf_reg/overall", diff, "and SSJF-Reg ({})"),
+    (EVALUATE, "results/last/overall/diff_best_external", diff, "(the table's three seeds: {} overall,"),
+    (EVALUATE, "results/last/longseq/diff_best_external", diff, "overall, {} long-form)"),
+    (OVERHEAD, "ratio_of_medians", f3, "wall time {}× stock vLLM's"),
+    # predict
+    (PREDICT_SPEED, "warm_in_process_vicuna_32/ratio_before_over_after/median", times, "{} faster warm on 32 prompts"),
+    (PREDICT_SPEED, "warm_in_process_vicuna_32/before_ms/median", seconds, "on 32 prompts ({} →"),
+    (PREDICT_SPEED, "warm_in_process_vicuna_32/after_ms/median", seconds, "→ {} s, one thread)"),
+    (PREDICT_SPEED, "whole_process_vicuna_32/ratio_before_over_after/median", times, "whole 32-prompt command {} faster"),
+    (PREDICT_SPEED, "whole_process_vicuna_32/before_ms/median", seconds, "faster ({} →"),
+    (PREDICT_SPEED, "whole_process_vicuna_32/after_ms/median", seconds, "→ {} s, mostly loading)"),
+    (PREDICTOR, "interval_margin", f1, "the calibrated margin, {} tokens"),
+    # the plug-in
+    (STATE_CHECK, "max_abs_diff", sci, "reproduces transformers' states within {}."),
+    # where everything is admitted
+    (ADMITTED, "settings/num_requests", f0, "Where everything is admitted at once ({} requests under"),
+    (ADMITTED, "settings/max_num_seqs", f0, "requests under `--max-num-seqs {}`) no order wins"),
+    # the burst table
+    (QUEUE, "patterns/burst8/num_requests", f0, "A burst of {} test-split requests on the real engine"),
+    (QUEUE, "settings/decode_bound", f0, "D = {} decoding in every mode"),
+    (QUEUE, "settings/draws", f0, "natural EOS; {} draws, intervals"),
+    (QUEUE, BURST + "/stock/mean_jct_s", f1, STOCK + " {} |"),
+    (QUEUE, BURST + "/stock/p99_jct_s", f0, STOCK + " … | {} |"),
+    (QUEUE, BURST + "/stock/throughput_tok_s", f1, STOCK + " … | {} |"),
+    (QUEUE, BURST + "/priority_prompt_len/mean_jct_s", f1, PROMPT_LEN + " {} |"),
+    (QUEUE, BURST + "/priority_prompt_len/jct_cut_vs_stock", pct, PROMPT_LEN + " … | {} |"),
+    (QUEUE, BURST + "/priority_prompt_len/share_of_priority_prompt_oracle", share, PROMPT_LEN + " … | {} |"),
+    (QUEUE, BURST + "/priority_prompt_len/p99_jct_s", f0, PROMPT_LEN + " … | {} ("),
+    (QUEUE, BURST + "/priority_prompt_len/p99_jct_ratio_vs_stock", first(f2), PROMPT_LEN + " … ({}) |"),
+    (QUEUE, BURST + "/priority_prompt_len/throughput_tok_s", f1, PROMPT_LEN + " … | {} |"),
+    (QUEUE, BURST + "/priority_lenpred/mean_jct_s", f1, SERVE + " {} |"),
+    (QUEUE, BURST + "/priority_lenpred/jct_cut_vs_stock", pct, SERVE + " … | {} |"),
+    (QUEUE, BURST + "/priority_lenpred/share_of_priority_prompt_oracle", share, SERVE + " … | {} |"),
+    (QUEUE, BURST + "/priority_lenpred/p99_jct_s", f0, SERVE + " … | {} ("),
+    (QUEUE, BURST + "/priority_lenpred/p99_jct_ratio_vs_stock", first(f2), SERVE + " … ({}) |"),
+    (QUEUE, BURST + "/priority_lenpred/throughput_tok_s", f1, SERVE + " … | {} |"),
+    (QUEUE, BURST + "/plugin/mean_jct_s", f1, PLUGIN + " {} |"),
+    (QUEUE, BURST + "/plugin/jct_cut_vs_stock", pct, PLUGIN + " … | **{}** |"),
+    (QUEUE, BURST + "/plugin/share_of_priority_prompt_oracle", bold_point(share), PLUGIN + " … | {} |"),
+    (QUEUE, BURST + "/plugin/p99_jct_s", f0, PLUGIN + " … | {} ("),
+    (QUEUE, BURST + "/plugin/p99_jct_ratio_vs_stock", first(f2), PLUGIN + " … ({}) |"),
+    (QUEUE, BURST + "/plugin/throughput_tok_s", f1, PLUGIN + " … | {} |"),
+    (QUEUE, BURST + "/priority_prompt_oracle/mean_jct_s", f1, PROMPT_ORACLE + " {} |"),
+    (QUEUE, BURST + "/priority_prompt_oracle/jct_cut_vs_stock", pct, PROMPT_ORACLE + " … | {} |"),
+    (QUEUE, BURST + "/priority_prompt_oracle/p99_jct_s", f0, PROMPT_ORACLE + " … | {} ("),
+    (QUEUE, BURST + "/priority_prompt_oracle/p99_jct_ratio_vs_stock", first(f2), PROMPT_ORACLE + " … ({}) |"),
+    (QUEUE, BURST + "/priority_prompt_oracle/throughput_tok_s", f1, PROMPT_ORACLE + " … | {} |"),
+    (QUEUE, "patterns/burst8/fewer_draws/priority_oracle/mean_jct_s", f1, ORACLE + " {} |"),
+    (QUEUE, "patterns/burst8/fewer_draws/priority_oracle/jct_cut_vs_stock", pct, ORACLE + " … | {} |"),
+    (QUEUE, "patterns/burst8/fewer_draws/priority_oracle/p99_jct_s", f0, ORACLE + " … | {} ("),
+    (QUEUE, "patterns/burst8/fewer_draws/priority_oracle/p99_jct_ratio_vs_stock", first(f2), ORACLE + " … ({}) |"),
+    (QUEUE, "patterns/burst8/fewer_draws/priority_oracle/throughput_tok_s", f1, ORACLE + " … | {} |"),
+    (QUEUE, "patterns/burst8/best_lenpred/jct_cut_vs/priority_prompt_len", pct,
+     "The plug-in beats prompt-length priority by {};"),
+    (QUEUE, "patterns/burst8/best_lenpred/jct_cut_vs/priority_lenpred", pct, "its lead over `lenpred serve` ({})"),
+    # sustained load
+    (GUARD, "settings/draws", f0, "at 1.1× the engine's stock capacity; {} draws on one machine;"),
+    (GUARD, SUSTAINED + "/priority_lenpred/jct_cut_vs_stock", pct, "`lenpred serve` cuts mean JCT by {} (ahead"),
+    (GUARD, "patterns/gamma1x1.1/best_lenpred/jct_cut_vs/priority_prompt_len", pct,
+     "(ahead of prompt-length priority by {})"),
+    (GUARD, SUSTAINED + "/priority_lenpred_guard/jct_cut_vs_stock", pct, "(`--aging-tokens-per-s 4`) by {},"),
+    (GUARD, SUSTAINED + "/priority_lenpred/p99_jct_ratio_vs_stock", ratio, "but its p99 is {} and the guarded"),
+    (GUARD, SUSTAINED + "/priority_lenpred_guard/p99_jct_ratio_vs_stock", ratio, "the guarded one's {} stock's."),
+]
+
+
+@lru_cache(maxsize=None)
+def _load(path: str):
+    return json.loads((ROOT / path).read_text())
+
+
+def _value(path: str, key):
+    data = _load(path)
+    if callable(key):
+        return key(data)
+    for part in key.split("/"):
+        data = data[int(part)] if isinstance(data, list) else data[part]
+    return data
+
+
+@lru_cache(maxsize=None)
+def _readme() -> str:
+    """The README with each paragraph on one line, each table row on its own, runs of blanks as one space."""
+    text = README.read_text()
+    text = re.sub(r"\n(?![|\n])", " ", text)
+    return re.sub(r"[ \t]+", " ", text)
+
+
+def _pattern(template: str, value: str) -> re.Pattern:
+    parts = [re.escape(p) for p in template.format(value).split("…")]
+    return re.compile(r"[^\n]*?".join(parts))
+
+
+def _id(check) -> str:
+    path, key = check[0], check[1]
+    return f"{Path(path).parent.name}/{Path(path).name}:{key if isinstance(key, str) else key.__qualname__}"
+
+
+@pytest.mark.parametrize("check", CHECKS, ids=[_id(c) for c in CHECKS])
+def test_readme_quotes_its_json(check):
+    path, key, fmt, template = check
+    value = fmt(_value(path, key))
+    assert _pattern(template, value).search(_readme()), (
+        f"the README should quote {template.format(value)!r} ({path}: {key if isinstance(key, str) else 'computed'})")
+
+
+def test_every_check_names_a_file_in_the_repository():
+    for path, *_ in CHECKS:
+        assert (ROOT / path).is_file(), path
