@@ -71,7 +71,12 @@ def parse_config() -> QueueSimConfig:
     ap.add_argument("--prefill-scale", type=float, default=d.prefill_scale, help="multiply the prefill coefficients")
     ap.add_argument("--bootstrap-resamples", type=int, default=d.bootstrap_resamples, help="paired bootstrap resamples")
     ap.add_argument("--out", default=d.out, help="output path prefix")
+    ap.add_argument("--traces", default="", help="public traces to replay at the sustained loads: code, conv")
+    ap.add_argument("--free-policies", default="", help="further policies on the plug-in, e.g. hrrn,boost,las")
+    ap.add_argument("--only", default="", help="keep modes whose names start with these (comma-separated)")
     args = vars(ap.parse_args())
+    for key in ("traces", "free_policies", "only"):
+        args[key] = tuple(x.strip() for x in args[key].split(",") if x.strip())
     try:
         args["aging"] = tuple(float(x) for x in args["aging"].split(",") if x.strip())
         args["window_factors"] = tuple(float(x) for x in args["window_factors"].split(","))

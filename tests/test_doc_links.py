@@ -89,3 +89,10 @@ def test_no_doc_points_outside_the_repository(doc):
             continue
         path = (doc.parent / m.group(0)).resolve()
         assert path == ROOT or ROOT in path.parents, f"{doc.name} names {m.group(0)!r}, outside the repository"
+
+
+def test_no_code_cites_a_design_note_outside_the_repository():
+    """The code's docstrings cite papers, libraries and the docs here, never the workplace's design notes."""
+    named = [str(p.relative_to(ROOT)) for folder in ("src", "scripts", "tests") for p in (ROOT / folder).rglob("*.py")
+             if p.name != "test_doc_links.py" and re.search(r"\b(DESIGN|STYLE)\.md\b", p.read_text())]
+    assert named == []

@@ -157,3 +157,20 @@ def test_the_cli_starts_without_torch():
             "print(','.join(heavy))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_scripts_are_thin_argument_parsers_that_import_no_other_script():
+    """Results come from studies under src: a script is at most 150 lines and imports no other script."""
+    import ast
+
+    scripts = sorted((Path(__file__).resolve().parents[1] / "scripts").glob("*.py"))
+    names = {p.stem for p in scripts}
+    long = [p.name for p in scripts if len(p.read_text().splitlines()) > 150]
+    imports = {}
+    for p in scripts:
+        tree = ast.parse(p.read_text())
+        mods = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        mods |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        if mods & names:
+            imports[p.name] = sorted(mods & names)
+    assert scripts and long == [] and imports == {}

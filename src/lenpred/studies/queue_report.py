@@ -171,11 +171,12 @@ def simulated_mean_jct(rec: dict, regime_: dict, cost, seed: int) -> float:
                             {"sent": float(r["priority_sent"] if r["priority_sent"] is not None
                                            else r["priority"] or 0),
                              "engine": float(engine.get(r["request_id"], 1e9))},
-                            num_prompt_tokens=int(r["prompt_tokens"] or 1))
+                            num_prompt_tokens=int(r["prompt_tokens"] or 1), arrival_time_s=float(r["arrival_s"]))
             for r in rec["results"] if r["outcome"] == "ok"]
     pattern = parse_patterns(st["pattern"])[0]
+    arrival = "all" if st["rate_req_s"] is None else "given" if pattern.trace else "gamma"  # a trace: its planned times
     cfg = SimConfig(max_num_seqs=st["max_num_seqs"], max_num_batched_tokens=8192,
-                    arrival="all" if st["rate_req_s"] is None else "gamma", rate_per_s=st["rate_req_s"] or 1.0,
+                    arrival=arrival, rate_per_s=st["rate_req_s"] or 1.0,
                     cv=pattern.cv or 1.0, seed=seed,
                     kv_cache_tokens=st["kv_cache_bytes"] // regime_["kv_bytes_per_token"], block_size=128)
     if st["plugin"] is not None:

@@ -12,8 +12,13 @@ Modes (:func:`modes`):
   ``priority = signal + k × arrival time`` (sustained patterns only);
 * ``plugin:<policy>:W<k>[:prompt_len][@<k>]``: the in-engine plug-in, D decode slots, at most ``W`` prefilled
   requests parked (``Wall``: no window), ranked by the shipped head (``sjf`` or ``srpt`` with 16 tokens of
-  hysteresis); ``prompt_len``: waiting requests prefilled shortest prompt first; ``@<k>``: its delay-dependent
-  priority.
+  hysteresis) or by a prediction-free policy (``free_policies``: ``hrrn``, ``boost``, ``las``; and ``boost_predicted``
+  on the head's prediction); ``prompt_len``: waiting requests prefilled shortest prompt first; ``@<k>``: its
+  delay-dependent priority.
+
+Patterns: bursts of ``k·D``, sustained Gamma arrivals and, with ``traces``, slices of a public arrival trace
+(:mod:`lenpred.serving.traces`) stretched to 0.9x / 1.1x the capacity (draw d: the slice at a ``seed + d``-drawn
+offset).
 
 :func:`run_parked` is the one place the simulator studies (this one, :mod:`lenpred.studies.parked_sim` and the
 engine report's simulator, :mod:`lenpred.studies.queue_report`) build the parked decoder's settings.
@@ -60,6 +65,10 @@ class QueueSimConfig:
         prefill_scale: multiplies the cost model's prefill coefficients (< 1: a GPU-like prefill/decode ratio).
         bootstrap_resamples: resamples of every paired interval.
         out: output path prefix (``.json``, ``.md``, ``_map.png``, ``_aging.png``).
+        traces: public traces to replay (:data:`lenpred.serving.traces.TRACES`) at the sustained loads; ``()``: none.
+        free_policies: further registered policies run as plug-in modes (``plugin:<policy>:W<D>:prompt_len``).
+        only: keep the modes whose names start with one of these (``()``: every mode; stock, ``priority:prompt_len``
+            and both oracles are always kept, the comparisons need them).
 
     Raises:
         LenpredError: a bad guard rate, window factor or overhead.
@@ -78,6 +87,9 @@ class QueueSimConfig:
     prefill_scale: float = 1.0
     bootstrap_resamples: int = 1000
     out: str = "results/scripts/serving/queue_simulation"
+    traces: tuple[str, ...] = ()
+    free_policies: tuple[str, ...] = ()
+    only: tuple[str, ...] = ()
 
     def __post_init__(self):
         from lenpred.serving.policies import check_aging_rate
@@ -86,6 +98,13 @@ class QueueSimConfig:
         for k in self.aging:
             check_aging_rate(k)
         self.window_factors = tuple(float(f) for f in self.window_factors)
+        from lenpred.serving.policies import POLICIES
+        from lenpred.serving.traces import TRACES
+
+        unknown = [p for p in self.free_policies if p not in POLICIES] + [t for t in self.traces if t not in TRACES]
+        if unknown:
+            raise LenpredError(f"unknown policy or trace {', '.join(unknown)}: policies {', '.join(POLICIES)}; "
+                               f"traces {', '.join(TRACES)}")
         bad_overhead = self.streaming_overhead_ms is not None and not 0 <= self.streaming_overhead_ms < 1e3
         raise_first([(self.draws < 1, "draws must be >= 1"), (not self.window_factors or min(self.window_factors) <= 0,
                                                               "window factors must be > 0"),
@@ -128,13 +147,21 @@ def draw(table, oracle_p: np.ndarray, n: int, seed: int) -> list:
     return reqs
 
 
-def modes(D: int, windows: tuple[int, ...], aging: tuple[float, ...] = ()) -> list[str]:
-    """Mode names (module docstring); ``aging``: the guard's rates, tokens per second waited."""
-    return (["stock"] + [f"priority:{s}" for s in PRIORITY]
-            + [f"plugin:{p}:W{w}" for p in ("sjf", "srpt") for w in windows] + ["plugin:sjf:Wall"]
-            + [f"plugin:{p}:W{w}:prompt_len" for p in ("sjf", "srpt") for w in windows[:2]]
-            + [f"priority:{s}@{k:g}" for s in AGED for k in aging]
-            + [f"plugin:srpt:W{windows[0]}:prompt_len@{k:g}" for k in aging])
+REQUIRED = ("stock", "priority:prompt_len", "priority:oracle", "priority:prompt_oracle")
+"""The modes every cell compares with (:func:`cell`)."""
+
+
+def modes(D: int, windows: tuple[int, ...], aging: tuple[float, ...] = (), free: tuple[str, ...] = (),
+          only: tuple[str, ...] = ()) -> list[str]:
+    """Mode names (module docstring); ``aging``: the guard's rates, tokens per second waited; ``free``: further
+    policies on the plug-in; ``only``: name prefixes to keep (:data:`REQUIRED` always)."""
+    names = (["stock"] + [f"priority:{s}" for s in PRIORITY]
+             + [f"plugin:{p}:W{w}" for p in ("sjf", "srpt") for w in windows] + ["plugin:sjf:Wall"]
+             + [f"plugin:{p}:W{w}:prompt_len" for p in ("sjf", "srpt") for w in windows[:2]]
+             + [f"plugin:{p}:W{windows[0]}:prompt_len" for p in free]
+             + [f"priority:{s}@{k:g}" for s in AGED for k in aging]
+             + [f"plugin:srpt:W{windows[0]}:prompt_len@{k:g}" for k in aging])
+    return [m for m in names if not only or m in REQUIRED or m.startswith(only)]
 
 
 def run_mode(mode: str, reqs: list, cost, base, max_idle_s: float | None) -> list:
@@ -168,12 +195,27 @@ def capacity(table, cost, D: int, kv: int, seed: int) -> float:
     return fcfs_capacity(reqs, cost, D, kv_cache_tokens=kv, block_size=BLOCK_SIZE)["capacity_req_s"]
 
 
-def patterns(D: int, cap: float, window_s: float) -> dict[str, tuple]:
-    """``name -> (number of requests, arrival, rate, cv)``."""
+def patterns(D: int, cap: float, window_s: float, traces: tuple[str, ...] = ()) -> dict[str, tuple]:
+    """``name -> (number of requests, arrival, rate, cv)``; a trace pattern's arrival is ``trace:<name>``."""
     out = {f"burst{k}": (k * D, "all", 1.0, 1.0) for k in BURSTS}
     for cv, load in SUSTAINED:
         out[f"gamma{cv:g}x{load:g}"] = (int(round(load * cap * window_s)), "gamma", load * cap, cv)
+    for trace in traces:
+        for load in sorted({load for _, load in SUSTAINED}):
+            out[f"trace{trace}x{load:g}"] = (int(round(load * cap * window_s)), f"trace:{trace}", load * cap, 1.0)
     return out
+
+
+def with_pattern_arrivals(reqs: list, arrival: str, rate: float, seed: int) -> tuple[list, str]:
+    """``(requests, SimConfig arrival)``: for a trace pattern the requests with a trace slice's times (``given``);
+    else the requests as they are."""
+    if not arrival.startswith("trace:"):
+        return reqs, arrival
+    from lenpred.serving.traces import load_trace, trace_slice
+
+    for r, t in zip(reqs, trace_slice(load_trace(arrival.split(":", 1)[1]), len(reqs), rate, seed)):
+        r.arrival_time_s = float(t)
+    return reqs, "given"
 
 
 def cell(jct: dict[str, list[np.ndarray]], mode: str, n: int) -> dict:
@@ -201,12 +243,14 @@ def study(cfg: QueueSimConfig, table, cost, oracle_p: np.ndarray, D: int) -> dic
     cap = capacity(table, cost, D, kv, cfg.seed)
     windows = tuple(int(f * D) for f in cfg.window_factors)
     out = {"D": D, "kv_cache_tokens": kv, "capacity_req_s": cap, "patterns": {}}
-    for name, (n, arrival, rate, cv) in patterns(D, cap, cfg.window_s).items():
-        names = [m for m in modes(D, windows, cfg.aging) if arrival != "all" or "@" not in m]
+    for name, (n, arrival, rate, cv) in patterns(D, cap, cfg.window_s, cfg.traces).items():
+        names = [m for m in modes(D, windows, cfg.aging, cfg.free_policies, cfg.only)
+                 if arrival != "all" or "@" not in m]
         jct: dict[str, list[np.ndarray]] = {m: [] for m in names}
         for d in range(cfg.draws):
-            reqs = draw(table, oracle_p, n, cfg.seed + d)
-            base = SimConfig(max_num_seqs=D, max_num_batched_tokens=8192, arrival=arrival, rate_per_s=rate, cv=cv,
+            reqs, sim_arrival = with_pattern_arrivals(draw(table, oracle_p, n, cfg.seed + d), arrival, rate,
+                                                      cfg.seed + d)
+            base = SimConfig(max_num_seqs=D, max_num_batched_tokens=8192, arrival=sim_arrival, rate_per_s=rate, cv=cv,
                              seed=cfg.seed + d, kv_cache_tokens=kv, block_size=BLOCK_SIZE)
             for m in names:
                 timings = sorted(run_mode(m, reqs, cost, base, cfg.max_idle_s), key=lambda t: t.request_id)

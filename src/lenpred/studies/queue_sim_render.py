@@ -50,6 +50,8 @@ def plot_map(rep: dict, path: Path) -> None:
         bursts = [f"burst{k}" for k in BURSTS]
         for mode in ("priority:oracle", "priority:prompt_oracle", "priority:proxy", rep["best_plugin"][str(s["D"])],
                      "priority:prompt_len"):
+            if mode not in s["patterns"][bursts[0]]["modes"]:  # a study run with --only
+                continue
             y = [s["patterns"][b]["modes"][mode]["jct_cut_vs_stock"] for b in bursts]
             ax.errorbar(BURSTS, [100 * v[0] for v in y], yerr=[[100 * (v[0] - v[1]) for v in y],
                                                                 [100 * (v[2] - v[0]) for v in y]],
@@ -67,34 +69,40 @@ def plot_map(rep: dict, path: Path) -> None:
 
 
 def plot_aging(rep: dict, path: Path) -> None:
-    """Per D, on the 1.1x Gamma patterns: each aged signal's and the plug-in's mean-JCT cut vs its p99 / stock p99 as
-    the guard's rate grows (0 = no guard), with the p99 <= 1.1x line."""
+    """The mean-vs-tail frontier: per D, on the sustained 1.1x Gamma patterns and every trace pattern, each aged
+    signal's and the plug-in's mean-JCT cut vs its p99 / stock p99 as the guard's rate grows (0 = no guard), the
+    other plug-in policies (prediction-free ones among them) as single points, and the p99 <= 1.1x line."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = [n for n in rep["studies"][0]["patterns"] if n.startswith("gamma") and n.endswith("x1.1")]
+    names = [n for n in rep["studies"][0]["patterns"]
+             if (n.startswith("gamma") and n.endswith("x1.1")) or n.startswith("trace")]
     fig, axes = plt.subplots(len(rep["studies"]), len(names), figsize=(5 * len(names), 3.8 * len(rep["studies"])),
                              squeeze=False)
+    rates = rep["settings"]["aging"]
     for row, s in zip(axes, rep["studies"]):
         for ax, name in zip(row, names):
             cells = s["patterns"][name]["modes"]
-            for signal in AGED:
-                ms = [f"priority:{signal}"] + [f"priority:{signal}@{k:g}" for k in rep["settings"]["aging"]]
-                ax.plot([cells[m]["p99_ratio_vs_stock"] for m in ms],
-                        [100 * cells[m]["jct_cut_vs_stock"][0] for m in ms], marker="o", label=signal)
             best = f"plugin:srpt:W{s['D']}:prompt_len"
-            ms = [best] + [f"{best}@{k:g}" for k in rep["settings"]["aging"]]
-            ax.plot([cells[m]["p99_ratio_vs_stock"] for m in ms], [100 * cells[m]["jct_cut_vs_stock"][0] for m in ms],
-                    marker="*", ms=9, color="k", label="plug-in (SRPT, window D, admit by prompt length)")
+            curves = [(f"priority:{signal}", signal, "o") for signal in AGED] + [
+                (best, "plug-in (SRPT, window D, admit by prompt length)", "*")]
+            for base, label, marker in curves:
+                ms = [m for m in [base] + [f"{base}@{k:g}" for k in rates] if m in cells]
+                if ms:
+                    ax.plot([cells[m]["p99_ratio_vs_stock"] for m in ms],
+                            [100 * cells[m]["jct_cut_vs_stock"][0] for m in ms], marker=marker, label=label)
+            for m in cells:
+                if m.startswith("plugin:") and "@" not in m and m != best and not m.startswith(("plugin:sjf",
+                                                                                               "plugin:srpt")):
+                    ax.plot(cells[m]["p99_ratio_vs_stock"], 100 * cells[m]["jct_cut_vs_stock"][0], "s", label=m)
             ax.axvline(1.1, color="grey", ls="--", lw=0.8)
             ax.axhline(0, color="grey", lw=0.8)
             ax.set_xlabel("p99 JCT / stock p99")
             ax.set_ylabel("mean JCT cut vs stock (%)")
-            ax.set_title(f"{name}, D = {s['D']}: guard 0, {', '.join(f'{k:g}' for k in rep['settings']['aging'])} "
-                         "tok/s", fontsize=9)
-    axes[0][0].legend(fontsize=7)
+            ax.set_title(f"{name}, D = {s['D']}: guard 0, {', '.join(f'{k:g}' for k in rates)} tok/s", fontsize=9)
+            ax.legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
