@@ -28,7 +28,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     plp, info = load_plp(Path(DEFAULT_PREDICTOR) / PROGRESSIVE_FILE)
-    d_in, d = len(plp.head_.mean_), 576
+    d_in, d = plp.head_.n_features_in_, 576
     rng = np.random.default_rng(0)
     n = 64
     cost = update_cost(plp, rng.normal(size=(n, d_in - d - 1)).astype(np.float32),

@@ -160,7 +160,7 @@ def check_served_model(predictor, vllm_config) -> None:
                            "print(resolve_model()[0])'`)")
     predictor.check_model_revision(local_model_revision(path), str(path), "the lenpred predictor")
     hf = vllm_config.model_config.hf_config
-    width = len(predictor.predictor_.head_.mean_)
+    width = predictor.predictor_.n_features_in_
     layer, depth = predictor.engine_layer, int(hf.num_hidden_layers)
     if int(hf.hidden_size) != width:
         raise LenpredError(f"the predictor reads {width}-wide states; the served model's hidden size is {hf.hidden_size}")
