@@ -31,6 +31,8 @@ OVERHEAD = "results/scripts/serving/overhead.json"
 ADMITTED = "results/scripts/serving/benchmark/report.json"
 QUEUE = "results/scripts/serving/queue/report.json"
 GUARD = "results/scripts/serving/queue_guard/report.json"
+TRACE = "results/scripts/serving/queue_trace/queue_simulation.json"
+TRACE_CELL = "studies/0/patterns/{}/modes/{}"
 
 
 def _signed(x: float, digits: int = 1) -> str:
@@ -227,6 +229,20 @@ CHECKS = [
     (GUARD, SUSTAINED + "/priority_lenpred_guard/jct_cut_vs_stock", pct, "(`--aging-tokens-per-s 4`) by {},"),
     (GUARD, SUSTAINED + "/priority_lenpred/p99_jct_ratio_vs_stock", ratio, "but its p99 is {} and the guarded"),
     (GUARD, SUSTAINED + "/priority_lenpred_guard/p99_jct_ratio_vs_stock", ratio, "the guarded one's {} stock's."),
+    (TRACE, TRACE_CELL.format("tracecodex1.1", "plugin:srpt:W16:prompt_len") + "/jct_cut_vs_stock", pct,
+     "the plug-in cuts mean JCT by {} at 1.1× load"),
+    (TRACE, TRACE_CELL.format("tracecodex1.1", "plugin:srpt:W16:prompt_len") + "/p99_ratio_vs_stock", f2,
+     "at 1.1× load with p99 {}× stock's"),
+    (TRACE, TRACE_CELL.format("tracecodex1.1", "plugin:srpt:W16:prompt_len@8") + "/jct_cut_vs_stock",
+     first(lambda x: f"{_signed(100 * x)} %"), "({} with the starvation guard at k = 8"),
+    (TRACE, TRACE_CELL.format("tracecodex1.1", "plugin:srpt:W16:prompt_len@8") + "/p99_ratio_vs_stock", f2,
+     "k = 8, p99 {}×)"),
+    (TRACE, TRACE_CELL.format("tracecodex0.9", "plugin:srpt:W16:prompt_len") + "/jct_cut_vs_stock", pct,
+     "and by {} at 0.9× with p99"),
+    (TRACE, TRACE_CELL.format("tracecodex0.9", "plugin:srpt:W16:prompt_len") + "/p99_ratio_vs_stock", f2,
+     "at 0.9× with p99 {}×"),
+    (TRACE, TRACE_CELL.format("traceconvx0.9", "plugin:srpt:W16:prompt_len") + "/jct_cut_vs_stock",
+     first(lambda x: f"{_signed(100 * x)} %"), "it gains {} below capacity"),
 ]
 
 

@@ -218,8 +218,9 @@ def with_pattern_arrivals(reqs: list, arrival: str, rate: float, seed: int) -> t
     return reqs, "given"
 
 
-def cell(jct: dict[str, list[np.ndarray]], mode: str, n: int) -> dict:
-    """Mean JCT, the paired cut vs stock, p99 ratio and shares of both oracles' gains (request-level, by draw)."""
+def cell(jct: dict[str, list[np.ndarray]], mode: str, n: int, design: str | None = None) -> dict:
+    """Mean JCT, the paired cut vs stock, p99 ratio and shares of both oracles' gains (request-level, by draw); for
+    the plug-in's measured ``design`` mode also ``jct_cut_vs``: its paired cut against every other mode."""
     x = np.concatenate(jct[mode])
     s = np.concatenate(jct["stock"])
     out = {"mean_jct_s": float(x.mean()), "p99_jct_s": float(np.percentile(x, 99)),
@@ -232,6 +233,8 @@ def cell(jct: dict[str, list[np.ndarray]], mode: str, n: int) -> dict:
             out[f"share_of_{o.split(':')[1]}"] = compare("oracle_share", jct["stock"], jct[mode], n, oracle=jct[o])
     if mode != "priority:prompt_len":
         out["jct_cut_vs_prompt_len"] = compare("mean_cut", jct["priority:prompt_len"], jct[mode], n)
+    if mode == design:
+        out["jct_cut_vs"] = {m: compare("mean_cut", jct[m], jct[mode], n) for m in jct if m not in (mode, "stock")}
     return out
 
 
@@ -243,6 +246,7 @@ def study(cfg: QueueSimConfig, table, cost, oracle_p: np.ndarray, D: int) -> dic
     cap = capacity(table, cost, D, kv, cfg.seed)
     windows = tuple(int(f * D) for f in cfg.window_factors)
     out = {"D": D, "kv_cache_tokens": kv, "capacity_req_s": cap, "patterns": {}}
+    design = f"plugin:srpt:W{windows[0]}:prompt_len"  # the plug-in's defaults when the first window is D
     for name, (n, arrival, rate, cv) in patterns(D, cap, cfg.window_s, cfg.traces).items():
         names = [m for m in modes(D, windows, cfg.aging, cfg.free_policies, cfg.only)
                  if arrival != "all" or "@" not in m]
@@ -257,7 +261,8 @@ def study(cfg: QueueSimConfig, table, cost, oracle_p: np.ndarray, D: int) -> dic
                 jct[m].append(np.array([t.jct_s for t in timings]))
         out["patterns"][name] = {"num_requests": n, "arrival": arrival,
                                  "rate_req_s": rate if arrival != "all" else None,
-                                 "cv": cv, "modes": {m: cell(jct, m, cfg.bootstrap_resamples) for m in names}}
+                                 "cv": cv, "modes": {m: cell(jct, m, cfg.bootstrap_resamples, design)
+                                                     for m in names}}
         print(f"D={D} {name}: done", flush=True)
     return out
 

@@ -115,3 +115,28 @@ def save(rep: dict, out: str) -> None:
     plot_map(rep, Path(f"{out}_map.png"))
     if rep["settings"]["aging"]:
         plot_aging(rep, Path(f"{out}_aging.png"))
+
+
+def summary_table(rep: dict, patterns: list[str], modes: list[str]) -> str:
+    """A Markdown table of the first decode bound's study: per mode (rows) and pattern (columns) the mean-JCT cut vs
+    stock with its 95 % interval and the p99 ratio to stock (what the docs quote, rendered from the report)."""
+    cells = rep["studies"][0]["patterns"]
+    rows = []
+    for m in modes:
+        row = [f"`{m}`"]
+        for p in patterns:
+            c = cells[p]["modes"].get(m, {})  # a guard (@k) runs on sustained patterns only
+            cut = c.get("jct_cut_vs_stock")
+            row.append("–" if cut is None else
+                       f"{cut[0]:+.1%} [{cut[1]:+.1%}, {cut[2]:+.1%}] ({c['p99_ratio_vs_stock']:.2f})")
+        rows.append(row)
+    return markdown_table(["mode", *patterns], rows)
+
+
+TRACE_TABLE = (("burst8", "gamma1x1.1", "tracecodex0.9", "tracecodex1.1", "traceconvx0.9", "traceconvx1.1"),
+               ("priority:prompt_len", "plugin:hrrn:W16:prompt_len", "plugin:boost:W16:prompt_len",
+                "plugin:las:W16:prompt_len", "plugin:boost_predicted:W16:prompt_len", "priority:proxy",
+                "plugin:srpt:W16:prompt_len", "plugin:srpt:W16:prompt_len@4", "plugin:srpt:W16:prompt_len@8",
+                "priority:prompt_oracle", "priority:oracle"))
+"""The patterns and modes of the trace study's table in docs/serving.md (``results/scripts/serving/queue_trace/``;
+``tests/test_doc_tables.py`` checks the docs against :func:`summary_table` of its JSON)."""

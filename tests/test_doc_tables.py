@@ -1,0 +1,33 @@
+"""Tables the docs quote are rendered from the JSON that holds them: the docs carry the rendered text between
+``<!-- rendered: NAME -->`` and ``<!-- /rendered -->``, and a test fails when the two differ."""
+
+import json
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def rendered_block(doc: Path, name: str) -> str:
+    m = re.search(rf"<!-- rendered: {name} -->\n(.*?)\n<!-- /rendered -->", doc.read_text(), re.S)
+    assert m, f"{doc.name} has no rendered block '{name}'"
+    return m.group(1).strip()
+
+
+def test_the_trace_study_table_in_the_serving_guide_is_its_json():
+    from lenpred.studies.queue_sim_render import TRACE_TABLE, summary_table
+
+    rep = json.loads((ROOT / "results/scripts/serving/queue_trace/queue_simulation.json").read_text())
+    want = summary_table(rep, *TRACE_TABLE).strip()
+    assert rendered_block(ROOT / "docs/serving.md", "queue_trace") == want, f"render it anew:\n{want}"
+
+
+def test_the_plugins_paired_leads_the_guide_quotes_are_its_json():
+    rep = json.loads((ROOT / "results/scripts/serving/queue_trace/queue_simulation.json").read_text())
+    cells = rep["studies"][0]["patterns"]
+    text = " ".join((ROOT / "docs/serving.md").read_text().split())
+    fmt = lambda t: f"{100 * t[0]:+.1f} % [{100 * t[1]:+.1f}, {100 * t[2]:+.1f}]"  # noqa: E731
+    for rival in ("plugin:hrrn:W16:prompt_len", "plugin:boost:W16:prompt_len"):
+        leads = [fmt(cells[p]["modes"]["plugin:srpt:W16:prompt_len"]["jct_cut_vs"][rival])
+                 for p in ("burst8", "tracecodex0.9", "tracecodex1.1")]
+        assert ", ".join(leads) in text, leads
