@@ -167,13 +167,14 @@ def simulated_mean_jct(rec: dict, regime_: dict, cost, seed: int) -> float:
 
     st = rec["settings"]
     engine = {int(re.search(r"-q(\d+)-", x["request_id"]).group(1)): x["expected"] for x in rec["plugin_log"]}
+    pattern = parse_patterns(st["pattern"])[0]  # a trace replays its planned send times
     reqs = [WorkloadRequest(r["request_id"], [], max(int(r["completion_tokens"] or 1), 1), 0, "", str(r["request_id"]),
                             {"sent": float(r["priority_sent"] if r["priority_sent"] is not None
                                            else r["priority"] or 0),
                              "engine": float(engine.get(r["request_id"], 1e9))},
-                            num_prompt_tokens=int(r["prompt_tokens"] or 1), arrival_time_s=float(r["arrival_s"]))
+                            num_prompt_tokens=int(r["prompt_tokens"] or 1),
+                            arrival_time_s=float(r["arrival_s"]) if pattern.trace else 0.0)
             for r in rec["results"] if r["outcome"] == "ok"]
-    pattern = parse_patterns(st["pattern"])[0]
     arrival = "all" if st["rate_req_s"] is None else "given" if pattern.trace else "gamma"  # a trace: its planned times
     cfg = SimConfig(max_num_seqs=st["max_num_seqs"], max_num_batched_tokens=8192,
                     arrival=arrival, rate_per_s=st["rate_req_s"] or 1.0,

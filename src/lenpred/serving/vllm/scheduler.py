@@ -46,7 +46,7 @@ import json
 import logging
 import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -141,6 +141,14 @@ class ServedRequest:
     num_parked_steps: int = 0
     state: np.ndarray | None = None
     served: object = None
+    bins: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False)
+
+    def predicted(self, prediction: LengthPrediction, now_s: float) -> None:
+        """Record the static prediction that arrived at ``now_s`` (its prefill's end), with its bin distribution as
+        ``(1, K)`` arrays for :meth:`remaining` (converted once, not per step)."""
+        self.prediction, self.last_token_s = prediction, now_s
+        if prediction.bin_probs is not None:
+            self.bins = np.asarray(prediction.bin_probs)[None], np.asarray(prediction.bin_values)[None]
 
     @property
     def prefilled(self) -> bool:
@@ -156,9 +164,8 @@ class ServedRequest:
             return max(self.plp_remaining - (generated - self.plp_step), 0.0)
         if p is None:
             return math.inf
-        if p.bin_probs is not None:
-            probs, values = np.asarray(p.bin_probs)[None], np.asarray(p.bin_values)[None]
-            return float(conditional_remaining(probs, values, np.array([float(generated)]))[0])
+        if self.bins is not None:
+            return float(conditional_remaining(*self.bins, np.array([float(generated)]))[0])
         return max(p.expected - generated, 0.0)
 
     def estimate(self, rank_by: str, generated: int) -> tuple[float | None, float | None]:
@@ -323,7 +330,7 @@ class LenpredScheduler(Scheduler):
             now = time.time()
             for rid, p in zip(new, preds):
                 served = self.lenpred_requests[rid]
-                served.prediction, served.last_token_s = p, now
+                served.predicted(p, now)
                 if self._lp_online is not None:  # the served interval (adaptive when on) and the log's row
                     served.served = self._lp_online.serve(states[rid]["states"][layer], [p])[0]  # p's head pass
                     served.first_token_time_s = time.time()
