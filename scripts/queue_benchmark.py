@@ -39,7 +39,9 @@ def parse_args() -> tuple[QueueBenchConfig, argparse.Namespace]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--decode-bound", type=int, default=d.decode_bound,
                     help="D: sequences decoded per step at most, every mode")
-    ap.add_argument("--patterns", default=d.patterns, help="burst<k> (k·D at once), gamma<cv>x<load>")
+    ap.add_argument("--patterns", default=d.patterns,
+                    help="burst<k> (k·D at once), gamma<cv>x<load>, trace<code|conv>x<load> (a slice of the Azure "
+                         "trace stretched to load × the capacity)")
     ap.add_argument("--modes", default=d.modes, help=f"any of {', '.join(QUEUE_MODES)}")
     ap.add_argument("--draws", type=int, default=d.draws)
     ap.add_argument("--seed", type=int, default=d.seed, help="draw d uses seed + d (requests and arrivals)")

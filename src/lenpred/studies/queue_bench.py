@@ -21,6 +21,9 @@ Arrival patterns (``--patterns``, default ``burst8,gamma1x1.1``: issue 38's two 
   N / makespan of stock FCFS at ``max_num_seqs`` D simulated on the whole test split at once with ``--cost-model``
   (the ``queue/`` machine's vLLM measured with the requests' own sampling: 0.228 req/s at D = 16, 14 % above the
   engine's, as the simulator's stock JCT is 12 % below).
+* ``trace<code|conv>x<load>``: a public trace's arrivals (:mod:`lenpred.serving.traces`, the Azure LLM inference
+  trace 2023): per draw, N consecutive arrivals (N as for gamma) from a ``seed + d``-drawn offset, stretched so their
+  mean rate is ``load`` x the capacity; the trace's burstiness at the load asked for.
 
 Per draw d (seed ``--seed`` + d) each pattern draws its own N requests from the test split (every scenario mixed),
 each sent as a streaming chat request with its recorded seed, temperature, top_p and cap (1,024 / 512 tokens;
@@ -94,8 +97,8 @@ class QueueBenchConfig:
 
     Attributes:
         decode_bound: D, sequences decoded per step at most, in every mode.
-        patterns: comma-separated arrival patterns: ``burst<k>`` (k·D at once), ``gamma<cv>x<load>``
-            (:func:`lenpred.studies.queue_regime.parse_pattern`).
+        patterns: comma-separated arrival patterns: ``burst<k>`` (k·D at once), ``gamma<cv>x<load>``,
+            ``trace<name>x<load>`` (:func:`lenpred.studies.queue_regime.parse_pattern`).
         modes: comma-separated modes of :data:`lenpred.studies.queue_regime.QUEUE_MODES` (default: all).
         draws: workload draws; draw d uses ``seed + d`` for its requests and arrivals.
         seed: the first draw's seed.
