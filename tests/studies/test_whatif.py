@@ -38,19 +38,24 @@ def test_replay_hand_worked_three_requests_one_slot():
     cells = compare_modes(jct, clusters=3, n_resamples=200)
     assert cells["lenpred"]["jct_cut_vs_stock"][0] == pytest.approx(1 - 10 / 16)  # mean 10/3 s against 16/3 s
     assert cells["prompt-length priority"]["jct_cut_vs_stock"][0] == pytest.approx(1 - 17 / 16)
-    assert verdict(cells, 1).startswith("Leave it off: at D = 1 lenpred cuts mean JCT by +37.5%")  # 3 requests:
-    # the interval over three one-request blocks reaches below 2 %
+    said = verdict(cells, 1)  # 3 requests: the interval over three one-request blocks reaches below 2 %
+    assert said.startswith("Leave it off for now: at D = 1 lenpred cuts mean JCT by +37.5%")
+    assert said.endswith("the recorded length would gain +37.5%, but lenpred's interval is too wide to promise 2%: "
+                         "log more traffic and ask again.")
 
 
 def test_verdict_names_the_regime():
     cell = lambda cut, p99: {"jct_cut_vs_stock": cut, "p99_ratio_vs_stock": (p99, p99, p99)}  # noqa: E731
-    oracle = cell((0.2, 0.1, 0.3), 1.0)
-    assert verdict({"lenpred": cell((0.12, 0.05, 0.2), 1.02), "recorded length": oracle}, 16).startswith(
-        "Turn it on: at D = 16 lenpred cuts mean JCT by +12.0% [+5.0%, +20.0%] with p99 1.02x")
-    assert "only if the tail may grow" in verdict({"lenpred": cell((0.12, 0.05, 0.2), 1.3), "recorded length": oracle},
-                                                  16)
-    off = verdict({"lenpred": cell((0.01, -0.02, 0.04), 1.0), "recorded length": cell((0.015, 0, 0.03), 1.0)}, 8)
-    assert off.startswith("Leave it off") and "recorded length gains +1.5%" in off
+    oracle, free = cell((0.2, 0.1, 0.3), 1.0), cell((0.03, -0.01, 0.07), 1.0)
+    assert verdict({"lenpred": cell((0.12, 0.05, 0.2), 1.02), "recorded length": oracle,
+                    "prompt-length priority": free}, 16).startswith(
+        "Turn it on: at D = 16 lenpred cuts mean JCT by +12.0% [+5.0%, +20.0%] with p99 1.02x stock's "
+        "(prompt-length priority, free, +3.0%)")
+    assert "only if the tail may grow" in verdict({"lenpred": cell((0.12, 0.05, 0.2), 1.3), "recorded length": oracle,
+                                                   "prompt-length priority": free}, 16)
+    off = verdict({"lenpred": cell((0.01, -0.02, 0.04), 1.0), "recorded length": cell((0.015, 0, 0.03), 1.0),
+                   "prompt-length priority": free}, 8)
+    assert off.startswith("Leave it off for now") and "even the recorded length gains +1.5%: requests rarely wait" in off
 
 
 def test_cost_from_log_recovers_a_simulated_engines_decode_step():
@@ -97,7 +102,8 @@ def test_run_whatif_on_a_written_traffic_log(tmp_path):
     assert "## D = 4" in md and md.rstrip().endswith(report["verdict"])
     # a burst of 40 behind 4 slots queues: the recorded length gains and the sentence is a decision either way
     assert report["results"]["4"]["recorded length"]["jct_cut_vs_stock"][0] > 0
-    assert report["verdict"].split(":")[0] in ("Turn it on", "Turn it on only if the tail may grow", "Leave it off")
+    assert report["verdict"].split(":")[0] in ("Turn it on", "Turn it on only if the tail may grow",
+                                               "Leave it off for now")
     with TrafficLogWriter(TrafficLogConfig(tmp_path / "small")) as w:
         for i in range(5):
             w.record(TrafficRecord(features=np.zeros(4), expected=1.0, low=0, high=1, num_output_tokens=3,
@@ -123,4 +129,30 @@ def test_the_whatif_command_prints_the_tables_and_the_verdict(tmp_path):
     assert result.exit_code == 0, result.output
     assert "the log's own timings (cost_from_log)" in result.output  # no calibration file given: says so
     assert "## D = 1" in result.output and "## D = 2" in result.output  # its own bound (1), and double
-    assert "Leave it off" in result.output  # a request every 2 s never queues: no order can help
+    assert "Leave it off for now" in result.output and "requests rarely wait" in result.output  # nothing queues
+
+
+def test_logs_and_cost_models_that_cannot_time_a_replay_are_refused(tmp_path):
+    from lenpred.online.traffic_log import TrafficLogConfig, TrafficLogWriter, TrafficRecord
+
+    with TrafficLogWriter(TrafficLogConfig(tmp_path / "unstreamed")) as w:
+        for i in range(24):  # a non-streaming proxy: the first body chunk is the whole answer, at the finish
+            w.record(TrafficRecord(features=np.zeros(4), expected=20.0, low=0, high=1, num_output_tokens=20,
+                                   finish_reason="stop", arrival_time_s=2.0 * i, first_token_time_s=2.0 * i + 1.5,
+                                   finish_time_s=2.0 * i + 1.5, num_prompt_tokens=30))
+    log = str(tmp_path / "unstreamed")
+    with pytest.raises(LenpredError, match="non-streamed responses.*pass a measured --cost-model and --decode-slots"):
+        run_whatif(WhatifConfig(traffic=log, out=str(tmp_path / "o"), bootstrap_resamples=100))
+    zero = tmp_path / "zero.json"
+    CostModel("zero", {k: 0.0 for k in UNIT.coefficients}).save(zero)
+    with pytest.raises(LenpredError, match="decode step of 0 s"):
+        run_whatif(WhatifConfig(traffic=log, cost_model=str(zero), decode_slots=(4,), out=str(tmp_path / "o")))
+    cost = tmp_path / "unit.json"
+    UNIT.save(cost)
+    with pytest.raises(LenpredError, match="pass --decode-slots"):
+        run_whatif(WhatifConfig(traffic=log, cost_model=str(cost), out=str(tmp_path / "o")))
+    (tmp_path / "file").write_text("")
+    for bad, msg in (({"out": str(tmp_path / "file")}, "is a file: give a directory"),
+                     ({"bootstrap_resamples": 0}, "must be >= 100"), ({"decode_slots": (0,)}, "got '0'")):
+        with pytest.raises(LenpredError, match=msg):
+            WhatifConfig(traffic=log, **bad)

@@ -656,6 +656,11 @@ def read_traffic_log(directory: str | Path) -> TrafficLog:
             f"(its writer's size bound deleted every part before it could be read, {_READ_TRIES} times): raise "
             "max_total_bytes" if snap.dropped else "(only empty journals of killed writers): log some traffic first"))
     meta = _same_metadata(snap.tables)
+    for path, t in snap.tables:  # a part checksummed after an edit: its own sidecar cannot tell
+        missing = [name for name in (*COLUMNS, "features") if name not in t.column_names]
+        if missing:
+            raise LenpredError(f"traffic-log part {path} lacks the column(s) {', '.join(missing)}: it was not "
+                               "written by lenpred's traffic log; remove it from the log directory")
     table = pa.concat_tables([t.replace_schema_metadata(None) for _, t in snap.tables])
     flat = table.column("features").combine_chunks().values.to_numpy(zero_copy_only=False)
     columns = {}

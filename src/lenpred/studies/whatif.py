@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,7 +49,9 @@ class WhatifConfig:
 
     Attributes:
         traffic: a traffic-log directory (:mod:`lenpred.online.traffic_log`; the plug-in's ``traffic_log`` or
-            ``lenpred serve --traffic-log``; ``observe`` logs without changing the order).
+            ``lenpred serve --traffic-log``). Record it with the plug-in's ``observe`` (stock order): under a
+            scheduling policy parked requests look like running ones (:func:`observed_bound`); a non-streaming
+            proxy's log has no first-token times (:func:`streamed`): give ``cost_model`` and ``decode_slots``.
         cost_model: a cost-model JSON measured on the serving machine (``None``: fitted from the log's timings).
         decode_slots: concurrency bounds D to replay at (``None``: the log's own bound, half and double it).
         out: where ``whatif.json``, ``whatif.md`` and ``whatif.png`` go.
@@ -65,9 +68,15 @@ class WhatifConfig:
 
     def __post_init__(self):
         if self.decode_slots is not None and (not self.decode_slots or min(self.decode_slots) < 1):
-            raise LenpredError(f"decode slots must be >= 1, got {self.decode_slots}")
+            shown = ",".join(str(d) for d in self.decode_slots)
+            raise LenpredError(f"--decode-slots must be integers >= 1, got '{shown}': give bounds such as 8,16,32")
         if self.clusters < 2:
-            raise LenpredError(f"clusters must be >= 2 (the bootstrap resamples them), got {self.clusters}")
+            raise LenpredError(f"--clusters must be >= 2 (the bootstrap resamples them), got {self.clusters}")
+        if self.bootstrap_resamples < 100:
+            raise LenpredError(f"--bootstrap-resamples must be >= 100 for a 95 % interval, got "
+                               f"{self.bootstrap_resamples}")
+        if Path(self.out).exists() and not Path(self.out).is_dir():
+            raise LenpredError(f"--out {self.out} is a file: give a directory (it is created if missing)")
 
 
 @dataclass
@@ -92,7 +101,8 @@ class LoggedTraffic:
         """Read a traffic log (:func:`lenpred.online.traffic_log.read_traffic_log`).
 
         Raises:
-            LenpredError: fewer than :data:`MIN_REQUESTS` rows, or rows without prompt length or first-token time.
+            LenpredError: fewer than :data:`MIN_REQUESTS` rows, rows without a time, prompt length or prediction, or
+                times out of order.
         """
         from lenpred.online.traffic_log import read_traffic_log
 
@@ -101,10 +111,13 @@ class LoggedTraffic:
         if n < MIN_REQUESTS:
             raise LenpredError(f"traffic log {directory} holds {n} requests; a replay needs at least {MIN_REQUESTS}: "
                                "log longer")
-        for name in ("num_prompt_tokens", "first_token_time_s"):
-            if np.isnan(c[name]).any():
-                raise LenpredError(f"traffic log {directory} has rows without {name}: whatif replays only logs that "
-                                   "record it (the plug-in's and lenpred serve's do)")
+        for name in ("arrival_time_s", "first_token_time_s", "finish_time_s", "num_prompt_tokens", "expected"):
+            if not np.isfinite(c[name]).all():
+                raise LenpredError(f"traffic log {directory} has rows without {name}: whatif replays logs that record "
+                                   "it (the plug-in's and lenpred serve's do); a damaged one cannot be replayed")
+        if (c["first_token_time_s"] < c["arrival_time_s"]).any() or (c["finish_time_s"] < c["first_token_time_s"]).any():
+            raise LenpredError(f"traffic log {directory} has a first token before its arrival or after its finish: "
+                               "its clocks disagree; replay a log from one machine")
         order = np.argsort(c["arrival_time_s"], kind="stable")
         t0 = c["arrival_time_s"][order[0]]
         return cls(c["arrival_time_s"][order] - t0, c["first_token_time_s"][order] - t0, c["finish_time_s"][order] - t0,
@@ -120,25 +133,33 @@ def busy_counts(starts: np.ndarray, ends: np.ndarray, at: np.ndarray) -> np.ndar
 
 def observed_bound(traffic: LoggedTraffic) -> int:
     """The most requests the log shows generating at once (between first token and finish): the engine's
-    concurrency bound as served (at least 1)."""
+    concurrency bound as served (at least 1). Under parked decoding a parked request counts as generating, so a
+    log recorded with a scheduling policy on shows ``decode_slots + prefill_ahead``: record with ``observe``, or pass
+    ``--decode-slots``."""
     return max(int(busy_counts(traffic.first_token_s, traffic.finish_s, traffic.first_token_s).max()), 1)
 
 
 def cost_from_log(traffic: LoggedTraffic) -> CostModel:
     """A cost model fitted to the log's own timings: the decode step ``d0 + d1·B`` from each request's time per
     output token after its first, ``(finish − first token) / (n − 1)``, against the mean number of requests
-    generating beside it (B, itself included, sampled at :data:`PROBES` evenly spaced times of its decode); the prefill ``p0 + p1·P`` from the
-    time to first token of requests that arrived to an idle engine (nothing generating or waiting). Least squares,
-    clipped at 0; with fewer than 3 idle arrivals the prefill is ``p0`` = their median TTFT (or ``d0``), ``p1`` = 0.
+    generating beside it (B, itself included, sampled at :data:`PROBES` evenly spaced times of its decode); the
+    prefill ``p0 + p1·P`` from the time to first token of requests that arrived to an idle engine (nothing generating
+    or waiting). Non-negative least squares; with fewer than 3 idle arrivals the prefill is ``p0`` = their median TTFT
+    (or ``d0``), ``p1`` = 0. It reads the engine's order as served: a log recorded under parked decoding counts a
+    parked request as generating (:func:`streamed`).
 
     Raises:
-        LenpredError: fewer than 3 requests with 2 or more output tokens (nothing to fit the decode step on).
+        LenpredError: fewer than 3 requests with 2 or more output tokens, or first tokens logged at the finish (a
+            non-streamed response: :func:`streamed`): nothing to fit the decode step on.
     """
     n = traffic.num_output_tokens
     multi = n >= 2
     if multi.sum() < 3:
         raise LenpredError("the traffic log has fewer than 3 requests of 2+ output tokens: pass a measured "
                            "--cost-model instead")
+    if not streamed(traffic):
+        raise LenpredError("the traffic log's first tokens came with the finish (non-streamed responses): its timings "
+                           "say nothing of the engine's steps; pass a measured --cost-model and --decode-slots")
     first, finish = traffic.first_token_s[multi], traffic.finish_s[multi]
     per_token = (finish - first) / (n[multi] - 1)
     probes = first + (finish - first) * (np.arange(PROBES)[:, None] + 0.5) / PROBES
@@ -154,6 +175,29 @@ def cost_from_log(traffic: LoggedTraffic) -> CostModel:
     coefficients = {"p0": p0, "p1": p1, "p2": 0.0, "d0": d0, "d1": d1, "d2": 0.0}
     return CostModel("fitted to a traffic log", coefficients,
                      fit_stats={"num_decode_requests": int(multi.sum()), "num_idle_arrivals": int(idle.sum())})
+
+
+def streamed(traffic: LoggedTraffic) -> bool:
+    """Whether the log's first-token times are real: the median request of 2+ tokens spent at least 1 % of its time
+    after its first token (a proxy logging non-streamed responses records the first token at the finish)."""
+    multi = traffic.num_output_tokens >= 2
+    jct = traffic.finish_s[multi] - traffic.arrival_s[multi]
+    after = traffic.finish_s[multi] - traffic.first_token_s[multi]
+    return bool(multi.any() and np.median(after / np.maximum(jct, 1e-9)) >= 0.01)
+
+
+def check_cost(cost: CostModel, source: str) -> CostModel:
+    """``cost`` if it can time a replay: no negative coefficient, and a decode step that takes time.
+
+    Raises:
+        LenpredError: naming ``source`` and the fix.
+    """
+    c = cost.coefficients
+    if min(c.values()) < 0 or c["d0"] + c["d1"] <= 0:
+        raise LenpredError(f"the cost model from {source} has a negative coefficient or a decode step of 0 s "
+                           f"({', '.join(f'{k}={v:g}' for k, v in c.items())}): pass a cost model measured on the "
+                           "serving machine (--cost-model, scripts/decode_knee.py)")
+    return cost
 
 
 def _line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
@@ -205,18 +249,26 @@ def compare_modes(jct: dict[str, np.ndarray], clusters: int, n_resamples: int) -
 
 def verdict(cells: dict[str, dict], decode_slots: int) -> str:
     """One sentence: turn lenpred on or not at ``decode_slots``, and why (module constants :data:`WORTH_IT` and
-    :data:`TAIL_LIMIT`)."""
-    ours, oracle = cells["lenpred"], cells["recorded length"]
+    :data:`TAIL_LIMIT`): the gain's interval, the tail, the free prompt-length priority and the recorded length's
+    gain (what any order could get) decide the reason given."""
+    ours, oracle, free = cells["lenpred"], cells["recorded length"], cells["prompt-length priority"]
     cut, p99 = ours["jct_cut_vs_stock"], ours["p99_ratio_vs_stock"][0]
     head = f"at D = {decode_slots} lenpred cuts mean JCT by {cut[0]:+.1%} [{cut[1]:+.1%}, {cut[2]:+.1%}]"
+    vs_free = f"prompt-length priority, free, {free['jct_cut_vs_stock'][0]:+.1%}"
     if cut[1] >= WORTH_IT and p99 <= TAIL_LIMIT:
-        return f"Turn it on: {head} with p99 {p99:.2f}x stock's (requests queue here, and shorter ones finish sooner)."
+        return (f"Turn it on: {head} with p99 {p99:.2f}x stock's ({vs_free}): requests wait here, and the shorter "
+                "ones finish sooner.")
     if cut[1] >= WORTH_IT:
-        return (f"Turn it on only if the tail may grow: {head}, but p99 is {p99:.2f}x stock's (sustained overload: "
-                "the longest requests wait for the backlog; the starvation guard aging_tokens_per_s trades some back).")
+        return (f"Turn it on only if the tail may grow: {head}, but p99 is {p99:.2f}x stock's ({vs_free}): the "
+                "longest requests wait behind shorter ones that keep arriving; aging_tokens_per_s trades gain for tail.")
     best = oracle["jct_cut_vs_stock"][0]
-    return (f"Leave it off: {head}, not reliably {WORTH_IT:.0%} or more; even the recorded length gains {best:+.1%} "
-            "(requests rarely wait for a slot at this bound, so no order can help much).")
+    if best < WORTH_IT:
+        why = (f"even the recorded length gains {best:+.1%}: requests rarely wait for a slot at this bound, so no order "
+               "can help much")
+    else:
+        why = (f"the recorded length would gain {best:+.1%}, but lenpred's interval is too wide to promise "
+               f"{WORTH_IT:.0%}: log more traffic and ask again")
+    return f"Leave it off for now: {head}, not reliably {WORTH_IT:.0%} or more; {why}."
 
 
 def run_whatif(cfg: WhatifConfig) -> dict:
@@ -231,6 +283,10 @@ def run_whatif(cfg: WhatifConfig) -> dict:
         cost, source = CostModel.load(cfg.cost_model), f"the calibration file {cfg.cost_model}"
     else:
         cost, source = cost_from_log(traffic), "the log's own timings (cost_from_log)"
+    cost = check_cost(cost, source)
+    if cfg.decode_slots is None and not streamed(traffic):
+        raise LenpredError("the traffic log's first tokens came with the finish (non-streamed responses), so its "
+                           "concurrency bound cannot be read from it: pass --decode-slots")
     own = observed_bound(traffic)
     bounds = cfg.decode_slots or tuple(sorted({max(own // 2, 1), own, 2 * own}))
     requests = workload(traffic)
@@ -240,6 +296,7 @@ def run_whatif(cfg: WhatifConfig) -> dict:
         results[d] = compare_modes(replay(requests, cost, d), cfg.clusters, cfg.bootstrap_resamples)
     at = own if own in results else bounds[0]
     report = {"traffic": str(cfg.traffic), "num_requests": len(requests), "observed_bound": own,
+              "logged_mean_jct_s": float(np.mean(traffic.finish_s - traffic.arrival_s)),
               "cost_source": source, "cost_coefficients": cost.coefficients,
               "duration_s": float(traffic.finish_s.max()), "results": {str(d): r for d, r in results.items()},
               "verdict_at": at, "verdict": verdict(results[at], at), "settings": dataclasses.asdict(cfg)}
@@ -255,8 +312,10 @@ def render_whatif(report: dict) -> str:
     """The report as Markdown: one table per concurrency bound, then the cost's source and the verdict."""
     pct = lambda t: f"{t[0]:+.1%} [{t[1]:+.1%}, {t[2]:+.1%}]"  # noqa: E731
     lines = [f"# What if: {report['num_requests']} logged requests over {report['duration_s']:.0f} s",
-             "", f"The log's own concurrency bound: D = {report['observed_bound']}; the engine's cost from "
-             f"{report['cost_source']}. Intervals: paired, clustered by consecutive arrivals.", ""]
+             "", f"The log's own concurrency bound: D = {report['observed_bound']}; its mean JCT as served "
+             f"{report['logged_mean_jct_s']:.1f} s (compare the replayed stock FCFS at that D: the replay's fidelity); "
+             f"the engine's cost from {report['cost_source']}; the KV cache is not a bound in the replay. Intervals: "
+             "paired, clustered by consecutive arrivals.", ""]
     for d, cells in report["results"].items():
         lines += [f"## D = {d}", "", "| order | mean JCT s | mean-JCT cut vs stock | p99 JCT s | p99 / stock |",
                   "|---|---:|---:|---:|---:|"]
@@ -289,8 +348,10 @@ def plot_whatif(report: dict, path: Path) -> None:
     axes[1].set(xlabel="concurrency bound D", ylabel="p99 JCT / stock's", xscale="log")
     for ax in axes:
         ax.axvline(report["observed_bound"], color="grey", ls=":", lw=0.8)
+        ax.set_xticks(bounds, [str(d) for d in bounds])
+        ax.minorticks_off()
     axes[0].legend(fontsize=8)
-    fig.suptitle(report["verdict"], fontsize=8, wrap=True)
+    fig.suptitle(textwrap.fill(report["verdict"], 150), fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
