@@ -60,4 +60,5 @@ if __name__ == "__main__":
     try:
         main()
     except LenpredError as exc:
-        sys.exit(f"LenpredError: {exc}")
+        print(f"error: {exc}", file=sys.stderr)  # one line, as the lenpred commands print it
+        sys.exit(2)

@@ -80,9 +80,9 @@ def parse_config() -> QueueSimConfig:
     try:
         args["aging"] = tuple(float(x) for x in args["aging"].split(",") if x.strip())
         args["window_factors"] = tuple(float(x) for x in args["window_factors"].split(","))
-        return QueueSimConfig(**args)
     except ValueError as exc:
         raise LenpredError(f"--aging and --window-factors take comma-separated numbers, e.g. 1,4,16: {exc}") from None
+    return QueueSimConfig(**args)
 
 
 def main() -> None:
@@ -99,4 +99,5 @@ if __name__ == "__main__":
     try:
         main()
     except LenpredError as exc:
-        sys.exit(f"LenpredError: {exc}")
+        print(f"error: {exc}", file=sys.stderr)  # one line, as the lenpred commands print it
+        sys.exit(2)

@@ -10,8 +10,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-OUTSIDE_PATHS_ALLOWED = ("../shared/datasets",)
-"""Paths outside the repository a doc may name: the default prompt data directory, which a user overrides."""
+OUTSIDE_PATHS_ALLOWED = ("../shared/datasets", "../shared/traces")
+"""Paths outside the repository a doc may name: the default prompt data and arrival-trace directories, which a user
+overrides (``LENPRED_DATA_DIR``, ``LENPRED_TRACE_DIR``)."""
 
 LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 FENCE = re.compile(r"^(```|~~~).*?^\1[ \t]*$", re.S | re.M)

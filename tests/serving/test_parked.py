@@ -221,3 +221,14 @@ def test_las_levels_double_their_quanta_and_skip_join_by_prompt():
     assert choose_decoders([old, new], las, 1).decode == ("r1",)
     assert preemption_order([new, old], las) == ["r0", "r1"]
     assert las.tokens_to_rank_change(old) == 48 - 20 and las.tokens_to_rank_change(new) == 16
+
+
+def test_a_policys_own_options_pass_through_the_shared_config_and_unknown_ones_are_refused():
+    hrrn = SchedulerConfig(policy="hrrn", policy_options={"tokens_per_s": 2000.0}).make_policy()
+    assert hrrn.tokens_per_s == 2000.0  # e.g. a GPU's throughput instead of this CPU's default 60
+    las = SchedulerConfig(policy="las", policy_options={"quantum_tokens": 4}).make_policy()
+    assert las.level(RequestView("r", 0.0, 10, 4)) == 1  # quantum 4: the first level holds 4 tokens
+    with pytest.raises(LenpredError, match="policy hrrn has no option.s. gamma_per_s; its own: tokens_per_s"):
+        SchedulerConfig(policy="hrrn", policy_options={"gamma_per_s": 1.0})
+    with pytest.raises(LenpredError, match="policy sjf has no option.s. max_idle_s; its own: none"):
+        SchedulerConfig(policy="sjf", policy_options={"max_idle_s": 5.0})  # a shared setting is set as one

@@ -58,3 +58,16 @@ def test_run_parked_names_every_setting():
     # one decode slot, shortest prediction first: 5, then 12, then 30 tokens
     order = sorted(got[1], key=lambda t: t.jct_s)
     assert [t.request_id for t in order] == [1, 2, 0]
+
+
+def test_the_simulator_study_refuses_bad_settings_before_it_runs(tmp_path, monkeypatch):
+    from lenpred.errors import LenpredError
+    from lenpred.studies.queue_sim import QueueSimConfig
+
+    for bad, msg in (({"free_policies": ("nope",)}, "unknown policy or trace nope"),
+                     ({"free_policies": ("srpt",)}, "those plug-in modes always run"),
+                     ({"decode_bounds": "16,0"}, "--decode-bounds takes integers >= 1"),
+                     ({"traces": ("code",)}, "not found: put the Azure LLM inference trace 2023 there")):
+        monkeypatch.setenv("LENPRED_TRACE_DIR", str(tmp_path))  # an empty directory: the trace fails at once
+        with pytest.raises(LenpredError, match=msg):
+            QueueSimConfig(**bad)

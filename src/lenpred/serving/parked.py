@@ -30,10 +30,11 @@ and the simulator (:func:`lenpred.serving.simulator.simulate_parked`) both call 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from lenpred.errors import LenpredError
-from lenpred.serving.policies import POLICIES, Policy, RequestView, aged_priority, build_policy, check_aging_rate
+from lenpred.serving.policies import (POLICIES, Policy, RequestView, aged_priority, build_policy, check_aging_rate,
+                                      check_policy_options)
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,10 @@ class SchedulerConfig:
             ``aging_tokens_per_s`` does).
         switch_margin_tokens: a preemptive policy's hysteresis in tokens (``srpt``).
         aging_tokens_per_s: delay-dependent priority on both stages (the decode-slot rank of a policy ranking in
-            tokens, and the ``prompt_len`` admission); 0: off.
+            tokens, and the ``prompt_len`` admission); 0: off. A policy whose rank is not in tokens (``fcfs``,
+            ``hrrn``, ``boost``, ``las``) keeps its decode-slot order; only the admission ages.
+        policy_options: the policy's own settings by field name (``hrrn``'s ``tokens_per_s``, ``boost``'s
+            ``gamma_per_s``, ``las``'s ``quantum_tokens`` ...); a name the policy does not have is refused.
 
     Raises:
         LenpredError: an unknown policy or admission order (the message lists the valid ones), or a bad number.
@@ -100,6 +104,7 @@ class SchedulerConfig:
     max_idle_s: float | None = None
     switch_margin_tokens: float = 16.0
     aging_tokens_per_s: float = 0.0
+    policy_options: dict = field(default_factory=dict)
 
     def __post_init__(self):
         def integer(name: str, low: int, none_ok: bool = False) -> None:
@@ -123,17 +128,18 @@ class SchedulerConfig:
         self.check_policy()
 
     def check_policy(self) -> None:
-        """Refuse an unknown :attr:`policy` (the message lists the registered ones)."""
+        """Refuse an unknown :attr:`policy` (the message lists the registered ones) or an option it does not have."""
         if self.policy not in POLICIES:
             raise LenpredError(f"lenpred policy {self.policy!r} is unknown; valid: {', '.join(POLICIES)}")
+        check_policy_options(self.policy, self.policy_options)
 
     def make_policy(self, predictor: str | None = None, **kw) -> Policy:
         """The policy these settings name, with their guards (``max_idle_s``, ``switch_margin_tokens``,
-        ``aging_tokens_per_s``); ``predictor`` (the simulator's prediction column) and ``kw`` (e.g. ``remaining``)
-        go to the policy's fields. Build it once, at configuration."""
+        ``aging_tokens_per_s``) and :attr:`policy_options`; ``predictor`` (the simulator's prediction column) and
+        ``kw`` (e.g. ``remaining``) go to the policy's fields. Build it once, at configuration."""
         return build_policy(self.policy, predictor=predictor, max_idle_s=self.max_idle_s,
                             switch_margin_tokens=self.switch_margin_tokens,
-                            aging_tokens_per_s=self.aging_tokens_per_s, **kw)
+                            aging_tokens_per_s=self.aging_tokens_per_s, **kw, **self.policy_options)
 
 
 ADMISSION_ORDERS = ("arrival", "prompt_len")

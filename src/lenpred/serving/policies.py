@@ -446,6 +446,25 @@ class LAS(Policy):
         return (-self.level(view), -view.arrival_time_s, str(view.request_id))
 
 
+SHARED_FIELDS = ("predictor", "aging_tokens_per_s", "max_idle_s", "aging_steps", "remaining", "switch_margin_tokens")
+"""Policy fields every executor sets from its shared settings, never from a policy's own options."""
+
+
+def check_policy_options(name: str, options: dict) -> None:
+    """Refuse ``options`` (a policy's own settings by field name) that registered policy ``name`` does not have, or
+    that the shared settings set (:data:`SHARED_FIELDS`).
+
+    Raises:
+        LenpredError: naming the unknown options and the policy's own.
+    """
+    if not isinstance(options, dict):
+        raise LenpredError(f"lenpred policy_options must be a JSON object, got {options!r}")
+    own = [f.name for f in fields(POLICIES[name]) if f.init and f.name not in SHARED_FIELDS]
+    unknown = sorted(set(options) - set(own))
+    if unknown:
+        raise LenpredError(f"policy {name} has no option(s) {', '.join(unknown)}; its own: {', '.join(own) or 'none'}")
+
+
 def build_policy(name: str, **kw) -> Policy:
     """The registered policy ``name`` with the keyword arguments that are its fields (the others are ignored:
     one set of settings configures every policy).
@@ -456,6 +475,8 @@ def build_policy(name: str, **kw) -> Policy:
     if name not in POLICIES:
         raise LenpredError(f"unknown policy '{name}'; valid policies: {', '.join(POLICIES)}")
     cls = POLICIES[name]
+    if cls.rank_unit not in RANK_UNITS:
+        raise LenpredError(f"policy {name} declares rank_unit {cls.rank_unit!r}; valid: {', '.join(RANK_UNITS)}")
     names = {f.name for f in fields(cls) if f.init}
     return cls(**{k: v for k, v in kw.items() if k in names})
 

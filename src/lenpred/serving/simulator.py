@@ -395,7 +395,7 @@ class _Continuous:
         return summarize(timings), timings
 
 
-def simulate_parked(requests: list, config: SchedulerConfig, cost, cfg: SimConfig, predictor: str | None = "last",
+def simulate_parked(requests: list, config: SchedulerConfig, cost, cfg: SimConfig, predictor: str | None = None,
                     remaining=None) -> tuple[dict, list[RequestTiming]]:
     """Continuous batching with parked decoding (:mod:`lenpred.serving.parked`, what the vLLM plug-in runs): waiting
     requests are admitted into the ranking window and prefilled as soon as they fit (``cfg.max_num_seqs`` bounds the
@@ -406,7 +406,8 @@ def simulate_parked(requests: list, config: SchedulerConfig, cost, cfg: SimConfi
     Args:
         config: the shared settings (policy, decode slots, window, admission order, guards).
         predictor: the prediction column the policy ranks by (``oracle`` = the true length, ``prompt_oracle``, ...);
-            ``None`` for a policy that reads none.
+            ``None`` (default) for a policy that reads none; given to one that reads none, it still orders KV
+            victims (longest predicted remaining first), as the plug-in's own prediction does.
         remaining: ``remaining(request, generated) -> tokens`` for a policy that reads remaining lengths (``srpt``;
             default: the countdown of the static prediction; :func:`lenpred.serving.policies.progressive_remaining`
             re-ranks at its update steps).

@@ -56,7 +56,10 @@ def _read_trace(path: str, mtime_ns: int) -> np.ndarray:
         want = {line.split()[1]: line.split()[0] for line in sums.read_text().splitlines() if len(line.split()) == 2}
         if file.name in want and file_sha256(file) != want[file.name]:
             raise LenpredError(f"{file} does not match {sums}: the file changed; restore it from its repository")
-    stamps = pc.read_csv(file).column("TIMESTAMP").to_numpy().astype("datetime64[ns]")
+    table = pc.read_csv(file)
+    if "TIMESTAMP" not in table.column_names:
+        raise LenpredError(f"{file} has no TIMESTAMP column: it is not an Azure LLM inference trace file")
+    stamps = table.column("TIMESTAMP").to_numpy().astype("datetime64[ns]")
     return np.sort((stamps - stamps.min()) / np.timedelta64(1, "s")).astype(np.float64)
 
 

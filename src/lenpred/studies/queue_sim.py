@@ -99,12 +99,19 @@ class QueueSimConfig:
             check_aging_rate(k)
         self.window_factors = tuple(float(f) for f in self.window_factors)
         from lenpred.serving.policies import POLICIES
-        from lenpred.serving.traces import TRACES
+        from lenpred.serving.traces import TRACES, load_trace
 
         unknown = [p for p in self.free_policies if p not in POLICIES] + [t for t in self.traces if t not in TRACES]
         if unknown:
             raise LenpredError(f"unknown policy or trace {', '.join(unknown)}: policies {', '.join(POLICIES)}; "
                                f"traces {', '.join(TRACES)}")
+        if set(self.free_policies) & {"sjf", "srpt"}:
+            raise LenpredError("--free-policies sjf / srpt: those plug-in modes always run; name other policies")
+        bounds = [b.strip() for b in self.decode_bounds.split(",")]
+        if not all(b.isdigit() and int(b) >= 1 for b in bounds):
+            raise LenpredError(f"--decode-bounds takes integers >= 1, e.g. 16,32; got '{self.decode_bounds}'")
+        for trace in self.traces:  # fail now, not after the other patterns ran
+            load_trace(trace)
         bad_overhead = self.streaming_overhead_ms is not None and not 0 <= self.streaming_overhead_ms < 1e3
         raise_first([(self.draws < 1, "draws must be >= 1"), (not self.window_factors or min(self.window_factors) <= 0,
                                                               "window factors must be > 0"),
@@ -267,10 +274,11 @@ def study(cfg: QueueSimConfig, table, cost, oracle_p: np.ndarray, D: int) -> dic
     return out
 
 
-def best_plugin(s: dict) -> str:
-    """The plug-in mode with the largest mean-JCT cut in the deepest burst."""
+def best_plugin(s: dict) -> str | None:
+    """The plug-in mode with the largest mean-JCT cut in the deepest burst (``None``: no plug-in mode ran)."""
     cells = s["patterns"][f"burst{BURSTS[-1]}"]["modes"]
-    return max((m for m in cells if m.startswith("plugin:")), key=lambda m: cells[m]["jct_cut_vs_stock"][0])
+    plugins = [m for m in cells if m.startswith("plugin:")]
+    return max(plugins, key=lambda m: cells[m]["jct_cut_vs_stock"][0]) if plugins else None
 
 
 def engine_streaming_overhead(path: Path) -> float:

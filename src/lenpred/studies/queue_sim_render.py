@@ -50,7 +50,7 @@ def plot_map(rep: dict, path: Path) -> None:
         bursts = [f"burst{k}" for k in BURSTS]
         for mode in ("priority:oracle", "priority:prompt_oracle", "priority:proxy", rep["best_plugin"][str(s["D"])],
                      "priority:prompt_len"):
-            if mode not in s["patterns"][bursts[0]]["modes"]:  # a study run with --only
+            if mode is None or mode not in s["patterns"][bursts[0]]["modes"]:  # a study run with --only
                 continue
             y = [s["patterns"][b]["modes"][mode]["jct_cut_vs_stock"] for b in bursts]
             ax.errorbar(BURSTS, [100 * v[0] for v in y], yerr=[[100 * (v[0] - v[1]) for v in y],

@@ -10,7 +10,7 @@ from lenpred.backbone import local_model_revision
 from lenpred.errors import LenpredError
 from lenpred.pipeline import LengthPredictor
 from lenpred.serving.parked import SchedulerConfig
-from lenpred.serving.policies import POLICIES, Policy
+from lenpred.serving.policies import POLICIES, Policy, check_policy_options
 
 OBSERVE = "observe"
 """The policy that captures and predicts but schedules as stock vLLM (the overhead reference)."""
@@ -86,9 +86,12 @@ class EngineConfig(SchedulerConfig):
                 raise LenpredError(f"lenpred {name} must be true or false, got {getattr(self, name)!r}")
 
     def check_policy(self) -> None:
-        """Refuse a policy other than ``observe`` and the registered ones (the message lists them)."""
+        """Refuse a policy other than ``observe`` and the registered ones (the message lists them), or an option
+        the policy does not have (:attr:`policy_options`)."""
         if self.policy not in engine_policies():
             raise LenpredError(f"lenpred policy {self.policy!r} is unknown; valid: {', '.join(engine_policies())}")
+        if self.policy != OBSERVE:
+            check_policy_options(self.policy, self.policy_options)
 
     def engine_policy(self) -> Policy | None:
         """The policy the plug-in schedules with (resolve it once, at start-up); ``None`` for ``observe``."""
