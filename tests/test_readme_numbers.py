@@ -33,6 +33,8 @@ QUEUE = "results/scripts/serving/queue/report.json"
 GUARD = "results/scripts/serving/queue_guard/report.json"
 TRACE = "results/scripts/serving/queue_trace/queue_simulation.json"
 TRACE_CELL = "studies/0/patterns/{}/modes/{}"
+TRACE_ENGINE = "results/scripts/serving/queue_trace_engine/trace/report.json"
+TRACE_WHATIF = "results/scripts/serving/queue_trace_engine/trace/whatif/whatif.json"
 
 
 def _signed(x: float, digits: int = 1) -> str:
@@ -243,6 +245,16 @@ CHECKS = [
      "at 0.9× with p99 {}×"),
     (TRACE, TRACE_CELL.format("traceconvx0.9", "plugin:srpt:W16:prompt_len") + "/jct_cut_vs_stock",
      first(lambda x: f"{_signed(100 * x)} %"), "it gains {} below capacity"),
+    (TRACE_ENGINE, "patterns/tracecodex1.1/num_requests", f0, "stock capacity ({} requests;"),
+    (TRACE_ENGINE, "patterns/tracecodex1.1/modes/plugin/jct_cut_vs_stock", pct, "the plug-in {} with p99"),
+    (TRACE_ENGINE, "patterns/tracecodex1.1/modes/plugin/p99_jct_ratio_vs_stock", first(f2),
+     "with p99 {}× stock's, ahead of"),
+    (TRACE_ENGINE, "patterns/tracecodex1.1/best_lenpred/jct_cut_vs/priority_prompt_len", pct,
+     "ahead of prompt-length priority by {}; the simulator"),
+    (TRACE_WHATIF, "results/16/lenpred/jct_cut_vs_stock", first(lambda x: f"{_signed(100 * x)} %"),
+     "predicted the plug-in's cut at {} (one slice"),
+    (TRACE_ENGINE, lambda r: [m["simulated_over_measured"] for m in r["patterns"]["tracecodex1.1"]["modes"].values()],
+     lambda v: f"{min(v):.2f}–{max(v):.2f}", "each mode's mean JCT within {}, and"),
 ]
 
 

@@ -103,3 +103,17 @@ def test_a_draw_run_on_two_machines_is_flagged(report, tmp_path: Path):
     assert report["patterns"]["burst4"]["mixed_machine_draws"] == []
     md = (tmp_path / "report.md").read_text()
     assert md.count("ran on more than one machine") == 1
+
+
+def test_a_trace_run_is_simulated_on_its_own_planned_send_times():
+    from lenpred.serving.cost_model import CostModel
+    from lenpred.studies.queue_report import simulated_mean_jct
+
+    # two stock requests of 3 tokens planned 100 s apart, one decode slot, 1 s per forward: neither waits, each takes
+    # 3 s (prefill + 2 decode steps); were the times drawn from a seed instead, the second could queue behind the first
+    rec = _run("stock", "tracecodex1.1", [3.0, 3.0])
+    rec["settings"].update(rate_req_s=0.01, max_num_seqs=1)
+    for r, t in zip(rec["results"], (0.0, 100.0)):
+        r.update(arrival_s=t, completion_tokens=3)
+    unit = CostModel("unit", {"p0": 1.0, "p1": 0.0, "p2": 0.0, "d0": 1.0, "d1": 0.0, "d2": 0.0}, fused_prefill=True)
+    assert simulated_mean_jct(rec, {"kv_bytes_per_token": 46080}, unit, seed=0) == pytest.approx(3.0)

@@ -52,7 +52,8 @@ def pattern_markdown(pattern: str, p: dict) -> list[str]:
     """One pattern's tables: latency per mode; against stock; by length class; the best lenpred mode's checks."""
     sh = lambda x: f"{x:.2f}"  # noqa: E731
     cells = p["modes"]
-    rate = "all at once" if p["rate_req_s"] is None else f"Gamma arrivals at {p['rate_req_s']:.3f} req/s"
+    kind = "a trace slice's arrivals" if pattern.startswith("trace") else "Gamma arrivals"
+    rate = "all at once" if p["rate_req_s"] is None else f"{kind} at {p['rate_req_s']:.3f} req/s"
     lines = [f"## {pattern} ({p['num_requests']} requests per draw, {rate}; draws {p['draws']})", ""]
     if p.get("mixed_machine_draws"):
         lines += [f"**Draws {p['mixed_machine_draws']} ran on more than one machine** (`machine` in `runs.json`): "
