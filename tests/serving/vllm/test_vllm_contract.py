@@ -4,13 +4,13 @@
 worker reads: schedule -> update_from_output
 -> finish / abort with fake ``ModelRunnerOutput``s, no weights, no engine, seconds; so that a vLLM bump that moves
 them fails here, not in a benchmark. Also: both adapters' start-up checks against the installed vLLM, and a parked
-policy registered in one class running in the engine by name. End to end with the model: ``test_vllm_plugin.py`` (slow)."""
-import numpy as np
+policy registered in one class running in the engine by name. End to end with the model: ``test_vllm_plugin.py`` (slow);
+the fake engine itself: ``fake_engine.py``."""
+
 import pytest
 
 pytest.importorskip("vllm")
-from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402,F401 - after the skip: these need vLLM
-from vllm.v1.request import FinishReason, RequestStatus  # noqa: E402
+from vllm.v1.request import FinishReason, RequestStatus  # noqa: E402 - after the skip: these need vLLM
 
 from lenpred.errors import LenpredError  # noqa: E402
 from lenpred.serving.vllm.contract import STATES_ATTR  # noqa: E402
