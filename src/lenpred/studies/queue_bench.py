@@ -76,7 +76,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from lenpred.errors import LenpredError, raise_first
-from lenpred.studies.engine_bench import (EngineWorkload, cpu_lock, plugin_args, row_priority, run_key, servers,
+from lenpred.studies.engine_bench import (EngineWorkload, cpu_lock, plugin_args, row_priority, servers,
                                           split_stats, vllm_command)
 from lenpred.studies.queue_regime import (QUEUE_MODES, fcfs_capacity, kv_bytes_per_token, kv_cache_bytes,
                                           parse_modes, parse_patterns, plugin_max_num_seqs, plugin_settings)
