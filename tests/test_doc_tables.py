@@ -50,3 +50,17 @@ def test_the_engine_trace_run_and_its_whatif_the_guide_quotes_are_their_json():
               f"{whatif['results']['16']['stock FCFS']['mean_jct_s']:.1f} s against {modes['stock']['mean_jct_s']:.1f} s"]
     for q in quoted:
         assert q in text, q
+
+
+def test_the_second_engine_slice_the_guide_quotes_is_its_json():
+    run = json.loads((ROOT / "results/scripts/serving/queue_trace_engine/trace_seed101/report.json").read_text())
+    whatif = json.loads((ROOT / "results/scripts/serving/queue_trace_engine/trace_seed101/whatif/whatif.json").read_text())
+    modes, text = run["patterns"]["tracecodex1.1"]["modes"], " ".join((ROOT / "docs/serving.md").read_text().split())
+    cut, p99 = modes["plugin"]["jct_cut_vs_stock"], modes["plugin"]["p99_jct_ratio_vs_stock"]
+    ours = whatif["results"]["16"]["lenpred"]
+    quoted = (f"stock {modes['stock']['mean_jct_s']:.1f} s, the plug-in {modes['plugin']['mean_jct_s']:.1f} s, "
+              f"{100 * cut[0]:+.1f} % [{100 * cut[1]:+.1f}, {100 * cut[2]:+.1f}], but p99 {p99[0]:.2f}× "
+              f"[{p99[1]:.2f}, {p99[2]:.2f}] stock's",
+              f"{100 * ours['jct_cut_vs_stock'][0]:+.1f} %, p99 {ours['p99_ratio_vs_stock'][0]:.2f}×")
+    for q in quoted:
+        assert q in text, q

@@ -35,6 +35,7 @@ TRACE = "results/scripts/serving/queue_trace/queue_simulation.json"
 TRACE_CELL = "studies/0/patterns/{}/modes/{}"
 TRACE_ENGINE = "results/scripts/serving/queue_trace_engine/trace/report.json"
 TRACE_WHATIF = "results/scripts/serving/queue_trace_engine/trace/whatif/whatif.json"
+TRACE_ENGINE_2 = "results/scripts/serving/queue_trace_engine/trace_seed101/report.json"
 
 
 def _signed(x: float, digits: int = 1) -> str:
@@ -252,9 +253,12 @@ CHECKS = [
     (TRACE_ENGINE, "patterns/tracecodex1.1/best_lenpred/jct_cut_vs/priority_prompt_len", pct,
      "ahead of prompt-length priority by {}; the simulator"),
     (TRACE_WHATIF, "results/16/lenpred/jct_cut_vs_stock", first(lambda x: f"{_signed(100 * x)} %"),
-     "predicted the plug-in's cut at {} (one slice"),
+     "predicted the plug-in's cut at {}. A second slice"),
     (TRACE_ENGINE, lambda r: [m["simulated_over_measured"] for m in r["patterns"]["tracecodex1.1"]["modes"].values()],
      lambda v: f"{min(v):.2f}–{max(v):.2f}", "each mode's mean JCT within {}, and"),
+    (TRACE_ENGINE_2, "patterns/tracecodex1.1/modes/plugin/jct_cut_vs_stock", pct, "long overload stretch: {} but p99"),
+    (TRACE_ENGINE_2, "patterns/tracecodex1.1/modes/plugin/p99_jct_ratio_vs_stock", first(f2),
+     "but p99 {}× stock's, so the tail"),
 ]
 
 
