@@ -469,10 +469,12 @@ class LenpredScheduler(Scheduler):
     def _lenpred_after_schedule(self, output, parked: list) -> None:
         now = time.time()
         scheduled = output.num_scheduled_tokens
-        for rid, served in self.lenpred_requests.items():
-            served.decoding = served.prefilled and rid in scheduled
-            if served.decoding:
-                served.last_token_s = now
+        for r in self.running:  # only running requests can decode (a preempted one was reset when preempted)
+            served = self.lenpred_requests.get(r.request_id)
+            if served is not None:
+                served.decoding = served.prefilled and r.request_id in scheduled
+                if served.decoding:
+                    served.last_token_s = now
         for r in parked:
             self.lenpred_requests[r.request_id].num_parked_steps += 1
         self.lenpred_counters["parked_request_steps"] += len(parked)
