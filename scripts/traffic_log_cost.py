@@ -1,6 +1,7 @@
 """What learning from traffic costs: traffic-log bytes per request, `record()` per request (it journals the row on
-the caller's thread), the part write per request (the writer's thread), and the refit time for 1,000 / 10,000 logged
-requests.
+the caller's thread), the part write per request (the writer's thread), what serving with no head costs the caller's
+thread per request (`OnlineLearning.capture` + `finished`: the plug-in's `predictor: none`), and the refit time for
+1,000 / 10,000 logged requests.
 
 Run under the CPU lock (numbers quoted in docs/serving.md come from it):
 
@@ -58,6 +59,31 @@ def log_cost(dtype: str, n: int = 20000, dim: int = 576) -> dict:
             "bytes_per_request": size / n}
 
 
+def capture_cost(n: int = 20000, dim: int = 576) -> dict:
+    """Per request, on the caller's thread, serving with no head (:mod:`lenpred.online.capture`): ``capture()``
+    when the prefill ends and ``finished()`` (which records the row) when it finishes; the log's own thread writes
+    the parts meanwhile, as in the engine."""
+    from lenpred.online.capture import HeadlessCapture
+    from lenpred.online.learning import OnlineLearning
+    from lenpred.online.traffic_log import TrafficLogConfig
+    from lenpred.outcome import RequestOutcome
+
+    feats = np.random.default_rng(1).normal(0, 1, (n, dim)).astype(np.float32)
+    outcomes = [RequestOutcome(request_id=str(i), num_output_tokens=120, finish_reason="stop", max_new_tokens=512,
+                               arrival_time_s=1.7e9 + i, first_token_time_s=1.7e9 + i + 0.1,
+                               finish_time_s=1.7e9 + i + 2) for i in range(n)]
+    with tempfile.TemporaryDirectory() as d:
+        online = OnlineLearning(HeadlessCapture("m", "rev", 15, dim, "rule"), log=TrafficLogConfig(d))
+        per = np.empty(n)
+        for i in range(n):
+            t = time.perf_counter()
+            online.finished(online.capture(feats[i], 80, 512), outcomes[i])
+            per[i] = time.perf_counter() - t
+        online.close()
+    return {"num_requests": n, "features_dtype": "float16", "caller_us_per_request_mean": 1e6 * float(per.mean()),
+            "caller_us_per_request_p99": 1e6 * float(np.percentile(per, 99))}
+
+
 def refit_cost(n: int, dim: int = 576) -> dict:
     from lenpred.online.refit import TrafficRows, fit_head
 
@@ -81,7 +107,7 @@ def main() -> None:
     path = Path("results/scripts/traffic/cost.json")
     stored = json.loads(path.read_text()) if args.log_only else {}
     out = {"torch_threads": stored.get("torch_threads", torch.get_num_threads()),  # the refit's (the log uses none)
-           "log": [log_cost("float16"), log_cost("float32")]}
+           "log": [log_cost("float16"), log_cost("float32")], "no_head": capture_cost()}
     out["refit"] = stored["refit"] if args.log_only else [refit_cost(1000), refit_cost(10000)]
     write_json(path, out)
     print(json.dumps(out, indent=2))

@@ -121,6 +121,8 @@ TRAIN = Options(LengthPredictor, {
     "test_share": Opt(WITH_TRAFFIC + "the latest share of the log, scored on the card.", source=FIT_TRAFFIC),
     "finetune": Opt(WITH_TRAFFIC + "train the --base head further instead of refitting from scratch (epochs / "
                     "learning rate chosen in time order).", source=FIT_TRAFFIC),
+    "force": Opt(WITH_TRAFFIC + "save over the predictor already in --out even when the new head's MAE on the log's "
+                 "latest requests is worse than its (refused by default).", default=False, type=bool),
     "model": BENCH_MODEL_HELP, "data_dir": Opt(DATA_DIR_HELP, source=FIT), "cache": Opt(CACHE_HELP, source=FIT),
     "layers": LAYERS_HELP, "coverage": "Nominal coverage of the \\[low, high] interval (calibrated on validation).",
     "seed": "Head seed.", "epochs": EPOCHS_HELP, "pool_span": POOL_SPAN_HELP,
@@ -130,10 +132,12 @@ TRAIN = Options(LengthPredictor, {
 @app.command()
 @one_line_errors
 @with_options(TRAIN)
-def train(out: str, traffic: Optional[str], **options):
+def train(out: str, traffic: Optional[str], force: bool, **options):
     """Tune a predictor on a benchmark's validation split, calibrate its interval, score test, and save it; or,
-    with --traffic, refit a served predictor's head on its logged traffic."""
-    from lenpred.pipeline import render_card
+    with --traffic, refit a served predictor's head on its logged traffic (a log captured with no head: train the
+    model's first head on it alone). With --traffic, a predictor already in --out (the head in service) is scored on
+    the same latest requests, and not replaced by a worse head unless --force."""
+    from lenpred.pipeline import CONFIG_FILE, render_card
 
     if not 0 < options["coverage"] < 1:
         raise LenpredError(f"--coverage must lie in (0, 1), got {options['coverage']}")
@@ -142,12 +146,30 @@ def train(out: str, traffic: Optional[str], **options):
         raise LenpredError(f"--out {out} is (or lies under) a file: pass a directory")
     fit, refit = TRAIN.take(options, FIT), TRAIN.take(options, FIT_TRAFFIC)
     if traffic is not None:
-        predictor = LengthPredictor.from_traffic(log=traffic, **refit, **fit)
+        incumbent = out if (out_path / CONFIG_FILE).exists() and not force else None
+        predictor = LengthPredictor.from_traffic(log=traffic, **refit, **fit, incumbent=incumbent)
+        check_not_worse(predictor.card_, out)
     else:
         predictor = LengthPredictor(**options).fit(refit["bench"] or DEFAULT_BENCH, **fit)
     path = predictor.save_pretrained(out)
     typer.echo(render_card(predictor.config_, predictor.card_))
     typer.echo(f"saved to {path}")
+
+
+def check_not_worse(card: dict, out: str) -> None:
+    """Refuse to save a traffic-trained head over the predictor in ``out`` when its MAE on the log's latest requests
+    is higher (the card's ``mae_minus_incumbent``, :func:`lenpred.traffic_refit.traffic_card`).
+
+    Raises:
+        LenpredError: worse; the message gives both MAEs, the paired interval and the fixes."""
+    c = card.get("latest traffic", {})
+    if "mae_minus_incumbent" not in c or c["mae_minus_incumbent"][0] <= 0:
+        return
+    d = c["mae_minus_incumbent"]
+    ci = "" if d[1] is None else f" [{d[1]:+.1f}, {d[2]:+.1f}]"
+    raise LenpredError(f"not saved: on the log's latest {c['n']} requests the new head's MAE is {c['mae']:.1f}, the "
+                       f"predictor in service at {out} has {c['incumbent_mae']:.1f} ({d[0]:+.1f}{ci} tokens, paired): "
+                       "keep serving it, log more traffic, or pass --force to replace it anyway")
 
 
 @app.command("traffic-replay")

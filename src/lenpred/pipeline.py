@@ -160,24 +160,47 @@ class LengthPredictor(ProgressiveMixin):
     def from_traffic(cls, log: str | Path, bench: str | Path | None = None, base: str | Path | None = None,
                      calibration_share: float = 0.1, test_share: float = 0.2, finetune: bool = False,
                      data_dir: str | None = None, cache: str | None = None, backbone=None,
-                     threads: int | None = None) -> "LengthPredictor":
+                     threads: int | None = None, incumbent: str | Path | None = None) -> "LengthPredictor":
         """A predictor whose head is ``base``'s refitted on the traffic log ``log`` (:mod:`lenpred.online.traffic_log`;
         no model pass: it holds the head's input), optionally mixed with ``bench``'s train split; ``base``'s
         settings, method, layer, model and head hyper-parameters are kept (default: the shipped predictor). The log is
         split in time (train earliest, calibrate the next ``calibration_share``, score the latest ``test_share``);
         ``finetune`` trains ``base``'s head further instead. Details: :func:`lenpred.traffic_refit.refit_on_traffic`.
 
+        A log captured with no head (:mod:`lenpred.online.capture`; the plug-in's ``predictor: "none"``) and no
+        ``base`` gives the model's first head, from the log alone: its pooling and layer, this class's default
+        settings (coverage 0.8, the shipped head's hyper-parameters), no backbone loaded
+        (:func:`lenpred.traffic_refit.first_head_on_traffic`). ``incumbent``: a saved predictor now in service,
+        scored beside the new head on the card (what ``lenpred train --traffic`` compares before saving over it).
+
         Raises:
             LenpredError: an unreadable or corrupt log, a log written for another model revision / layer / feature
-                width than ``base``, a ``base`` that is not a pooled head, too few requests for the shares or coverage.
+                width than ``base`` (or ``incumbent``), a ``base`` that is not a pooled head, ``bench`` or
+                ``finetune`` with a log captured with no head and no ``base``, too few requests for the shares or
+                coverage.
         """
-        from lenpred.traffic_refit import refit_on_traffic
+        from lenpred.online.capture import is_headless
+        from lenpred.online.traffic_log import read_traffic_log
+        from lenpred.traffic_refit import first_head_on_traffic, refit_on_traffic
 
-        base_p = cls.from_pretrained(base, backbone=backbone, threads=threads)
-        refit = refit_on_traffic(base_p, log, bench, None if base is None else str(base), calibration_share,
-                                 test_share, finetune, data_dir, cache)
-        self = cls(**base_p.get_params())
-        self.backbone_, self.predictor_, self.margin_ = base_p.backbone_, refit.predictor, refit.margin
+        inc = None if incumbent is None else cls.from_pretrained(incumbent, load_model=False)
+        if base is None and is_headless(read_traffic_log(log).metadata):
+            if bench is not None or finetune:
+                raise LenpredError(f"traffic log {log} was captured with no head: its first head trains on the log "
+                                   "alone (no --bench, no --finetune); to mix in a benchmark of this model, pass a "
+                                   "--base predictor trained on it")
+            self = cls()
+            refit = first_head_on_traffic(log, {"epochs": self.epochs, "binning": self.binning}, self.coverage,
+                                          calibration_share, test_share, self.seed, inc)
+            self.method, self.model = refit.config.method, refit.config.model_id
+            self.layers = tuple(refit.config.layers)
+        else:
+            base_p = cls.from_pretrained(base, backbone=backbone, threads=threads)
+            refit = refit_on_traffic(base_p, log, bench, None if base is None else str(base), calibration_share,
+                                     test_share, finetune, data_dir, cache, inc)
+            self = cls(**base_p.get_params())
+            self.backbone_ = base_p.backbone_
+        self.predictor_, self.margin_ = refit.predictor, refit.margin
         self.config_, self.card_ = refit.config, refit.card
         return self
 

@@ -50,11 +50,12 @@ def render_card(config, card: dict) -> str:
     lines.append(markdown_table(["test group", "samples", "MAE (tokens)", "95 % CI", "interval coverage",
                                  "mean interval width"], rows, "lrrrrr"))
     for g, c in card.items():
-        if "base_mae" in c:
-            d = c["mae_minus_base"]
-            ci = "" if d[1] is None else f" [{d[1]:+.1f}, {d[2]:+.1f}]"
-            lines.append(f"\nOn the {g} ({c['n']} requests) the predictor it was refitted from has MAE "
-                         f"{c['base_mae']:.1f}: difference {d[0]:+.1f}{ci} tokens (paired, prompt-clustered 95 % interval).")
+        for name, who in (("base", "the predictor it was refitted from"), ("incumbent", "the predictor in service")):
+            if f"{name}_mae" in c:
+                d = c[f"mae_minus_{name}"]
+                ci = "" if d[1] is None else f" [{d[1]:+.1f}, {d[2]:+.1f}]"
+                lines.append(f"\nOn the {g} ({c['n']} requests) {who} has MAE {c[f'{name}_mae']:.1f}: difference "
+                             f"{d[0]:+.1f}{ci} tokens (paired, prompt-clustered 95 % interval).")
     return "\n".join(lines) + "\n"
 
 
@@ -80,8 +81,13 @@ def data_lines(config) -> list[str]:
 
 def _traffic_line(traffic, chosen: dict) -> str:
     """The card's line on a traffic refit's log, its time split and how the head was trained."""
-    how = (f"fine-tuned from {chosen.get('refit_of')} ({json.dumps(chosen['finetuned'])}, chosen on the training "
-           "part's latest 20 %)" if "finetuned" in chosen else f"hyper-parameters of {chosen.get('refit_of')}")
+    if "first_head_of" in chosen:
+        how = "the model's first head (captured with no head; the shipped head's hyper-parameters)"
+    elif "finetuned" in chosen:
+        how = (f"fine-tuned from {chosen.get('refit_of')} ({json.dumps(chosen['finetuned'])}, chosen on the "
+               "training part's latest 20 %)")
+    else:
+        how = f"hyper-parameters of {chosen.get('refit_of')}"
     return (f"* trained on logged traffic `{traffic.log}`: {traffic.num_records} finished requests "
             f"({traffic.parts} part{'' if traffic.parts == 1 else 's'}, {traffic.features_dtype} features), "
             f"split in time: the earliest {traffic.num_train} train, the next {traffic.num_calibration} "

@@ -70,9 +70,9 @@ def test_bad_rows_refused(tmp_path):
             w.record(_row(np.zeros(5)))
         with pytest.raises(LenpredError, match="float32"):
             w.record(_row(np.full(4, 1e6)))
-        with pytest.raises(LenpredError, match="without expected"):
-            w.record(TrafficRecord(features=np.zeros(4), expected=None, low=0, high=2, num_output_tokens=1,
-                                   finish_reason="stop", arrival_time_s=0, finish_time_s=1))
+        with pytest.raises(LenpredError, match="without finish_reason"):
+            w.record(TrafficRecord(features=np.zeros(4), expected=1.0, low=0, high=2, num_output_tokens=1,
+                                   finish_reason=None, arrival_time_s=0, finish_time_s=1))
         with pytest.raises(LenpredError, match=">= 0"):
             _row(np.zeros(4), n=-1)
     with pytest.raises(LenpredError, match="features_dtype"):
@@ -504,3 +504,16 @@ def test_a_corrupt_newest_part_and_a_part_replaced_by_a_directory(tmp_path):
     first.mkdir()
     for make in (lambda: TrafficLogWriter(TrafficLogConfig(tmp_path)), lambda: read_traffic_log(tmp_path)):
         _one_line_error(make, str(first), "is a directory where the traffic log keeps a file: move it out")
+
+
+def test_a_row_captured_with_no_head_reads_back_with_nan_predictions(tmp_path):
+    """Capture with no head (lenpred.online.capture) logs the state and the outcome, no prediction: the
+    prediction columns read back as NaN, the rest as written."""
+    with TrafficLogWriter(TrafficLogConfig(tmp_path, features_dtype="float32", metadata={"head": "none"})) as w:
+        w.record(TrafficRecord(features=np.array([1.0, 2.0, 3.0, 4.0]), num_output_tokens=7, finish_reason="stop",
+                               arrival_time_s=10.0, finish_time_s=12.5))
+    log = read_traffic_log(tmp_path)
+    c = log.columns
+    assert np.isnan(c["expected"][0]) and np.isnan(c["low"][0]) and np.isnan(c["high"][0])
+    assert c["num_output_tokens"][0] == 7 and c["finish_time_s"][0] == 12.5 and log.metadata["head"] == "none"
+    np.testing.assert_array_equal(log.features[0], [1, 2, 3, 4])

@@ -183,3 +183,71 @@ def _wait_for_rows(logged, n, timeout_s=30.0):
     while logged[0] < n:
         assert time.monotonic() < deadline, "the serving thread logged too few rows"
         time.sleep(0.01)
+
+
+def _write_headless_log(base_p, directory, n=60, flip_before=None):
+    """A log captured with no head (lenpred.online.capture): the base's layer-1 last-token features of two prompts,
+    no prediction; prompt 0 answers short (2-7 tokens), prompt 1 long (20-29). Rows before ``flip_before`` swap the
+    two (a stream whose early part teaches the opposite)."""
+    from lenpred.online.capture import HeadlessCapture
+
+    prompts = ["write a long poem about sea", "what is the sum of two and three"]
+    _, feats = base_p.predict(prompts, 16, return_features=True)
+    capture = HeadlessCapture("tiny", base_p.config_.model_revision, 1, feats.shape[1], base_p.config_.template_rule)
+    online = OnlineLearning(capture, log=TrafficLogConfig(directory, features_dtype="float32"))
+    rng = np.random.default_rng(0)
+    for i in range(n):
+        k = i % 2 if flip_before is None or i >= flip_before else 1 - i % 2
+        served = online.capture(feats[i % 2], 12, 64, prompt_sha256=f"{i % 2:064x}")
+        y = int(rng.integers(2, 8)) if k == 0 else int(rng.integers(20, 30))
+        online.finished(served, RequestOutcome(request_id=str(i), num_output_tokens=y, finish_reason="stop",
+                                               max_new_tokens=64, arrival_time_s=1000.0 + i,
+                                               first_token_time_s=1000.1 + i, finish_time_s=1001.0 + i))
+    online.close()
+    return feats
+
+
+def test_first_head_from_a_log_captured_with_no_head(base, tmp_path):
+    """No base, no benchmark: the log alone gives a `last` head at the log's layer whose predictions separate the
+    short prompt from the long one; saved, it loads without a backbone and predicts from states."""
+    base_p, _, _ = base
+    feats = _write_headless_log(base_p, tmp_path / "log")
+    log = read_traffic_log(tmp_path / "log")
+    assert log.metadata["head"] == "none" and json.loads(log.metadata["layers"]) == [1]
+    assert np.isnan(log.columns["expected"]).all()
+    p = LengthPredictor.from_traffic(tmp_path / "log")
+    assert (p.method, p.layers, p.config_.layers, p.config_.model_revision) == (
+        "last", (1,), [1], base_p.config_.model_revision)
+    assert p.config_.training_benchmark is None and p.config_.training_traffic.num_train == 42
+    assert "mae_minus_base" not in p.card_["latest traffic"]  # nothing to compare with
+    loaded = LengthPredictor.from_pretrained(p.save_pretrained(tmp_path / "first"), load_model=False)
+    assert loaded.engine_layer == 1 and "first head" in (tmp_path / "first" / "CARD.md").read_text()
+    short, long = loaded.predict_states(feats, [12, 12], [64, 64])
+    assert short.expected < 10 < 18 < long.expected
+    with pytest.raises(LenpredError, match="captured with no head: its first head trains on the log alone"):
+        LengthPredictor.from_traffic(tmp_path / "log", bench=tmp_path)
+    with pytest.raises(LenpredError, match="layers \\[1\\], the base predictor has \\[2\\]"):  # another layer
+        other = LengthPredictor.from_pretrained(tmp_path / "first", load_model=False)
+        other.config_ = type(other.config_)(**{**vars(other.config_), "layers": [2]})
+        from lenpred.traffic_refit import check_log_matches
+        check_log_matches(log, other, tmp_path / "log")
+
+
+def test_train_traffic_refuses_to_save_a_worse_head_over_the_one_in_service(base, tmp_path):
+    """`lenpred train --traffic` scores the head already in --out on the log's latest requests: a head trained on a
+    stream whose early part teaches the opposite is refused (both MAEs in the message), --force saves it."""
+    base_p, _, _ = base
+    _write_headless_log(base_p, tmp_path / "good")
+    _write_headless_log(base_p, tmp_path / "flipped", flip_before=42)  # train part flipped; calibration/test not
+    out = tmp_path / "served"
+    r = runner.invoke(app, ["train", "--traffic", str(tmp_path / "good"), "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    before = (out / "predictor.safetensors").read_bytes()
+    r = runner.invoke(app, ["train", "--traffic", str(tmp_path / "flipped"), "--out", str(out)])
+    assert r.exit_code != 0 and "not saved" in r.output and "the predictor in service" in r.output, r.output
+    assert (out / "predictor.safetensors").read_bytes() == before
+    r = runner.invoke(app, ["train", "--traffic", str(tmp_path / "flipped"), "--out", str(out), "--force"])
+    assert r.exit_code == 0, r.output
+    assert (out / "predictor.safetensors").read_bytes() != before
+    r = runner.invoke(app, ["train", "--traffic", str(tmp_path / "good"), "--out", str(out)])
+    assert r.exit_code == 0 and "the predictor in service has MAE" in r.output, r.output  # better: replaced

@@ -40,6 +40,16 @@ def test_mode_names():
     assert "plugin:sjf:Wall" in names and names[-1] == "plugin:srpt:W16:prompt_len@4"
 
 
+def test_each_plugin_server_logs_its_traffic_to_its_own_directory(tmp_path):
+    """One traffic log per (draw, mode), so `lenpred whatif --traffic` replays exactly one server's requests."""
+    from lenpred.studies.queue_bench import traffic_dir
+
+    assert traffic_dir(tmp_path, {"mode": "stock", "plugin": None}, 2) is None
+    assert traffic_dir(tmp_path, {"mode": "plugin", "plugin": {"policy": "srpt"}}, 2) == tmp_path / "traffic" / "2-plugin"
+    assert traffic_dir(tmp_path, {"mode": "plugin_plp", "plugin": {"traffic_log": "/logs"}}, 0) == Path(
+        "/logs/0-plugin_plp")
+
+
 def test_run_parked_names_every_setting():
     from lenpred.serving.cost_model import CostModel
     from lenpred.serving.parked import SchedulerConfig

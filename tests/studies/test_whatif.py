@@ -151,6 +151,13 @@ def test_logs_and_cost_models_that_cannot_time_a_replay_are_refused(tmp_path):
     UNIT.save(cost)
     with pytest.raises(LenpredError, match="pass --decode-slots"):
         run_whatif(WhatifConfig(traffic=log, cost_model=str(cost), out=str(tmp_path / "o")))
+    with TrafficLogWriter(TrafficLogConfig(tmp_path / "headless", metadata={"head": "none"})) as w:
+        for i in range(24):  # captured with no head (lenpred.online.capture): no prediction to replay
+            w.record(TrafficRecord(features=np.zeros(4), num_output_tokens=20, finish_reason="stop",
+                                   arrival_time_s=2.0 * i, first_token_time_s=2.0 * i + 0.5,
+                                   finish_time_s=2.0 * i + 1.5, num_prompt_tokens=30))
+    with pytest.raises(LenpredError, match="captured with no head.*train a head on it"):
+        run_whatif(WhatifConfig(traffic=str(tmp_path / "headless"), out=str(tmp_path / "o")))
     (tmp_path / "file").write_text("")
     for bad, msg in (({"out": str(tmp_path / "file")}, "is a file: give a directory"),
                      ({"bootstrap_resamples": 0}, "must be >= 100"), ({"decode_slots": (0,)}, "got '0'")):

@@ -34,6 +34,7 @@ import numpy as np
 from lenpred.errors import LenpredError
 from lenpred.intervals import widened_interval
 from lenpred.online.adaptive import AdaptiveInterval
+from lenpred.online.capture import HeadlessCapture
 from lenpred.online.traffic_log import TrafficLogWriter, TrafficRecord, predictor_metadata
 from lenpred.outcome import RequestOutcome
 
@@ -43,8 +44,9 @@ class ServedPrediction:
     """One request's prediction as served, with what its outcome needs to be logged and learned from.
 
     Attributes:
-        features: ``(d,)`` float32, the head's input.
-        expected: expected output tokens (capped).
+        features: ``(d,)`` float32, the head's input (with no head: the captured state a head will read).
+        expected: expected output tokens (capped); ``None`` (and the interval too) when captured with no head
+            (:meth:`OnlineLearning.capture`).
         low, high: the interval served, tokens (adaptive margin when on, else the predictor's fixed one).
         low_raw, high_raw: the head's quantiles before any margin.
         max_new_tokens: the cap (``None``: uncapped).
@@ -53,11 +55,11 @@ class ServedPrediction:
     """
 
     features: np.ndarray
-    expected: float
-    low: float
-    high: float
-    low_raw: float
-    high_raw: float
+    expected: float | None
+    low: float | None
+    high: float | None
+    low_raw: float | None
+    high_raw: float | None
     max_new_tokens: int | None = None
     group: str | None = None
     prompt_sha256: str | None = None
@@ -68,28 +70,39 @@ class OnlineLearning:
     """A served predictor's interval (fixed or adaptive) and traffic log.
 
     Args:
-        predictor: a pooled-head :class:`lenpred.pipeline.LengthPredictor` (the shipped one reads ``last@15``).
+        predictor: a pooled-head :class:`lenpred.pipeline.LengthPredictor` (the shipped one reads ``last@15``), or a
+            :class:`lenpred.online.capture.HeadlessCapture` (no head yet: :meth:`capture` logs states without
+            predictions; needs ``log`` and no ``adaptive``).
         log: switch the traffic log on (``None``: off, the default).
         adaptive: switch the online-adaptive margin on (``None``: the predictor's fixed calibrated margin);
             ``initial_margin`` ``None`` becomes the predictor's margin (an explicit 0 is kept), and ``coverage`` is
             the predictor's.
 
     Raises:
-        LenpredError: a predictor without a pooled head.
+        LenpredError: a predictor without a pooled head; with no head, no log or an adaptive interval.
     """
 
     def __init__(self, predictor, log=None, adaptive=None):
         from dataclasses import replace
 
-        if not predictor.predictor_.reads().features:
-            raise LenpredError(f"online learning needs a pooled-head predictor, '{predictor.method}' is not one")
-        self.predictor, self.coverage, self.margin = predictor, predictor.coverage, predictor.margin_
+        self.predictor, self.headless = predictor, isinstance(predictor, HeadlessCapture)
+        if self.headless:
+            if log is None or adaptive is not None:
+                raise LenpredError("with no head (predictor: none) there is nothing to serve an interval from: log "
+                                   "the traffic (traffic_log) with no adaptive_interval, then train a head on it")
+            self.coverage = self.margin = None
+            meta = predictor.log_metadata()
+        else:
+            if not predictor.predictor_.reads().features:
+                raise LenpredError(f"online learning needs a pooled-head predictor, '{predictor.method}' is not one")
+            self.coverage, self.margin = predictor.coverage, predictor.margin_
+            meta = predictor_metadata(predictor)
         if adaptive is not None:
             adaptive = replace(adaptive, coverage=predictor.coverage, initial_margin=(
                 predictor.margin_ if adaptive.initial_margin is None else adaptive.initial_margin))
         self.adaptive = None if adaptive is None else AdaptiveInterval(adaptive)
         if log is not None:
-            log = replace(log, metadata={**predictor_metadata(predictor), **log.metadata})
+            log = replace(log, metadata={**meta, **log.metadata})
         self.log = None if log is None else TrafficLogWriter(log)
         self._lock = threading.Lock()
 
@@ -115,6 +128,18 @@ class OnlineLearning:
         return self._served(X, [p.expected for p in predictions], [p.low_raw for p in predictions],
                             [p.high_raw for p in predictions], [p.max_new_tokens for p in predictions], group,
                             prompt_sha256, [p.num_prompt_tokens for p in predictions])
+
+    def capture(self, features: np.ndarray, num_prompt_tokens: int | None, max_new_tokens: int | None,
+                group: str | None = None, prompt_sha256: str | None = None) -> ServedPrediction:
+        """A request served with no head (:class:`lenpred.online.capture.HeadlessCapture`): its ``(d,)`` captured
+        state, logged when it finishes (:meth:`finished`) with no prediction.
+
+        Raises:
+            LenpredError: this object serves a head (call :meth:`serve`)."""
+        if not self.headless:
+            raise LenpredError("capture() is for serving with no head; a predictor's requests go through serve()")
+        return ServedPrediction(np.asarray(features, np.float32).reshape(-1), None, None, None, None, None,
+                                max_new_tokens, group, prompt_sha256, num_prompt_tokens)
 
     def _served(self, X: np.ndarray, expected, low_raw, high_raw, caps: list, group, prompt_sha256,
                 num_prompt_tokens: list) -> list[ServedPrediction]:

@@ -92,9 +92,10 @@ class TrafficRecord:
     num_output_tokens: int = _column("int32", "tokens generated (EOS excluded); a lower bound when capped")
     finish_reason: str = _column("string", '"stop", "length" (hit max_new_tokens) or the engine\'s other reasons')
     max_new_tokens: int | None = _column("int32", "the request's cap (None: uncapped)", None)
-    expected: float = _column("float32", "the expected length served, tokens")
-    low: float = _column("float32", "the interval's lower end served (after its margin), tokens")
-    high: float = _column("float32", "the interval's upper end served (after its margin), tokens")
+    expected: float | None = _column("float32", "the expected length served, tokens (None: captured with no head, "
+                                     "lenpred.online.capture)", None)
+    low: float | None = _column("float32", "the interval's lower end served (after its margin), tokens", None)
+    high: float | None = _column("float32", "the interval's upper end served (after its margin), tokens", None)
     low_raw: float | None = _column("float32", "the head's lower quantile before the margin, tokens", None)
     high_raw: float | None = _column("float32", "the head's upper quantile before the margin, tokens", None)
     prompt_sha256: str | None = _column("string", "hex SHA-256 of the prompt (groups samples of one prompt)", None)

@@ -51,7 +51,8 @@ whole benchmark holds ``/tmp/lenpred-cpu.lock``; within a draw the modes run in 
 server per mode and draw with every pattern on it (loopback only, started and stopped here). Each run is bounded
 (``--run-timeout-s``: the client gives up on what is left then, as ``cancelled``) and written to ``runs.json`` as it
 finishes: every request's planned and sent time, TTFT, JCT, output tokens, finish reason, longest stall, recorded
-length and priority sent; the run's settings (D, KV bytes, N, pattern, mode, max-num-seqs, plug-in settings, proxy
+length and priority sent (the plug-in's traffic log of each draw under ``<out>/traffic/<draw>-<mode>/``, what
+``lenpred whatif --traffic`` replays); the run's settings (D, KV bytes, N, pattern, mode, max-num-seqs, plug-in settings, proxy
 core), throughput, vLLM's preemptions and the load average before it. A restart skips finished runs; changed
 settings are refused.
 
@@ -246,16 +247,29 @@ def check_rates(store: dict, plan: dict) -> None:
                                "--out")
 
 
-def mode_servers(model_dir: str, settings: dict, log_dir: Path, vllm_cpus, client_cpus):
-    """``(servers, plug-in log path)`` of one mode (:func:`lenpred.studies.engine_bench.servers`)."""
+def traffic_dir(out: Path, settings: dict, draw: int) -> Path | None:
+    """Where the plug-in of one (draw, mode) writes its traffic log (:mod:`lenpred.online.traffic_log`), so that
+    ``lenpred whatif --traffic`` replays exactly one server's requests: ``<traffic_log>/<draw>-<mode>`` with the
+    ``traffic_log`` of ``--plugin-config``, else ``<out>/traffic/<draw>-<mode>``; ``None`` for a mode without the
+    plug-in."""
+    if settings["plugin"] is None:
+        return None
+    return Path(settings["plugin"].get("traffic_log") or out / "traffic") / f"{draw}-{settings['mode']}"
+
+
+def mode_servers(model_dir: str, settings: dict, out: Path, draw: int, vllm_cpus, client_cpus):
+    """``(servers, plug-in log path)`` of one mode in one draw (:func:`lenpred.studies.engine_bench.servers`); the
+    servers' logs go to ``<out>/logs``, the plug-in's traffic log to :func:`traffic_dir`."""
     from lenpred.serving.vllm.config import EngineConfig
 
+    log_dir = out / "logs"
     mode, extra, plugin_log = settings["mode"], [], None
     if settings["scheduling_policy"] == "priority":  # the priority modes, and the plug-in's admit_by prompt_len
         extra = ["--scheduling-policy", "priority"]
     if settings["plugin"] is not None:
         plugin_log = log_dir / f"{mode}.jsonl"
-        extra += plugin_args(EngineConfig(**{**settings["plugin"], "log_path": str(plugin_log)}))
+        extra += plugin_args(EngineConfig(**{**settings["plugin"], "log_path": str(plugin_log),
+                                             "traffic_log": str(traffic_dir(out, settings, draw))}))
     cmd = vllm_command(model_dir, settings["max_num_seqs"], settings["kv_cache_bytes"], settings["max_model_len"],
                        extra)
     proxy, proxy_log, proxy_args = settings["proxy"], None, []
@@ -318,8 +332,7 @@ def run(cfg: QueueBenchConfig) -> dict:
     patterns = [p.name for p in parse_patterns(cfg.patterns)]
 
     def servers_for(d, mode):
-        spec, logs[mode] = mode_servers(model_dir, mode_settings(mode, reg, cfg), out / "logs", vllm_cpus,
-                                        client_cpus)
+        spec, logs[mode] = mode_servers(model_dir, mode_settings(mode, reg, cfg), out, d, vllm_cpus, client_cpus)
         return spec
 
     def warm(d, mode, url):
@@ -329,7 +342,9 @@ def run(cfg: QueueBenchConfig) -> dict:
 
     def run_one(d, mode, pattern, url):
         p, tag, settings = plan[(d, pattern)], f"{d}-{mode}-{pattern}-", mode_settings(mode, reg, cfg)
-        settings |= {"pattern": pattern, "num_requests": len(p["rows"]), "rate_req_s": p["rate_req_s"],
+        traffic = traffic_dir(out, settings, d)
+        settings |= {"traffic_log": None if traffic is None else str(traffic), "pattern": pattern,
+                     "num_requests": len(p["rows"]), "rate_req_s": p["rate_req_s"],
                      "window_s": None if p["rate_req_s"] is None else cfg.window_s, "max_tokens": cfg.max_tokens,
                      "run_timeout_s": cfg.run_timeout_s}
         reqs = load_requests(p["rows"], messages, p["times"], tag, settings["priority"], cfg.run_timeout_s)

@@ -106,7 +106,14 @@ class LoggedTraffic:
         """
         from lenpred.online.traffic_log import read_traffic_log
 
-        c = read_traffic_log(directory).columns
+        from lenpred.online.capture import is_headless
+
+        log = read_traffic_log(directory)
+        if is_headless(log.metadata):
+            raise LenpredError(f"traffic log {directory} was captured with no head (predictor none): it holds no "
+                               "predictions to replay; train a head on it (`lenpred train --traffic`), serve with it "
+                               "in observe, and replay that log")
+        c = log.columns
         n = len(c["arrival_time_s"])
         if n < MIN_REQUESTS:
             raise LenpredError(f"traffic log {directory} holds {n} requests; a replay needs at least {MIN_REQUESTS}: "

@@ -192,3 +192,53 @@ def test_request_prediction_public_fields_are_plain_python_numbers():
                    "num_parked_steps": 0}
     assert all(type(v) in (int, float) for v in out.values())
     msgspec.msgpack.encode(out)  # what vLLM's output serializer needs (NumPy scalars made it drop the step)
+
+
+def test_a_new_deployment_logs_with_no_head_trains_its_first_head_and_serves_it(tmp_path):
+    """Issue 48's path from an empty directory: the plug-in with ``predictor: "none"`` logs each request's
+    layer-15 last-token state (half of SmolLM2's 30 layers) with its outcome and no prediction; ``lenpred train
+    --traffic`` trains the first head on that log alone; an engine restarted with that head serves the predictions
+    ``LengthPredictor`` makes from the prompts."""
+    import torch
+    from typer.testing import CliRunner
+    from vllm import SamplingParams
+
+    from lenpred import LengthPredictor
+    from lenpred.backbone import load_backbone
+    from lenpred.cli import app
+    from lenpred.online.traffic_log import read_traffic_log
+    from lenpred.prompts import chat_token_ids
+    from lenpred.serving.vllm.config import EngineConfig
+
+    backbone = load_backbone()
+    prompts = [f"{verb} {thing}" for verb in ("Name one", "Describe in a paragraph", "List five facts about",
+                                              "Write a short poem about", "Explain in two sentences")
+               for thing in ("rivers", "the moon", "bread", "chess", "winter", "bicycles", "owls", "copper")]
+    ids = [chat_token_ids(backbone.tokenizer, p) for p in prompts]
+    llm = _engine(backbone, EngineConfig(predictor="none", policy="observe", traffic_log=str(tmp_path / "traffic")))
+    outs = llm.generate([{"prompt_token_ids": i} for i in ids], SamplingParams(max_tokens=48, temperature=0.0),
+                        use_tqdm=False)
+    del llm
+    assert all(o.kv_transfer_params is None for o in outs)  # nothing predicted, nothing returned
+    log = read_traffic_log(tmp_path / "traffic")
+    assert log.num_records == len(prompts) == 40 and log.metadata["head"] == "none"
+    assert log.metadata["layers"] == "[15]" and np.isnan(log.columns["expected"]).all()
+    assert sorted(log.columns["num_output_tokens"].tolist()) == sorted(len(o.outputs[0].token_ids) for o in outs)
+    with torch.no_grad():
+        for i in ids[:3]:  # rows are in finish order: the row of the same length nearest transformers' state
+            want = backbone.model(torch.tensor([i]), output_hidden_states=True).hidden_states[15][0, -1].numpy()
+            rows = log.features[log.columns["num_prompt_tokens"] == len(i)]
+            assert min(np.abs(f - want).max() for f in rows) < 2e-2  # stored as float16
+
+    r = CliRunner().invoke(app, ["train", "--traffic", str(tmp_path / "traffic"), "--out", str(tmp_path / "head")])
+    assert r.exit_code == 0, r.output
+    llm = _engine(backbone, EngineConfig(predictor=str(tmp_path / "head"), policy="srpt", admit_by="arrival"))
+    served = llm.generate([{"prompt_token_ids": i} for i in ids[:4]], SamplingParams(max_tokens=CAP, temperature=0.0),
+                          use_tqdm=False)
+    del llm
+    reference = LengthPredictor.from_pretrained(tmp_path / "head", backbone=backbone).predict(prompts[:4],
+                                                                                              max_new_tokens=CAP)
+    for out, ref in zip(served, reference):
+        got = out.kv_transfer_params["lenpred"]
+        for k in ("expected", "low", "high"):
+            assert got[k] == pytest.approx(getattr(ref, k), abs=0.11), k

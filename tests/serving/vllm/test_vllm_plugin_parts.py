@@ -206,6 +206,33 @@ def test_engine_config_refuses_unknown_keys_and_values():
     assert EngineConfig.from_vllm(SimpleNamespace(additional_config={"lenpred": ok.to_json()[12:-1]})) == ok
 
 
+def test_serving_with_no_head_captures_half_the_depth_and_only_observes(tiny_model_dir):
+    """``predictor: "none"`` (lenpred.online.capture): observe + a traffic log only; the layer is half the served
+    model's depth unless capture_layer says otherwise, checked against the model; a head takes no capture_layer."""
+    from lenpred.backbone import local_model_revision
+    from lenpred.serving.vllm.config import load_head
+
+    headless = EngineConfig(predictor="none", policy="observe", traffic_log="t")
+    served = SimpleNamespace(model_config=SimpleNamespace(model=str(tiny_model_dir), hf_config=SimpleNamespace(
+        num_hidden_layers=30, hidden_size=576)))
+    capture = load_head(headless, served)
+    assert (capture.engine_layer, capture.width, capture.model_revision) == (
+        15, 576, local_model_revision(tiny_model_dir))
+    assert capture.log_metadata()["head"] == "none" and capture.log_metadata()["layers"] == "[15]"
+    assert load_head(EngineConfig(predictor="none", policy="observe", traffic_log="t", capture_layer=7),
+                     served).engine_layer == 7
+    with pytest.raises(LenpredError, match="captures decoder-layer outputs 1..29"):
+        load_head(EngineConfig(predictor="none", policy="observe", traffic_log="t", capture_layer=30), served)
+    with pytest.raises(LenpredError, match="nothing to rank by: use policy observe"):
+        EngineConfig(predictor="none", policy="srpt", traffic_log="t")
+    with pytest.raises(LenpredError, match="set traffic_log"):
+        EngineConfig(predictor="none", policy="observe")
+    with pytest.raises(LenpredError, match="no adaptive_interval"):
+        EngineConfig(predictor="none", policy="observe", traffic_log="t", adaptive_interval="aci")
+    with pytest.raises(LenpredError, match="capture_layer is for predictor none"):
+        EngineConfig(capture_layer=15)
+
+
 @pytest.fixture(scope="module")
 def fitted_last(tiny_bench, tiny_model_dir):
     bench, data, root = tiny_bench
@@ -236,14 +263,14 @@ def test_predict_states_equals_predict_without_loading_the_model(fitted_last, tm
 def test_predictors_that_pool_many_tokens_are_refused_by_the_plugin(tiny_backbone):
     from conftest import fit_tiny_predictor
 
-    from lenpred.serving.vllm.config import load_head
+    from lenpred.serving.vllm.config import engine_head
 
     for method in ("egtp", "mean"):  # entropy weights; a mean over every token's state
         pooling = fit_tiny_predictor(tiny_backbone, method, 1)
         assert pooling.engine_layer is None
         with pytest.raises(LenpredError, match="reads more than one last-token state"):
             pooling.predict_states(np.zeros((1, 32), np.float32), [3], [5])
-    assert load_head(EngineConfig()).engine_layer == 15  # the shipped predictor: last@15
+    assert engine_head(EngineConfig()).engine_layer == 15  # the shipped predictor: last@15
 
 
 

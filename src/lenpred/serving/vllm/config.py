@@ -7,7 +7,8 @@ import json
 from dataclasses import asdict, dataclass, fields
 
 from lenpred.backbone import local_model_revision
-from lenpred.errors import LenpredError
+from lenpred.errors import LenpredError, raise_first
+from lenpred.online.capture import HEADLESS, HeadlessCapture, capture_layer
 from lenpred.pipeline import LengthPredictor
 from lenpred.serving.parked import SchedulerConfig
 from lenpred.serving.policies import POLICIES, Policy, check_policy_options
@@ -38,7 +39,13 @@ class EngineConfig(SchedulerConfig):
         policy: ``observe`` (capture and predict, schedule as stock vLLM) or a registered policy
             (:func:`engine_policies`).
         predictor: a directory written by ``lenpred train`` (``None``: the predictor that ships with lenpred). Its
-            input must be one last-prompt-token state (:attr:`lenpred.LengthPredictor.engine_layer`).
+            input must be one last-prompt-token state (:attr:`lenpred.LengthPredictor.engine_layer`). ``"none"``:
+            no head (a model lenpred has none for, :mod:`lenpred.online.capture`): with ``policy: observe`` and a
+            ``traffic_log``, the plug-in captures each request's state at :attr:`capture_layer` and logs it with the
+            outcome, for ``lenpred train --traffic`` to train the first head on.
+        capture_layer: with ``predictor: "none"``, the hidden-state index captured (a decoder layer's output,
+            1 .. depth − 1); ``None``: half the served model's depth (:func:`lenpred.online.capture.capture_layer`).
+            Refused with a head (the head fixes its layer).
         plp: refresh the remaining-length estimate with the predictor's PLP head from decode states captured at its
             steps (for a policy that ranks by remaining length, ``srpt``: :attr:`refreshes_remaining`). Off by
             default, as measured: ``srpt`` then ranks by the static distribution conditioned on the tokens generated
@@ -66,6 +73,7 @@ class EngineConfig(SchedulerConfig):
     """
 
     predictor: str | None = None
+    capture_layer: int | None = None
     plp: bool = False
     rank_by: str = "prediction"
     log_path: str | None = None
@@ -84,6 +92,23 @@ class EngineConfig(SchedulerConfig):
         for name in ("plp", "log_states"):
             if not isinstance(getattr(self, name), bool):
                 raise LenpredError(f"lenpred {name} must be true or false, got {getattr(self, name)!r}")
+        if self.headless:
+            raise_first([(self.policy != OBSERVE, f"lenpred predictor none (no head) has nothing to rank by: use "
+                          f"policy observe (not {self.policy!r}) to log traffic, then `lenpred train --traffic` and "
+                          "serve with the head it writes"),
+                         (not self.traffic_log, "lenpred predictor none (no head) serves no prediction: set "
+                          "traffic_log to a directory, the log a head is trained on"),
+                         (self.adaptive_interval is not None or self.plp or self.rank_by != "prediction",
+                          "lenpred predictor none (no head) takes no adaptive_interval, plp or rank_by: there is no "
+                          "prediction to adapt, refresh or rank")])
+        elif self.capture_layer is not None:
+            raise LenpredError("lenpred capture_layer is for predictor none (no head); a head reads the layer it was "
+                               "trained on: leave capture_layer out")
+
+    @property
+    def headless(self) -> bool:
+        """Serving with no head (``predictor: "none"``): capture and log only."""
+        return self.predictor == HEADLESS
 
     def check_policy(self) -> None:
         """Refuse a policy other than ``observe`` and the registered ones (the message lists them), or an option
@@ -133,12 +158,54 @@ def engine_policies() -> tuple[str, ...]:
     return (OBSERVE, *POLICIES)
 
 
-def load_head(cfg: EngineConfig):
-    """The predictor without its backbone (``LengthPredictor.from_pretrained(..., load_model=False)``).
+def load_head(cfg: EngineConfig, vllm_config):
+    """The predictor without its backbone (``LengthPredictor.from_pretrained(..., load_model=False)``), checked
+    against the served model (:func:`check_served_model`); with ``predictor: "none"``, the
+    :class:`lenpred.online.capture.HeadlessCapture` of the served model at :attr:`EngineConfig.capture_layer`.
 
     Raises:
-        LenpredError: unreadable, or a predictor whose input an engine cannot capture (it pools many tokens, or
-            reads entropy, attention or text)."""
+        LenpredError: unreadable, a predictor whose input an engine cannot capture (it pools many tokens, or
+            reads entropy, attention or text), or one the served model does not fit."""
+    if cfg.headless:
+        predictor = headless_capture(cfg, vllm_config)
+    else:
+        predictor = engine_head(cfg)
+    check_served_model(predictor, vllm_config)
+    return predictor
+
+
+def headless_capture(cfg: EngineConfig, vllm_config) -> HeadlessCapture:
+    """What the plug-in captures with no head: the served directory's recorded name and revision, the layer
+    (:attr:`EngineConfig.capture_layer` or half the depth) and the hidden size.
+
+    Raises:
+        LenpredError: the served model is not a local directory."""
+    from lenpred.backbone import recorded_model_name
+    from lenpred.prompts import TEMPLATE_RULE
+
+    path = _served_dir(vllm_config)
+    hf = vllm_config.model_config.hf_config
+    layer = capture_layer(int(hf.num_hidden_layers)) if cfg.capture_layer is None else int(cfg.capture_layer)
+    return HeadlessCapture(recorded_model_name(str(path)), local_model_revision(path), layer, int(hf.hidden_size),
+                           TEMPLATE_RULE)
+
+
+def _served_dir(vllm_config):
+    from pathlib import Path
+
+    model = vllm_config.model_config.model
+    if not Path(model).is_dir():
+        raise LenpredError(f"vLLM serves '{model}', not a local directory: serve the directory the predictor's model "
+                           "was loaded from (e.g. `python -c 'from lenpred.backbone import resolve_model; "
+                           "print(resolve_model()[0])'`)")
+    return Path(model)
+
+
+def engine_head(cfg: EngineConfig):
+    """The predictor of ``cfg`` without its backbone (``LengthPredictor.from_pretrained(..., load_model=False)``).
+
+    Raises:
+        LenpredError: unreadable, or a predictor whose input an engine cannot capture."""
     predictor = LengthPredictor.from_pretrained(cfg.predictor, load_model=False)
     if predictor.engine_layer is None:
         raise LenpredError(f"predictor '{predictor.method}' ({cfg.predictor or 'shipped'}) reads more than the last "
@@ -148,22 +215,19 @@ def load_head(cfg: EngineConfig):
 
 
 def check_served_model(predictor, vllm_config) -> None:
-    """Refuse a predictor made for another model or revision than the one vLLM serves.
+    """Refuse a predictor made for another model or revision than the one vLLM serves (with no head: a capture
+    layer the model does not have).
 
     Raises:
         LenpredError: the served model directory's revision differs from the predictor's ``model_revision``, or its
             hidden size / depth cannot hold the predictor's layer."""
-    from pathlib import Path
-
-    model = vllm_config.model_config.model
-    path = Path(model)
-    if not path.is_dir():
-        raise LenpredError(f"vLLM serves '{model}', not a local directory: serve the directory the predictor's model "
-                           "was loaded from (e.g. `python -c 'from lenpred.backbone import resolve_model; "
-                           "print(resolve_model()[0])'`)")
-    predictor.check_model_revision(local_model_revision(path), str(path), "the lenpred predictor")
+    path = _served_dir(vllm_config)
     hf = vllm_config.model_config.hf_config
-    width = predictor.predictor_.n_features_in_
+    if isinstance(predictor, HeadlessCapture):
+        width = predictor.width
+    else:
+        predictor.check_model_revision(local_model_revision(path), str(path), "the lenpred predictor")
+        width = predictor.predictor_.n_features_in_
     layer, depth = predictor.engine_layer, int(hf.num_hidden_layers)
     if int(hf.hidden_size) != width:
         raise LenpredError(f"the predictor reads {width}-wide states; the served model's hidden size is {hf.hidden_size}")

@@ -61,7 +61,7 @@ from lenpred.outcome import RequestOutcome
 from lenpred.prediction import LengthPrediction
 from lenpred.serving.parked import admission_limit, admission_priority, choose_decoders, preemption_order
 from lenpred.serving.policies import RequestView, request_view
-from lenpred.serving.vllm.config import OBSERVE, EngineConfig, check_served_model, load_head
+from lenpred.serving.vllm.config import OBSERVE, EngineConfig, load_head
 from lenpred.serving.vllm.contract import STATES_ATTR, VLLM_VERSIONS, require_attributes, vllm_version_warning
 from lenpred.serving.vllm.prometheus import PluginMetrics
 
@@ -240,8 +240,7 @@ class LenpredScheduler(Scheduler):
         is_async = isinstance(self, AsyncScheduler)
         logger.info("lenpred scheduler: policy %s, %d decode slots, on vLLM's %s (async scheduling %s)", cfg.policy,
                     cfg.decode_slots, "AsyncScheduler" if is_async else "Scheduler", "on" if is_async else "off")
-        self.lenpred_predictor = load_head(cfg)
-        check_served_model(self.lenpred_predictor, vllm_config)
+        self.lenpred_predictor = load_head(cfg, vllm_config)
         plp = getattr(self.lenpred_predictor, "progressive_", None)
         self._lp_plp = plp if cfg.refreshes_remaining else None
         self._lp_plp_layer = self.lenpred_predictor.progressive_info_["plp_layer"] if self._lp_plp else None
@@ -322,6 +321,15 @@ class LenpredScheduler(Scheduler):
         layer = self.lenpred_predictor.engine_layer
         new = [rid for rid, s in states.items() if s["step"] == 0 and self._lenpred_served(rid) is not None
                and self.lenpred_requests[rid].prediction is None]
+        if new and self.lenpred_config.headless:  # no head: keep the state for the traffic log, predict nothing
+            now = time.time()
+            for rid in new:
+                served, request = self.lenpred_requests[rid], self.requests[rid]
+                if served.served is None:
+                    served.served = self._lp_online.capture(states[rid]["states"][layer], request.num_prompt_tokens,
+                                                            request.max_tokens)
+                    served.last_token_s = served.first_token_time_s = now
+            return
         if new:
             reqs = [self.requests[rid] for rid in new]
             preds = self.lenpred_predictor.predict_states(np.stack([states[r]["states"][layer] for r in new]),
@@ -489,17 +497,19 @@ class LenpredScheduler(Scheduler):
                                f"for vLLM {', '.join(VLLM_VERSIONS)}) extends: install vLLM {VLLM_VERSIONS[-1]}")
         kv_params, ec_params = freed
         served = self.lenpred_requests.pop(request.request_id, None)
-        if served is None or served.prediction is None:
+        if served is None or (served.prediction is None and served.served is None):
             return kv_params, ec_params
-        public = served.public()
         reason = request.get_finished_reason()  # vLLM's FinishReason prints lower-case: stop, length, abort, error
-        outcome = RequestOutcome(request_id=request.request_id, num_prompt_tokens=served.prediction.num_prompt_tokens,
+        outcome = RequestOutcome(request_id=request.request_id, num_prompt_tokens=request.num_prompt_tokens,
                                  num_output_tokens=request.num_output_tokens,
                                  finish_reason=None if reason is None else str(reason).lower(),
-                                 max_new_tokens=served.prediction.max_new_tokens, arrival_time_s=request.arrival_time,
+                                 max_new_tokens=request.max_tokens, arrival_time_s=request.arrival_time,
                                  first_token_time_s=served.first_token_time_s, finish_time_s=time.time())
         if self._lp_online is not None and served.served is not None:
             self._lp_online.finished(served.served, outcome)
+        if served.prediction is None:  # captured with no head: logged, nothing to return
+            return kv_params, ec_params
+        public = served.public()
         if self._lp_log is not None:  # its on-disk keys predate RequestOutcome's names: arrival_time is kept
             self._lp_log.write(json.dumps({
                 "request_id": request.request_id, **public, "num_output_tokens": outcome.num_output_tokens,

@@ -36,7 +36,7 @@ import time
 from lenpred.errors import LenpredError
 from lenpred.io import write_json
 from lenpred.serving.vllm.capture import LayerCapture, ScheduledRequest, StepStates, capture_plan, collect_states
-from lenpred.serving.vllm.config import EngineConfig, check_served_model, load_head
+from lenpred.serving.vllm.config import EngineConfig, load_head
 from lenpred.serving.vllm.contract import STATES_ATTR, VLLM_VERSIONS, require_attributes, vllm_version_warning
 
 logger = logging.getLogger("vllm.lenpred.worker")  # under "vllm": printed by vLLM's own log handler
@@ -150,8 +150,7 @@ class CaptureMixin:
             raise LenpredError("the lenpred plug-in reads hidden states with forward hooks, which compiled or graph-"
                                "captured models never call: start vLLM with --enforce-eager")
         check_vllm(self)
-        predictor = load_head(cfg)
-        check_served_model(predictor, self.vllm_config)
+        predictor = load_head(cfg, self.vllm_config)
         indices = {predictor.engine_layer}
         self._lenpred_plp_steps: tuple[int, ...] = ()
         info = getattr(predictor, "progressive_info_", None)
