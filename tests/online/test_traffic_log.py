@@ -517,3 +517,12 @@ def test_a_row_captured_with_no_head_reads_back_with_nan_predictions(tmp_path):
     assert np.isnan(c["expected"][0]) and np.isnan(c["low"][0]) and np.isnan(c["high"][0])
     assert c["num_output_tokens"][0] == 7 and c["finish_time_s"][0] == 12.5 and log.metadata["head"] == "none"
     np.testing.assert_array_equal(log.features[0], [1, 2, 3, 4])
+
+
+def test_token_ids_sha256_hashes_little_endian_int32():
+    import hashlib
+
+    from lenpred.online.traffic_log import token_ids_sha256
+
+    assert token_ids_sha256([1, 258]) == hashlib.sha256(b"\x01\x00\x00\x00\x02\x01\x00\x00").hexdigest()
+    assert token_ids_sha256(None) is None

@@ -98,7 +98,8 @@ class TrafficRecord:
     high: float | None = _column("float32", "the interval's upper end served (after its margin), tokens", None)
     low_raw: float | None = _column("float32", "the head's lower quantile before the margin, tokens", None)
     high_raw: float | None = _column("float32", "the head's upper quantile before the margin, tokens", None)
-    prompt_sha256: str | None = _column("string", "hex SHA-256 of the prompt (groups samples of one prompt)", None)
+    prompt_sha256: str | None = _column("string", "hex SHA-256 of the prompt (groups samples of one prompt; the "
+                                        "plug-in hashes its token ids: token_ids_sha256)", None)
     group: str | None = _column("string", "route / client tag (the Mondrian group of lenpred.online.adaptive)", None)
     features: np.ndarray = field(metadata={"doc": "(d,) the predictor's input (pooled hidden state), any float "
                                                   "dtype; stored as the log's features_dtype, d fixed per log"})
@@ -722,6 +723,17 @@ def _same_metadata(tables: list[tuple[Path, Any]]) -> dict[str, str]:
                                    f"{key}={first.get(key)!r}: one log holds one predictor's features; split the "
                                    "directory")
     return first
+
+
+def token_ids_sha256(token_ids) -> str | None:
+    """Hex SHA-256 of a prompt's token ids as little-endian int32 (the vLLM plug-in's ``prompt_sha256``: samples of
+    one prompt share it, so a refit trains them as one weighted row and its intervals cluster by prompt); ``None``
+    for ``None`` (a prompt given as embeddings)."""
+    import hashlib
+
+    if token_ids is None:
+        return None
+    return hashlib.sha256(np.asarray(token_ids, dtype="<i4").tobytes()).hexdigest()
 
 
 def predictor_metadata(predictor) -> dict[str, str]:

@@ -3,9 +3,9 @@
 SmolLM2 is treated as a model lenpred has no head for. A stream of the benchmark's **train**-split requests (every
 sample a request, in a seeded random order) is logged the way the plug-in logs with no head
 (:mod:`lenpred.online.capture`: the final prompt token's layer-15 state, float16, the outcome, no prediction), and
-``lenpred train --traffic`` 's own path (:func:`lenpred.traffic_refit.first_head_on_traffic`: the earliest 70 %
+``lenpred train --traffic`` 's own path (:meth:`lenpred.pipeline.LengthPredictor.from_traffic`: the earliest 70 %
 train, the next 10 % calibrate, the shipped head's hyper-parameters) trains a head on the stream's first n requests,
-for each n of ``sizes``. Each head is then scored where the shipped head is:
+for each n of ``sizes``, saved under ``<out>/heads/first-<n>`` (what the engine's draw serves with). Each head is then scored where the shipped head is:
 
 * on the **test** split (MAE with a prompt-clustered interval, Kendall τ; both paired with the shipped head);
 * in the simulator's burst of ``burst``·D (D = ``decode_bound``; ``draws`` draws of test requests; the cost model of
@@ -32,8 +32,6 @@ from lenpred.io import write_json
 from lenpred.studies import DEFAULT_BENCH
 
 SIM_COST_MODEL = "results/scripts/serving/queue_guard/cost/cost_vllm_1core_sampled.json"
-HEAD = {"epochs": 150, "binning": "log"}
-"""The shipped head's hyper-parameters (its ``config.json``), which a first head trained on traffic uses."""
 
 
 @dataclass
@@ -43,7 +41,7 @@ class FirstHeadConfig:
     Attributes:
         bench: the benchmark; its train split is the served stream, its test split scores the heads.
         sizes: logged requests (the stream's first n) each head is trained from.
-        seed: the stream's order and the heads' seed.
+        seed: the stream's order (the heads use LengthPredictor's default seed, as `lenpred train` does).
         data_dir, cache: prompt data and signal-cache directories (``None``: defaults).
         log_root: where each stream prefix's traffic log is written (``None``: ``<out>/logs``, not committed).
         cost_model: the simulator's engine cost model; decode_bound: D; burst: the burst is ``burst``·D requests;
@@ -122,12 +120,10 @@ def score(expected: dict[str, np.ndarray], test: dict, n_resamples: int) -> dict
 
 
 def simulate_burst(cfg: FirstHeadConfig, expected: dict[str, np.ndarray], test: dict) -> dict:
-    """Per head: the plug-in design's mean JCT in the simulator's burst, its cut vs stock and its share of the
-    shipped head's cut (paired by draw), and p99 / stock's."""
+    """Per head: :func:`burst_gains` on ``draws`` bursts of test requests (the workload table's rows, which must be
+    the test split's in order)."""
     from lenpred.serving.cost_model import CostModel
-    from lenpred.serving.simulator import SimConfig
-    from lenpred.studies.paired import compare
-    from lenpred.studies.queue_sim import BLOCK_SIZE, draw, kv_tokens, run_mode, run_parked
+    from lenpred.studies.queue_sim import draw, kv_tokens
     from lenpred.studies.workload import load_workload_table, table_prompt_oracle
 
     table = load_workload_table(bench=cfg.bench, token_ids=False)
@@ -139,28 +135,43 @@ def simulate_burst(cfg: FirstHeadConfig, expected: dict[str, np.ndarray], test: 
     if shipped_gap > 0.5:  # the states pooled here are not the ones the shipped predictions were made from
         raise LenpredError(f"the shipped head's test predictions from the signal cache differ from the workload "
                            f"table's by up to {shipped_gap:.2f} tokens: a stale signal cache (delete it) or table")
-    cost, D = CostModel.load(cfg.cost_model), cfg.decode_bound
-    kv, oracle_p = kv_tokens(table, D), table_prompt_oracle(table)
-    jct: dict[str, list[np.ndarray]] = {m: [] for m in ["stock", *expected]}
+    oracle_p = table_prompt_oracle(table)
+    draws = []
     for d in range(cfg.draws):
-        reqs = draw(table, oracle_p, cfg.burst * D, cfg.sim_seed + d)
+        reqs = draw(table, oracle_p, cfg.burst * cfg.decode_bound, cfg.sim_seed + d)
         for r in reqs:
             r.predictions.update({name: float(p[r.table_row]) for name, p in expected.items()})
-        base = SimConfig(max_num_seqs=D, max_num_batched_tokens=8192, arrival="all", seed=cfg.sim_seed + d,
-                         kv_cache_tokens=kv, block_size=BLOCK_SIZE)
+        draws.append(reqs)
+    return burst_gains(draws, list(expected), CostModel.load(cfg.cost_model), cfg.decode_bound,
+                       kv_tokens(table, cfg.decode_bound), cfg.sim_seed, cfg.bootstrap_resamples)
+
+
+def burst_gains(draws: list[list], names: list[str], cost, D: int, kv_cache_tokens: int, seed: int,
+                n_resamples: int) -> dict:
+    """Per ranking ``names[i]`` (a key of every request's ``predictions``; ``"shipped"`` among them): each draw's
+    burst (all at ``t = 0``) under the plug-in's design (parked SRPT, D slots, a window of D, prompts prefilled
+    shortest first) in the simulator, its mean JCT, its cut vs stock FCFS, p99 / stock's, and (every name but
+    ``shipped``) its share of the shipped head's cut; paired, requests clustered by draw."""
+    from lenpred.serving.simulator import SimConfig
+    from lenpred.studies.paired import compare
+    from lenpred.studies.queue_sim import BLOCK_SIZE, run_mode, run_parked
+
+    jct: dict[str, list[np.ndarray]] = {m: [] for m in ["stock", *names]}
+    for d, reqs in enumerate(draws):
+        base = SimConfig(max_num_seqs=D, max_num_batched_tokens=8192, arrival="all", seed=seed + d,
+                         kv_cache_tokens=kv_cache_tokens, block_size=BLOCK_SIZE)
         jct["stock"].append(_jct(run_mode("stock", reqs, cost, base, None)))
         plugin = dataclasses.replace(base, max_num_seqs=2 * D)
-        for name in expected:
+        for name in names:
             jct[name].append(_jct(run_parked(reqs, cost, plugin, policy="srpt", predictor=name, decode_slots=D,
                                              max_idle_s=None, prefill_ahead=D, admit_by="prompt_len")[1]))
-    n = cfg.bootstrap_resamples
     out = {"stock": {"mean_jct_s": float(np.concatenate(jct["stock"]).mean())}}
-    for name in expected:
+    for name in names:
         out[name] = {"mean_jct_s": float(np.concatenate(jct[name]).mean()),
-                     "jct_cut_vs_stock": list(compare("mean_cut", jct["stock"], jct[name], n)),
-                     "p99_ratio_vs_stock": list(compare("p99_ratio", jct["stock"], jct[name], n))}
+                     "jct_cut_vs_stock": list(compare("mean_cut", jct["stock"], jct[name], n_resamples)),
+                     "p99_ratio_vs_stock": list(compare("p99_ratio", jct["stock"], jct[name], n_resamples))}
         if name != "shipped":
-            out[name]["share_of_shipped"] = list(compare("oracle_share", jct["stock"], jct[name], n,
+            out[name]["share_of_shipped"] = list(compare("oracle_share", jct["stock"], jct[name], n_resamples,
                                                          oracle=jct["shipped"]))
     return out
 
@@ -177,7 +188,6 @@ def run_first_head(cfg: FirstHeadConfig) -> dict:
     from lenpred.pipeline import LengthPredictor
     from lenpred.prediction import head_quantiles
     from lenpred.studies.traffic_data import STREAM_LAYERS, split_prompt_ids, stream_signals
-    from lenpred.traffic_refit import first_head_on_traffic
 
     backbone = load_backbone()
     shipped = LengthPredictor.from_pretrained(backbone=backbone)
@@ -194,12 +204,13 @@ def run_first_head(cfg: FirstHeadConfig) -> dict:
     root = Path(cfg.log_root or Path(cfg.out) / "logs")
     expected = {"shipped": head_quantiles(shipped.predictor_.head_, test["X"], test["caps"], shipped.coverage)[0]}
     heads = {}
-    for n in cfg.sizes:
-        refit = first_head_on_traffic(log_stream(stream, n, capture, root / f"first-{n}"), HEAD, seed=cfg.seed)
-        expected[f"first_{n}"] = head_quantiles(refit.predictor.head_, test["X"], test["caps"], 0.8)[0]
-        heads[f"first_{n}"] = {"logged": n, "trained_on": refit.config.training_traffic.num_train,
-                               "margin": refit.margin, "card": refit.card}
-        print(f"first head from {n} logged requests: trained", flush=True)
+    for n in cfg.sizes:  # `lenpred train --traffic LOG --out DIR`, as a user runs it
+        head = LengthPredictor.from_traffic(log_stream(stream, n, capture, root / f"first-{n}"))
+        saved = head.save_pretrained(Path(cfg.out) / "heads" / f"first-{n}")
+        expected[f"first_{n}"] = head_quantiles(head.predictor_.head_, test["X"], test["caps"], head.coverage)[0]
+        heads[f"first_{n}"] = {"logged": n, "trained_on": head.config_.training_traffic.num_train,
+                               "margin": head.margin_, "card": head.card_, "saved": str(saved)}
+        print(f"first head from {n} logged requests: trained, saved to {saved}", flush=True)
     report = {"config": asdict(cfg), "num_train_stream": len(order), "num_test": len(test["y"]), "heads": heads,
               "test": score(expected, test, cfg.bootstrap_resamples),
               "burst": simulate_burst(cfg, expected, test)}

@@ -101,15 +101,16 @@ def test_scheduler_decodes_the_shorter_prediction_first(served):
 
 
 def test_traffic_log_holds_each_finished_request_with_the_state_the_head_read(served):
-    from lenpred.online.traffic_log import read_traffic_log
+    from lenpred.online.traffic_log import read_traffic_log, token_ids_sha256
 
-    _, lines, _, _, traffic = served
+    _, lines, ids, _, traffic = served
     log = read_traffic_log(traffic)  # every part verified against its checksum
     assert log.num_records == len(lines) == 2 * len(PROMPTS)
     by_len = {x["num_prompt_tokens"]: np.array(x["state"], np.float32) for x in lines}
     for n, feats in zip(log.columns["num_prompt_tokens"], log.features):
         np.testing.assert_allclose(feats, by_len[int(n)], rtol=2e-3, atol=2e-2)  # stored as float16
     assert set(log.columns["num_output_tokens"].tolist()) == {CAP} and set(log.columns["finish_reason"]) == {"length"}
+    assert set(log.columns["prompt_sha256"]) == {token_ids_sha256(i) for i in ids}  # both runs of a prompt share it
 
 
 def test_vllms_chat_renderer_gives_prepare_prompts_ids():
@@ -206,7 +207,7 @@ def test_a_new_deployment_logs_with_no_head_trains_its_first_head_and_serves_it(
     from lenpred import LengthPredictor
     from lenpred.backbone import load_backbone
     from lenpred.cli import app
-    from lenpred.online.traffic_log import read_traffic_log
+    from lenpred.online.traffic_log import read_traffic_log, token_ids_sha256
     from lenpred.prompts import chat_token_ids
     from lenpred.serving.vllm.config import EngineConfig
 
@@ -223,6 +224,7 @@ def test_a_new_deployment_logs_with_no_head_trains_its_first_head_and_serves_it(
     log = read_traffic_log(tmp_path / "traffic")
     assert log.num_records == len(prompts) == 40 and log.metadata["head"] == "none"
     assert log.metadata["layers"] == "[15]" and np.isnan(log.columns["expected"]).all()
+    assert sorted(log.columns["prompt_sha256"]) == sorted(token_ids_sha256(i) for i in ids)  # groups a prompt's samples
     assert sorted(log.columns["num_output_tokens"].tolist()) == sorted(len(o.outputs[0].token_ids) for o in outs)
     with torch.no_grad():
         for i in ids[:3]:  # rows are in finish order: the row of the same length nearest transformers' state

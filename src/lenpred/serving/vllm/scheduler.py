@@ -56,7 +56,7 @@ from lenpred.io import write_json
 from lenpred.online.adaptive import AdaptiveConfig
 from lenpred.online.learning import OnlineLearning
 from lenpred.online.progressive import start_states, update_batch
-from lenpred.online.traffic_log import TrafficLogConfig
+from lenpred.online.traffic_log import TrafficLogConfig, token_ids_sha256
 from lenpred.outcome import RequestOutcome
 from lenpred.prediction import LengthPrediction
 from lenpred.serving.parked import admission_limit, admission_priority, choose_decoders, preemption_order
@@ -327,7 +327,8 @@ class LenpredScheduler(Scheduler):
                 served, request = self.lenpred_requests[rid], self.requests[rid]
                 if served.served is None:
                     served.served = self._lp_online.capture(states[rid]["states"][layer], request.num_prompt_tokens,
-                                                            request.max_tokens)
+                                                            request.max_tokens,
+                                                            prompt_sha256=token_ids_sha256(request.prompt_token_ids))
                     served.last_token_s = served.first_token_time_s = now
             return
         if new:
@@ -340,7 +341,9 @@ class LenpredScheduler(Scheduler):
                 served = self.lenpred_requests[rid]
                 served.predicted(p, now)
                 if self._lp_online is not None:  # the served interval (adaptive when on) and the log's row
-                    served.served = self._lp_online.serve(states[rid]["states"][layer], [p])[0]  # p's head pass
+                    served.served = self._lp_online.serve(  # p's head pass
+                        states[rid]["states"][layer], [p],
+                        prompt_sha256=[token_ids_sha256(self.requests[rid].prompt_token_ids)])[0]
                     served.first_token_time_s = time.time()
                     served.prediction = replace(p, low=float(served.served.low), high=float(served.served.high))
                 if self.lenpred_config.log_states:
