@@ -64,3 +64,14 @@ def test_the_second_engine_slice_the_guide_quotes_is_its_json():
               f"{100 * ours['jct_cut_vs_stock'][0]:+.1f} %, p99 {ours['p99_ratio_vs_stock'][0]:.2f}×")
     for q in quoted:
         assert q in text, q
+
+
+def test_the_first_head_table_in_the_serving_guide_is_its_json():
+    from lenpred.studies.first_head import summary_table
+
+    rep = json.loads((ROOT / "results/scripts/first_head/first_head.json").read_text())
+    want = summary_table(rep).strip()
+    assert rendered_block(ROOT / "docs/serving.md", "first_head") == want, f"render it anew:\n{want}"
+    shares = [f"{rep['burst'][f'first_{n}']['share_of_shipped'][0]:.2f}" for n in (250, 500)]
+    text = " ".join((ROOT / "docs/serving.md").read_text().split())
+    assert f"recovers {shares[0]} of the shipped head's scheduling gain, after 500 {shares[1]}" in text

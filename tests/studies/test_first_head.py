@@ -34,9 +34,24 @@ def test_scores_are_paired_with_the_shipped_head():
     assert out["shipped"]["mae"][0] == pytest.approx(2) and out["first_250"]["mae"][0] == pytest.approx(1)
     assert out["first_250"]["mae_minus_shipped"] == pytest.approx([-1, -1, -1])  # every error 1 token smaller
     assert out["first_250"]["kendall_tau"] == pytest.approx(1) and out["first_250"]["tau_minus_shipped"][0] == 0
+    pooled = score({"shipped": y + 2, "a": y - 1, "b": y + 3}, test, 200, {"first_250": ["a", "b"]})["first_250"]
+    assert pooled["mae"][0] == pytest.approx(2) and pooled["per_stream"]["mae"] == pytest.approx([1, 3])
+    assert pooled["mae_minus_shipped"] == pytest.approx([0, 0, 0])  # the orders' mean error equals the shipped one
 
 
 def test_config_refuses_sizes_too_small_to_calibrate():
     assert FirstHeadConfig(sizes=(500, 250, 500)).sizes == (250, 500)
     with pytest.raises(LenpredError, match="--sizes must be >= 40"):
         FirstHeadConfig(sizes=(20,))
+
+
+def test_burst_cells_pool_the_orders_heads_by_hand():
+    from lenpred.studies.first_head import burst_cells
+
+    a = lambda *v: np.array(v, float)  # noqa: E731
+    jct = {"stock": [a(2, 2), a(4, 4)], "shipped": [a(1, 1), a(2, 2)], "x@0": [a(1.5, 1.5), a(3, 3)],
+           "x@1": [a(2, 2), a(4, 4)]}
+    out = burst_cells(jct, {"shipped": ["shipped"], "x": ["x@0", "x@1"]}, 200)
+    assert out["shipped"]["jct_cut_vs_stock"][0] == pytest.approx(0.5)
+    assert out["x"]["mean_jct_s"] == pytest.approx(2.625) and out["x"]["jct_cut_vs_stock"][0] == pytest.approx(0.125)
+    assert out["x"]["share_of_shipped"][0] == pytest.approx(0.25)  # (3 - 2.625) / (3 - 1.5)
