@@ -117,3 +117,40 @@ def test_a_trace_run_is_simulated_on_its_own_planned_send_times():
         r.update(arrival_s=t, completion_tokens=3)
     unit = CostModel("unit", {"p0": 1.0, "p1": 0.0, "p2": 0.0, "d0": 1.0, "d1": 0.0, "d2": 0.0}, fused_prefill=True)
     assert simulated_mean_jct(rec, {"kv_bytes_per_token": 46080}, unit, seed=0) == pytest.approx(3.0)
+
+
+def test_whatif_on_each_plugin_runs_own_traffic_log_beside_the_measured_cut(tmp_path: Path):
+    """``add_whatif``: one row per draw whose plug-in run kept its traffic log, the measured cut and p99 ratio
+    worked by hand from the runs, the prediction what ``lenpred whatif`` says of that log; a draw whose log is gone
+    gets no row."""
+    import numpy as np
+
+    from lenpred.online.traffic_log import TrafficLogConfig, TrafficLogWriter, TrafficRecord
+    from lenpred.serving.cost_model import CostModel
+    from lenpred.studies.queue_report import add_whatif
+    from lenpred.studies.whatif import WhatifConfig, run_whatif
+
+    rng = np.random.default_rng(3)
+    with TrafficLogWriter(TrafficLogConfig(tmp_path / "log")) as w:
+        for i in range(40):  # a burst of 40, served 4 at a time
+            n, first = int(rng.integers(5, 300)), 0.5 + (i // 4) * 3.0
+            w.record(TrafficRecord(features=np.zeros(4), expected=float(n), low=0, high=1, num_output_tokens=n,
+                                   finish_reason="stop", arrival_time_s=1000.0, first_token_time_s=1000.0 + first,
+                                   finish_time_s=1000.0 + first + 0.1 * n, num_prompt_tokens=20))
+    cost = tmp_path / "cost.json"
+    CostModel("unit", {"p0": 1.0, "p1": 0.0, "p2": 0.0, "d0": 1.0, "d1": 0.0, "d2": 0.0},
+              fused_prefill=True).save(cost)
+    run = lambda jct, log=None: {"settings": {"traffic_log": log},  # noqa: E731
+                                 "results": [{"jct_s": x, "outcome": "ok"} for x in jct]}
+    store = {"runs": {"0/stock/burst8": run([10.0, 10.0, 30.0]), "0/plugin/burst8": run([8.0, 8.0, 24.0],
+                                                                                         str(tmp_path / "log")),
+                      "1/stock/burst8": run([10.0]), "1/plugin/burst8": run([5.0], str(tmp_path / "gone"))}}
+    rep = {"regime": {"decode_bound": 4}, "patterns": {"burst8": {}}}
+    add_whatif(rep, store, tmp_path / "out", str(cost), 200)
+    [row] = rep["patterns"]["burst8"]["whatif"]
+    want = run_whatif(WhatifConfig(traffic=str(tmp_path / "log"), cost_model=str(cost), decode_slots=(4,),
+                                   out=str(tmp_path / "again"), bootstrap_resamples=200))["results"]["4"]["lenpred"]
+    assert row["draw"] == 0 and row["measured_cut"] == pytest.approx(0.2)  # 1 - 40/50
+    assert row["measured_p99_ratio"] == pytest.approx(0.8) and row["predicted_cut"] == want["jct_cut_vs_stock"][0]
+    assert row["error_pp"] == pytest.approx(100 * (want["jct_cut_vs_stock"][0] - 0.2))
+    assert (tmp_path / "out" / "whatif" / "0-plugin-burst8" / "whatif.json").is_file()

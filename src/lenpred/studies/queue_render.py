@@ -10,7 +10,7 @@ from pathlib import Path
 from lenpred.io import write_json
 from lenpred.studies.engine_bench import fmt_ci, pct
 from lenpred.studies.queue_regime import LENGTH_CLASSES
-from lenpred.studies.queue_report import MAP_MODES, report
+from lenpred.studies.queue_report import MAP_MODES, add_whatif, report
 from lenpred.tables import markdown_table
 
 
@@ -80,6 +80,14 @@ def pattern_markdown(pattern: str, p: dict) -> list[str]:
                   "without the streaming overhead): " + "; ".join(
                       f"{m} {x['simulated_mean_jct_s']:.1f} ({x['simulated_over_measured']:.2f}; "
                       f"{x['offline_over_measured']:.2f})" for m, x in simulated.items()) + ".", ""]
+    if p.get("whatif"):
+        lines += ["`lenpred whatif` on each plug-in run's own traffic log (the simulator's cost model, the run's D) "
+                  "against that draw's measured cut vs stock:", "",
+                  markdown_table(["draw", "whatif: cut vs stock", "measured cut", "error, points",
+                                  "whatif: p99 / stock", "measured p99 / stock"],
+                                 [[w["draw"], f"{w['predicted_cut']:+.1%}", f"{w['measured_cut']:+.1%}",
+                                   f"{w['error_pp']:+.1f}", f"{w['predicted_p99_ratio']:.2f}",
+                                   f"{w['measured_p99_ratio']:.2f}"] for w in p["whatif"]]), ""]
     if p.get("fewer_draws"):
         best_cut = lambda x: fmt_ci(x["best_lenpred_cut"], pct) if "best_lenpred_cut" in x else "–"  # noqa: E731
         best_mode = (p["best_lenpred"] or {}).get("mode", "–")
@@ -150,6 +158,8 @@ def save_report(store: dict, out: str | Path, n_resamples: int = 2000, sim_cost_
 
     out = Path(out)
     rep = report(store, n_resamples, sim_cost_model)
+    if sim_cost_model is not None:
+        add_whatif(rep, store, out, sim_cost_model, n_resamples)
     if rep["regime_map"]:
         plot_regime_map(rep["regime_map"], out / "regime_map.png", rep["regime"]["decode_bound"])
     write_json(out / "report.json", rep)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 
@@ -238,6 +239,37 @@ def add_simulated(rep: dict, store: dict, cost_model: str) -> None:
             cell["offline_over_measured"] = float(sim["offline"] / real)
     rep["simulator_cost_model"] = cost_model
     rep["simulator_streaming_overhead"] = fit
+
+
+def add_whatif(rep: dict, store: dict, out: Path, cost_model: str, n_resamples: int) -> None:
+    """Per pattern, per draw whose plug-in run left its traffic log on disk (``settings["traffic_log"]``) beside a
+    stock run: ``lenpred whatif`` on that log (at the run's D, on ``cost_model``; written under
+    ``<out>/whatif/<draw>-plugin-<pattern>``) against the draw's measured cut vs stock (issue 49: within 5 points)
+    and p99 ratio; stored as the pattern's ``whatif`` rows."""
+    from lenpred.studies.whatif import WhatifConfig, run_whatif
+
+    D = rep["regime"]["decode_bound"]
+    for pattern, p in rep["patterns"].items():
+        rows = []
+        for key, rec in sorted(store["runs"].items()):
+            d, mode, pat = key.split("/")
+            stock = store["runs"].get(run_key(int(d), "stock", pattern))
+            log = rec["settings"].get("traffic_log")
+            if pat != pattern or mode != "plugin" or stock is None or not log or not Path(log).is_dir():
+                continue
+            w = run_whatif(WhatifConfig(traffic=log, cost_model=cost_model, decode_slots=(D,),
+                                        out=str(out / "whatif" / f"{d}-plugin-{pattern}"),
+                                        bootstrap_resamples=n_resamples))["results"][str(D)]["lenpred"]
+            jct = {m: np.array([r["jct_s"] for r in x["results"] if r["outcome"] == "ok"])
+                   for m, x in (("stock", stock), ("plugin", rec))}
+            measured = 1 - jct["plugin"].mean() / jct["stock"].mean()
+            rows.append({"draw": int(d), "traffic_log": log, "predicted_cut": w["jct_cut_vs_stock"][0],
+                         "measured_cut": float(measured), "error_pp": 100 * (w["jct_cut_vs_stock"][0] - measured),
+                         "predicted_p99_ratio": w["p99_ratio_vs_stock"][0],
+                         "measured_p99_ratio": float(np.percentile(jct["plugin"], 99)
+                                                     / np.percentile(jct["stock"], 99))})
+        if rows:
+            p["whatif"] = rows
 
 
 def report(store: dict, n_resamples: int = 2000, sim_cost_model: str | None = None) -> dict:
