@@ -231,6 +231,8 @@ def test_serving_with_no_head_captures_half_the_depth_and_only_observes(tiny_mod
         EngineConfig(predictor="none", policy="observe", traffic_log="t", adaptive_interval="aci")
     with pytest.raises(LenpredError, match="capture_layer is for predictor none"):
         EngineConfig(capture_layer=15)
+    with pytest.raises(LenpredError, match="capture_layer must be an integer >= 1 .* got '15'"):
+        EngineConfig(predictor="none", policy="observe", traffic_log="t", capture_layer="15")
 
 
 @pytest.fixture(scope="module")

@@ -92,6 +92,10 @@ class EngineConfig(SchedulerConfig):
         for name in ("plp", "log_states"):
             if not isinstance(getattr(self, name), bool):
                 raise LenpredError(f"lenpred {name} must be true or false, got {getattr(self, name)!r}")
+        if self.capture_layer is not None and (not isinstance(self.capture_layer, int)
+                                               or isinstance(self.capture_layer, bool) or self.capture_layer < 1):
+            raise LenpredError(f"lenpred capture_layer must be an integer >= 1 (a decoder layer's output) or null, got "
+                               f"{self.capture_layer!r}")
         if self.headless:
             raise_first([(self.policy != OBSERVE, f"lenpred predictor none (no head) has nothing to rank by: use "
                           f"policy observe (not {self.policy!r}) to log traffic, then `lenpred train --traffic` and "
