@@ -53,7 +53,7 @@ COMMANDS = {
     "demo": ([EvalConfig], set()),
     "evaluate": ([EvalConfig], set()),
     "progressive": ([ProgressiveConfig], set()),
-    "train": ([LengthPredictor, LengthPredictor.fit, LengthPredictor.from_traffic], {"out", "traffic"}),
+    "train": ([LengthPredictor, LengthPredictor.fit, LengthPredictor.from_traffic], {"out", "traffic", "force"}),
     "traffic-replay": ([TrafficReplayConfig], set()),
     "whatif": ([WhatifConfig], set()),
     "predict": ([], {"predictor", "file", "max_new_tokens", "scenario", "distribution", "threads"}),
