@@ -230,7 +230,8 @@ def test_a_new_deployment_logs_with_no_head_trains_its_first_head_and_serves_it(
         for i in ids[:3]:  # rows are in finish order: the row of the same length nearest transformers' state
             want = backbone.model(torch.tensor([i]), output_hidden_states=True).hidden_states[15][0, -1].numpy()
             rows = log.features[log.columns["num_prompt_tokens"] == len(i)]
-            assert min(np.abs(f - want).max() for f in rows) < 2e-2  # stored as float16
+            # stored as float16: within assert_allclose(rtol=2e-3, atol=2e-2), as the headed log's test
+            assert min((np.abs(f - want) - 2e-3 * np.abs(want)).max() for f in rows) <= 2e-2
 
     r = CliRunner().invoke(app, ["train", "--traffic", str(tmp_path / "traffic"), "--out", str(tmp_path / "head")])
     assert r.exit_code == 0, r.output
