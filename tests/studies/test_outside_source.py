@@ -33,8 +33,13 @@ def test_the_stream_joins_prompts_halves_and_prompt_oracles(tmp_path):
     assert s["y"].tolist() == [10, 30, 5, 7, 40, 60, 1, 3]  # finish order, h1's first try dropped
     assert s["later"].tolist() == [False] * 4 + [True] * 4  # prompts 2 and 3 (serving order) are the later half
     assert s["prompt_oracle"].tolist() == [30, 10, 7, 5, 60, 40, 3, 1]  # the other sample's length
-    write_parquet_checked(pa.Table.from_pylist(samples[:6]), tmp_path / "samples.parquet")  # h3 not listed
-    with pytest.raises(LenpredError, match="belong to no prompt"):
+    write_parquet_checked(pa.Table.from_pylist(samples[:6]), tmp_path / "samples.parquet")  # h3 not listed yet
+    s = load_stream(tmp_path)
+    assert s["y"].tolist() == [10, 30, 5, 7, 40, 60] and s["unlisted"][0] == 2
+    write_parquet_checked(pa.Table.from_pylist([{"order": 0, "prompt_id": "x", "sample": 0, "prompt_sha256": "hx"},
+                                                {"order": 0, "prompt_id": "x", "sample": 1, "prompt_sha256": "hx"}]),
+                          tmp_path / "samples.parquet")
+    with pytest.raises(LenpredError, match="a log from another run"):
         load_stream(tmp_path)
 
 

@@ -123,7 +123,9 @@ def score(expected: dict[str, np.ndarray], test: dict, n_resamples: int,
         taus = [float(kendalltau(expected[m], y).statistic) for m in members]
         cell = {"mae": list(clustered_bootstrap(err, ids, n_resamples)), "kendall_tau": float(np.mean(taus)),
                 "mae_minus_shipped": list(clustered_bootstrap(err - ref_err, ids, n_resamples))}
-        if len(members) == 1:
+        if len(members) == 1 and np.ptp(expected[members[0]]) == 0:  # a constant ranks nothing: τ undefined
+            cell["tau_minus_shipped"] = [float("nan")] * 3
+        elif len(members) == 1:
             cell["tau_minus_shipped"] = paired_tau_bootstrap(y, expected[members[0]], expected["shipped"], ids,
                                                              n_resamples)["diff"]
         else:

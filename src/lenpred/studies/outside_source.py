@@ -17,7 +17,7 @@ On the later half (MAE with prompt-clustered 95 % intervals, Kendall τ, both pa
 * the 80 % interval: the shipped head's fixed margin vs adaptive conformal inference over the whole stream
   (:func:`lenpred.online.adaptive.replay_intervals`), coverage on the later half;
 * the simulator's burst of ``burst``·D later-half requests (``draws`` draws): the plug-in's design ranked by each
-  head (:func:`lenpred.studies.first_head.burst_gains`).
+  head (:func:`lenpred.studies.first_head.burst_jct`).
 
 Output: ``outside.json`` and ``outside.md`` under ``out``.
 """
@@ -65,10 +65,11 @@ def load_stream(out: Path) -> dict:
     """The served stream in finish order (a refit's time order): states, lengths, censoring, caps, the served
     prediction and raw quantiles, prompt tokens, the prompt (its token-id SHA-256), whether it is in the later
     half, and its prompt oracle. A prompt served more than once (a chunk cut short and served again) keeps its
-    latest ``samples`` requests.
+    latest ``samples`` requests; requests of prompts ``samples.parquet`` does not list (a chunk still being served,
+    or cut short) are left out and counted (``unlisted``).
 
     Raises:
-        LenpredError: a log request whose prompt ``samples.parquet`` does not list, or a prompt with one sample."""
+        LenpredError: no logged request of a listed prompt (a log from another run), or a prompt with one sample."""
     from lenpred.io import read_parquet_checked
     from lenpred.online.traffic_log import read_traffic_log
 
@@ -78,15 +79,15 @@ def load_stream(out: Path) -> dict:
     log = read_traffic_log(out / "traffic")
     c = log.columns
     sha = c["prompt_sha256"]
-    unknown = set(sha) - set(order)
-    if unknown:
-        raise LenpredError(f"{len(unknown)} logged request(s) of {out / 'traffic'} belong to no prompt of "
+    listed = np.array([h in order for h in sha])
+    if not listed.any():
+        raise LenpredError(f"no logged request of {out / 'traffic'} belongs to a prompt of "
                            f"{out / 'samples.parquet'}: a log from another run; serve into a fresh --out")
     keep = np.zeros(len(sha), bool)
     by_arrival = np.argsort(c["arrival_time_s"], kind="stable")
     seen: dict[str, int] = {}
-    for i in by_arrival[::-1]:  # latest first
-        if seen.get(sha[i], 0) < per_prompt:
+    for i in by_arrival[::-1]:  # latest first; a chunk still running (or cut short) is not listed yet
+        if listed[i] and seen.get(sha[i], 0) < per_prompt:
             seen[sha[i]] = seen.get(sha[i], 0) + 1
             keep[i] = True
     idx = np.flatnonzero(keep)
@@ -98,6 +99,7 @@ def load_stream(out: Path) -> dict:
          "prompt_tokens": c["num_prompt_tokens"][idx].astype(np.float64), "prompt_id": sha[idx].astype(str),
          "later": rank >= np.median(sorted(set(order.values())))}
     s["prompt_oracle"] = _other_samples_mean(s["prompt_id"], s["y"])
+    s["unlisted"] = np.full(len(idx), int((~listed).sum()))  # requests of prompts samples.parquet does not list
     if np.isnan(s["prompt_oracle"]).any():
         raise LenpredError("a prompt has one served sample: the prompt oracle needs another (serve with --samples 2)")
     return s
@@ -139,7 +141,7 @@ def run_outside(cfg: OutsideConfig) -> dict:
     from lenpred.pipeline import LengthPredictor
     from lenpred.prediction import head_quantiles
     from lenpred.serving.cost_model import CostModel
-    from lenpred.studies.first_head import burst_gains, score
+    from lenpred.studies.first_head import burst_cells, burst_jct, score
     from lenpred.traffic_refit import bench_train_rows
 
     out = Path(cfg.out)
@@ -163,12 +165,13 @@ def run_outside(cfg: OutsideConfig) -> dict:
                        "mean_width_later": float(np.mean(hi[later] - lo[later]))}
                 for name, (lo, hi) in (("fixed", fixed), ("aci", aci))}
     report = {"config": asdict(cfg), "num_requests": len(s["y"]), "num_later": int(later.sum()),
+              "unlisted_requests_left_out": int(s.pop("unlisted")[0]),
               "num_prompts": len(set(s["prompt_id"])), "mean_output_tokens": float(s["y"].mean()),
               "censored_share": float(s["censored"].mean()), "nominal_coverage": shipped.coverage,
               "later_half": score(expected, L, cfg.bootstrap_resamples), "coverage": coverage,
-              "burst": burst_gains(_draws(cfg, L, expected), list(expected), CostModel.load(cfg.cost_model),
-                                   cfg.decode_bound, _kv_tokens(L, cfg.decode_bound), cfg.sim_seed,
-                                   cfg.bootstrap_resamples)}
+              "burst": burst_cells(burst_jct(_draws(cfg, L, expected), list(expected), CostModel.load(cfg.cost_model),
+                                             cfg.decode_bound, _kv_tokens(L, cfg.decode_bound), cfg.sim_seed),
+                                   {k: [k] for k in expected}, cfg.bootstrap_resamples)}
     from lenpred.io import write_json
 
     write_json(out / "outside.json", report)
@@ -206,12 +209,15 @@ def render(report: dict) -> str:
     from lenpred.studies.scheduling_report import markdown
 
     c = report["config"]
-    fmt = lambda v, d=1: f"{v[0]:+.{d}f} [{v[1]:+.{d}f}, {v[2]:+.{d}f}]"  # noqa: E731
+    def fmt(v, d=1):  # a constant has no ranking: its τ is undefined
+        return "–" if np.isnan(v[0]) else f"{v[0]:+.{d}f} [{v[1]:+.{d}f}, {v[2]:+.{d}f}]"
+
     rows = []
     for name, t in report["later_half"].items():
         b = report["burst"][name]
         rows.append([name, f"{t['mae'][0]:.1f} [{t['mae'][1]:.1f}, {t['mae'][2]:.1f}]",
-                     "–" if name == "shipped" else fmt(t["mae_minus_shipped"]), f"{t['kendall_tau']:.3f}",
+                     "–" if name == "shipped" else fmt(t["mae_minus_shipped"]),
+                     "–" if np.isnan(t["kendall_tau"]) else f"{t['kendall_tau']:.3f}",
                      "–" if name == "shipped" else fmt(t["tau_minus_shipped"], 3),
                      fmt([100 * v for v in b["jct_cut_vs_stock"]]) + " %",
                      "–" if name == "shipped" else fmt(b["share_of_shipped"], 2)])
