@@ -357,8 +357,8 @@ def resolve_model(model_id: str = DEFAULT_MODEL) -> tuple[Path, str]:
                                "hub id")
         return convert_gguf(path)
     if path.is_dir():
-        if (path / "config.json").is_file():
-            return path.resolve(), directory_fingerprint(path)
+        if (path / "config.json").is_file():  # a directory lenpred converted keeps its GGUF's revision
+            return path.resolve(), local_model_revision(path)
         gguf = gguf_in_directory(path)
         if gguf is None:
             raise LenpredError(f"model directory {path} has no config.json and no .gguf file: point --model at a "

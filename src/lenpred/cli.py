@@ -121,8 +121,8 @@ TRAIN = Options(LengthPredictor, {
     "test_share": Opt(WITH_TRAFFIC + "the latest share of the log, scored on the card.", source=FIT_TRAFFIC),
     "finetune": Opt(WITH_TRAFFIC + "train the --base head further instead of refitting from scratch (epochs / "
                     "learning rate chosen in time order).", source=FIT_TRAFFIC),
-    "force": Opt(WITH_TRAFFIC + "save over the predictor already in --out even when the new head's MAE on the log's "
-                 "latest requests is worse than its (refused by default).", default=False, type=bool),
+    "force": Opt(WITH_TRAFFIC + "replace --out whole even when the predictor already there is better on the log's "
+                 "latest requests, or cannot be read (refused by default).", default=False, type=bool),
     "model": BENCH_MODEL_HELP, "data_dir": Opt(DATA_DIR_HELP, source=FIT), "cache": Opt(CACHE_HELP, source=FIT),
     "layers": LAYERS_HELP, "coverage": "Nominal coverage of the \\[low, high] interval (calibrated on validation).",
     "seed": "Head seed.", "epochs": EPOCHS_HELP, "pool_span": POOL_SPAN_HELP,
@@ -145,7 +145,15 @@ def train(out: str, traffic: Optional[str], force: bool, **options):
     if any(p.exists() and not p.is_dir() for p in (out_path, *out_path.parents)):  # refused before any work
         raise LenpredError(f"--out {out} is (or lies under) a file: pass a directory")
     fit, refit = TRAIN.take(options, FIT), TRAIN.take(options, FIT_TRAFFIC)
+    check_out(out_path, traffic, force)
     if traffic is not None:
+        defaults = LengthPredictor().get_params()
+        ignored = [n for n, v in options.items() if n in defaults and n != "model"
+                   and (tuple(v) if isinstance(v, list) else v) != defaults[n]]
+        if ignored:
+            raise LenpredError(f"with --traffic the head keeps --base's settings (a log captured with no head: the "
+                               f"shipped head's), so {', '.join('--' + n.replace('_', '-') for n in ignored)} would "
+                               "be ignored: leave them out")
         incumbent = out if (out_path / CONFIG_FILE).exists() and not force else None
         predictor = LengthPredictor.from_traffic(log=traffic, **refit, **fit, incumbent=incumbent)
         check_not_worse(predictor.card_, out)
@@ -154,6 +162,37 @@ def train(out: str, traffic: Optional[str], force: bool, **options):
     path = predictor.save_pretrained(out)
     typer.echo(render_card(predictor.config_, predictor.card_))
     typer.echo(f"saved to {path}")
+
+
+def check_out(out: Path, traffic: str | None, force: bool) -> None:
+    """Refuse an ``--out`` whose replacement would lose something: a directory holding files but no saved predictor
+    (saving replaces the directory whole), one holding an unreadable predictor (unless ``--force``), or, with
+    ``--traffic``, the log itself or a directory that holds it; and ``--force`` without ``--traffic``.
+
+    Raises:
+        LenpredError: the first of these (the message names ``--out`` and the fix)."""
+    from lenpred.predictor_config import read_config
+
+    from lenpred.pipeline import CONFIG_FILE
+
+    if force and traffic is None:
+        raise LenpredError("--force is for --traffic (replacing the head in service by a worse one): leave it out")
+    if traffic is not None:
+        log, target = Path(traffic).resolve(), out.resolve()
+        if target == log or target in log.parents:
+            raise LenpredError(f"--out {out} is (or holds) the traffic log {traffic}: saving would replace it; pass "
+                               "another --out")
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    if not (out / CONFIG_FILE).is_file():
+        raise LenpredError(f"--out {out} holds files but no saved predictor, and saving replaces the directory whole: "
+                           "pass a new or empty directory")
+    try:
+        read_config(out)
+    except LenpredError as exc:
+        if not force:
+            raise LenpredError(f"--out {out} holds a predictor that cannot be read ({exc}); pass another --out, or "
+                               "--force to replace the directory whole") from None
 
 
 def check_not_worse(card: dict, out: str) -> None:

@@ -195,11 +195,14 @@ class LengthPredictor(ProgressiveMixin):
             self.method, self.model = refit.config.method, refit.config.model_id
             self.layers = tuple(refit.config.layers)
         else:
-            base_p = cls.from_pretrained(base, backbone=backbone, threads=threads)
+            # the model is loaded only to pool a benchmark's train split; the log holds the head's input
+            base_p = cls.from_pretrained(base, backbone=backbone, threads=threads,
+                                         load_model=bench is not None or backbone is not None)
             refit = refit_on_traffic(base_p, log, bench, None if base is None else str(base), calibration_share,
                                      test_share, finetune, data_dir, cache, inc)
             self = cls(**base_p.get_params())
-            self.backbone_ = base_p.backbone_
+            if hasattr(base_p, "backbone_"):
+                self.backbone_ = base_p.backbone_
         self.predictor_, self.margin_ = refit.predictor, refit.margin
         self.config_, self.card_ = refit.config, refit.card
         return self

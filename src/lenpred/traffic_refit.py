@@ -150,13 +150,20 @@ def _incumbent_head(incumbent, traffic_log, log) -> dict:
 
 
 def _calibrated_margin(head, rows: TrafficRows, cal: np.ndarray, coverage: float) -> float:
-    """The conformal margin of ``head`` on the calibration rows ``cal``, with the fix named when they are too few."""
+    """The conformal margin of ``head`` on the calibration rows ``cal``.
+
+    Raises:
+        LenpredError: fewer calibration rows than ``coverage`` needs (the message gives the log size that does)."""
+    import math
+
+    need = math.ceil(coverage / (1 - coverage) - 1e-9)
+    if len(cal) < need:
+        share = len(cal) / max(len(rows), 1)
+        enough = f"at least {math.ceil(need / share)} requests at this --calibration-share" if share else "more"
+        raise LenpredError(f"the log's {len(rows)} requests leave {len(cal)} to calibrate the {coverage:.0%} interval "
+                           f"on, which needs at least {need}: log {enough}")
     _, low, high = head_quantiles(head, rows.X[cal], rows.caps[cal], coverage)
-    try:
-        return conformal_margin(low, high, rows.y[cal], coverage)
-    except LenpredError as exc:
-        raise LenpredError(f"{exc} (the log's {len(rows)} requests give {len(cal)} to calibrate on): log more "
-                           "requests or raise --calibration-share") from None
+    return conformal_margin(low, high, rows.y[cal], coverage)
 
 
 def check_log_matches(traffic_log, base, path, who: str = "the base predictor") -> None:

@@ -251,3 +251,35 @@ def test_train_traffic_refuses_to_save_a_worse_head_over_the_one_in_service(base
     assert (out / "predictor.safetensors").read_bytes() != before
     r = runner.invoke(app, ["train", "--traffic", str(tmp_path / "good"), "--out", str(out)])
     assert r.exit_code == 0 and "the predictor in service has MAE" in r.output, r.output  # better: replaced
+
+
+def test_train_traffic_refuses_an_out_whose_replacement_would_lose_something(base, tmp_path):
+    """Saving replaces --out whole: a directory of other files, the log itself, a directory holding the log and an
+    unreadable predictor are refused (nothing touched); settings --traffic would ignore are refused too."""
+    base_p, _, _ = base
+    _write_headless_log(base_p, tmp_path / "traffic" / "observe")
+    log = str(tmp_path / "traffic" / "observe")
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("precious")
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "config.json").write_text("{")
+    for args, message in ((["--out", str(tmp_path / "mine")], "holds files but no saved predictor"),
+                          (["--out", log], "is (or holds) the traffic log"),
+                          (["--out", str(tmp_path / "traffic")], "is (or holds) the traffic log"),
+                          (["--out", str(tmp_path / "bad")], "holds a predictor that cannot be read"),
+                          (["--out", str(tmp_path / "p"), "--coverage", "0.9"], "--coverage would be ignored")):
+        r = runner.invoke(app, ["train", "--traffic", log, *args])
+        assert r.exit_code != 0 and message in r.output, (args, r.output)
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "precious" and read_traffic_log(log).num_records == 60
+    r = runner.invoke(app, ["train", "--out", str(tmp_path / "p"), "--force"])
+    assert r.exit_code != 0 and "--force is for --traffic" in r.output
+    r = runner.invoke(app, ["train", "--traffic", log, "--out", str(tmp_path / "bad"), "--force"])
+    assert r.exit_code == 0, r.output  # --force replaces the unreadable one
+
+
+def test_a_log_too_short_to_calibrate_says_how_many_requests_it_needs(base, tmp_path):
+    base_p, _, _ = base
+    _write_headless_log(base_p, tmp_path / "log", n=12)  # 12 x 0.1 -> 1 calibration request; 80 % needs 4
+    with pytest.raises(LenpredError, match="the log's 12 requests leave 1 to calibrate the 80% interval on, which "
+                                           "needs at least 4: log at least 48 requests"):
+        LengthPredictor.from_traffic(tmp_path / "log")

@@ -221,7 +221,7 @@ def test_serving_with_no_head_captures_half_the_depth_and_only_observes(tiny_mod
     assert capture.log_metadata()["head"] == "none" and capture.log_metadata()["layers"] == "[15]"
     assert load_head(EngineConfig(predictor="none", policy="observe", traffic_log="t", capture_layer=7),
                      served).engine_layer == 7
-    with pytest.raises(LenpredError, match="captures decoder-layer outputs 1..29"):
+    with pytest.raises(LenpredError, match="set capture_layer to 1..29"):
         load_head(EngineConfig(predictor="none", policy="observe", traffic_log="t", capture_layer=30), served)
     with pytest.raises(LenpredError, match="nothing to rank by: use policy observe"):
         EngineConfig(predictor="none", policy="srpt", traffic_log="t")

@@ -233,6 +233,9 @@ def check_served_model(predictor, vllm_config) -> None:
         predictor.check_model_revision(local_model_revision(path), str(path), "the lenpred predictor")
         width = predictor.predictor_.n_features_in_
     layer, depth = predictor.engine_layer, int(hf.num_hidden_layers)
+    if isinstance(predictor, HeadlessCapture) and not 1 <= layer < depth:
+        raise LenpredError(f"lenpred capture_layer {layer} is not a decoder layer's output of this {depth}-layer "
+                           f"model: set capture_layer to 1..{depth - 1}, or leave it out (half the depth)")
     if int(hf.hidden_size) != width:
         raise LenpredError(f"the predictor reads {width}-wide states; the served model's hidden size is {hf.hidden_size}")
     if not 1 <= layer < depth:
