@@ -148,6 +148,9 @@ def test_corrupt_converted_model_is_converted_again(tiny_model_dir, tmp_path, mo
                for r in caplog.records)
     assert backbone.check_conversion(out, file_sha256(gguf)) is None
     assert load_backbone(str(out)).num_layers == 2
+    # named by its path (what the plug-in records with no head), the converted directory keeps the GGUF's revision
+    assert backbone.resolve_model(str(out)) == (out.resolve(), revision) == (out.resolve(),
+                                                                            backbone.local_model_revision(out))
 
 
 def test_truncated_weights_in_a_model_directory_are_a_one_line_error(tiny_model_dir, tmp_path):
