@@ -75,3 +75,15 @@ def test_the_first_head_table_in_the_serving_guide_is_its_json():
     shares = [f"{rep['burst'][f'first_{n}']['share_of_shipped'][0]:.2f}" for n in (250, 500)]
     text = " ".join((ROOT / "docs/serving.md").read_text().split())
     assert f"recovers {shares[0]} of the shipped head's scheduling gain, after 500 {shares[1]}" in text
+
+
+def test_the_outside_source_table_in_the_serving_guide_is_its_json():
+    from lenpred.studies.outside_source import later_half_table
+
+    rep = json.loads((ROOT / "results/scripts/outside/outside.json").read_text())
+    want = later_half_table(rep).strip()
+    assert rendered_block(ROOT / "docs/serving.md", "outside_source") == want, f"render it anew:\n{want}"
+    cov = rep["coverage"]
+    text = " ".join((ROOT / "docs/serving.md").read_text().split())
+    assert f"fixed margin covers {cov['fixed']['later']:.3f} of the later half" in text
+    assert f"conformal inference over the stream {cov['aci']['later']:.3f}" in text

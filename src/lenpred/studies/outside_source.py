@@ -204,8 +204,9 @@ def _kv_tokens(L: dict, D: int) -> int:
     return int(np.ceil(D * (L["prompt_tokens"].mean() + L["caps"].mean()) / BLOCK_SIZE)) * BLOCK_SIZE
 
 
-def render(report: dict) -> str:
-    """``outside.md``: the later half's table and the interval coverage."""
+def later_half_table(report: dict) -> str:
+    """The later half's table (Markdown): every predictor's MAE, Kendall τ and burst gain, paired with the shipped
+    head; ``docs/serving.md`` quotes it."""
     from lenpred.studies.scheduling_report import markdown
 
     c = report["config"]
@@ -221,6 +222,16 @@ def render(report: dict) -> str:
                      "–" if name == "shipped" else fmt(t["tau_minus_shipped"], 3),
                      fmt([100 * v for v in b["jct_cut_vs_stock"]]) + " %",
                      "–" if name == "shipped" else fmt(b["share_of_shipped"], 2)])
+    return markdown(["predictor", "MAE", "Δ MAE vs shipped", "Kendall τ", "Δ τ vs shipped",
+                     f"burst of {c['burst']}·{c['decode_bound']}: mean-JCT cut vs stock",
+                     "share of the shipped head's cut"], rows)
+
+
+def render(report: dict) -> str:
+    """``outside.md``: the settings, :func:`later_half_table` and the interval coverage."""
+    from lenpred.studies.scheduling_report import markdown
+
+    c = report["config"]
     cov = [[k, f"{v['later']:.3f}", f"{v['all']:.3f}", f"{v['mean_width_later']:.0f}"]
            for k, v in report["coverage"].items()]
     return "\n".join([
@@ -229,8 +240,6 @@ def render(report: dict) -> str:
         f"output tokens, {100 * report['censored_share']:.1f} % capped) from `{c['out']}`; scored on the later "
         f"half ({report['num_later']} requests), whose prompts the earlier half never saw. Paired with the shipped "
         "head; 95 % intervals (prompts clustered; the burst: requests clustered by draw).", "",
-        markdown(["predictor", "MAE", "Δ MAE vs shipped", "Kendall τ", "Δ τ vs shipped",
-                  f"burst of {c['burst']}·{c['decode_bound']}: mean-JCT cut vs stock", "share of the shipped head's cut"],
-                 rows),
+        later_half_table(report),
         f"Interval coverage (nominal {report['nominal_coverage']:.2f}):", "",
         markdown(["interval", "later half", "whole stream", "mean width, later half"], cov)])
