@@ -261,7 +261,7 @@ CHECKS = [
     (FIRST_HEAD, "burst/first_1000/share_of_shipped", share, "1,000 logged requests alone recovers {} of the shipped"),
     (FIRST_HEAD, "burst/first_250/share_of_shipped", first(f2), "five stream orders; {} after 250)"),
     (FIRST_HEAD, "test/first_1000/mae_minus_shipped", diff, "its test MAE stays {} tokens worse"),
-    (OUTSIDE, "later_half/refit: log + benchmark/mae_minus_shipped", diff, "MAE on unseen prompts by {} tokens"),
+    (OUTSIDE, "later_half/refit: log + benchmark/mae_minus_shipped", diff, "beats the shipped head on unseen prompts: MAE difference {} tokens"),
     (TRACE_ENGINE_2, "patterns/tracecodex1.1/modes/plugin/jct_cut_vs_stock", pct, "long overload stretch: {} but p99"),
     (TRACE_ENGINE_2, "patterns/tracecodex1.1/modes/plugin/p99_jct_ratio_vs_stock", first(f2),
      "but p99 {}× stock's, so the tail"),
