@@ -38,6 +38,7 @@ TRACE_WHATIF = "results/scripts/serving/queue_trace_engine/trace/whatif/whatif.j
 TRACE_ENGINE_2 = "results/scripts/serving/queue_trace_engine/trace_seed101/report.json"
 FIRST_HEAD = "results/scripts/first_head/first_head.json"
 OUTSIDE = "results/scripts/outside/outside.json"
+FIRST_HEAD_ENGINE = "results/scripts/serving/first_head_engine/{}/report.json"
 
 
 def _signed(x: float, digits: int = 1) -> str:
@@ -261,6 +262,10 @@ CHECKS = [
     (FIRST_HEAD, "burst/first_1000/share_of_shipped", share, "1,000 logged requests alone recovers {} of the shipped"),
     (FIRST_HEAD, "burst/first_250/share_of_shipped", first(f2), "five stream orders; {} after 250)"),
     (FIRST_HEAD, "test/first_1000/mae_minus_shipped", diff, "its test MAE stays {} tokens worse"),
+    (FIRST_HEAD_ENGINE.format("first_1000"), "patterns/burst8/modes/plugin/jct_cut_vs_stock", pct,
+     "on the engine's burst it cut mean JCT by {} against"),
+    (FIRST_HEAD_ENGINE.format("shipped"), "patterns/burst8/modes/plugin/jct_cut_vs_stock", pct,
+     "against the shipped head's {} on the same draw"),
     (OUTSIDE, "later_half/refit: log + benchmark/mae_minus_shipped", diff, "beats the shipped head on unseen prompts: MAE difference {} tokens"),
     (TRACE_ENGINE_2, "patterns/tracecodex1.1/modes/plugin/jct_cut_vs_stock", pct, "long overload stretch: {} but p99"),
     (TRACE_ENGINE_2, "patterns/tracecodex1.1/modes/plugin/p99_jct_ratio_vs_stock", first(f2),
