@@ -87,3 +87,13 @@ def test_the_outside_source_table_in_the_serving_guide_is_its_json():
     text = " ".join((ROOT / "docs/serving.md").read_text().split())
     assert f"fixed margin covers {cov['fixed']['later']:.3f} of the later half" in text
     assert f"conformal inference over the stream {cov['aci']['later']:.3f}" in text
+
+
+def test_the_head_switch_run_the_guide_quotes_is_its_json():
+    rep = json.loads((ROOT / "results/scripts/serving/head_switch/head_switch.json").read_text())
+    text = " ".join((ROOT / "docs/serving.md").read_text().split())
+    assert rep["a"]["ok"] == rep["a"]["sent"] and rep["a_exit_code"] == 0 and rep["a_refused_new_request"]
+    assert (f"answered after {rep['engine_b_ready_after_s']:.0f} s; A got SIGTERM with {rep['in_flight_at_sigterm']} "
+            f"requests in flight") in text
+    assert f"finished all {rep['a']['sent']} (none cut) and exited 0 after {rep['a_drain_s']:.0f} s" in text
+    assert f"A's traffic log holds its {rep['traffic_log_rows']['a']} requests, B's its {rep['traffic_log_rows']['b']}" in text
