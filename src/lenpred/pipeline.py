@@ -184,14 +184,15 @@ class LengthPredictor(ProgressiveMixin):
         from lenpred.traffic_refit import first_head_on_traffic, refit_on_traffic
 
         inc = None if incumbent is None else cls.from_pretrained(incumbent, load_model=False)
-        if base is None and is_headless(read_traffic_log(log).metadata):
+        traffic_log = read_traffic_log(log)  # read once: which kind of log, then the refit
+        if base is None and is_headless(traffic_log.metadata):
             if bench is not None or finetune:
                 raise LenpredError(f"traffic log {log} was captured with no head: its first head trains on the log "
                                    "alone (no --bench, no --finetune); to mix in a benchmark of this model, pass a "
                                    "--base predictor trained on it")
             self = cls()
             refit = first_head_on_traffic(log, {"epochs": self.epochs, "binning": self.binning}, self.coverage,
-                                          calibration_share, test_share, self.seed, inc)
+                                          calibration_share, test_share, self.seed, inc, traffic_log)
             self.method, self.model = refit.config.method, refit.config.model_id
             self.layers = tuple(refit.config.layers)
         else:
@@ -199,7 +200,7 @@ class LengthPredictor(ProgressiveMixin):
             base_p = cls.from_pretrained(base, backbone=backbone, threads=threads,
                                          load_model=bench is not None or backbone is not None)
             refit = refit_on_traffic(base_p, log, bench, None if base is None else str(base), calibration_share,
-                                     test_share, finetune, data_dir, cache, inc)
+                                     test_share, finetune, data_dir, cache, inc, traffic_log)
             self = cls(**base_p.get_params())
             if hasattr(base_p, "backbone_"):
                 self.backbone_ = base_p.backbone_

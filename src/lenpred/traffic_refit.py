@@ -42,11 +42,13 @@ class TrafficRefit:
 
 def refit_on_traffic(base, log: str | Path, bench: str | Path | None = None, base_name: str | None = None,
                      calibration_share: float = 0.1, test_share: float = 0.2, finetune: bool = False,
-                     data_dir: str | None = None, cache: str | None = None, incumbent=None) -> TrafficRefit:
+                     data_dir: str | None = None, cache: str | None = None, incumbent=None,
+                     traffic_log=None) -> TrafficRefit:
     """Refit ``base`` (a loaded :class:`lenpred.pipeline.LengthPredictor` with a pooled head) on the traffic log
     ``log``, optionally mixed with ``bench``'s train split; ``base_name`` is how the card names the base
     (``None``: the shipped predictor). ``incumbent``: the predictor now in service (the one the result would
-    replace), scored beside it on the card (``incumbent_mae``, ``mae_minus_incumbent``).
+    replace), scored beside it on the card (``incumbent_mae``, ``mae_minus_incumbent``). ``traffic_log``: ``log``
+    already read (:func:`lenpred.online.traffic_log.read_traffic_log`), so it is not read again.
 
     The log is split in time (:func:`lenpred.online.refit.time_split`): the head is trained on the earliest
     requests (plus ``bench``'s train split), its interval calibrated on the next ``calibration_share`` and its
@@ -65,7 +67,7 @@ def refit_on_traffic(base, log: str | Path, bench: str | Path | None = None, bas
     if not base.predictor_.reads().features:
         raise LenpredError(f"the base predictor's method '{base.method}' is not a pooled head: refit on traffic "
                            "needs one (last, mean, egtp, estp, ...)")
-    traffic_log = read_traffic_log(log)
+    traffic_log = traffic_log or read_traffic_log(log)
     check_log_matches(traffic_log, base, log)
     rows = rows_from_log(traffic_log)
     train, cal, test = time_split(len(rows), calibration_share, test_share)
@@ -94,14 +96,14 @@ def refit_on_traffic(base, log: str | Path, bench: str | Path | None = None, bas
 
 
 def first_head_on_traffic(log: str | Path, head: dict, coverage: float = 0.8, calibration_share: float = 0.1,
-                          test_share: float = 0.2, seed: int = 0, incumbent=None) -> TrafficRefit:
+                          test_share: float = 0.2, seed: int = 0, incumbent=None, traffic_log=None) -> TrafficRefit:
     """The first head of a model lenpred has none for, trained on a log captured with no head
     (:mod:`lenpred.online.capture`) alone: the log's pooling (``last``) and layer, a fresh
     :class:`lenpred.heads.SoftLabelRegressor` with the hyper-parameters ``head`` (a
     :class:`lenpred.heads.HeadConfig` dict) trained on the earliest requests, its interval calibrated to
     ``coverage`` on the next ``calibration_share`` and its card scored on the latest ``test_share`` (beside
     ``incumbent``, a head already trained on such a log, when given). Model id, revision and prompt rule are the
-    log's.
+    log's. ``traffic_log``: ``log`` already read (not read again).
 
     Raises:
         LenpredError: an unreadable or corrupt log, a log that holds a predictor's traffic (refit it with its
@@ -110,7 +112,7 @@ def first_head_on_traffic(log: str | Path, head: dict, coverage: float = 0.8, ca
     from lenpred.online.capture import is_headless
     from lenpred.predictors import make_predictor
 
-    traffic_log = read_traffic_log(log)
+    traffic_log = traffic_log or read_traffic_log(log)
     meta = traffic_log.metadata
     if not is_headless(meta):
         raise LenpredError(f"traffic log {log} was served by a predictor ({meta.get('method')} at layers "

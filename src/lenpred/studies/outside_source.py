@@ -142,6 +142,7 @@ def run_outside(cfg: OutsideConfig) -> dict:
     from lenpred.prediction import head_quantiles
     from lenpred.serving.cost_model import CostModel
     from lenpred.studies.first_head import burst_cells, burst_jct, score
+    from lenpred.studies.queue_sim import kv_cache_tokens
     from lenpred.traffic_refit import bench_train_rows
 
     out = Path(cfg.out)
@@ -170,7 +171,8 @@ def run_outside(cfg: OutsideConfig) -> dict:
               "censored_share": float(s["censored"].mean()), "nominal_coverage": shipped.coverage,
               "later_half": score(expected, L, cfg.bootstrap_resamples), "coverage": coverage,
               "burst": burst_cells(burst_jct(_draws(cfg, L, expected), list(expected), CostModel.load(cfg.cost_model),
-                                             cfg.decode_bound, _kv_tokens(L, cfg.decode_bound), cfg.sim_seed),
+                                             cfg.decode_bound, kv_cache_tokens(L["prompt_tokens"], L["caps"], cfg.decode_bound),
+                                             cfg.sim_seed),
                                    {k: [k] for k in expected}, cfg.bootstrap_resamples)}
     from lenpred.io import write_json
 
@@ -195,13 +197,6 @@ def _draws(cfg: OutsideConfig, L: dict, expected: dict) -> list[list]:
                                       num_prompt_tokens=int(L["prompt_tokens"][r]), table_row=int(r))
                       for i, r in enumerate(rows)])
     return draws
-
-
-def _kv_tokens(L: dict, D: int) -> int:
-    """``D × (mean prompt tokens + mean cap)`` of the later half, in whole 128-token blocks (as the queue studies)."""
-    from lenpred.studies.queue_sim import BLOCK_SIZE
-
-    return int(np.ceil(D * (L["prompt_tokens"].mean() + L["caps"].mean()) / BLOCK_SIZE)) * BLOCK_SIZE
 
 
 def later_half_table(report: dict) -> str:

@@ -204,8 +204,7 @@ def fit_streaming_overhead(store: dict, regime_: dict, cost) -> dict:
     keys = sorted(k for k in store["runs"] if k.split("/")[1] == "stock" and parse_pattern(k.split("/")[2]).depth)
     if not keys:
         return {"s_per_token": 0.0, "fitted_on": []}
-    real = np.array([np.mean([r["jct_s"] for r in store["runs"][k]["results"] if r["outcome"] == "ok"])
-                     for k in keys])
+    real = np.array([ok_jct(store["runs"][k]).mean() for k in keys])
 
     def loss(s: float) -> float:
         c = cost.with_streaming_overhead(s)
@@ -231,7 +230,7 @@ def add_simulated(rep: dict, store: dict, cost_model: str) -> None:
         cells += [(mode, cell, cell["draws"]) for mode, cell in p.get("fewer_draws", {}).items()]
         for mode, cell, draws in cells:
             runs = [store["runs"][run_key(d, mode, pattern)] for d in draws]
-            real = np.mean([np.mean([r["jct_s"] for r in rec["results"] if r["outcome"] == "ok"]) for rec in runs])
+            real = np.mean([ok_jct(rec).mean() for rec in runs])
             sim = {name: np.mean([simulated_mean_jct(rec, rep["regime"], c, seed + d) for d, rec in zip(draws, runs)])
                    for name, c in (("served", served), ("offline", offline))}
             cell["simulated_mean_jct_s"] = float(sim["served"])
@@ -239,6 +238,11 @@ def add_simulated(rep: dict, store: dict, cost_model: str) -> None:
             cell["offline_over_measured"] = float(sim["offline"] / real)
     rep["simulator_cost_model"] = cost_model
     rep["simulator_streaming_overhead"] = fit
+
+
+def ok_jct(rec: dict) -> np.ndarray:
+    """``(n,)`` JCT, s, of a run's requests that finished (outcome ``ok``), in the record's order."""
+    return np.array([r["jct_s"] for r in rec["results"] if r["outcome"] == "ok"])
 
 
 def add_whatif(rep: dict, store: dict, out: Path, cost_model: str, n_resamples: int) -> None:
@@ -260,8 +264,7 @@ def add_whatif(rep: dict, store: dict, out: Path, cost_model: str, n_resamples: 
             w = run_whatif(WhatifConfig(traffic=log, cost_model=cost_model, decode_slots=(D,),
                                         out=str(out / "whatif" / f"{d}-plugin-{pattern}"),
                                         bootstrap_resamples=n_resamples))["results"][str(D)]["lenpred"]
-            jct = {m: np.array([r["jct_s"] for r in x["results"] if r["outcome"] == "ok"])
-                   for m, x in (("stock", stock), ("plugin", rec))}
+            jct = {"stock": ok_jct(stock), "plugin": ok_jct(rec)}
             measured = 1 - jct["plugin"].mean() / jct["stock"].mean()
             rows.append({"draw": int(d), "traffic_log": log, "predicted_cut": w["jct_cut_vs_stock"][0],
                          "measured_cut": float(measured), "error_pp": 100 * (w["jct_cut_vs_stock"][0] - measured),

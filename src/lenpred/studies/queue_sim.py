@@ -135,10 +135,14 @@ def run_parked(requests: list, cost, sim_cfg, *, policy: str, predictor: str | N
 
 
 def kv_tokens(table, D: int) -> int:
-    """``D × (mean prompt tokens + mean cap)`` of the test split, in whole blocks."""
-    prompt = np.mean(table.column("num_prompt_tokens").to_pylist())
-    cap = np.mean(table.column("max_new_tokens").to_pylist())
-    return int(np.ceil(D * (prompt + cap) / BLOCK_SIZE)) * BLOCK_SIZE
+    """:func:`kv_cache_tokens` of the test split (a workload table)."""
+    return kv_cache_tokens(table.column("num_prompt_tokens").to_pylist(), table.column("max_new_tokens").to_pylist(), D)
+
+
+def kv_cache_tokens(prompt_tokens, caps, D: int) -> int:
+    """``D × (mean prompt tokens + mean cap)`` of the requests, in whole blocks: a KV cache for about D of them at
+    their cap."""
+    return int(np.ceil(D * (np.mean(prompt_tokens) + np.mean(caps)) / BLOCK_SIZE)) * BLOCK_SIZE
 
 
 def draw(table, oracle_p: np.ndarray, n: int, seed: int) -> list:
