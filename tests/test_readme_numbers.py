@@ -20,6 +20,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+GUIDE = "docs/serving.md"
+"""Where the results narrative the README links to lives: a check with it as a fifth element reads that file."""
 
 EVALUATE = "results/evaluate/results.json"
 PAIRED = "results/scripts/paired_methods.json"
@@ -228,37 +230,37 @@ CHECKS = [
      "The plug-in beats prompt-length priority by {};"),
     (QUEUE, "patterns/burst8/best_lenpred/jct_cut_vs/priority_lenpred", pct, "its lead over `lenpred serve` ({})"),
     # sustained load
-    (GUARD, "settings/draws", f0, "at 1.1× the engine's stock capacity; {} draws on one machine;"),
-    (GUARD, SUSTAINED + "/priority_lenpred/jct_cut_vs_stock", pct, "`lenpred serve` cuts mean JCT by {} (ahead"),
+    (GUARD, "settings/draws", f0, "at 1.1× the engine's stock capacity; {} draws on one machine;", GUIDE),
+    (GUARD, SUSTAINED + "/priority_lenpred/jct_cut_vs_stock", pct, "`lenpred serve` cuts mean JCT by {} (ahead", GUIDE),
     (GUARD, "patterns/gamma1x1.1/best_lenpred/jct_cut_vs/priority_prompt_len", pct,
-     "(ahead of prompt-length priority by {})"),
-    (GUARD, SUSTAINED + "/priority_lenpred_guard/jct_cut_vs_stock", pct, "(`--aging-tokens-per-s 4`) by {},"),
-    (GUARD, SUSTAINED + "/priority_lenpred/p99_jct_ratio_vs_stock", ratio, "but its p99 is {} and the guarded"),
-    (GUARD, SUSTAINED + "/priority_lenpred_guard/p99_jct_ratio_vs_stock", ratio, "the guarded one's {} stock's."),
+     "(ahead of prompt-length priority by {})", GUIDE),
+    (GUARD, SUSTAINED + "/priority_lenpred_guard/jct_cut_vs_stock", pct, "(`--aging-tokens-per-s 4`) by {},", GUIDE),
+    (GUARD, SUSTAINED + "/priority_lenpred/p99_jct_ratio_vs_stock", ratio, "but its p99 is {} and the guarded", GUIDE),
+    (GUARD, SUSTAINED + "/priority_lenpred_guard/p99_jct_ratio_vs_stock", ratio, "the guarded one's {} stock's.", GUIDE),
     (TRACE, TRACE_CELL.format("tracecodex1.1", "plugin:srpt:W16:prompt_len") + "/jct_cut_vs_stock", pct,
-     "the plug-in cuts mean JCT by {} at 1.1× load"),
+     "the plug-in cuts mean JCT by {} at 1.1× load", GUIDE),
     (TRACE, TRACE_CELL.format("tracecodex1.1", "plugin:srpt:W16:prompt_len") + "/p99_ratio_vs_stock", f2,
-     "at 1.1× load with p99 {}× stock's"),
+     "at 1.1× load with p99 {}× stock's", GUIDE),
     (TRACE, TRACE_CELL.format("tracecodex1.1", "plugin:srpt:W16:prompt_len@8") + "/jct_cut_vs_stock",
-     first(lambda x: f"{_signed(100 * x)} %"), "({} with the starvation guard at k = 8"),
+     first(lambda x: f"{_signed(100 * x)} %"), "({} with the starvation guard at k = 8", GUIDE),
     (TRACE, TRACE_CELL.format("tracecodex1.1", "plugin:srpt:W16:prompt_len@8") + "/p99_ratio_vs_stock", f2,
-     "k = 8, p99 {}×)"),
+     "k = 8, p99 {}×)", GUIDE),
     (TRACE, TRACE_CELL.format("tracecodex0.9", "plugin:srpt:W16:prompt_len") + "/jct_cut_vs_stock", pct,
-     "and by {} at 0.9× with p99"),
+     "and by {} at 0.9× with p99", GUIDE),
     (TRACE, TRACE_CELL.format("tracecodex0.9", "plugin:srpt:W16:prompt_len") + "/p99_ratio_vs_stock", f2,
-     "at 0.9× with p99 {}×"),
+     "at 0.9× with p99 {}×", GUIDE),
     (TRACE, TRACE_CELL.format("traceconvx0.9", "plugin:srpt:W16:prompt_len") + "/jct_cut_vs_stock",
-     first(lambda x: f"{_signed(100 * x)} %"), "it gains {} below capacity"),
-    (TRACE_ENGINE, "patterns/tracecodex1.1/num_requests", f0, "stock capacity ({} requests;"),
-    (TRACE_ENGINE, "patterns/tracecodex1.1/modes/plugin/jct_cut_vs_stock", pct, "the plug-in {} with p99"),
+     first(lambda x: f"{_signed(100 * x)} %"), "it gains {} below capacity", GUIDE),
+    (TRACE_ENGINE, "patterns/tracecodex1.1/num_requests", f0, "stock capacity ({} requests;", GUIDE),
+    (TRACE_ENGINE, "patterns/tracecodex1.1/modes/plugin/jct_cut_vs_stock", pct, "the plug-in {} with p99", GUIDE),
     (TRACE_ENGINE, "patterns/tracecodex1.1/modes/plugin/p99_jct_ratio_vs_stock", first(f2),
-     "with p99 {}× stock's, ahead of"),
+     "with p99 {}× stock's, ahead of", GUIDE),
     (TRACE_ENGINE, "patterns/tracecodex1.1/best_lenpred/jct_cut_vs/priority_prompt_len", pct,
-     "ahead of prompt-length priority by {}; the simulator"),
+     "ahead of prompt-length priority by {}; the simulator", GUIDE),
     (TRACE_WHATIF, "results/16/lenpred/jct_cut_vs_stock", first(lambda x: f"{_signed(100 * x)} %"),
-     "predicted the plug-in's cut at {}. A second slice"),
+     "predicted the plug-in's cut at {}. A second slice", GUIDE),
     (TRACE_ENGINE, lambda r: [m["simulated_over_measured"] for m in r["patterns"]["tracecodex1.1"]["modes"].values()],
-     lambda v: f"{min(v):.2f}–{max(v):.2f}", "each mode's mean JCT within {}, and"),
+     lambda v: f"{min(v):.2f}–{max(v):.2f}", "each mode's mean JCT within {}, and", GUIDE),
     (FIRST_HEAD, "burst/first_1000/share_of_shipped", share, "1,000 logged requests alone recovers {} of the shipped"),
     (FIRST_HEAD, "burst/first_250/share_of_shipped", first(f2), "five stream orders; {} after 250)"),
     (FIRST_HEAD, "test/first_1000/mae_minus_shipped", diff, "its test MAE stays {} tokens worse"),
@@ -267,9 +269,9 @@ CHECKS = [
     (FIRST_HEAD_ENGINE.format("shipped"), "patterns/burst8/modes/plugin/jct_cut_vs_stock", pct,
      "against the shipped head's {} on the same draw"),
     (OUTSIDE, "later_half/refit: log + benchmark/mae_minus_shipped", diff, "beats the shipped head on unseen prompts: MAE difference {} tokens"),
-    (TRACE_ENGINE_2, "patterns/tracecodex1.1/modes/plugin/jct_cut_vs_stock", pct, "long overload stretch: {} but p99"),
+    (TRACE_ENGINE_2, "patterns/tracecodex1.1/modes/plugin/jct_cut_vs_stock", pct, "long overload stretch: {} but p99", GUIDE),
     (TRACE_ENGINE_2, "patterns/tracecodex1.1/modes/plugin/p99_jct_ratio_vs_stock", first(f2),
-     "but p99 {}× stock's, so the tail"),
+     "but p99 {}× stock's, so the tail", GUIDE),
 ]
 
 
@@ -288,9 +290,10 @@ def _value(path: str, key):
 
 
 @lru_cache(maxsize=None)
-def _readme() -> str:
-    """The README with each paragraph on one line, each table row on its own, runs of blanks as one space."""
-    text = README.read_text()
+def _readme(doc: str = "README.md") -> str:
+    """The README (or another doc) with each paragraph on one line, each table row on its own, runs of blanks as one
+    space."""
+    text = (ROOT / doc).read_text()
     text = re.sub(r"\n(?![|\n])", " ", text)
     return re.sub(r"[ \t]+", " ", text)
 
@@ -307,10 +310,10 @@ def _id(check) -> str:
 
 @pytest.mark.parametrize("check", CHECKS, ids=[_id(c) for c in CHECKS])
 def test_readme_quotes_its_json(check):
-    path, key, fmt, template = check
+    path, key, fmt, template, *doc = check
     value = fmt(_value(path, key))
-    assert _pattern(template, value).search(_readme()), (
-        f"the README should quote {template.format(value)!r} ({path}: {key if isinstance(key, str) else 'computed'})")
+    assert _pattern(template, value).search(_readme(*doc)), (
+        f"{doc[0] if doc else 'the README'} should quote {template.format(value)!r} ({path}: {key if isinstance(key, str) else 'computed'})")
 
 
 def test_every_check_names_a_file_in_the_repository():
