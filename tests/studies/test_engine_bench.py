@@ -4,6 +4,7 @@ pairing, the priority a client sends, the command lines and the per-mode latency
 from __future__ import annotations
 
 import sys
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -73,3 +74,16 @@ def test_commands_stay_on_loopback_and_the_proxy_sits_in_front(tmp_path):
     alone = servers(cmd, tmp_path / "v.log", None)
     assert alone.url == f"http://127.0.0.1:{PORT}" and len(alone.commands) == 1
     assert flag("--max-num-batched-tokens") == "8192"
+
+
+def test_load_sampler_summarises_its_samples_and_none_before_the_first():
+    from lenpred.studies.engine_bench import LoadSampler
+
+    with LoadSampler(every_s=60.0) as idle:
+        pass
+    assert idle.summary() == {"mean": None, "max": None, "samples": 0}
+    with LoadSampler(every_s=0.01) as s:
+        time.sleep(0.2)
+    assert s.samples and all(x >= 0 for x in s.samples)  # sampled while the block ran
+    s.samples = [1.0, 3.0, 2.0]  # the summary of known samples
+    assert s.summary() == {"mean": 2.0, "max": 3.0, "samples": 3}

@@ -243,10 +243,46 @@ def preemptions() -> float:
                if line.startswith("vllm:num_preemptions_total"))
 
 
+class LoadSampler:
+    """The 1-minute load average sampled every ``every_s`` seconds on a daemon thread while the ``with`` block runs:
+    what else ran on the machine during a timed run (the engine and the client make about 2 on two cores; more is
+    another job, and the run's timings are suspect).
+
+    Args:
+        every_s: seconds between samples.
+    """
+
+    def __init__(self, every_s: float = 10.0):
+        import threading
+
+        self.every_s, self.samples, self._stop = every_s, [], threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self.samples.append(os.getloadavg()[0])
+
+    def __enter__(self) -> "LoadSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def summary(self) -> dict:
+        """``{"mean", "max", "samples"}`` of the samples (``None``s when the block ended before the first)."""
+        if not self.samples:
+            return {"mean": None, "max": None, "samples": 0}
+        return {"mean": round(sum(self.samples) / len(self.samples), 2), "max": round(max(self.samples), 2),
+                "samples": len(self.samples)}
+
+
 def one_run(url: str, requests: list, tag: str, plugin_log: Path | None = None, timeout_s: float = 1200.0) -> dict:
     """Replay ``requests`` (:func:`load_requests`) once; the record keeps each request's result (with its longest
     stall, not every gap, so the file stays small), the replay's summary, the plug-in log's lines of this run, the
-    engine's preemptions during it, wall seconds and the 1-minute load average before it.
+    engine's preemptions during it, wall seconds and the 1-minute load average before and during it
+    (:class:`LoadSampler`).
 
     Args:
         timeout_s: the client's read timeout between two frames of one stream, seconds.
@@ -255,7 +291,8 @@ def one_run(url: str, requests: list, tag: str, plugin_log: Path | None = None, 
 
     load = os.getloadavg()[0]
     before, t = preemptions(), time.time()
-    results = run_replay(url, requests, MODEL_NAME, timeout_s=timeout_s)
+    with LoadSampler() as during:
+        results = run_replay(url, requests, MODEL_NAME, timeout_s=timeout_s)
     summary = summarize_replay(results)
     for r in results:
         r.pop("gaps_s", None)
@@ -264,7 +301,8 @@ def one_run(url: str, requests: list, tag: str, plugin_log: Path | None = None, 
         logged = [x for x in map(json.loads, plugin_log.read_text().splitlines())
                   if x["request_id"].startswith(f"chatcmpl-{tag}")]
     return {"results": results, "summary": summary, "plugin_log": logged, "preemptions": preemptions() - before,
-            "wall_s": time.time() - t, "loadavg_1m_before": load, "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
+            "wall_s": time.time() - t, "loadavg_1m_before": load, "loadavg_1m_during": during.summary(),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
 
 
 def run_key(draw: int, mode: str, pattern: str) -> str:
@@ -351,7 +389,10 @@ def latency_cell(runs: list[dict]) -> dict:
             "preemptions": float(sum(run["preemptions"] for run in runs)),
             "capped_share": float(np.mean([r["finish_reason"] == "length" for r in res])),
             "mean_output_tokens": float(np.mean([r["completion_tokens"] or 0 for r in res])),
-            "loadavg_1m_before_max": float(max(run["loadavg_1m_before"] for run in runs))}
+            "loadavg_1m_before_max": float(max(run["loadavg_1m_before"] for run in runs)),
+            "loadavg_1m_during_max": max((run["loadavg_1m_during"]["max"] for run in runs
+                                          if (run.get("loadavg_1m_during") or {}).get("max") is not None),
+                                         default=None)}
 
 
 def fmt_ci(t, f) -> str:

@@ -58,12 +58,17 @@ def pattern_markdown(pattern: str, p: dict) -> list[str]:
     if p.get("mixed_machine_draws"):
         lines += [f"**Draws {p['mixed_machine_draws']} ran on more than one machine** (`machine` in `runs.json`): "
                   "their pairs compare machines as well as orders; rerun them in one session.", ""]
+    load = lambda x: (f"{x['loadavg_1m_before_max']:.1f} / "  # noqa: E731
+                      + ("–" if x.get("loadavg_1m_during_max") is None else f"{x['loadavg_1m_during_max']:.1f}"))
     lines += [markdown_table(["mode", "ok", "mean JCT s", "p50", "p90", "p99", "mean TTFT s", "tok/s", "preemptions",
-                              "capped"],
+                              "capped", "load avg before / during, max"],
                              [[m, f"{x['num_ok']}/{x['num_requests']}", f"{x['mean_jct_s']:.1f}",
                                f"{x['p50_jct_s']:.1f}", f"{x['p90_jct_s']:.1f}", f"{x['p99_jct_s']:.1f}",
                                f"{x['mean_ttft_s']:.2f}", f"{x['throughput_tok_s']:.1f}", f"{x['preemptions']:.0f}",
-                               f"{x['capped_share']:.0%}"] for m, x in cells.items()]), ""]
+                               f"{x['capped_share']:.0%}", load(x)] for m, x in cells.items()]), "",
+              "Load avg: the 1-minute load average before each run and, sampled every 10 s, during it (max over the "
+              "mode's runs; the engine and the client make about 2 on two cores, more is another job running; – : "
+              "a run from before it was sampled).", ""]
     if "jct_pooled" not in p:
         return lines + ["(no stock runs: nothing paired)", ""]
     get = lambda x, k, f: fmt_ci(x[k], f) if k in x else "–"  # noqa: E731
