@@ -73,7 +73,7 @@ def test_client_requests_replay_the_send_times_with_the_run_wide_sampling():
 
 def _run(jcts, outcomes=None, tokens=10):
     outcomes = outcomes or ["ok"] * len(jcts)
-    return {"results": [{"request_id": i, "jct_s": j, "outcome": o, "completion_tokens": tokens}
+    return {"settings": {"traffic_log": None}, "results": [{"request_id": i, "jct_s": j, "outcome": o, "completion_tokens": tokens}
                         for i, (j, o) in enumerate(zip(jcts, outcomes))]}
 
 
@@ -98,3 +98,22 @@ def test_report_pairs_the_requests_ok_everywhere_by_hand():
     del store["runs"]["0/plugin/client"]
     with pytest.raises(LenpredError, match="plugin/client"):
         report(store)
+
+
+def test_same_prompts_compares_the_two_blocks_of_the_traffic_log(tmp_path):
+    from lenpred.online.traffic_log import TrafficLogConfig, TrafficLogWriter, TrafficRecord
+    from lenpred.studies.bench_serve import same_prompts
+
+    # by arrival: warm-up x2, the benchmark's 3, then the client's 3 in another order
+    hashes = ["w0", "w1", "a", "b", "a", "b", "a", "a"]
+    with TrafficLogWriter(TrafficLogConfig(tmp_path / "log")) as w:
+        for i in reversed(range(len(hashes))):  # written in finish order, not arrival order
+            w.record(TrafficRecord(features=np.zeros(2, np.float32), num_output_tokens=1, finish_reason="stop",
+                                   arrival_time_s=float(i), finish_time_s=100.0 - i, prompt_sha256=hashes[i]))
+    assert same_prompts(tmp_path / "log", 3) == {"rows": 8, "same": True}
+    assert same_prompts(tmp_path / "log", 2) == {"rows": 8, "same": False}  # 2 + 2n rows expected
+    with TrafficLogWriter(TrafficLogConfig(tmp_path / "other")) as w:  # one prompt tokenized differently
+        for i, h in enumerate(hashes[:-1] + ["c"]):
+            w.record(TrafficRecord(features=np.zeros(2, np.float32), num_output_tokens=1, finish_reason="stop",
+                                   arrival_time_s=float(i), finish_time_s=float(i), prompt_sha256=h))
+    assert same_prompts(tmp_path / "other", 3) == {"rows": 8, "same": False}

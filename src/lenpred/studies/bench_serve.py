@@ -130,7 +130,7 @@ def bench_command(cfg: BenchServeConfig, url: str, model_name: str, tokenizer: s
 
     ``--custom-output-len -1`` takes each line's cap (the default, 256, would replace it), ``--skip-chat-template``
     sends the prompt as the user message (the server applies the template, as for the project's client),
-    ``--disable-shuffle`` keeps the draw's order, ``--ready-check-timeout-sec 0``: the servers are up already.
+    ``--disable-shuffle`` keeps the draw's order, ``--ready-check-timeout-sec 0``: the servers are up already (and no test request precedes the run).
     """
     rate = cfg.load * cfg.capacity_req_s
     return [sys.executable, "-c", VLLM_BENCH_SERVE, "--backend", "openai-chat",
@@ -184,7 +184,7 @@ def run(cfg: BenchServeConfig) -> dict:
     from lenpred.serving.loadgen import run_replay
     from lenpred.studies.engine_bench import (MODEL_NAME, EngineWorkload, cpu_lock, load_requests, one_run,
                                               pin_cores, run_grid)
-    from lenpred.studies.queue_bench import mode_servers, mode_settings, planned, regime
+    from lenpred.studies.queue_bench import mode_servers, mode_settings, planned, regime, traffic_dir
     from lenpred.studies.queue_regime import QUEUE_MODES, parse_modes
     from lenpred.studies.resume import load_resumable
 
@@ -215,6 +215,8 @@ def run(cfg: BenchServeConfig) -> dict:
     def run_one(d, mode, client, url):
         settings = {**mode_settings(mode, reg, qcfg), "client": client, "num_requests": len(rows),
                     "rate_req_s": cfg.load * cfg.capacity_req_s}
+        traffic = traffic_dir(out, settings, 0)
+        settings["traffic_log"] = None if traffic is None else str(traffic)
         if client == "vllm_bench":
             result = out / "vllm_bench" / f"{mode}.json"
             subprocess.run(bench_command(cfg, url, MODEL_NAME, model_dir, dataset, len(rows), result), check=True)
@@ -245,10 +247,32 @@ def paired_runs(store: dict, modes: list[str]) -> dict[tuple[str, str], np.ndarr
             for k, rs in runs.items()}
 
 
+def same_prompts(traffic_dir: Path, n: int) -> dict:
+    """Whether both clients sent the same prompts, from the plug-in's traffic log of their server (the chat-formatted
+    prompt's SHA-256 as the engine tokenized it): by arrival, the log holds the two warm-up requests, the benchmark's
+    ``n`` (``--ready-check-timeout-sec 0``: no test request), then the client's ``n``; the two blocks' multisets of
+    hashes must be equal.
+
+    Returns:
+        ``{"rows": rows read, "same": bool}`` (``same`` is False when the log does not hold ``2 + 2n`` rows).
+    """
+    from collections import Counter
+
+    from lenpred.online.traffic_log import read_traffic_log
+
+    log = read_traffic_log(traffic_dir)
+    order = np.argsort(log.columns["arrival_time_s"], kind="stable")
+    hashes = log.columns["prompt_sha256"][order]
+    rows = len(hashes)
+    same = rows == 2 + 2 * n and Counter(hashes[2:2 + n]) == Counter(hashes[2 + n:])
+    return {"rows": int(rows), "same": bool(same)}
+
+
 def report(store: dict, n_resamples: int = 2000) -> dict:
     """Per mode: each client's mean and p99 JCT (s) and mean output tokens, and the project's client against the
-    benchmark (``mean_cut``: 1 − client / benchmark, with its paired interval); per client, each mode's mean-JCT cut
-    and p99 ratio against stock (:func:`lenpred.studies.paired.compare`, requests of the one draw).
+    benchmark (``mean_cut``: 1 − client / benchmark, with its paired interval) and, for a mode with the plug-in,
+    :func:`same_prompts`; per client, each mode's mean-JCT cut and p99 ratio against stock
+    (:func:`lenpred.studies.paired.compare`, requests of the one draw).
 
     Raises:
         LenpredError: a ``(mode, client)`` run missing (``runs.json`` lists what ran).
@@ -276,6 +300,11 @@ def report(store: dict, n_resamples: int = 2000) -> dict:
                                                                n_resamples),
                                           "p99_ratio": compare("p99_ratio", [jct[("stock", c)]], [jct[(m, c)]],
                                                                n_resamples)} for c in CLIENTS}
+    for m in modes:  # with the plug-in, its traffic log shows whether both clients sent the same prompts
+        bench = store["runs"][f"0/{m}/vllm_bench"]
+        traffic = bench["settings"].get("traffic_log")
+        if traffic and Path(traffic).exists():
+            out["modes"][m]["same_prompts"] = same_prompts(Path(traffic), len(bench["results"]))
     return out
 
 
@@ -298,6 +327,10 @@ def markdown(rep: dict, cfg: BenchServeConfig) -> str:
         for m, by in rep["vs_stock"].items():
             lines += [f"| {m} | {c} | {fmt_ci(v['mean_cut'], pct)} | {fmt_ci(v['p99_ratio'], lambda x: f'{x:.2f}')} |"
                       for c, v in by.items()]
+    checked = {m: r["same_prompts"] for m, r in rep["modes"].items() if "same_prompts" in r}
+    lines += ["", *(f"{m}: the engine's traffic log holds {c['rows']} rows; both clients' prompts "
+                    f"{'hash the same' if c['same'] else 'DIFFER (or other requests reached the server)'}."
+                    for m, c in checked.items())]
     lines += ["", "Intervals: 95 %, paired bootstrap over the requests of the one draw (request i: the same prompt, "
               "seed and send time under both clients and in both modes)."]
     return "\n".join(lines)

@@ -69,7 +69,8 @@ def test_vllm_bench_serve_sends_each_cap_in_order_and_reads_back(tmp_path):
     rec = read_bench_result(result, 4)
     assert [r["completion_tokens"] for r in rec["results"]] == [3, 4, 5, 6]  # the dataset's order, each line's cap
     assert all(r["outcome"] == "ok" for r in rec["results"]) and rec["results"][0]["arrival_s"] == 0.0
-    timed = received[-4:]  # the benchmark sends the first line once as its test request, then the four
+    assert len(received) == 4  # no test request before the run (--ready-check-timeout-sec 0)
+    timed = received
     # one user message holding one text part (vLLM's server joins a message's text parts: the same prompt)
     assert [b["messages"] for b in timed] == [[{"role": "user", "content": [{"type": "text", "text": f"question {i}"}]}]
                                               for i in range(4)]
