@@ -2,12 +2,12 @@
 measured by both clients on one Gamma draw of test-split requests, paired request by request.
 
 The study is :mod:`lenpred.studies.bench_serve` (the design, and why the trace runs keep the project's client); this
-script parses the settings and runs it. Four runs of 11-15 minutes on one core at D = 16 (capacity 0.331 req/s, CV
-1, 1.1× load: 218 requests over 600 s). Output (``--out``, default ``results/scripts/serving/bench_serve/``):
+script parses the settings and runs it. Four runs of about 9 minutes on one core at D = 16 (capacity 0.331 req/s,
+CV 1, 1.1× load: 146 requests over 400 s). Output (``--out``, default ``results/scripts/serving/bench_serve/``):
 ``runs.json``, ``report.json``, ``report.md``, ``bench_serve.png``, ``vllm_bench/<mode>.json``::
 
     .venv-vllm/bin/python scripts/bench_serve_check.py --capacity-req-s 0.331
-    .venv-vllm/bin/python scripts/bench_serve_check.py --capacity-req-s 0.331 --window-s 120 --out /tmp/bs  # a look
+    .venv-vllm/bin/python scripts/bench_serve_check.py --capacity-req-s 0.331 --window-s 100 --out /tmp/bs  # a look
     python scripts/bench_serve_check.py --capacity-req-s 0.331 --report-only        # the report from runs.json
 """
 

@@ -67,7 +67,7 @@ class BenchServeConfig:
     cv: float = 1.0
     load: float = 1.1
     capacity_req_s: float | None = None
-    window_s: float = 600.0
+    window_s: float = 400.0
     seed: int = 100
     modes: str = "stock,plugin"
     temperature: float = 0.7
