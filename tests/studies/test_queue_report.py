@@ -154,3 +154,20 @@ def test_whatif_on_each_plugin_runs_own_traffic_log_beside_the_measured_cut(tmp_
     assert row["measured_p99_ratio"] == pytest.approx(0.8) and row["predicted_cut"] == want["jct_cut_vs_stock"][0]
     assert row["error_pp"] == pytest.approx(100 * (want["jct_cut_vs_stock"][0] - 0.2))
     assert (tmp_path / "out" / "whatif" / "0-plugin-burst8" / "whatif.json").is_file()
+
+
+def test_acceptance_checks_issue_49s_thresholds_on_a_trace_and_38s_elsewhere():
+    from lenpred.studies.queue_report import acceptance
+
+    cell = {"jct_cut_vs_stock": (0.08, 0.01, 0.15), "p99_jct_ratio_vs_stock": (1.04, 0.9, 1.2),
+            "throughput_ratio_vs_stock": 1.02}
+    best = {"mode": "plugin", "jct_cut_vs": {"priority_prompt_len": (0.03, 0.005, 0.06)}}
+    below = acceptance({"plugin": cell}, best, 5, "tracecodex0.9")  # 8 % >= 6 % below capacity
+    assert below == {"mode": "plugin", "issue": 49, "cut_ge_6pct_interval_above_0": True,
+                     "beats_prompt_len_interval_above_0": True, "p99_jct_le_1.05x_stock": True,
+                     "throughput_within_3pct": True, "at_least_5_draws": True, "all": True}
+    above = acceptance({"plugin": cell}, best, 5, "tracecodex1.1")  # 8 % < 10 % above capacity
+    assert above["cut_ge_10pct_interval_above_0"] is False and above["all"] is False
+    gamma = acceptance({"plugin": {**cell, "p99_jct_ratio_vs_stock": (1.08, 1.0, 1.2)}}, best, 4, "gamma1x1.1")
+    assert gamma["issue"] == 38 and gamma["p99_jct_le_1.1x_stock"] is True and gamma["cut_ge_12pct_interval_above_0"] is False
+    assert gamma["prompt_oracle_share_ge_0.8"] is None and gamma["at_least_5_draws"] is False

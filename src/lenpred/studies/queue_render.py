@@ -117,8 +117,9 @@ def pattern_markdown(pattern: str, p: dict) -> list[str]:
                   "faster):", "",
                   markdown_table(["vs mode", "mean-JCT cut"],
                                  [[m, fmt_ci(v, pct)] for m, v in best["jct_cut_vs"].items()]), "",
-                  "Issue 38's checks: " + ", ".join(f"{k} {'n/a' if v is None else 'yes' if v else 'NO'}"
-                                                    for k, v in acc.items() if k not in ("mode", "all")) + ".", ""]
+                  f"Issue {acc.get('issue', 38)}'s checks: "
+                  + ", ".join(f"{k} {'n/a' if v is None else 'yes' if v else 'NO'}"
+                              for k, v in acc.items() if k not in ("mode", "issue", "all")) + ".", ""]
     return lines
 
 
