@@ -48,6 +48,28 @@ def markdown(rep: dict) -> str:
     return "\n".join(lines)
 
 
+def engine_trace_table(reports: dict[str, dict]) -> str:
+    """The engine's trace runs in one table (the guide's headline): per report (``{label: report.json}``, each one
+    trace pattern's store) and mode, the slices run, mean JCT, the paired cut and p99 ratio vs stock, throughput vs
+    stock and the simulator's mean JCT over the measured; then per report ``lenpred whatif``'s error per slice."""
+    rows, notes = [], []
+    for label, rep in reports.items():
+        for pattern, p in rep["patterns"].items():
+            for m, c in p["modes"].items():
+                versus = m != "stock" and "jct_cut_vs_stock" in c
+                rows.append([label, str(len(p["draws"])), m, f"{c['mean_jct_s']:.1f}",
+                             fmt_ci(c["jct_cut_vs_stock"], pct) if versus else "–",
+                             fmt_ci(c["p99_jct_ratio_vs_stock"], lambda x: f"{x:.2f}") if versus else "–",
+                             f"{c['throughput_ratio_vs_stock']:.3f}" if versus else "–",
+                             "–" if c.get("simulated_over_measured") is None else f"{c['simulated_over_measured']:.2f}"])
+            if p.get("whatif"):
+                notes.append(f"{label}: `lenpred whatif` on each plug-in run's traffic log, error vs the measured cut "
+                             "per slice: " + ", ".join(f"{w['error_pp']:+.1f}" for w in p["whatif"]) + " points.")
+    table = markdown_table(["trace, load", "slices", "mode", "mean JCT s", "mean-JCT cut vs stock", "p99 JCT / stock",
+                            "tok/s / stock", "simulator / measured"], rows)
+    return "\n".join([table, "", *notes])
+
+
 def pattern_markdown(pattern: str, p: dict) -> list[str]:
     """One pattern's tables: latency per mode; against stock; by length class; the best lenpred mode's checks."""
     sh = lambda x: f"{x:.2f}"  # noqa: E731
