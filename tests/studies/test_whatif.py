@@ -163,3 +163,30 @@ def test_logs_and_cost_models_that_cannot_time_a_replay_are_refused(tmp_path):
                      ({"bootstrap_resamples": 0}, "must be >= 100"), ({"decode_slots": (0,)}, "got '0'")):
         with pytest.raises(LenpredError, match=msg):
             WhatifConfig(traffic=log, **bad)
+
+
+def test_the_bound_comes_from_the_engine_settings_beside_the_log(tmp_path):
+    from lenpred.online.traffic_log import TrafficLogConfig, TrafficLogWriter, TrafficRecord, write_engine_settings
+    from lenpred.studies.whatif import served_bound
+
+    with TrafficLogWriter(TrafficLogConfig(tmp_path / "log")) as w:
+        for i in range(24):  # 3 at a time generating in the rows: parked requests look like running ones
+            w.record(TrafficRecord(features=np.zeros(4), expected=20.0, low=0, high=1, num_output_tokens=20,
+                                   finish_reason="stop", arrival_time_s=float(i // 3), first_token_time_s=i // 3 + 0.1,
+                                   finish_time_s=i // 3 + 0.9, num_prompt_tokens=30))
+    traffic = LoggedTraffic.read(tmp_path / "log")
+    assert served_bound(tmp_path / "log", traffic) == (3, "the most requests the log shows generating at once", False)
+    write_engine_settings(tmp_path / "log", {"policy": "srpt", "decode_slots": 2, "prefill_ahead": 2,
+                                             "max_num_seqs": 4})
+    bound, source, parked = served_bound(tmp_path / "log", traffic)
+    assert (bound, parked) == (2, True) and "decode_slots under policy srpt" in source
+    report = run_whatif(WhatifConfig(traffic=str(tmp_path / "log"), out=str(tmp_path / "o"), clusters=4,
+                                     bootstrap_resamples=100))
+    assert report["observed_bound"] == 2 and list(report["results"]) == ["1", "2", "4"]
+    assert "approximate: the log was served with parked decoding" in report["cost_source"]
+    write_engine_settings(tmp_path / "log", {"policy": "observe", "decode_slots": 2, "prefill_ahead": 2,
+                                             "max_num_seqs": 8})
+    assert served_bound(tmp_path / "log", traffic)[:2] == (8, "the engine's max_num_seqs (engine.json)")
+    (tmp_path / "log" / "engine.json").write_text("[1, 2]")
+    with pytest.raises(LenpredError, match="engine.json holds no JSON object"):
+        served_bound(tmp_path / "log", traffic)

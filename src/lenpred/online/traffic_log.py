@@ -725,6 +725,42 @@ def _same_metadata(tables: list[tuple[Path, Any]]) -> dict[str, str]:
     return first
 
 
+ENGINE_FILE = "engine.json"
+"""Beside a log's parts: the settings of the latest engine that started writing it (:func:`write_engine_settings`)."""
+
+
+def write_engine_settings(directory: str | Path, settings: dict) -> None:
+    """Record, beside the parts of the traffic log in ``directory``, how the engine writing it serves (the plug-in's
+    ``policy``, ``decode_slots``, ``prefill_ahead`` and vLLM's ``max_num_seqs``): what a replay of the log needs and
+    the rows cannot show (under a parked policy a parked request looks like a running one). Written atomically at
+    each engine start, so it holds the latest engine's settings; the parts' reader ignores it."""
+    from lenpred.io import write_json
+
+    write_json(Path(directory) / ENGINE_FILE, settings)
+
+
+def read_engine_settings(directory: str | Path) -> dict | None:
+    """The settings :func:`write_engine_settings` recorded in ``directory``; ``None`` when none were (a log written
+    by ``lenpred serve``, or by a plug-in from before they were recorded).
+
+    Raises:
+        LenpredError: the file is there but not a JSON object (names the file and the fix).
+    """
+    import json
+
+    path = Path(directory) / ENGINE_FILE
+    if not path.exists():
+        return None
+    try:
+        settings = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise LenpredError(f"{path} cannot be read ({exc}): delete it (the engine rewrites it when it starts) or "
+                           "pass the bound yourself (--decode-slots)") from exc
+    if not isinstance(settings, dict):
+        raise LenpredError(f"{path} holds no JSON object: delete it or pass --decode-slots")
+    return settings
+
+
 def token_ids_sha256(token_ids) -> str | None:
     """Hex SHA-256 of a prompt's token ids as little-endian int32 (the vLLM plug-in's ``prompt_sha256``: samples of
     one prompt share it, so a refit trains them as one weighted row and its intervals cluster by prompt); ``None``

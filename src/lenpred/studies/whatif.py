@@ -49,9 +49,11 @@ class WhatifConfig:
 
     Attributes:
         traffic: a traffic-log directory (:mod:`lenpred.online.traffic_log`; the plug-in's ``traffic_log`` or
-            ``lenpred serve --traffic-log``). Record it with the plug-in's ``observe`` (stock order): under a
-            scheduling policy parked requests look like running ones (:func:`observed_bound`); a non-streaming
-            proxy's log has no first-token times (:func:`streamed`): give ``cost_model`` and ``decode_slots``.
+            ``lenpred serve --traffic-log``). The plug-in records its engine's settings beside the log, which give
+            the bound it served at (:func:`served_bound`); under a scheduling policy a parked request's wait counts
+            as decode time in the fitted cost, so a measured ``cost_model`` is the better choice there; a
+            non-streaming proxy's log has no first-token times (:func:`streamed`): give ``cost_model`` and
+            ``decode_slots``.
         cost_model: a cost-model JSON measured on the serving machine (``None``: fitted from the log's timings).
         decode_slots: concurrency bounds D to replay at (``None``: the log's own bound, half and double it).
         out: where ``whatif.json``, ``whatif.md`` and ``whatif.png`` go.
@@ -184,6 +186,24 @@ def cost_from_log(traffic: LoggedTraffic) -> CostModel:
                      fit_stats={"num_decode_requests": int(multi.sum()), "num_idle_arrivals": int(idle.sum())})
 
 
+def served_bound(directory: str | Path, traffic: LoggedTraffic) -> tuple[int, str, bool]:
+    """``(D, where it came from, parked)``: the concurrency bound the log was served at, and whether a scheduling
+    policy parked requests while it was. From the engine settings the plug-in
+    records beside its log (:func:`lenpred.online.traffic_log.read_engine_settings`): under a scheduling policy its
+    ``decode_slots`` (a parked request looks like a running one in the rows), under ``observe`` vLLM's
+    ``max_num_seqs``; without them (``lenpred serve``'s log) the most requests the rows show generating at once
+    (:func:`observed_bound`)."""
+    from lenpred.online.traffic_log import ENGINE_FILE, read_engine_settings
+
+    engine = read_engine_settings(directory)
+    if engine is None:
+        return observed_bound(traffic), "the most requests the log shows generating at once", False
+    if engine.get("policy") == "observe":
+        return int(engine["max_num_seqs"]), f"the engine's max_num_seqs ({ENGINE_FILE})", False
+    return (int(engine["decode_slots"]), f"the plug-in's decode_slots under policy {engine['policy']} ({ENGINE_FILE})",
+            True)
+
+
 def streamed(traffic: LoggedTraffic) -> bool:
     """Whether the log's first-token times are real: the median request of 2+ tokens spent at least 1 % of its time
     after its first token (a proxy logging non-streamed responses records the first token at the finish)."""
@@ -286,15 +306,18 @@ def run_whatif(cfg: WhatifConfig) -> dict:
         LenpredError: an unreadable or too small log (:meth:`LoggedTraffic.read`), an unreadable cost model.
     """
     traffic = LoggedTraffic.read(cfg.traffic)
+    own, bound_source, parked = served_bound(cfg.traffic, traffic)
     if cfg.cost_model is not None:
         cost, source = CostModel.load(cfg.cost_model), f"the calibration file {cfg.cost_model}"
     else:
         cost, source = cost_from_log(traffic), "the log's own timings (cost_from_log)"
+        if parked:
+            source += (", approximate: the log was served with parked decoding, where a parked request's wait counts "
+                       "as decode time; a --cost-model measured on the serving machine is better")
     cost = check_cost(cost, source)
     if cfg.decode_slots is None and not streamed(traffic):
         raise LenpredError("the traffic log's first tokens came with the finish (non-streamed responses), so its "
                            "concurrency bound cannot be read from it: pass --decode-slots")
-    own = observed_bound(traffic)
     bounds = cfg.decode_slots or tuple(sorted({max(own // 2, 1), own, 2 * own}))
     requests = workload(traffic)
     results = {}
@@ -303,6 +326,7 @@ def run_whatif(cfg: WhatifConfig) -> dict:
         results[d] = compare_modes(replay(requests, cost, d), cfg.clusters, cfg.bootstrap_resamples)
     at = own if own in results else bounds[0]
     report = {"traffic": str(cfg.traffic), "num_requests": len(requests), "observed_bound": own,
+              "bound_source": bound_source,
               "logged_mean_jct_s": float(np.mean(traffic.finish_s - traffic.arrival_s)),
               "cost_source": source, "cost_coefficients": cost.coefficients,
               "duration_s": float(traffic.finish_s.max()), "results": {str(d): r for d, r in results.items()},
@@ -319,7 +343,8 @@ def render_whatif(report: dict) -> str:
     """The report as Markdown: one table per concurrency bound, then the cost's source and the verdict."""
     pct = lambda t: f"{t[0]:+.1%} [{t[1]:+.1%}, {t[2]:+.1%}]"  # noqa: E731
     lines = [f"# What if: {report['num_requests']} logged requests over {report['duration_s']:.0f} s",
-             "", f"The log's own concurrency bound: D = {report['observed_bound']}; its mean JCT as served "
+             "", f"The log's own concurrency bound: D = {report['observed_bound']} ({report['bound_source']}); its "
+             "mean JCT as served "
              f"{report['logged_mean_jct_s']:.1f} s (compare the replayed stock FCFS at that D: the replay's fidelity); "
              f"the engine's cost from {report['cost_source']}; the KV cache is not a bound in the replay. Intervals: "
              "paired, clustered by consecutive arrivals.", ""]

@@ -101,7 +101,7 @@ def test_scheduler_decodes_the_shorter_prediction_first(served):
 
 
 def test_traffic_log_holds_each_finished_request_with_the_state_the_head_read(served):
-    from lenpred.online.traffic_log import read_traffic_log, token_ids_sha256
+    from lenpred.online.traffic_log import read_engine_settings, read_traffic_log, token_ids_sha256
 
     _, lines, ids, _, traffic = served
     log = read_traffic_log(traffic)  # every part verified against its checksum
@@ -111,6 +111,8 @@ def test_traffic_log_holds_each_finished_request_with_the_state_the_head_read(se
         np.testing.assert_allclose(feats, by_len[int(n)], rtol=2e-3, atol=2e-2)  # stored as float16
     assert set(log.columns["num_output_tokens"].tolist()) == {CAP} and set(log.columns["finish_reason"]) == {"length"}
     assert set(log.columns["prompt_sha256"]) == {token_ids_sha256(i) for i in ids}  # both runs of a prompt share it
+    engine = read_engine_settings(traffic)  # how it served, for lenpred whatif: the bound is decode_slots here
+    assert (engine["policy"], engine["decode_slots"]) == ("srpt", 1) and engine["max_num_seqs"] >= 1
 
 
 def test_vllms_chat_renderer_gives_prepare_prompts_ids():

@@ -56,7 +56,7 @@ from lenpred.io import write_json
 from lenpred.online.adaptive import AdaptiveConfig
 from lenpred.online.learning import OnlineLearning
 from lenpred.online.progressive import start_states, update_batch
-from lenpred.online.traffic_log import TrafficLogConfig, token_ids_sha256
+from lenpred.online.traffic_log import TrafficLogConfig, token_ids_sha256, write_engine_settings
 from lenpred.outcome import RequestOutcome
 from lenpred.prediction import LengthPrediction
 from lenpred.serving.parked import admission_limit, admission_priority, choose_decoders, preemption_order
@@ -255,6 +255,11 @@ class LenpredScheduler(Scheduler):
             self._lp_online = OnlineLearning(
                 self.lenpred_predictor, log=TrafficLogConfig(cfg.traffic_log) if cfg.traffic_log else None,
                 adaptive=AdaptiveConfig(method=cfg.adaptive_interval) if cfg.adaptive_interval else None)
+        if cfg.traffic_log:  # how this engine serves, for a replay of its log (lenpred whatif)
+            write_engine_settings(cfg.traffic_log, {
+                "policy": cfg.policy, "decode_slots": cfg.decode_slots, "prefill_ahead": cfg.prefill_ahead,
+                "max_num_seqs": vllm_config.scheduler_config.max_num_seqs,
+                "started": time.strftime("%Y-%m-%dT%H:%M:%S")})
 
     # ------------------------------------------------------------------ predictions
 
