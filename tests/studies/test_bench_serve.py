@@ -19,8 +19,13 @@ def _rows(n=3):
 
 
 def test_capacity_is_required_and_the_pattern_is_the_queue_benchmarks():
+    from lenpred.studies.bench_serve import run
+
     with pytest.raises(LenpredError, match="--capacity-req-s"):
         BenchServeConfig()
+    for mode in ("priority_prompt_len", "priority_lenpred"):  # a priority the benchmark cannot send: refused first
+        with pytest.raises(LenpredError, match=f"{mode} need a per-request priority"):
+            run(BenchServeConfig(capacity_req_s=0.3, modes=f"stock,{mode}"))
     cfg = BenchServeConfig(capacity_req_s=0.331, cv=2.0, load=0.9)
     assert cfg.pattern == "gamma2x0.9"
     assert cfg.queue_config().patterns == "gamma2x0.9" and cfg.queue_config().draws == 1
@@ -44,23 +49,24 @@ def test_command_takes_each_cap_keeps_order_and_sets_burstiness(tmp_path):
     assert float(arg("--request-rate")) == pytest.approx(0.3) and float(arg("--burstiness")) == 0.25
     assert arg("--seed") == "7" and arg("--temperature") == "0.5" and json.loads(arg("--extra-body")) == {"seed": 0}
     assert arg("--result-dir") == str(tmp_path / "r") and arg("--result-filename") == "x.json"
-    assert "--ignore-eos" not in cmd and "--save-detailed" in cmd
+    assert "--ignore-eos" not in cmd and "--save-detailed" in cmd and "e2el" in arg("--percentile-metrics")
 
 
 def test_a_detailed_result_reads_as_a_run_and_others_are_refused(tmp_path):
-    res = {"input_lens": [5, 6], "output_lens": [10, 0], "ttfts": [0.1, 0.0], "latencies": [2.0, 0.0],
-           "start_times": [100.5, 101.25], "errors": ["", "boom"], "duration": 3.0, "mean_e2el_ms": 2000.0}
+    res = {"input_lens": [5, 6, 7], "output_lens": [10, 0, 0], "ttfts": [0.1, 0.0, 0.0], "latencies": [2.0, 0.0, 0.0],
+           "start_times": [100.5, 101.25, 102.0], "errors": ["", "boom", ""], "duration": 3.0, "mean_e2el_ms": 2000.0}
     path = tmp_path / "r.json"
     path.write_text(json.dumps(res))
-    rec = read_bench_result(path, 2)
-    assert [r["arrival_s"] for r in rec["results"]] == [0.0, 0.75]
-    assert [r["outcome"] for r in rec["results"]] == ["ok", "error"] and rec["results"][0]["jct_s"] == 2.0
+    rec = read_bench_result(path, 3)
+    assert [r["arrival_s"] for r in rec["results"]] == [0.0, 0.75, 1.5]
+    # an error text, or no latency with an empty one (vLLM's record of a non-200 with no reason): not ok
+    assert [r["outcome"] for r in rec["results"]] == ["ok", "error", "error"] and rec["results"][0]["jct_s"] == 2.0
     assert rec["summary"]["mean_e2el_ms"] == 2000.0 and rec["summary"]["p99_e2el_ms"] is None
-    with pytest.raises(LenpredError, match="holds 2 requests, the draw 3"):
-        read_bench_result(path, 3)
+    with pytest.raises(LenpredError, match="holds 3 requests, the draw 4"):
+        read_bench_result(path, 4)
     path.write_text(json.dumps({k: v for k, v in res.items() if k != "start_times"}))
     with pytest.raises(LenpredError, match="--save-detailed"):
-        read_bench_result(path, 2)
+        read_bench_result(path, 3)
 
 
 def test_client_requests_replay_the_send_times_with_the_run_wide_sampling():
@@ -73,7 +79,7 @@ def test_client_requests_replay_the_send_times_with_the_run_wide_sampling():
 
 def _run(jcts, outcomes=None, tokens=10):
     outcomes = outcomes or ["ok"] * len(jcts)
-    return {"settings": {"traffic_log": None}, "results": [{"request_id": i, "jct_s": j, "outcome": o, "completion_tokens": tokens}
+    return {"settings": {"traffic_log": None}, "summary": {"max_send_lag_s": 0.004}, "results": [{"request_id": i, "jct_s": j, "outcome": o, "completion_tokens": tokens}
                         for i, (j, o) in enumerate(zip(jcts, outcomes))]}
 
 
@@ -95,25 +101,24 @@ def test_report_pairs_the_requests_ok_everywhere_by_hand():
         np.percentile([6, 9, 30], 99) / np.percentile([11, 21, 28], 99))
     text = markdown(rep, BenchServeConfig(capacity_req_s=0.331))
     assert "| stock | 20.0 | 20.0 | +0.0%" in text and "| plugin | vllm_bench | +25.0%" in text
+    assert "at most 4 ms (stock), 4 ms (plugin)" in text
     del store["runs"]["0/plugin/client"]
     with pytest.raises(LenpredError, match="plugin/client"):
         report(store)
 
 
-def test_same_prompts_compares_the_two_blocks_of_the_traffic_log(tmp_path):
+def test_same_prompts_compares_each_runs_window_of_the_traffic_log(tmp_path):
     from lenpred.online.traffic_log import TrafficLogConfig, TrafficLogWriter, TrafficRecord
     from lenpred.studies.bench_serve import same_prompts
 
-    # by arrival: warm-up x2, the benchmark's 3, then the client's 3 in another order
-    hashes = ["w0", "w1", "a", "b", "a", "b", "a", "a"]
+    # by arrival (Unix s): a warm-up at 5, the benchmark's 3 in [10, 20], another server start's warm-up at 25, the
+    # client's 3 in [30, 40] in another order
+    rows = [(5, "w"), (11, "a"), (12, "b"), (13, "a"), (25, "w"), (31, "b"), (32, "a"), (33, "a")]
     with TrafficLogWriter(TrafficLogConfig(tmp_path / "log")) as w:
-        for i in reversed(range(len(hashes))):  # written in finish order, not arrival order
+        for t, h in reversed(rows):  # written in finish order, not arrival order
             w.record(TrafficRecord(features=np.zeros(2, np.float32), num_output_tokens=1, finish_reason="stop",
-                                   arrival_time_s=float(i), finish_time_s=100.0 - i, prompt_sha256=hashes[i]))
-    assert same_prompts(tmp_path / "log", 3) == {"rows": 8, "same": True}
-    assert same_prompts(tmp_path / "log", 2) == {"rows": 8, "same": False}  # 2 + 2n rows expected
-    with TrafficLogWriter(TrafficLogConfig(tmp_path / "other")) as w:  # one prompt tokenized differently
-        for i, h in enumerate(hashes[:-1] + ["c"]):
-            w.record(TrafficRecord(features=np.zeros(2, np.float32), num_output_tokens=1, finish_reason="stop",
-                                   arrival_time_s=float(i), finish_time_s=float(i), prompt_sha256=h))
-    assert same_prompts(tmp_path / "other", 3) == {"rows": 8, "same": False}
+                                   arrival_time_s=float(t), finish_time_s=100.0 - t, prompt_sha256=h))
+    run = lambda a, b: {"unix_start_s": a, "unix_end_s": b, "results": [{}] * 3}  # noqa: E731
+    assert same_prompts(tmp_path / "log", run(10, 20), run(30, 40)) == {"rows": [3, 3], "same": True}
+    assert same_prompts(tmp_path / "log", run(10, 20), run(24, 40))["same"] is False  # the warm-up fell inside
+    assert same_prompts(tmp_path / "log", run(10, 12.5), run(30, 40)) == {"rows": [2, 3], "same": False}

@@ -175,7 +175,8 @@ def test_the_bound_comes_from_the_engine_settings_beside_the_log(tmp_path):
                                    finish_reason="stop", arrival_time_s=float(i // 3), first_token_time_s=i // 3 + 0.1,
                                    finish_time_s=i // 3 + 0.9, num_prompt_tokens=30))
     traffic = LoggedTraffic.read(tmp_path / "log")
-    assert served_bound(tmp_path / "log", traffic) == (3, "the most requests the log shows generating at once", False)
+    rows = (3, "the most requests the log shows generating at once", False)
+    assert served_bound(tmp_path / "log", traffic) == rows
     write_engine_settings(tmp_path / "log", {"policy": "srpt", "decode_slots": 2, "prefill_ahead": 2,
                                              "max_num_seqs": 4})
     bound, source, parked = served_bound(tmp_path / "log", traffic)
@@ -184,9 +185,13 @@ def test_the_bound_comes_from_the_engine_settings_beside_the_log(tmp_path):
                                      bootstrap_resamples=100))
     assert report["observed_bound"] == 2 and list(report["results"]) == ["1", "2", "4"]
     assert "approximate: the log was served with parked decoding" in report["cost_source"]
+    # under observe nothing is parked: the rows show what ran together (a max_num_seqs of 256 would queue nothing)
     write_engine_settings(tmp_path / "log", {"policy": "observe", "decode_slots": 2, "prefill_ahead": 2,
-                                             "max_num_seqs": 8})
-    assert served_bound(tmp_path / "log", traffic)[:2] == (8, "the engine's max_num_seqs (engine.json)")
-    (tmp_path / "log" / "engine.json").write_text("[1, 2]")
-    with pytest.raises(LenpredError, match="engine.json holds no JSON object"):
+                                             "max_num_seqs": 256})
+    assert served_bound(tmp_path / "log", traffic) == rows
+    (tmp_path / "log" / "engine.json").write_text('{"policy": "srpt", "decode_slots": null}')
+    with pytest.raises(LenpredError, match="engine.json is not the engine settings lenpred writes"):
         served_bound(tmp_path / "log", traffic)
+    given = run_whatif(WhatifConfig(traffic=str(tmp_path / "log"), out=str(tmp_path / "o"), decode_slots=(2,),
+                                    clusters=4, bootstrap_resamples=100))  # --decode-slots: the file is not read
+    assert list(given["results"]) == ["2"]

@@ -727,6 +727,8 @@ def _same_metadata(tables: list[tuple[Path, Any]]) -> dict[str, str]:
 
 ENGINE_FILE = "engine.json"
 """Beside a log's parts: the settings of the latest engine that started writing it (:func:`write_engine_settings`)."""
+ENGINE_KEYS = {"policy", "decode_slots", "prefill_ahead", "max_num_seqs"}
+"""What :func:`write_engine_settings` records (and :func:`read_engine_settings` requires)."""
 
 
 def write_engine_settings(directory: str | Path, settings: dict) -> None:
@@ -744,7 +746,8 @@ def read_engine_settings(directory: str | Path) -> dict | None:
     by ``lenpred serve``, or by a plug-in from before they were recorded).
 
     Raises:
-        LenpredError: the file is there but not a JSON object (names the file and the fix).
+        LenpredError: the file is there but not a JSON object with :data:`ENGINE_KEYS` and integer bounds (names the
+            file and the fix).
     """
     import json
 
@@ -756,8 +759,10 @@ def read_engine_settings(directory: str | Path) -> dict | None:
     except (OSError, ValueError) as exc:
         raise LenpredError(f"{path} cannot be read ({exc}): delete it (the engine rewrites it when it starts) or "
                            "pass the bound yourself (--decode-slots)") from exc
-    if not isinstance(settings, dict):
-        raise LenpredError(f"{path} holds no JSON object: delete it or pass --decode-slots")
+    missing = ENGINE_KEYS - set(settings) if isinstance(settings, dict) else ENGINE_KEYS
+    if missing or not all(isinstance(settings[k], int) for k in ("decode_slots", "max_num_seqs")):
+        raise LenpredError(f"{path} is not the engine settings lenpred writes (needs {', '.join(sorted(ENGINE_KEYS))}"
+                           ", the bounds as integers): delete it (the engine rewrites it) or pass --decode-slots")
     return settings
 
 

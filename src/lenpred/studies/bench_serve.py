@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -139,13 +140,15 @@ def bench_command(cfg: BenchServeConfig, url: str, model_name: str, tokenizer: s
             "--skip-chat-template", "--disable-shuffle", "--num-prompts", str(n), "--request-rate", f"{rate:.6g}",
             "--burstiness", f"{1 / cfg.cv ** 2:.6g}", "--seed", str(cfg.seed), "--temperature", f"{cfg.temperature:g}",
             "--top-p", "1.0", "--extra-body", json.dumps({"seed": 0}), "--ready-check-timeout-sec", "0",
+            "--percentile-metrics", "ttft,tpot,itl,e2el",
             "--save-result", "--save-detailed", "--result-dir", str(result.parent), "--result-filename", result.name]
 
 
 def read_bench_result(path: Path, n: int) -> dict:
     """A ``vllm bench serve --save-detailed`` result as a run record: per request (the draw's order) ``request_id``,
     ``arrival_s`` (its send time, s after the first), ``jct_s`` (vLLM's end-to-end latency), ``ttft_s``,
-    ``completion_tokens`` and ``outcome`` (``ok`` or ``error``); and the benchmark's own ``summary``.
+    ``completion_tokens`` and ``outcome`` (``ok``, or ``error``: an error text, or no latency, as vLLM records a
+    failed request); and the benchmark's own ``summary``.
 
     Raises:
         LenpredError: the file lacks the per-request fields (run without ``--save-detailed``) or holds another
@@ -159,7 +162,7 @@ def read_bench_result(path: Path, n: int) -> dict:
         raise LenpredError(f"{path} holds {len(res['latencies'])} requests, the draw {n}: a result of another run")
     t0 = min(res["start_times"])
     results = [{"request_id": i, "arrival_s": s - t0, "jct_s": lat, "ttft_s": ttft, "completion_tokens": out,
-                "outcome": "error" if err else "ok"}
+                "outcome": "error" if err or lat <= 0 else "ok"}
                for i, (s, lat, ttft, out, err) in enumerate(zip(res["start_times"], res["latencies"], res["ttfts"],
                                                                 res["output_lens"], res["errors"]))]
     summary = {k: res.get(k) for k in ("duration", "completed", "failed", "mean_e2el_ms", "p99_e2el_ms",
@@ -182,23 +185,23 @@ def run(cfg: BenchServeConfig) -> dict:
     from lenpred.backbone import resolve_model
     from lenpred.io import write_json
     from lenpred.serving.loadgen import run_replay
-    from lenpred.studies.engine_bench import (MODEL_NAME, EngineWorkload, cpu_lock, load_requests, one_run,
-                                              pin_cores, run_grid)
+    from lenpred.studies.engine_bench import (MODEL_NAME, EngineWorkload, LoadSampler, cpu_lock, load_requests,
+                                              one_run, pin_cores, run_grid)
     from lenpred.studies.queue_bench import mode_servers, mode_settings, planned, regime, traffic_dir
     from lenpred.studies.queue_regime import QUEUE_MODES, parse_modes
     from lenpred.studies.resume import load_resumable
 
     modes = parse_modes(cfg.modes)
-    proxied = [m for m in modes if QUEUE_MODES[m].proxy]
-    if proxied:
-        raise LenpredError(f"mode(s) {', '.join(proxied)} need lenpred serve's per-request priority, which vllm "
-                           "bench serve cannot send: use modes without a proxy (stock, plugin, ...)")
+    sent = [m for m in modes if QUEUE_MODES[m].proxy or QUEUE_MODES[m].priority is not None]
+    if sent:
+        raise LenpredError(f"mode(s) {', '.join(sent)} need a per-request priority, which vllm bench serve cannot "
+                           "send: use modes that order requests themselves (stock, plugin, plugin_plp)")
     qcfg, out = cfg.queue_config(), Path(cfg.out)
     source = EngineWorkload()
     reg = regime(qcfg, source)
     rows = planned(qcfg, source, reg)[(0, cfg.pattern)]["rows"]
     messages = source.messages([rows])
-    dataset = write_dataset(dataset_items(rows, messages), CACHE / f"{cfg.pattern}_seed{cfg.seed}.jsonl")
+    dataset = write_dataset(dataset_items(rows, messages), CACHE / f"{cfg.pattern}_seed{cfg.seed}_n{len(rows)}.jsonl")
     store = load_resumable(out / "runs.json", asdict(cfg), ignore=("modes", "out", "bootstrap_resamples"),
                            fingerprint={"engine_regime": {k: v for k, v in reg.items() if k != "capacity"}})
     model_dir = str(resolve_model()[0])
@@ -217,20 +220,23 @@ def run(cfg: BenchServeConfig) -> dict:
                     "rate_req_s": cfg.load * cfg.capacity_req_s}
         traffic = traffic_dir(out, settings, 0)
         settings["traffic_log"] = None if traffic is None else str(traffic)
+        window = {"unix_start_s": time.time()}  # the run's requests in the plug-in's traffic log (same_prompts)
         if client == "vllm_bench":
             result = out / "vllm_bench" / f"{mode}.json"
-            subprocess.run(bench_command(cfg, url, MODEL_NAME, model_dir, dataset, len(rows), result), check=True)
+            with LoadSampler() as load:
+                subprocess.run(bench_command(cfg, url, MODEL_NAME, model_dir, dataset, len(rows), result), check=True)
             rec = read_bench_result(result, len(rows))
             slim = {k: v for k, v in json.loads(result.read_text()).items() if k not in ("generated_texts", "itls")}
             write_json(result, slim)
-            return {"settings": settings, **rec}
-        bench = store["runs"].get(f"0/{mode}/vllm_bench")
-        if bench is None:
-            raise LenpredError(f"the client replays vllm bench serve's send times: run {mode}'s benchmark first")
-        times = [r["arrival_s"] for r in bench["results"]]
-        tag = f"{mode}-client-"
-        return {"settings": settings, **one_run(url, client_requests(rows, messages, times, cfg, tag), tag,
-                                                logs[mode])}
+            rec["loadavg_1m_during"] = load.summary()
+        else:
+            bench = store["runs"].get(f"0/{mode}/vllm_bench")
+            if bench is None:
+                raise LenpredError(f"the client replays vllm bench serve's send times: run {mode}'s benchmark first")
+            times = [r["arrival_s"] for r in bench["results"]]
+            tag = f"{mode}-client-"
+            rec = one_run(url, client_requests(rows, messages, times, cfg, tag), tag, logs[mode])
+        return {"settings": settings, **rec, **window, "unix_end_s": time.time()}
 
     with cpu_lock():
         run_grid(store, out / "runs.json", 1, QUEUE_MODES, modes, list(CLIENTS), servers_for, warm, run_one,
@@ -247,25 +253,24 @@ def paired_runs(store: dict, modes: list[str]) -> dict[tuple[str, str], np.ndarr
             for k, rs in runs.items()}
 
 
-def same_prompts(traffic_dir: Path, n: int) -> dict:
+def same_prompts(traffic_dir: Path, bench: dict, client: dict) -> dict:
     """Whether both clients sent the same prompts, from the plug-in's traffic log of their server (the chat-formatted
-    prompt's SHA-256 as the engine tokenized it): by arrival, the log holds the two warm-up requests, the benchmark's
-    ``n`` (``--ready-check-timeout-sec 0``: no test request), then the client's ``n``; the two blocks' multisets of
-    hashes must be equal.
+    prompt's SHA-256 as the engine tokenized it): the rows that arrived within each run's window (``unix_start_s`` to
+    ``unix_end_s``, Unix seconds as vLLM stamps arrivals) must be as many as the run's requests and hash alike.
 
     Returns:
-        ``{"rows": rows read, "same": bool}`` (``same`` is False when the log does not hold ``2 + 2n`` rows).
+        ``{"rows": [bench rows, client rows], "same": bool}``.
     """
     from collections import Counter
 
     from lenpred.online.traffic_log import read_traffic_log
 
     log = read_traffic_log(traffic_dir)
-    order = np.argsort(log.columns["arrival_time_s"], kind="stable")
-    hashes = log.columns["prompt_sha256"][order]
-    rows = len(hashes)
-    same = rows == 2 + 2 * n and Counter(hashes[2:2 + n]) == Counter(hashes[2 + n:])
-    return {"rows": int(rows), "same": bool(same)}
+    arrival, hashes = log.columns["arrival_time_s"], log.columns["prompt_sha256"]
+    blocks = [hashes[(arrival >= r["unix_start_s"]) & (arrival <= r["unix_end_s"])] for r in (bench, client)]
+    same = all(len(b) == len(r["results"]) for b, r in zip(blocks, (bench, client))) and \
+        Counter(blocks[0]) == Counter(blocks[1])
+    return {"rows": [int(len(b)) for b in blocks], "same": bool(same)}
 
 
 def report(store: dict, n_resamples: int = 2000) -> dict:
@@ -301,10 +306,11 @@ def report(store: dict, n_resamples: int = 2000) -> dict:
                                           "p99_ratio": compare("p99_ratio", [jct[("stock", c)]], [jct[(m, c)]],
                                                                n_resamples)} for c in CLIENTS}
     for m in modes:  # with the plug-in, its traffic log shows whether both clients sent the same prompts
-        bench = store["runs"][f"0/{m}/vllm_bench"]
+        bench, client = store["runs"][f"0/{m}/vllm_bench"], store["runs"][f"0/{m}/client"]
         traffic = bench["settings"].get("traffic_log")
-        if traffic and Path(traffic).exists():
-            out["modes"][m]["same_prompts"] = same_prompts(Path(traffic), len(bench["results"]))
+        if traffic and Path(traffic).exists() and "unix_start_s" in bench:
+            out["modes"][m]["same_prompts"] = same_prompts(Path(traffic), bench, client)
+        out["modes"][m]["client_max_send_lag_s"] = client.get("summary", {}).get("max_send_lag_s")
     return out
 
 
@@ -328,9 +334,13 @@ def markdown(rep: dict, cfg: BenchServeConfig) -> str:
             lines += [f"| {m} | {c} | {fmt_ci(v['mean_cut'], pct)} | {fmt_ci(v['p99_ratio'], lambda x: f'{x:.2f}')} |"
                       for c, v in by.items()]
     checked = {m: r["same_prompts"] for m, r in rep["modes"].items() if "same_prompts" in r}
-    lines += ["", *(f"{m}: the engine's traffic log holds {c['rows']} rows; both clients' prompts "
-                    f"{'hash the same' if c['same'] else 'DIFFER (or other requests reached the server)'}."
+    lines += ["", *(f"{m}: the engine's traffic log holds {c['rows'][0]} and {c['rows'][1]} rows in the two runs' "
+                    f"windows; both clients' prompts {'hash the same' if c['same'] else 'DIFFER'}."
                     for m, c in checked.items())]
+    lags = {m: r["client_max_send_lag_s"] for m, r in rep["modes"].items() if r.get("client_max_send_lag_s") is not None}
+    if lags:
+        lines.append("The project's client measures JCT from vLLM's send time of the same request; its own send lag, "
+                     "at most " + ", ".join(f"{1000 * v:.0f} ms ({m})" for m, v in lags.items()) + ", is in its JCT.")
     lines += ["", "Intervals: 95 %, paired bootstrap over the requests of the one draw (request i: the same prompt, "
               "seed and send time under both clients and in both modes)."]
     return "\n".join(lines)

@@ -188,20 +188,17 @@ def cost_from_log(traffic: LoggedTraffic) -> CostModel:
 
 def served_bound(directory: str | Path, traffic: LoggedTraffic) -> tuple[int, str, bool]:
     """``(D, where it came from, parked)``: the concurrency bound the log was served at, and whether a scheduling
-    policy parked requests while it was. From the engine settings the plug-in
-    records beside its log (:func:`lenpred.online.traffic_log.read_engine_settings`): under a scheduling policy its
-    ``decode_slots`` (a parked request looks like a running one in the rows), under ``observe`` vLLM's
-    ``max_num_seqs``; without them (``lenpred serve``'s log) the most requests the rows show generating at once
-    (:func:`observed_bound`)."""
+    policy parked requests while it was. The most requests the rows show generating at once (:func:`observed_bound`:
+    what ran together, the KV cache's limit included) unless the plug-in's engine settings beside the log
+    (:func:`lenpred.online.traffic_log.read_engine_settings`) name a parked policy: a parked request looks like a
+    running one in the rows, so its ``decode_slots`` (at most ``max_num_seqs``) is the bound."""
     from lenpred.online.traffic_log import ENGINE_FILE, read_engine_settings
 
     engine = read_engine_settings(directory)
-    if engine is None:
+    if engine is None or engine["policy"] == "observe":
         return observed_bound(traffic), "the most requests the log shows generating at once", False
-    if engine.get("policy") == "observe":
-        return int(engine["max_num_seqs"]), f"the engine's max_num_seqs ({ENGINE_FILE})", False
-    return (int(engine["decode_slots"]), f"the plug-in's decode_slots under policy {engine['policy']} ({ENGINE_FILE})",
-            True)
+    bound = min(int(engine["decode_slots"]), int(engine["max_num_seqs"]))
+    return bound, f"the plug-in's decode_slots under policy {engine['policy']} ({ENGINE_FILE})", True
 
 
 def streamed(traffic: LoggedTraffic) -> bool:
@@ -306,7 +303,8 @@ def run_whatif(cfg: WhatifConfig) -> dict:
         LenpredError: an unreadable or too small log (:meth:`LoggedTraffic.read`), an unreadable cost model.
     """
     traffic = LoggedTraffic.read(cfg.traffic)
-    own, bound_source, parked = served_bound(cfg.traffic, traffic)
+    own, bound_source, parked = ((observed_bound(traffic), "the most requests the log shows generating at once", False)
+                                 if cfg.decode_slots else served_bound(cfg.traffic, traffic))
     if cfg.cost_model is not None:
         cost, source = CostModel.load(cfg.cost_model), f"the calibration file {cfg.cost_model}"
     else:
