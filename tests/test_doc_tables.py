@@ -33,37 +33,16 @@ def test_the_plugins_paired_leads_the_guide_quotes_are_its_json():
         assert ", ".join(leads) in text, leads
 
 
-def test_the_engine_trace_run_and_its_whatif_the_guide_quotes_are_their_json():
-    run = json.loads((ROOT / "results/scripts/serving/queue_trace_engine/trace/report.json").read_text())
-    whatif = json.loads((ROOT / "results/scripts/serving/queue_trace_engine/trace/whatif/whatif.json").read_text())
-    text = " ".join((ROOT / "docs/serving.md").read_text().split())
-    modes = run["patterns"]["tracecodex1.1"]["modes"]
-    cut, p99 = modes["plugin"]["jct_cut_vs_stock"], modes["plugin"]["p99_jct_ratio_vs_stock"]
-    pct = lambda t: f"{100 * t[0]:+.1f} % [{100 * t[1]:+.1f}, {100 * t[2]:+.1f}]"  # noqa: E731
-    quoted = [f"mean JCT stock {modes['stock']['mean_jct_s']:.1f} s, prompt-length priority "
-              f"{modes['priority_prompt_len']['mean_jct_s']:.1f} s, the plug-in {modes['plugin']['mean_jct_s']:.1f} s: "
-              f"{pct(cut)} with p99 {p99[0]:.2f}× [{p99[1]:.2f}, {p99[2]:.2f}]",
-              f"throughput {modes['plugin']['throughput_ratio_vs_stock']:.3f}×",
-              pct(run["patterns"]["tracecodex1.1"]["best_lenpred"]["jct_cut_vs"]["priority_prompt_len"]),
-              f"predicted the plug-in's cut at {100 * whatif['results']['16']['lenpred']['jct_cut_vs_stock'][0]:+.1f} % "
-              f"against the measured {100 * cut[0]:+.1f} %, and stock's mean JCT at "
-              f"{whatif['results']['16']['stock FCFS']['mean_jct_s']:.1f} s against {modes['stock']['mean_jct_s']:.1f} s"]
-    for q in quoted:
-        assert q in text, q
+TRACE_ENGINE = {"code, 1.1×": "results/scripts/serving/queue_trace_engine/code_x1.1/report.json",
+                "code, 0.9×": "results/scripts/serving/queue_trace_engine/code_x0.9/report.json"}
+"""The engine's trace runs the README leads its scheduling section with, one store per trace and load."""
 
 
-def test_the_second_engine_slice_the_guide_quotes_is_its_json():
-    run = json.loads((ROOT / "results/scripts/serving/queue_trace_engine/trace_seed101/report.json").read_text())
-    whatif = json.loads((ROOT / "results/scripts/serving/queue_trace_engine/trace_seed101/whatif/whatif.json").read_text())
-    modes, text = run["patterns"]["tracecodex1.1"]["modes"], " ".join((ROOT / "docs/serving.md").read_text().split())
-    cut, p99 = modes["plugin"]["jct_cut_vs_stock"], modes["plugin"]["p99_jct_ratio_vs_stock"]
-    ours = whatif["results"]["16"]["lenpred"]
-    quoted = (f"stock {modes['stock']['mean_jct_s']:.1f} s, the plug-in {modes['plugin']['mean_jct_s']:.1f} s, "
-              f"{100 * cut[0]:+.1f} % [{100 * cut[1]:+.1f}, {100 * cut[2]:+.1f}], but p99 {p99[0]:.2f}× "
-              f"[{p99[1]:.2f}, {p99[2]:.2f}] stock's",
-              f"{100 * ours['jct_cut_vs_stock'][0]:+.1f} %, p99 {ours['p99_ratio_vs_stock'][0]:.2f}×")
-    for q in quoted:
-        assert q in text, q
+def test_the_engine_trace_table_in_the_readme_is_its_json():
+    from lenpred.studies.queue_render import engine_trace_table
+
+    want = engine_trace_table({k: json.loads((ROOT / v).read_text()) for k, v in TRACE_ENGINE.items()}).strip()
+    assert rendered_block(ROOT / "README.md", "queue_trace_engine") == want, f"render it anew:\n{want}"
 
 
 def test_the_first_head_table_in_the_serving_guide_is_its_json():

@@ -171,3 +171,11 @@ def test_acceptance_checks_issue_49s_thresholds_on_a_trace_and_38s_elsewhere():
     gamma = acceptance({"plugin": {**cell, "p99_jct_ratio_vs_stock": (1.08, 1.0, 1.2)}}, best, 4, "gamma1x1.1")
     assert gamma["issue"] == 38 and gamma["p99_jct_le_1.1x_stock"] is True and gamma["cut_ge_12pct_interval_above_0"] is False
     assert gamma["prompt_oracle_share_ge_0.8"] is None and gamma["at_least_5_draws"] is False
+
+
+def test_stock_capacity_is_requests_over_the_bursts_makespan():
+    from lenpred.studies.queue_report import stock_capacity
+
+    store = {"runs": {"0/stock/burst8": {"results": [{"finish_s": 10.0}, {"finish_s": 40.0}]},
+                      "1/stock/burst8": {"results": [{"finish_s": 5.0}, {"finish_s": 20.0}, {"finish_s": 30.0}]}}}
+    assert stock_capacity(store, "burst8", [0, 1]) == [2 / 40.0, 3 / 30.0]

@@ -91,6 +91,11 @@ def pattern_markdown(pattern: str, p: dict) -> list[str]:
               "Load avg: the 1-minute load average before each run and, sampled every 10 s, during it (max over the "
               "mode's runs; the engine and the client make about 2 on two cores, more is another job running; – : "
               "a run from before it was sampled).", ""]
+    if p.get("stock_capacity_req_s"):
+        caps = p["stock_capacity_req_s"]
+        lines += [f"Stock's capacity at D on this machine, requests / makespan per draw: "
+                  f"{', '.join(f'{c:.3f}' for c in caps)} req/s (mean {sum(caps) / len(caps):.3f}): the "
+                  "`--capacity-req-s` of the Gamma and trace patterns here.", ""]
     if "jct_pooled" not in p:
         return lines + ["(no stock runs: nothing paired)", ""]
     get = lambda x, k, f: fmt_ci(x[k], f) if k in x else "–"  # noqa: E731

@@ -119,6 +119,17 @@ def acceptance(cells: dict, best: dict | None, draws: int, pattern: str = "") ->
     return {"mode": best["mode"], "issue": issue, **checks, "all": all(v is True for v in checks.values())}
 
 
+def stock_capacity(store: dict, pattern: str, draws: list[int]) -> list[float]:
+    """Per draw of a burst pattern, stock FCFS's capacity at D on the machine that ran it: requests / makespan (the
+    last finish after the burst's send, s), in requests/s: the ``--capacity-req-s`` of the sustained and trace
+    patterns there."""
+    out = []
+    for d in draws:
+        results = store["runs"][run_key(d, "stock", pattern)]["results"]
+        out.append(len(results) / max(r["finish_s"] for r in results))
+    return out
+
+
 def pattern_report(store: dict, pattern: str, num_draws: int, n: int) -> dict | None:
     """One pattern's section of the report (``None`` before any draw has every mode's run)."""
     modes, done = complete_draws(store, pattern, QUEUE_MODES, num_draws)
@@ -128,6 +139,8 @@ def pattern_report(store: dict, pattern: str, num_draws: int, n: int) -> dict | 
     cells, jct = paired_cells(store, pattern, done, modes, n)
     out = {"num_requests": first["num_requests"], "rate_req_s": first["rate_req_s"], "draws": done, "modes": cells,
            "mixed_machine_draws": mixed_machine_draws(store, pattern, done)}
+    if first["rate_req_s"] is None and "stock" in modes:  # a burst: stock's capacity at D on this machine
+        out["stock_capacity_req_s"] = stock_capacity(store, pattern, done)
     if jct is None:
         return out
     out["best_lenpred"] = best_lenpred(out["modes"], jct, n)
