@@ -20,7 +20,7 @@ def _run(mode: str, pattern: str, jcts: list[float], boot_id: str = "boot-a") ->
     settings = {"mode": mode, "pattern": pattern, "num_requests": len(jcts), "rate_req_s": None, "max_num_seqs": 2,
                 "kv_cache_bytes": 46080 * 4096, "scheduling_policy": "fcfs" if mode == "stock" else "priority",
                 "priority": None, "proxy": None, "plugin": plugin}
-    results = [{"request_id": i, "outcome": "ok", "jct_s": j, "ttft_s": j / 2, "finish_reason": "stop",
+    results = [{"request_id": i, "outcome": "ok", "jct_s": j, "finish_s": j, "ttft_s": j / 2, "finish_reason": "stop",
                 "completion_tokens": 10 * (i + 1), "prompt_tokens": 20, "priority": None,
                 "priority_sent": float(10 * (i + 1)), "recorded_output_tokens": 10 * (i + 1)}
                for i, j in enumerate(jcts)]
@@ -58,6 +58,7 @@ def test_modes_in_fewer_draws_are_paired_on_their_own(report, tmp_path: Path):
     p = report["patterns"]["burst8"]
     # stock and the plug-in ran in both draws: paired over both, the oracle's single draw does not cut them down
     assert p["draws"] == [0, 1] and list(p["modes"]) == ["stock", "plugin"]
+    assert p["stock_capacity_req_s"] == [3 / 30.0, 3 / 10.0]  # each burst's requests / its makespan
     # pooled over both draws: 1 - (30 + 30) / (60 + 30)
     assert p["modes"]["plugin"]["jct_cut_vs_stock"][0] == pytest.approx(1 / 3)
     oracle = p["fewer_draws"]["priority_oracle"]
