@@ -35,9 +35,8 @@ QUEUE = "results/scripts/serving/queue/report.json"
 GUARD = "results/scripts/serving/queue_guard/report.json"
 TRACE = "results/scripts/serving/queue_trace/queue_simulation.json"
 TRACE_CELL = "studies/0/patterns/{}/modes/{}"
-TRACE_ENGINE = "results/scripts/serving/queue_trace_engine/trace/report.json"
-TRACE_WHATIF = "results/scripts/serving/queue_trace_engine/trace/whatif/whatif.json"
-TRACE_ENGINE_2 = "results/scripts/serving/queue_trace_engine/trace_seed101/report.json"
+TRACE_ENGINE = "results/scripts/serving/queue_trace_engine/code_x1.1/report.json"
+TRACE_11 = "patterns/tracecodex1.1"
 FIRST_HEAD = "results/scripts/first_head/first_head.json"
 OUTSIDE = "results/scripts/outside/outside.json"
 FIRST_HEAD_ENGINE = "results/scripts/serving/first_head_engine/{}/report.json"
@@ -192,9 +191,9 @@ CHECKS = [
     (ADMITTED, "settings/num_requests", f0, "Where everything is admitted at once ({} requests under"),
     (ADMITTED, "settings/max_num_seqs", f0, "requests under `--max-num-seqs {}`) no order wins"),
     # the burst table
-    (QUEUE, "patterns/burst8/num_requests", f0, "A burst of {} test-split requests on the real engine"),
-    (QUEUE, "settings/decode_bound", f0, "D = {} decoding in every mode"),
-    (QUEUE, "settings/draws", f0, "natural EOS; {} draws, intervals"),
+    (QUEUE, "patterns/burst8/num_requests", f0, "submissions: {} test-split requests at once"),
+    (QUEUE, "settings/decode_bound", f0, "requests at once, D = {}, "),
+    (QUEUE, "settings/draws", f0, "at once, D = 16, {} draws;"),
     (QUEUE, BURST + "/stock/mean_jct_s", f1, STOCK + " {} |"),
     (QUEUE, BURST + "/stock/p99_jct_s", f0, STOCK + " … | {} |"),
     (QUEUE, BURST + "/stock/throughput_tok_s", f1, STOCK + " … | {} |"),
@@ -251,16 +250,23 @@ CHECKS = [
      "at 0.9× with p99 {}×", GUIDE),
     (TRACE, TRACE_CELL.format("traceconvx0.9", "plugin:srpt:W16:prompt_len") + "/jct_cut_vs_stock",
      first(lambda x: f"{_signed(100 * x)} %"), "it gains {} below capacity", GUIDE),
-    (TRACE_ENGINE, "patterns/tracecodex1.1/num_requests", f0, "stock capacity ({} requests;", GUIDE),
-    (TRACE_ENGINE, "patterns/tracecodex1.1/modes/plugin/jct_cut_vs_stock", pct, "the plug-in {} with p99", GUIDE),
-    (TRACE_ENGINE, "patterns/tracecodex1.1/modes/plugin/p99_jct_ratio_vs_stock", first(f2),
-     "with p99 {}× stock's, ahead of", GUIDE),
-    (TRACE_ENGINE, "patterns/tracecodex1.1/best_lenpred/jct_cut_vs/priority_prompt_len", pct,
-     "ahead of prompt-length priority by {}; the simulator", GUIDE),
-    (TRACE_WHATIF, "results/16/lenpred/jct_cut_vs_stock", first(lambda x: f"{_signed(100 * x)} %"),
-     "predicted the plug-in's cut at {}. A second slice", GUIDE),
+    (TRACE_ENGINE, lambda r: len(r["patterns"]["tracecodex1.1"]["draws"]), f0, "At 1.1× load, over {} slices"),
+    (TRACE_ENGINE, TRACE_11 + "/modes/plugin/jct_cut_vs_stock", pct, "the plug-in cuts mean JCT by {} and beats"),
+    (TRACE_ENGINE, TRACE_11 + "/best_lenpred/jct_cut_vs/priority_prompt_len", pct,
+     "beats prompt-length priority by {}; the shortest"),
+    (TRACE_ENGINE, TRACE_11 + "/length_classes/jct_cut_vs_stock/plugin/short", pct, "shortest third of requests gains {}"),
+    (TRACE_ENGINE, TRACE_11 + "/modes/plugin/p99_jct_ratio_vs_stock", ratio, "p99 JCT is {} stock's"),
+    (TRACE_ENGINE, lambda r: [w["measured_p99_ratio"] for w in r["patterns"]["tracecodex1.1"]["whatif"]],
+     lambda v: ", ".join(f"{x:.2f}×" for x in v), "per slice {}. Within"),
     (TRACE_ENGINE, lambda r: [m["simulated_over_measured"] for m in r["patterns"]["tracecodex1.1"]["modes"].values()],
-     lambda v: f"{min(v):.2f}–{max(v):.2f}", "each mode's mean JCT within {}, and", GUIDE),
+     lambda v: f"{min(v):.2f}–{max(v):.2f}", "every mode's mean JCT within {} of the measured"),
+    (TRACE_ENGINE, lambda r: max(abs(w["error_pp"]) for w in r["patterns"]["tracecodex1.1"]["whatif"]), f1,
+     "its cut within {} points"),
+    (TRACE_ENGINE, TRACE_11 + "/whatif/1/measured_cut", lambda x: f"{100 * x:.0f} %",
+     "the plug-in cut its mean JCT by {} with p99", GUIDE),
+    (TRACE_ENGINE, TRACE_11 + "/whatif/1/measured_p99_ratio", lambda x: f"{x:.1f}×", "with p99 {} stock's, and", GUIDE),
+    (TRACE_ENGINE, lambda r: [w["measured_p99_ratio"] for w in r["patterns"]["tracecodex1.1"]["whatif"]],
+     lambda v: f"{v[0]:.2f}× and {v[2]:.2f}×", "other slices {}.", GUIDE),
     (FIRST_HEAD, "burst/first_1000/share_of_shipped", share, "1,000 logged requests alone recovers {} of the shipped"),
     (FIRST_HEAD, "burst/first_250/share_of_shipped", first(f2), "five stream orders; {} after 250)"),
     (FIRST_HEAD, "test/first_1000/mae_minus_shipped", diff, "its test MAE stays {} tokens worse"),
@@ -269,9 +275,6 @@ CHECKS = [
     (FIRST_HEAD_ENGINE.format("shipped"), "patterns/burst8/modes/plugin/jct_cut_vs_stock", pct,
      "against the shipped head's {} on the same draw"),
     (OUTSIDE, "later_half/refit: log + benchmark/mae_minus_shipped", diff, "beats the shipped head on unseen prompts: MAE difference {} tokens"),
-    (TRACE_ENGINE_2, "patterns/tracecodex1.1/modes/plugin/jct_cut_vs_stock", pct, "long overload stretch: {} but p99", GUIDE),
-    (TRACE_ENGINE_2, "patterns/tracecodex1.1/modes/plugin/p99_jct_ratio_vs_stock", first(f2),
-     "but p99 {}× stock's, so the tail", GUIDE),
 ]
 
 
