@@ -6,21 +6,19 @@ from __future__ import annotations
 
 import json
 import subprocess
-import threading
-import time
 from types import SimpleNamespace
 
 import pytest
 
 pytest.importorskip("vllm")
-uvicorn = pytest.importorskip("uvicorn")
+pytest.importorskip("uvicorn")
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 from starlette.applications import Starlette  # noqa: E402
 from starlette.responses import StreamingResponse  # noqa: E402
 from starlette.routing import Route  # noqa: E402
 
-from conftest import free_port  # noqa: E402
+from conftest import LoopbackServer  # noqa: E402
 from lenpred.studies.bench_serve import (BenchServeConfig, bench_command, dataset_items, read_bench_result,  # noqa: E402
                                          write_dataset)
 
@@ -47,25 +45,15 @@ def test_vllm_bench_serve_sends_each_cap_in_order_and_reads_back(tmp_path):
             yield b"data: [DONE]\n\n"
         return StreamingResponse(events(), media_type="text/event-stream")
 
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])]),
-                                           host="127.0.0.1", port=port, log_level="critical"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
-    try:
+    with LoopbackServer(Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])) as url:
         rows = [{"request": SimpleNamespace(prompt_id=f"p{i}"), "max_tokens": 3 + i} for i in range(4)]
         messages = {f"p{i}": [{"role": "user", "content": f"question {i}"}] for i in range(4)}
         dataset = write_dataset(dataset_items(rows, messages), tmp_path / "d.jsonl")
         cfg = BenchServeConfig(capacity_req_s=20.0, load=1.0, temperature=0.7)
         result = tmp_path / "out" / "r.json"
-        cmd = bench_command(cfg, f"http://127.0.0.1:{port}", "m", str(resolve_model()[0]), dataset, 4, result)
+        cmd = bench_command(cfg, url, "m", str(resolve_model()[0]), dataset, 4, result)
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]
-    finally:
-        server.should_exit = True
-        thread.join(10)
     rec = read_bench_result(result, 4)
     assert [r["completion_tokens"] for r in rec["results"]] == [3, 4, 5, 6]  # the dataset's order, each line's cap
     assert all(r["outcome"] == "ok" for r in rec["results"]) and rec["results"][0]["arrival_s"] == 0.0
