@@ -110,8 +110,8 @@ class QueueMode:
             ``None``: nothing (with the proxy, ``lenpred serve`` sets its prediction).
         proxy: ``lenpred serve --threads 1`` in front (its forward on the client's core).
         plugin_plp: ``None``: no plug-in; else the in-engine plug-in with its PLP refresh on or off.
-        aging_tokens_per_s: with the proxy, its starvation guard (``lenpred serve --aging-tokens-per-s``, tokens of
-            predicted length per second waited); 0: off.
+        aging_tokens_per_s: the starvation guard, tokens of predicted length per second waited: with the proxy
+            ``lenpred serve --aging-tokens-per-s``, with the plug-in its ``aging_tokens_per_s``; 0: off.
     """
 
     priority_policy: bool = False
@@ -136,8 +136,9 @@ QUEUE_MODES = {
     "plugin": QueueMode(plugin_plp=False),
     "plugin_plp": QueueMode(plugin_plp=True),
     "priority_lenpred_guard": QueueMode(priority_policy=True, proxy=True, aging_tokens_per_s=GUARD_AGING_TOKENS_PER_S),
+    "plugin_guard": QueueMode(plugin_plp=False, aging_tokens_per_s=GUARD_AGING_TOKENS_PER_S),
 }
-LENPRED_MODES = ("priority_lenpred", "plugin", "plugin_plp", "priority_lenpred_guard")
+LENPRED_MODES = ("priority_lenpred", "plugin", "plugin_plp", "priority_lenpred_guard", "plugin_guard")
 """The modes that schedule by lenpred's own prediction (the oracles and prompt length do not)."""
 
 
