@@ -37,6 +37,7 @@ TRACE = "results/scripts/serving/queue_trace/queue_simulation.json"
 TRACE_CELL = "studies/0/patterns/{}/modes/{}"
 TRACE_ENGINE = "results/scripts/serving/queue_trace_engine/code_x1.1/report.json"
 TRACE_11 = "patterns/tracecodex1.1"
+TRACE_ENGINE_09 = "results/scripts/serving/queue_trace_engine/code_x0.9/report.json"
 FIRST_HEAD = "results/scripts/first_head/first_head.json"
 OUTSIDE = "results/scripts/outside/outside.json"
 FIRST_HEAD_ENGINE = "results/scripts/serving/first_head_engine/{}/report.json"
@@ -262,6 +263,14 @@ CHECKS = [
      lambda v: f"{min(v):.2f}–{max(v):.2f}", "every mode's mean JCT within {} of the measured"),
     (TRACE_ENGINE, lambda r: max(abs(w["error_pp"]) for w in r["patterns"]["tracecodex1.1"]["whatif"]), f1,
      "its cut within {} points"),
+    (TRACE_ENGINE_09, "patterns/tracecodex0.9/modes/plugin/jct_cut_vs_stock", pct,
+     "the plug-in is within noise of stock** ({}, p99"),
+    (TRACE_ENGINE_09, "patterns/tracecodex0.9/modes/plugin/p99_jct_ratio_vs_stock", first(lambda x: f"{x:.2f}×"),
+     "p99 {}) and"),
+    (TRACE_ENGINE_09, lambda r: max(abs(w["error_pp"]) for w in r["patterns"]["tracecodex0.9"]["whatif"]), f1,
+     "overstated its cut by {} points"),
+    (TRACE_ENGINE_09, lambda r: len(r["patterns"]["tracecodex0.9"]["draws"]), lambda n: {1: "one"}.get(n, str(n)),
+     "At 0.9×, {} slice so far"),
     (TRACE_ENGINE, TRACE_11 + "/whatif/1/measured_cut", lambda x: f"{100 * x:.0f} %",
      "the plug-in cut its mean JCT by {} with p99", GUIDE),
     (TRACE_ENGINE, TRACE_11 + "/whatif/1/measured_p99_ratio", lambda x: f"{x:.1f}×", "with p99 {} stock's, and", GUIDE),
