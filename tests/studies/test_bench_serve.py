@@ -99,7 +99,10 @@ def test_report_pairs_the_requests_ok_everywhere_by_hand():
     assert cut[0] == pytest.approx(1 - 15.0 / 20.0) and cut[1] <= cut[0] <= cut[2]
     assert rep["vs_stock"]["plugin"]["client"]["p99_ratio"][0] == pytest.approx(
         np.percentile([6, 9, 30], 99) / np.percentile([11, 21, 28], 99))
-    text = markdown(rep, BenchServeConfig(capacity_req_s=0.331))
+    from dataclasses import asdict
+
+    text = markdown(rep, asdict(BenchServeConfig(capacity_req_s=0.331)))
+    assert text.startswith("# `vllm bench serve` and the project's client: gamma1x1.1 at 0.3641 req/s")
     assert "| stock | 20.0 | 20.0 | +0.0%" in text and "| plugin | vllm_bench | +25.0%" in text
     assert "at most 4 ms (stock), 4 ms (plugin)" in text
     del store["runs"]["0/plugin/client"]

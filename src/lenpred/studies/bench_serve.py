@@ -314,14 +314,13 @@ def report(store: dict, n_resamples: int = 2000) -> dict:
     return out
 
 
-def markdown(rep: dict, cfg: BenchServeConfig) -> str:
-    """The report as Markdown: one row per mode (both clients), then each mode's cut vs stock under each client."""
+def tables(rep: dict) -> str:
+    """The comparison as Markdown tables (the guide quotes this block): per mode both clients' mean and p99 JCT, the
+    client against the benchmark with its interval and the output tokens; each mode's cut vs stock under each
+    client; the traffic-log prompt check and the client's send lag."""
     from lenpred.studies.engine_bench import fmt_ci, pct
 
-    lines = [f"# `vllm bench serve` and the project's client: {cfg.pattern} at {cfg.load * cfg.capacity_req_s:.4f} "
-             f"req/s (capacity {cfg.capacity_req_s} req/s), D = {cfg.decode_bound}, {rep['num_paired']} requests "
-             f"paired, temperature {cfg.temperature:g}, seed 0", "",
-             "| mode | vllm bench serve: mean JCT s | project's client | client vs bench (1 − client / bench) "
+    lines = ["| mode | vllm bench serve: mean JCT s | project's client | client vs bench (1 − client / bench) "
              "| p99 JCT s, bench / client | mean output tokens, bench / client |", "|---|---|---|---|---|---|"]
     for m, r in rep["modes"].items():
         lines.append(f"| {m} | {r['vllm_bench_mean_jct_s']:.1f} | {r['client_mean_jct_s']:.1f} | "
@@ -341,9 +340,18 @@ def markdown(rep: dict, cfg: BenchServeConfig) -> str:
     if lags:
         lines.append("The project's client measures JCT from vLLM's send time of the same request; its own send lag, "
                      "at most " + ", ".join(f"{1000 * v:.0f} ms ({m})" for m, v in lags.items()) + ", is in its JCT.")
-    lines += ["", "Intervals: 95 %, paired bootstrap over the requests of the one draw (request i: the same prompt, "
-              "seed and send time under both clients and in both modes)."]
-    return "\n".join(lines)
+    return "\n".join(lines).strip()
+
+
+def markdown(rep: dict, config: dict) -> str:
+    """The report as Markdown: the settings the runs were made with (``config``, the store's), then :func:`tables`."""
+    rate = config["load"] * config["capacity_req_s"]
+    return "\n".join([f"# `vllm bench serve` and the project's client: {BenchServeConfig(**config).pattern} at "
+                      f"{rate:.4f} req/s (capacity {config['capacity_req_s']} req/s), D = {config['decode_bound']}, "
+                      f"{rep['num_paired']} requests paired, temperature {config['temperature']:g}, seed 0", "",
+                      tables(rep), "",
+                      "Intervals: 95 %, paired bootstrap over the requests of the one draw (request i: the same "
+                      "prompt, seed and send time under both clients and in both modes)."])
 
 
 def plot(store: dict, path: Path) -> Path:
@@ -370,13 +378,14 @@ def plot(store: dict, path: Path) -> Path:
 
 
 def save_report(store: dict, cfg: BenchServeConfig) -> str:
-    """``report.json``, ``report.md`` and ``bench_serve.png`` under ``cfg.out``; returns the Markdown."""
+    """``report.json``, ``report.md`` and ``bench_serve.png`` under ``cfg.out`` (the header from the settings the
+    store's runs were made with); returns the Markdown."""
     from lenpred.io import write_json
 
     rep = report(store, cfg.bootstrap_resamples)
     out = Path(cfg.out)
-    write_json(out / "report.json", {"config": asdict(cfg), **rep})
-    text = markdown(rep, cfg)
+    write_json(out / "report.json", {"config": store["config"], **rep})
+    text = markdown(rep, store["config"])
     (out / "report.md").write_text(text + "\n")
     plot(store, out / "bench_serve.png")
     return text
