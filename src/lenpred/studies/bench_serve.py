@@ -7,8 +7,9 @@ user's ``vllm bench serve`` run is a check of the project's numbers.
 
 The design: the queue benchmark's regime, servers and draw (:mod:`lenpred.studies.queue_bench`: D = 16, the same
 KV bytes, draw 0 of pattern ``gamma<cv>x<load>``, its N test-split requests in order). Per mode (``stock``,
-``plugin``), one server; on it first ``vllm bench serve`` (:func:`bench_command`: the ``custom`` dataset of the
-draw's prompts and caps in order, ``--request-rate`` load × capacity, ``--burstiness`` 1/CV², natural EOS, one
+``plugin``), each run on a fresh server, so every run finds the engine in the same state (started and warmed with two
+requests, as the queue benchmark's runs): first ``vllm bench serve`` (:func:`bench_command`: the ``custom`` dataset
+of the draw's prompts and caps in order, ``--request-rate`` load × capacity, ``--burstiness`` 1/CV², natural EOS, one
 run-wide sampling: temperature ``temperature``, top_p 1, ``seed`` 0: the benchmark cannot send a seed per request),
 then the project's client (:mod:`lenpred.serving.loadgen`) replaying vLLM's own send times (``start_times`` of
 ``--save-detailed``) with the same prompts, caps and sampling. Request i is then the same prompt, seed and send time
@@ -180,13 +181,13 @@ def client_requests(rows: list[dict], messages: dict, times, cfg: BenchServeConf
 
 
 def run(cfg: BenchServeConfig) -> dict:
-    """Every missing ``(mode, client)`` run (:func:`lenpred.studies.engine_bench.run_grid`, one draw, the clients
-    as its patterns); returns the store."""
+    """Every missing ``(mode, client)`` run, each on a fresh server (started, warmed with two requests, stopped), the
+    benchmark before the client in each mode (the client replays its send times); returns the store."""
     from lenpred.backbone import resolve_model
     from lenpred.io import write_json
     from lenpred.serving.loadgen import run_replay
     from lenpred.studies.engine_bench import (MODEL_NAME, EngineWorkload, LoadSampler, cpu_lock, load_requests,
-                                              one_run, pin_cores, run_grid)
+                                              one_run, pin_cores)
     from lenpred.studies.queue_bench import mode_servers, mode_settings, planned, regime, traffic_dir
     from lenpred.studies.queue_regime import QUEUE_MODES, parse_modes
     from lenpred.studies.resume import load_resumable
@@ -208,14 +209,7 @@ def run(cfg: BenchServeConfig) -> dict:
     vllm_cpus, client_cpus = pin_cores(cfg.vllm_cpus, cfg.client_cpus)  # the benchmark inherits the client's cores
     logs = {}
 
-    def servers_for(d, mode):
-        spec, logs[mode] = mode_servers(model_dir, mode_settings(mode, reg, qcfg), out, d, vllm_cpus, client_cpus)
-        return spec
-
-    def warm(d, mode, url):
-        run_replay(url, load_requests(rows[:2], messages, [0, 0], f"warm-{mode}-"), MODEL_NAME)
-
-    def run_one(d, mode, client, url):
+    def run_one(mode, client, url):
         settings = {**mode_settings(mode, reg, qcfg), "client": client, "num_requests": len(rows),
                     "rate_req_s": cfg.load * cfg.capacity_req_s}
         traffic = traffic_dir(out, settings, 0)
@@ -238,9 +232,17 @@ def run(cfg: BenchServeConfig) -> dict:
             rec = one_run(url, client_requests(rows, messages, times, cfg, tag), tag, logs[mode])
         return {"settings": settings, **rec, **window, "unix_end_s": time.time()}
 
+    todo = [(m, c) for m in modes for c in CLIENTS if f"0/{m}/{c}" not in store["runs"]]
     with cpu_lock():
-        run_grid(store, out / "runs.json", 1, QUEUE_MODES, modes, list(CLIENTS), servers_for, warm, run_one,
-                 lambda rec: f"mean JCT {np.mean([r['jct_s'] for r in rec['results'] if r['outcome'] == 'ok']):.1f} s")
+        for i, (mode, client) in enumerate(todo, 1):  # each run on a fresh server, as the queue benchmark's
+            spec, logs[mode] = mode_servers(model_dir, mode_settings(mode, reg, qcfg), out, 0, vllm_cpus, client_cpus)
+            with spec.start():
+                run_replay(spec.url, load_requests(rows[:2], messages, [0, 0], f"warm-{mode}-{client}-"), MODEL_NAME)
+                rec = run_one(mode, client, spec.url)
+            store["runs"][f"0/{mode}/{client}"] = rec
+            write_json(out / "runs.json", store)
+            jct = np.mean([r["jct_s"] for r in rec["results"] if r["outcome"] == "ok"])
+            print(f"[{i}/{len(todo)}] {mode} {client}: mean JCT {jct:.1f} s", flush=True)
     return store
 
 
