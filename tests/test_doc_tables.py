@@ -76,3 +76,11 @@ def test_the_head_switch_run_the_guide_quotes_is_its_json():
             f"requests in flight") in text
     assert f"finished all {rep['a']['sent']} (none cut) and exited 0 after {rep['a_drain_s']:.0f} s" in text
     assert f"A's traffic log holds its {rep['traffic_log_rows']['a']} requests, B's its {rep['traffic_log_rows']['b']}" in text
+
+
+def test_the_bench_serve_tables_in_the_serving_guide_are_their_json():
+    from lenpred.studies.bench_serve import tables
+
+    rep = json.loads((ROOT / "results/scripts/serving/bench_serve/report.json").read_text())
+    want = tables(rep)
+    assert rendered_block(ROOT / "docs/serving.md", "bench_serve") == want, f"render it anew:\n{want}"

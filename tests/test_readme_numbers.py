@@ -39,6 +39,9 @@ TRACE_ENGINE = "results/scripts/serving/queue_trace_engine/code_x1.1/report.json
 TRACE_11 = "patterns/tracecodex1.1"
 TRACE_ENGINE_09 = "results/scripts/serving/queue_trace_engine/code_x0.9/report.json"
 FIRST_HEAD = "results/scripts/first_head/first_head.json"
+BENCH_SERVE = "results/scripts/serving/bench_serve/runs.json"
+BENCH_SERVE_REPORT = "results/scripts/serving/bench_serve/report.json"
+BENCH_SERVE_STOCK = "results/scripts/serving/bench_serve/vllm_bench/stock.json"
 OUTSIDE = "results/scripts/outside/outside.json"
 FIRST_HEAD_ENGINE = "results/scripts/serving/first_head_engine/{}/report.json"
 
@@ -276,6 +279,12 @@ CHECKS = [
     (TRACE_ENGINE, TRACE_11 + "/whatif/1/measured_p99_ratio", lambda x: f"{x:.1f}×", "with p99 {} stock's, and", GUIDE),
     (TRACE_ENGINE, lambda r: [w["measured_p99_ratio"] for w in r["patterns"]["tracecodex1.1"]["whatif"]],
      lambda v: f"{v[0]:.2f}× and {v[2]:.2f}×", "other slices {}.", GUIDE),
+    (BENCH_SERVE_STOCK, "median_itl_ms", f0, "between two tokens was {} ms in stock's benchmark run", GUIDE),
+    (BENCH_SERVE, lambda r: r["runs"]["0/stock/client"]["summary"]["p50_tbt_s"], lambda x: f"{1000 * x:.0f}",
+     "and {} ms in stock's client run", GUIDE),
+    (BENCH_SERVE_REPORT, lambda r: [r["vs_stock"]["plugin"][c]["mean_cut"][0] for c in ("vllm_bench", "client")],
+     lambda v: f"{_signed(100 * v[0])} % under the benchmark, {_signed(100 * v[1])} % under the client",
+     "against stock ({})", GUIDE),
     (FIRST_HEAD, "burst/first_1000/share_of_shipped", share, "1,000 logged requests alone recovers {} of the shipped"),
     (FIRST_HEAD, "burst/first_250/share_of_shipped", first(f2), "five stream orders; {} after 250)"),
     (FIRST_HEAD, "test/first_1000/mae_minus_shipped", diff, "its test MAE stays {} tokens worse"),
