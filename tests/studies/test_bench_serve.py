@@ -79,7 +79,8 @@ def test_client_requests_replay_the_send_times_with_the_run_wide_sampling():
 
 def _run(jcts, outcomes=None, tokens=10):
     outcomes = outcomes or ["ok"] * len(jcts)
-    return {"settings": {"traffic_log": None}, "summary": {"max_send_lag_s": 0.004}, "results": [{"request_id": i, "jct_s": j, "outcome": o, "completion_tokens": tokens}
+    return {"settings": {"traffic_log": None}, "summary": {"max_send_lag_s": 0.004},
+            "results": [{"request_id": i, "jct_s": j, "outcome": o, "completion_tokens": tokens}
                         for i, (j, o) in enumerate(zip(jcts, outcomes))]}
 
 

@@ -82,6 +82,7 @@ def test_the_guarded_plugin_mode_sets_the_plugins_own_guard():
 
     reg = {"decode_bound": 16, "kv_cache_bytes": 1, "max_model_len": 2422, "plugin": plugin_settings(16)}
     guard, plain = (mode_settings(m, reg, QueueBenchConfig()) for m in ("plugin_guard", "plugin"))
-    assert guard["plugin"] == {**plain["plugin"], "aging_tokens_per_s": 4.0} and "aging_tokens_per_s" not in plain["plugin"]
+    assert guard["plugin"] == {**plain["plugin"], "aging_tokens_per_s": 4.0}
+    assert "aging_tokens_per_s" not in plain["plugin"]
     assert guard["proxy"] is None and guard["max_num_seqs"] == 32 and guard["scheduling_policy"] == "priority"
     assert EngineConfig(**guard["plugin"]).aging_tokens_per_s == 4.0  # a setting the plug-in takes

@@ -132,7 +132,8 @@ def bench_command(cfg: BenchServeConfig, url: str, model_name: str, tokenizer: s
 
     ``--custom-output-len -1`` takes each line's cap (the default, 256, would replace it), ``--skip-chat-template``
     sends the prompt as the user message (the server applies the template, as for the project's client),
-    ``--disable-shuffle`` keeps the draw's order, ``--ready-check-timeout-sec 0``: the servers are up already (and no test request precedes the run).
+    ``--disable-shuffle`` keeps the draw's order, ``--ready-check-timeout-sec 0``: the servers are up already (and no
+    test request precedes the run).
     """
     rate = cfg.load * cfg.capacity_req_s
     return [sys.executable, "-c", VLLM_BENCH_SERVE, "--backend", "openai-chat",
@@ -177,7 +178,8 @@ def client_requests(rows: list[dict], messages: dict, times, cfg: BenchServeConf
 
     sampling = {"seed": 0, "temperature": cfg.temperature, "top_p": 1.0}
     return [LoadRequest(i, messages[row["request"].prompt_id], int(row["max_tokens"]), float(t),
-                        extra_body={**sampling, "request_id": f"{tag}q{i}"}) for i, (row, t) in enumerate(zip(rows, times))]
+                        extra_body={**sampling, "request_id": f"{tag}q{i}"})
+            for i, (row, t) in enumerate(zip(rows, times))]
 
 
 def run(cfg: BenchServeConfig) -> dict:
@@ -207,9 +209,8 @@ def run(cfg: BenchServeConfig) -> dict:
                            fingerprint={"engine_regime": {k: v for k, v in reg.items() if k != "capacity"}})
     model_dir = str(resolve_model()[0])
     vllm_cpus, client_cpus = pin_cores(cfg.vllm_cpus, cfg.client_cpus)  # the benchmark inherits the client's cores
-    logs = {}
 
-    def run_one(mode, client, url):
+    def run_one(mode, client, url, plugin_log):
         settings = {**mode_settings(mode, reg, qcfg), "client": client, "num_requests": len(rows),
                     "rate_req_s": cfg.load * cfg.capacity_req_s}
         traffic = traffic_dir(out, settings, 0)
@@ -229,16 +230,16 @@ def run(cfg: BenchServeConfig) -> dict:
                 raise LenpredError(f"the client replays vllm bench serve's send times: run {mode}'s benchmark first")
             times = [r["arrival_s"] for r in bench["results"]]
             tag = f"{mode}-client-"
-            rec = one_run(url, client_requests(rows, messages, times, cfg, tag), tag, logs[mode])
+            rec = one_run(url, client_requests(rows, messages, times, cfg, tag), tag, plugin_log)
         return {"settings": settings, **rec, **window, "unix_end_s": time.time()}
 
     todo = [(m, c) for m in modes for c in CLIENTS if f"0/{m}/{c}" not in store["runs"]]
     with cpu_lock():
         for i, (mode, client) in enumerate(todo, 1):  # each run on a fresh server, as the queue benchmark's
-            spec, logs[mode] = mode_servers(model_dir, mode_settings(mode, reg, qcfg), out, 0, vllm_cpus, client_cpus)
+            spec, plugin_log = mode_servers(model_dir, mode_settings(mode, reg, qcfg), out, 0, vllm_cpus, client_cpus)
             with spec.start():
                 run_replay(spec.url, load_requests(rows[:2], messages, [0, 0], f"warm-{mode}-{client}-"), MODEL_NAME)
-                rec = run_one(mode, client, spec.url)
+                rec = run_one(mode, client, spec.url, plugin_log)
             store["runs"][f"0/{mode}/{client}"] = rec
             write_json(out / "runs.json", store)
             jct = np.mean([r["jct_s"] for r in rec["results"] if r["outcome"] == "ok"])
@@ -338,7 +339,8 @@ def tables(rep: dict) -> str:
     lines += ["", *(f"{m}: the engine's traffic log holds {c['rows'][0]} and {c['rows'][1]} rows in the two runs' "
                     f"windows; both clients' prompts {'hash the same' if c['same'] else 'DIFFER'}."
                     for m, c in checked.items())]
-    lags = {m: r["client_max_send_lag_s"] for m, r in rep["modes"].items() if r.get("client_max_send_lag_s") is not None}
+    lags = {m: r["client_max_send_lag_s"] for m, r in rep["modes"].items()
+            if r.get("client_max_send_lag_s") is not None}
     if lags:
         lines.append("The project's client measures JCT from vLLM's send time of the same request; its own send lag, "
                      "at most " + ", ".join(f"{1000 * v:.0f} ms ({m})" for m, v in lags.items()) + ", is in its JCT.")

@@ -61,7 +61,8 @@ def engine_trace_table(reports: dict[str, dict]) -> str:
                              fmt_ci(c["jct_cut_vs_stock"], pct) if versus else "–",
                              fmt_ci(c["p99_jct_ratio_vs_stock"], lambda x: f"{x:.2f}") if versus else "–",
                              f"{c['throughput_ratio_vs_stock']:.3f}" if versus else "–",
-                             "–" if c.get("simulated_over_measured") is None else f"{c['simulated_over_measured']:.2f}"])
+                             "–" if c.get("simulated_over_measured") is None
+                             else f"{c['simulated_over_measured']:.2f}"])
             if p.get("whatif"):
                 notes.append(f"{label}: `lenpred whatif` on each plug-in run's traffic log, error vs the measured cut "
                              "per slice: " + ", ".join(f"{w['error_pp']:+.1f}" for w in p["whatif"]) + " points.")
