@@ -89,6 +89,8 @@ def test_report_pairs_the_requests_ok_everywhere_by_hand():
                       "0/stock/client": _run([11.0, 21.0, 28.0, 1.0], ["ok", "ok", "ok", "error"]),
                       "0/plugin/vllm_bench": _run([5.0, 10.0, 30.0, 7.0], tokens=12),
                       "0/plugin/client": _run([6.0, 9.0, 30.0, 7.0])}}
+    store["runs"]["0/stock/vllm_bench"]["server"] = {"preemptions": 0.0, "requests": 4.0, "mean_e2e_s": 39.75,
+                                                     "mean_itl_s": 0.105}  # what the engine itself measured
     rep = report(store, n_resamples=200)
     assert rep["num_paired"] == 3  # request 3 failed under one client: left out everywhere
     s, p = rep["modes"]["stock"], rep["modes"]["plugin"]
@@ -106,6 +108,8 @@ def test_report_pairs_the_requests_ok_everywhere_by_hand():
     assert text.startswith("# `vllm bench serve` and the project's client: gamma1x1.1 at 0.3641 req/s")
     assert "| stock | 20.0 | 20.0 | +0.0%" in text and "| plugin | vllm_bench | +25.0%" in text
     assert "at most 4 ms (stock), 4 ms (plugin)" in text
+    assert "The engine's own mean end-to-end latency per run (its mean inter-token latency): stock vllm_bench 39.8 s " \
+           "(105 ms)." in text
     del store["runs"]["0/plugin/client"]
     with pytest.raises(LenpredError, match="plugin/client"):
         report(store)

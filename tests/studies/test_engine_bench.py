@@ -87,3 +87,22 @@ def test_load_sampler_summarises_its_samples_and_none_before_the_first():
     assert s.samples and all(x >= 0 for x in s.samples)  # sampled while the block ran
     s.samples = [1.0, 3.0, 2.0]  # the summary of known samples
     assert s.summary() == {"mean": 2.0, "max": 3.0, "samples": 3}
+
+
+def test_the_engines_own_counters_parse_and_difference_by_hand():
+    from lenpred.studies.engine_bench import parse_counters, server_side
+
+    text = "\n".join([
+        "# HELP vllm:e2e_request_latency_seconds ...",
+        'vllm:e2e_request_latency_seconds_sum{engine="0",model_name="m"} 30.0',
+        'vllm:e2e_request_latency_seconds_count{engine="0",model_name="m"} 3.0',
+        'vllm:e2e_request_latency_seconds_bucket{engine="0",le="1.0"} 1.0',  # not a counter it reads
+        'vllm:inter_token_latency_seconds_sum{engine="0"} 2.0',
+        'vllm:inter_token_latency_seconds_count{engine="0"} 20.0',
+        'vllm:num_preemptions_total{engine="0"} 1.0', 'vllm:num_preemptions_total{engine="1"} 2.0'])
+    before = parse_counters(text)
+    assert before["vllm:num_preemptions_total"] == 3.0 and before["vllm:e2e_request_latency_seconds_count"] == 3.0
+    after = {**before, "vllm:e2e_request_latency_seconds_sum": 70.0, "vllm:e2e_request_latency_seconds_count": 5.0,
+             "vllm:inter_token_latency_seconds_sum": 5.0, "vllm:inter_token_latency_seconds_count": 50.0}
+    assert server_side(before, after) == {"preemptions": 0.0, "requests": 2.0, "mean_e2e_s": 20.0, "mean_itl_s": 0.1}
+    assert server_side(before, before)["mean_e2e_s"] is None

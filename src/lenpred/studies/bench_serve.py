@@ -189,7 +189,7 @@ def run(cfg: BenchServeConfig) -> dict:
     from lenpred.io import write_json
     from lenpred.serving.loadgen import run_replay
     from lenpred.studies.engine_bench import (MODEL_NAME, EngineWorkload, LoadSampler, cpu_lock, load_requests,
-                                              one_run, pin_cores)
+                                              one_run, pin_cores, server_counters, server_side)
     from lenpred.studies.queue_bench import mode_servers, mode_settings, planned, regime, traffic_dir
     from lenpred.studies.queue_regime import QUEUE_MODES, parse_modes
     from lenpred.studies.resume import load_resumable
@@ -218,9 +218,11 @@ def run(cfg: BenchServeConfig) -> dict:
         window = {"unix_start_s": time.time()}  # the run's requests in the plug-in's traffic log (same_prompts)
         if client == "vllm_bench":
             result = out / "vllm_bench" / f"{mode}.json"
+            before = server_counters()
             with LoadSampler() as load:
                 subprocess.run(bench_command(cfg, url, MODEL_NAME, model_dir, dataset, len(rows), result), check=True)
-            rec = read_bench_result(result, len(rows))
+            server = server_side(before, server_counters())
+            rec = {**read_bench_result(result, len(rows)), "server": server}
             slim = {k: v for k, v in json.loads(result.read_text()).items() if k not in ("generated_texts", "itls")}
             write_json(result, slim)
             rec["loadavg_1m_during"] = load.summary()
@@ -314,6 +316,8 @@ def report(store: dict, n_resamples: int = 2000) -> dict:
         if traffic and Path(traffic).exists() and "unix_start_s" in bench:
             out["modes"][m]["same_prompts"] = same_prompts(Path(traffic), bench, client)
         out["modes"][m]["client_max_send_lag_s"] = client.get("summary", {}).get("max_send_lag_s")
+        for c, r in (("vllm_bench", bench), ("client", client)):  # the engine's own view of each run
+            out["modes"][m][f"{c}_server"] = r.get("server")
     return out
 
 
@@ -344,6 +348,11 @@ def tables(rep: dict) -> str:
     if lags:
         lines.append("The project's client measures JCT from vLLM's send time of the same request; its own send lag, "
                      "at most " + ", ".join(f"{1000 * v:.0f} ms ({m})" for m, v in lags.items()) + ", is in its JCT.")
+    server = [f"{m} {c} {r[f'{c}_server']['mean_e2e_s']:.1f} s ({1000 * r[f'{c}_server']['mean_itl_s']:.0f} ms)"
+              for m, r in rep["modes"].items() for c in CLIENTS if (r.get(f"{c}_server") or {}).get("mean_e2e_s")]
+    if server:
+        lines.append("The engine's own mean end-to-end latency per run (its mean inter-token latency): "
+                     + ", ".join(server) + ".")
     return "\n".join(lines).strip()
 
 

@@ -234,13 +234,38 @@ def cpu_lock(path: str = LOCK):
 
 # ---------------------------------------------------------------------------------------------------- runs
 
-def preemptions() -> float:
-    """vLLM's ``vllm:num_preemptions_total`` from the engine's ``/metrics`` (summed over label sets)."""
+SERVER_COUNTERS = ("vllm:num_preemptions_total", "vllm:e2e_request_latency_seconds_sum",
+                   "vllm:e2e_request_latency_seconds_count", "vllm:inter_token_latency_seconds_sum",
+                   "vllm:inter_token_latency_seconds_count")
+"""The engine's own counters a run records (vLLM's ``/metrics``): preemptions, and its end-to-end latency and
+inter-token latency histograms' sums and counts (what the server measured, whatever the client did)."""
+
+
+def parse_counters(text: str) -> dict[str, float]:
+    """:data:`SERVER_COUNTERS` from a Prometheus text exposition (each summed over label sets; 0 when absent)."""
+    out = dict.fromkeys(SERVER_COUNTERS, 0.0)
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in out:
+            out[name] += float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def server_counters() -> dict[str, float]:
+    """:func:`parse_counters` of the engine's ``/metrics``."""
     import httpx
 
-    text = httpx.get(f"http://127.0.0.1:{PORT}/metrics", timeout=10).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("vllm:num_preemptions_total"))
+    return parse_counters(httpx.get(f"http://127.0.0.1:{PORT}/metrics", timeout=10).text)
+
+
+def server_side(before: dict[str, float], after: dict[str, float]) -> dict:
+    """What the engine measured between two :func:`server_counters` reads: ``preemptions``, ``requests`` finished,
+    their mean end-to-end latency and mean inter-token latency, s (``None`` with nothing finished)."""
+    d = {k: after[k] - before[k] for k in SERVER_COUNTERS}
+    n, tokens = d["vllm:e2e_request_latency_seconds_count"], d["vllm:inter_token_latency_seconds_count"]
+    return {"preemptions": d["vllm:num_preemptions_total"], "requests": n,
+            "mean_e2e_s": d["vllm:e2e_request_latency_seconds_sum"] / n if n else None,
+            "mean_itl_s": d["vllm:inter_token_latency_seconds_sum"] / tokens if tokens else None}
 
 
 class LoadSampler:
@@ -281,8 +306,8 @@ class LoadSampler:
 def one_run(url: str, requests: list, tag: str, plugin_log: Path | None = None, timeout_s: float = 1200.0) -> dict:
     """Replay ``requests`` (:func:`load_requests`) once; the record keeps each request's result (with its longest
     stall, not every gap, so the file stays small), the replay's summary, the plug-in log's lines of this run, the
-    engine's preemptions during it, wall seconds and the 1-minute load average before and during it
-    (:class:`LoadSampler`).
+    engine's own measurements during it (:func:`server_side`: preemptions, mean end-to-end and inter-token latency),
+    wall seconds and the 1-minute load average before and during it (:class:`LoadSampler`).
 
     Args:
         timeout_s: the client's read timeout between two frames of one stream, seconds.
@@ -290,9 +315,10 @@ def one_run(url: str, requests: list, tag: str, plugin_log: Path | None = None, 
     from lenpred.serving.loadgen import run_replay, summarize_replay
 
     load = os.getloadavg()[0]
-    before, t = preemptions(), time.time()
+    before, t = server_counters(), time.time()
     with LoadSampler() as during:
         results = run_replay(url, requests, MODEL_NAME, timeout_s=timeout_s)
+    server = server_side(before, server_counters())
     summary = summarize_replay(results)
     for r in results:
         r.pop("gaps_s", None)
@@ -300,7 +326,8 @@ def one_run(url: str, requests: list, tag: str, plugin_log: Path | None = None, 
     if plugin_log is not None and plugin_log.exists():
         logged = [x for x in map(json.loads, plugin_log.read_text().splitlines())
                   if x["request_id"].startswith(f"chatcmpl-{tag}")]
-    return {"results": results, "summary": summary, "plugin_log": logged, "preemptions": preemptions() - before,
+    return {"results": results, "summary": summary, "plugin_log": logged, "preemptions": server["preemptions"],
+            "server": server,
             "wall_s": time.time() - t, "loadavg_1m_before": load, "loadavg_1m_during": during.summary(),
             "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
 
