@@ -1,9 +1,10 @@
 """``vllm bench serve`` and the project's client on the same workload (issue 49, item 1).
 
 Users rerun vLLM's own benchmark, not the project's client. The trace runs keep the project's client because
-``vllm bench serve``'s ``timed_trace`` dataset forces ``ignore_eos`` with token-id prompts; this study shows, once,
-on a Gamma arrival pattern, that the two clients measure the same mean JCT for stock vLLM and for the plug-in, so a
-user's ``vllm bench serve`` run is a check of the project's numbers.
+``vllm bench serve``'s ``timed_trace`` dataset forces ``ignore_eos`` with token-id prompts; this study checks, on a
+Gamma arrival pattern, whether the two clients measure the same mean JCT for stock vLLM and for the plug-in, so that
+a user's ``vllm bench serve`` run checks the project's numbers (measured: docs/serving.md, "Checking it with
+`vllm bench serve`").
 
 The design: the queue benchmark's regime, servers and draw (:mod:`lenpred.studies.queue_bench`: D = 16, the same
 KV bytes, draw 0 of pattern ``gamma<cv>x<load>``, its N test-split requests in order). Per mode (``stock``,
