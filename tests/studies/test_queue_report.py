@@ -120,6 +120,29 @@ def test_a_trace_run_is_simulated_on_its_own_planned_send_times():
     assert simulated_mean_jct(rec, {"kv_bytes_per_token": 46080}, unit, seed=0) == pytest.approx(3.0)
 
 
+def test_a_guarded_plugin_run_is_simulated_with_its_guard():
+    """``plugin_guard``'s record carries ``aging_tokens_per_s``: the simulator ages the waiting requests' rank by it.
+    One decode slot, a 40-token request at t = 0 and 11 of 4 tokens every 2 s: unguarded, each short one overtakes
+    the long one; aged, the long one's rank falls below theirs while it waits, so shorts wait behind it and the mean
+    JCT rises; aged without bound, rank is arrival order: the plug-in's FCFS."""
+    from lenpred.serving.cost_model import CostModel
+    from lenpred.studies.queue_report import simulated_mean_jct
+
+    unit = CostModel("unit", {"p0": 1.0, "p1": 0.0, "p2": 0.0, "d0": 1.0, "d1": 0.0, "d2": 0.0}, fused_prefill=True)
+
+    def mean_jct(aging: float, policy: str = "srpt") -> float:
+        rec = _run("plugin", "tracecodex1.1", [1.0] * 12)
+        rec["settings"].update(rate_req_s=0.5, plugin={**PLUGIN, "policy": policy, "decode_slots": 1,
+                                                        "prefill_ahead": 1, "aging_tokens_per_s": aging})
+        for i, (r, log) in enumerate(zip(rec["results"], rec["plugin_log"])):
+            r.update(arrival_s=2.0 * i, completion_tokens=40 if i == 0 else 4)
+            log["expected"] = float(r["completion_tokens"])
+        return simulated_mean_jct(rec, {"kv_bytes_per_token": 46080}, unit, seed=0)
+
+    assert mean_jct(0.0) < mean_jct(1.0) < mean_jct(4.0) < mean_jct(1e4)
+    assert mean_jct(1e4) == pytest.approx(mean_jct(0.0, policy="fcfs"))
+
+
 def test_whatif_on_each_plugin_runs_own_traffic_log_beside_the_measured_cut(tmp_path: Path):
     """``add_whatif``: one row per draw whose plug-in run kept its traffic log, the measured cut and p99 ratio
     worked by hand from the runs, the prediction what ``lenpred whatif`` says of that log; a draw whose log is gone

@@ -188,7 +188,8 @@ def simulated_mean_jct(rec: dict, regime_: dict, cost, seed: int) -> float:
     """The simulator's mean JCT (s) of one run's requests: the same arrivals (planned times; the pattern's seed), the
     output and prompt tokens the engine reported, the mode's mechanism (stock FCFS; the priority queue by the
     priority sent, behind :class:`~lenpred.serving.simulator.PredictionCost` for the proxy; parked decoding with the
-    plug-in's settings and the engine's own predictions from its log), the same D and KV cache in 128-token blocks.
+    plug-in's settings, its starvation guard included, and the engine's own predictions from its log), the same D
+    and KV cache in 128-token blocks.
     PLP's refreshed estimates are not modelled (``plugin_plp`` is simulated on its static predictions)."""
     from lenpred.serving.policies import make_policy
     from lenpred.serving.simulator import PredictionCost, SimConfig, simulate
@@ -213,7 +214,8 @@ def simulated_mean_jct(rec: dict, regime_: dict, cost, seed: int) -> float:
         pl = st["plugin"]
         return run_parked(reqs, cost, cfg, policy=pl["policy"], predictor="engine", decode_slots=pl["decode_slots"],
                           max_idle_s=pl["max_idle_s"], prefill_ahead=pl["prefill_ahead"],
-                          admit_by=pl.get("admit_by", "arrival"))[0]["mean_jct_s"]
+                          admit_by=pl.get("admit_by", "arrival"),
+                          aging_tokens_per_s=pl.get("aging_tokens_per_s", 0.0))[0]["mean_jct_s"]
     policy = make_policy("fcfs") if st["scheduling_policy"] == "fcfs" else make_policy("sjf:sent")
     return simulate(reqs, policy, cost, cfg, PredictionCost() if st["proxy"] else None)[0]["mean_jct_s"]
 
