@@ -82,6 +82,18 @@ def test_regime_map_orders_depths_and_matches_the_cells(report):
     assert rmap["8"]["priority_oracle"]["draws"] == [0] and "priority_lenpred" not in rmap["8"]
 
 
+def test_the_simulated_tail_is_over_the_measured_p99_of_the_same_run(report):
+    from lenpred.serving.cost_model import CostModel
+    from lenpred.studies.queue_report import simulated_summary
+
+    # the oracle ran in draw 0 only (JCTs 4, 8, 12 s: numpy's p99 = 8 + 0.98 * 4)
+    cost = CostModel.load(ROOT / report["simulator_cost_model"]).with_streaming_overhead(
+        report["simulator_streaming_overhead"]["s_per_token"])
+    sim = simulated_summary(_run("priority_oracle", "burst8", [4.0, 8.0, 12.0]), report["regime"], cost, seed=100)
+    cell = report["patterns"]["burst8"]["fewer_draws"]["priority_oracle"]
+    assert cell["simulated_p99_over_measured"] == pytest.approx(sim["p99_jct_s"] / (8 + 0.98 * 4))
+
+
 def test_length_thirds_and_the_best_mode_against_the_others_are_paired(report):
     classes = report["patterns"]["burst8"]["length_classes"]
     # recorded lengths (10, 20, 30) in both draws: thirds = request 0 / 1 / 2 of each draw (stable ranks)

@@ -109,10 +109,12 @@ def pattern_markdown(pattern: str, p: dict) -> list[str]:
     lines += [markdown_table(["mode", *versus], [[m, *versus_row(x)] for m, x in cells.items() if m != "stock"]), ""]
     simulated = {**cells, **p.get("fewer_draws", {})}
     if all("simulated_mean_jct_s" in x for x in simulated.values()):
+        p99 = lambda x: (f"; p99 {x['simulated_p99_over_measured']:.2f}"  # noqa: E731
+                         if "simulated_p99_over_measured" in x else "")
         lines += ["Simulator on the same runs: predicted mean JCT s (predicted / measured; the same ratio "
-                  "without the streaming overhead): " + "; ".join(
+                  "without the streaming overhead; p99 JCT predicted / measured, mean over draws): " + "; ".join(
                       f"{m} {x['simulated_mean_jct_s']:.1f} ({x['simulated_over_measured']:.2f}; "
-                      f"{x['offline_over_measured']:.2f})" for m, x in simulated.items()) + ".", ""]
+                      f"{x['offline_over_measured']:.2f}{p99(x)})" for m, x in simulated.items()) + ".", ""]
     if p.get("whatif"):
         lines += ["`lenpred whatif` on each plug-in run's own traffic log (the simulator's cost model, the run's D) "
                   "against that draw's measured cut vs stock:", "",
