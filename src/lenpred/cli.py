@@ -238,6 +238,8 @@ def traffic_replay(**options):
                "observe logs without changing the order).",
     "cost_model": "Cost-model JSON measured on the serving machine \\[default: fitted from the log's timings].",
     "decode_slots": "Concurrency bounds D to replay at, comma-separated \\[default: the log's own, half and double].",
+    "aging_tokens_per_s": "Starvation guard of the lenpred order, tokens per second waited (0: none) \\[default: "
+                          "the plug-in's own, from engine.json beside the log, else 0].",
     "out": "Output directory for whatif.json / .md / .png.",
     "clusters": "Blocks of consecutive arrivals the paired bootstrap resamples.",
     "bootstrap_resamples": "Paired bootstrap resamples."}))

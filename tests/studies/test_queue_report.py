@@ -178,18 +178,26 @@ def test_whatif_on_each_plugin_runs_own_traffic_log_beside_the_measured_cut(tmp_
               fused_prefill=True).save(cost)
     run = lambda jct, log=None: {"settings": {"traffic_log": log},  # noqa: E731
                                  "results": [{"jct_s": x, "outcome": "ok"} for x in jct]}
-    store = {"runs": {"0/stock/burst8": run([10.0, 10.0, 30.0]), "0/plugin/burst8": run([8.0, 8.0, 24.0],
-                                                                                         str(tmp_path / "log")),
+    guarded = run([9.0, 9.0, 27.0], str(tmp_path / "log"))
+    guarded["settings"]["plugin"] = {"aging_tokens_per_s": 4.0}
+    store = {"runs": {"0/stock/burst8": run([10.0, 10.0, 30.0]), "0/plugin_guard/burst8": guarded,
+                      "0/plugin/burst8": run([8.0, 8.0, 24.0], str(tmp_path / "log")),
                       "1/stock/burst8": run([10.0]), "1/plugin/burst8": run([5.0], str(tmp_path / "gone"))}}
     rep = {"regime": {"decode_bound": 4}, "patterns": {"burst8": {}}}
     add_whatif(rep, store, tmp_path / "out", str(cost), 200)
-    [row] = rep["patterns"]["burst8"]["whatif"]
-    want = run_whatif(WhatifConfig(traffic=str(tmp_path / "log"), cost_model=str(cost), decode_slots=(4,),
-                                   out=str(tmp_path / "again"), bootstrap_resamples=200))["results"]["4"]["lenpred"]
-    assert row["draw"] == 0 and row["measured_cut"] == pytest.approx(0.2)  # 1 - 40/50
-    assert row["measured_p99_ratio"] == pytest.approx(0.8) and row["predicted_cut"] == want["jct_cut_vs_stock"][0]
-    assert row["error_pp"] == pytest.approx(100 * (want["jct_cut_vs_stock"][0] - 0.2))
+    row, guard_row = rep["patterns"]["burst8"]["whatif"]  # by mode (the plug-in first), then draw
+    want = {a: run_whatif(WhatifConfig(traffic=str(tmp_path / "log"), cost_model=str(cost), decode_slots=(4,),
+                                       aging_tokens_per_s=a, out=str(tmp_path / "again"), bootstrap_resamples=200)
+                          )["results"]["4"]["lenpred"] for a in (0.0, 4.0)}
+    assert (row["mode"], row["draw"]) == ("plugin", 0) and row["measured_cut"] == pytest.approx(0.2)  # 1 - 40/50
+    assert row["measured_p99_ratio"] == pytest.approx(0.8) and row["predicted_cut"] == want[0.0]["jct_cut_vs_stock"][0]
+    assert row["error_pp"] == pytest.approx(100 * (want[0.0]["jct_cut_vs_stock"][0] - 0.2))
+    # the guarded run is replayed with its own guard
+    assert guard_row["mode"] == "plugin_guard" and guard_row["measured_cut"] == pytest.approx(0.1)  # 1 - 45/50
+    assert guard_row["predicted_cut"] == want[4.0]["jct_cut_vs_stock"][0]
     assert (tmp_path / "out" / "whatif" / "0-plugin-burst8" / "whatif.json").is_file()
+    assert json.loads((tmp_path / "out" / "whatif" / "0-plugin_guard-burst8" / "whatif.json").read_text()
+                      )["aging_tokens_per_s"] == 4.0
 
 
 def test_acceptance_checks_issue_49s_thresholds_on_a_trace_and_38s_elsewhere():

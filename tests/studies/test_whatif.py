@@ -193,5 +193,39 @@ def test_the_bound_comes_from_the_engine_settings_beside_the_log(tmp_path):
     with pytest.raises(LenpredError, match="engine.json is not the engine settings lenpred writes"):
         served_bound(tmp_path / "log", traffic)
     given = run_whatif(WhatifConfig(traffic=str(tmp_path / "log"), out=str(tmp_path / "o"), decode_slots=(2,),
-                                    clusters=4, bootstrap_resamples=100))  # --decode-slots: the file is not read
-    assert list(given["results"]) == ["2"]
+                                    aging_tokens_per_s=0.0, clusters=4, bootstrap_resamples=100))
+    assert list(given["results"]) == ["2"]  # --decode-slots and --aging-tokens-per-s: the file is not read
+    with pytest.raises(LenpredError, match="engine.json is not the engine settings"):  # the guard still reads it
+        run_whatif(WhatifConfig(traffic=str(tmp_path / "log"), out=str(tmp_path / "o"), decode_slots=(2,),
+                                clusters=4, bootstrap_resamples=100))
+
+
+def test_the_lenpred_order_runs_with_the_engines_starvation_guard(tmp_path):
+    from lenpred.online.traffic_log import TrafficLogConfig, TrafficLogWriter, TrafficRecord, write_engine_settings
+    from lenpred.studies.whatif import served_guard
+
+    # one slot, a 40-token request at t = 0 and 4-token ones every 2 s: unguarded each short one overtakes the long
+    # one; aged by its wait, the long one keeps its slot and the short ones wait (lenpred's mean JCT rises); the
+    # recorded length (an oracle, unguarded) and the prediction-free orders do not change
+    t = traffic(2.0 * np.arange(12), 2.0 * np.arange(12), 2.0 * np.arange(12) + 1, [10] * 12, [40] + [4] * 11,
+                [40.0] + [4.0] * 11)
+    runs = {a: replay(workload(t), UNIT, 1, a) for a in (0.0, 1.0, 4.0)}
+    assert runs[0.0]["lenpred"].mean() < runs[1.0]["lenpred"].mean() < runs[4.0]["lenpred"].mean()
+    for mode in ("stock FCFS", "prompt-length priority", "recorded length"):
+        assert runs[4.0][mode].tolist() == runs[0.0][mode].tolist()
+    with TrafficLogWriter(TrafficLogConfig(tmp_path / "log")) as w:
+        for i in range(24):
+            w.record(TrafficRecord(features=np.zeros(4), expected=20.0, low=0, high=1, num_output_tokens=20,
+                                   finish_reason="stop", arrival_time_s=float(i), first_token_time_s=i + 0.1,
+                                   finish_time_s=i + 0.9, num_prompt_tokens=30))
+    assert served_guard(tmp_path / "log", None) == (0.0, "none")  # no engine settings: no guard
+    write_engine_settings(tmp_path / "log", {"policy": "srpt", "decode_slots": 2, "prefill_ahead": 2,
+                                             "max_num_seqs": 4, "aging_tokens_per_s": 4.0})
+    assert served_guard(tmp_path / "log", None) == (4.0, "the plug-in's own (engine.json)")
+    assert served_guard(tmp_path / "log", 1.0) == (1.0, "--aging-tokens-per-s")
+    report = run_whatif(WhatifConfig(traffic=str(tmp_path / "log"), out=str(tmp_path / "o"), decode_slots=(2,),
+                                     clusters=4, bootstrap_resamples=100))
+    assert report["aging_tokens_per_s"] == 4.0
+    assert "starvation guard at 4 tokens/s (the plug-in's own (engine.json))" in (tmp_path / "o" / "whatif.md").read_text()
+    with pytest.raises(LenpredError, match="--aging-tokens-per-s must be >= 0"):
+        WhatifConfig(traffic="x", aging_tokens_per_s=-1.0)

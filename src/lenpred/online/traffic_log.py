@@ -733,9 +733,10 @@ ENGINE_KEYS = {"policy", "decode_slots", "prefill_ahead", "max_num_seqs"}
 
 def write_engine_settings(directory: str | Path, settings: dict) -> None:
     """Record, beside the parts of the traffic log in ``directory``, how the engine writing it serves (the plug-in's
-    ``policy``, ``decode_slots``, ``prefill_ahead`` and vLLM's ``max_num_seqs``): what a replay of the log needs and
-    the rows cannot show (under a parked policy a parked request looks like a running one). Written atomically at
-    each engine start, so it holds the latest engine's settings; the parts' reader ignores it."""
+    ``policy``, ``decode_slots``, ``prefill_ahead``, ``aging_tokens_per_s`` and vLLM's ``max_num_seqs``): what a
+    replay of the log needs and the rows cannot show (under a parked policy a parked request looks like a running
+    one). Written atomically at each engine start, so it holds the latest engine's settings; the parts' reader
+    ignores it."""
     from lenpred.io import write_json
 
     write_json(Path(directory) / ENGINE_FILE, settings)
@@ -758,11 +759,12 @@ def read_engine_settings(directory: str | Path) -> dict | None:
         settings = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise LenpredError(f"{path} cannot be read ({exc}): delete it (the engine rewrites it when it starts) or "
-                           "pass the bound yourself (--decode-slots)") from exc
+                           "pass what it holds yourself (lenpred whatif --decode-slots, --aging-tokens-per-s)") from exc
     missing = ENGINE_KEYS - set(settings) if isinstance(settings, dict) else ENGINE_KEYS
     if missing or not all(isinstance(settings[k], int) for k in ("decode_slots", "max_num_seqs")):
         raise LenpredError(f"{path} is not the engine settings lenpred writes (needs {', '.join(sorted(ENGINE_KEYS))}"
-                           ", the bounds as integers): delete it (the engine rewrites it) or pass --decode-slots")
+                           ", the bounds as integers): delete it (the engine rewrites it) or pass what it holds "
+                           "yourself (lenpred whatif --decode-slots, --aging-tokens-per-s)")
     return settings
 
 

@@ -48,6 +48,15 @@ def markdown(rep: dict) -> str:
     return "\n".join(lines)
 
 
+def whatif_by_mode(p: dict) -> dict[str, list[dict]]:
+    """A pattern's ``lenpred whatif`` rows (:func:`~lenpred.studies.queue_report.add_whatif`) per mode (``plugin``
+    for rows from before they named it), in their order."""
+    out: dict[str, list[dict]] = {}
+    for w in p.get("whatif", []):
+        out.setdefault(w.get("mode", "plugin"), []).append(w)
+    return out
+
+
 def engine_trace_table(reports: dict[str, dict]) -> str:
     """The engine's trace runs in one table (the guide's headline): per report (``{label: report.json}``, each one
     trace pattern's store) and mode, the slices run, mean JCT, the paired cut and p99 ratio vs stock, throughput vs
@@ -63,9 +72,9 @@ def engine_trace_table(reports: dict[str, dict]) -> str:
                              f"{c['throughput_ratio_vs_stock']:.3f}" if versus else "–",
                              "–" if c.get("simulated_over_measured") is None
                              else f"{c['simulated_over_measured']:.2f}"])
-            if p.get("whatif"):
-                notes.append(f"{label}: `lenpred whatif` on each plug-in run's traffic log, error vs the measured cut "
-                             "per slice: " + ", ".join(f"{w['error_pp']:+.1f}" for w in p["whatif"]) + " points.")
+            for mode, rows in whatif_by_mode(p).items():
+                notes.append(f"{label}: `lenpred whatif` on each {mode} run's traffic log, error vs the measured cut "
+                             "per slice: " + ", ".join(f"{w['error_pp']:+.1f}" for w in rows) + " points.")
     table = markdown_table(["trace, load", "slices", "mode", "mean JCT s", "mean-JCT cut vs stock", "p99 JCT / stock",
                             "tok/s / stock", "simulator / measured"], rows)
     return "\n".join([table, "", *notes])
@@ -116,13 +125,14 @@ def pattern_markdown(pattern: str, p: dict) -> list[str]:
                       f"{m} {x['simulated_mean_jct_s']:.1f} ({x['simulated_over_measured']:.2f}; "
                       f"{x['offline_over_measured']:.2f}{p99(x)})" for m, x in simulated.items()) + ".", ""]
     if p.get("whatif"):
-        lines += ["`lenpred whatif` on each plug-in run's own traffic log (the simulator's cost model, the run's D) "
-                  "against that draw's measured cut vs stock:", "",
-                  markdown_table(["draw", "whatif: cut vs stock", "measured cut", "error, points",
+        lines += ["`lenpred whatif` on each plug-in run's own traffic log (the simulator's cost model, the run's D and "
+                  "starvation guard) against that draw's measured cut vs stock:", "",
+                  markdown_table(["mode", "draw", "whatif: cut vs stock", "measured cut", "error, points",
                                   "whatif: p99 / stock", "measured p99 / stock"],
-                                 [[w["draw"], f"{w['predicted_cut']:+.1%}", f"{w['measured_cut']:+.1%}",
-                                   f"{w['error_pp']:+.1f}", f"{w['predicted_p99_ratio']:.2f}",
-                                   f"{w['measured_p99_ratio']:.2f}"] for w in p["whatif"]]), ""]
+                                 [[w.get("mode", "plugin"), w["draw"], f"{w['predicted_cut']:+.1%}",
+                                   f"{w['measured_cut']:+.1%}", f"{w['error_pp']:+.1f}",
+                                   f"{w['predicted_p99_ratio']:.2f}", f"{w['measured_p99_ratio']:.2f}"]
+                                  for w in p["whatif"]]), ""]
     if p.get("fewer_draws"):
         best_cut = lambda x: fmt_ci(x["best_lenpred_cut"], pct) if "best_lenpred_cut" in x else "–"  # noqa: E731
         best_mode = (p["best_lenpred"] or {}).get("mode", "–")

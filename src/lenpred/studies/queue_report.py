@@ -284,31 +284,38 @@ def ok_jct(rec: dict) -> np.ndarray:
     return np.array([r["jct_s"] for r in rec["results"] if r["outcome"] == "ok"])
 
 
+WHATIF_MODES = ("plugin", "plugin_guard")
+"""The modes whose runs :func:`add_whatif` replays (the plug-in keeps a traffic log), in the rows' order."""
+
+
 def add_whatif(rep: dict, store: dict, out: Path, cost_model: str, n_resamples: int) -> None:
-    """Per pattern, per draw whose plug-in run left its traffic log on disk (``settings["traffic_log"]``) beside a
-    stock run: ``lenpred whatif`` on that log (at the run's D, on ``cost_model``; written under
-    ``<out>/whatif/<draw>-plugin-<pattern>``) against the draw's measured cut vs stock (issue 49: within 5 points)
-    and p99 ratio; stored as the pattern's ``whatif`` rows."""
+    """Per pattern, per draw whose plug-in run (:data:`WHATIF_MODES`) left its traffic log on disk
+    (``settings["traffic_log"]``) beside a stock run: ``lenpred whatif`` on that log (at the run's D and starvation
+    guard, on ``cost_model``; written under ``<out>/whatif/<draw>-<mode>-<pattern>``) against the draw's measured
+    cut vs stock (issue 49: within 5 points) and p99 ratio; stored as the pattern's ``whatif`` rows, by mode then
+    draw."""
     from lenpred.studies.whatif import WhatifConfig, run_whatif
 
     D = rep["regime"]["decode_bound"]
     for pattern, p in rep["patterns"].items():
         rows = []
-        for key, rec in sorted(store["runs"].items()):
-            d, mode, pat = key.split("/")
-            stock = store["runs"].get(run_key(int(d), "stock", pattern))
+        ours = sorted((WHATIF_MODES.index(m), int(d), m) for d, m, pat in (k.split("/") for k in store["runs"])
+                      if pat == pattern and m in WHATIF_MODES)
+        for _, d, mode in ours:
+            rec, stock = store["runs"][run_key(d, mode, pattern)], store["runs"].get(run_key(d, "stock", pattern))
             log = rec["settings"].get("traffic_log")
-            if pat != pattern or mode != "plugin" or stock is None or not log or not Path(log).is_dir():
+            if stock is None or not log or not Path(log).is_dir():
                 continue
+            aging = (rec["settings"].get("plugin") or {}).get("aging_tokens_per_s", 0.0)
             w = run_whatif(WhatifConfig(traffic=log, cost_model=cost_model, decode_slots=(D,),
-                                        out=str(out / "whatif" / f"{d}-plugin-{pattern}"),
+                                        aging_tokens_per_s=aging, out=str(out / "whatif" / f"{d}-{mode}-{pattern}"),
                                         bootstrap_resamples=n_resamples))["results"][str(D)]["lenpred"]
-            jct = {"stock": ok_jct(stock), "plugin": ok_jct(rec)}
-            measured = 1 - jct["plugin"].mean() / jct["stock"].mean()
-            rows.append({"draw": int(d), "traffic_log": log, "predicted_cut": w["jct_cut_vs_stock"][0],
+            jct = {"stock": ok_jct(stock), mode: ok_jct(rec)}
+            measured = 1 - jct[mode].mean() / jct["stock"].mean()
+            rows.append({"draw": d, "mode": mode, "traffic_log": log, "predicted_cut": w["jct_cut_vs_stock"][0],
                          "measured_cut": float(measured), "error_pp": 100 * (w["jct_cut_vs_stock"][0] - measured),
                          "predicted_p99_ratio": w["p99_ratio_vs_stock"][0],
-                         "measured_p99_ratio": float(np.percentile(jct["plugin"], 99)
+                         "measured_p99_ratio": float(np.percentile(jct[mode], 99)
                                                      / np.percentile(jct["stock"], 99))})
         if rows:
             p["whatif"] = rows

@@ -56,6 +56,9 @@ class WhatifConfig:
             ``decode_slots``.
         cost_model: a cost-model JSON measured on the serving machine (``None``: fitted from the log's timings).
         decode_slots: concurrency bounds D to replay at (``None``: the log's own bound, half and double it).
+        aging_tokens_per_s: the starvation guard of the lenpred order (tokens of rank per second waited,
+            :class:`lenpred.serving.parked.SchedulerConfig`), >= 0; ``None``: the engine's own, recorded beside the
+            log (``engine.json``), else 0 (no guard).
         out: where ``whatif.json``, ``whatif.md`` and ``whatif.png`` go.
         clusters: consecutive-arrival blocks the bootstrap resamples (>= 2).
         bootstrap_resamples: paired bootstrap resamples.
@@ -64,6 +67,7 @@ class WhatifConfig:
     traffic: str
     cost_model: str | None = None
     decode_slots: tuple[int, ...] | None = None
+    aging_tokens_per_s: float | None = None
     out: str = "results/whatif"
     clusters: int = 10
     bootstrap_resamples: int = 2000
@@ -72,6 +76,8 @@ class WhatifConfig:
         if self.decode_slots is not None and (not self.decode_slots or min(self.decode_slots) < 1):
             shown = ",".join(str(d) for d in self.decode_slots)
             raise LenpredError(f"--decode-slots must be integers >= 1, got '{shown}': give bounds such as 8,16,32")
+        if self.aging_tokens_per_s is not None and not self.aging_tokens_per_s >= 0:
+            raise LenpredError(f"--aging-tokens-per-s must be >= 0 (0: no guard), got {self.aging_tokens_per_s}")
         if self.clusters < 2:
             raise LenpredError(f"--clusters must be >= 2 (the bootstrap resamples them), got {self.clusters}")
         if self.bootstrap_resamples < 100:
@@ -201,6 +207,19 @@ def served_bound(directory: str | Path, traffic: LoggedTraffic) -> tuple[int, st
     return bound, f"the plug-in's decode_slots under policy {engine['policy']} ({ENGINE_FILE})", True
 
 
+def served_guard(directory: str | Path, given: float | None) -> tuple[float, str]:
+    """``(tokens/s, where it came from)``: the starvation guard of the lenpred order: ``given`` (``--aging-tokens-per-s``),
+    else the rate the plug-in recorded beside the log (``aging_tokens_per_s`` in its engine settings), else 0."""
+    from lenpred.online.traffic_log import ENGINE_FILE, read_engine_settings
+
+    if given is not None:
+        return float(given), "--aging-tokens-per-s"
+    engine = read_engine_settings(directory)
+    if engine is not None and engine.get("aging_tokens_per_s"):
+        return float(engine["aging_tokens_per_s"]), f"the plug-in's own ({ENGINE_FILE})"
+    return 0.0, "none"
+
+
 def streamed(traffic: LoggedTraffic) -> bool:
     """Whether the log's first-token times are real: the median request of 2+ tokens spent at least 1 % of its time
     after its first token (a proxy logging non-streamed responses records the first token at the finish)."""
@@ -243,15 +262,18 @@ def workload(traffic: LoggedTraffic) -> list[WorkloadRequest]:
                                                  traffic.num_output_tokens, traffic.expected))]
 
 
-def replay(requests: list[WorkloadRequest], cost, decode_slots: int) -> dict[str, np.ndarray]:
+def replay(requests: list[WorkloadRequest], cost, decode_slots: int,
+           aging_tokens_per_s: float = 0.0) -> dict[str, np.ndarray]:
     """``{mode: (n,) JCT in seconds}`` of each of :data:`MODES` at ``decode_slots`` (stock and prompt-length priority
-    run ``decode_slots`` sequences; the plug-in's design admits ``decode_slots`` more into its window)."""
+    run ``decode_slots`` sequences; the plug-in's design admits ``decode_slots`` more into its window; lenpred with
+    its starvation guard at ``aging_tokens_per_s``, the recorded length without one)."""
     stock = SimConfig(max_num_seqs=decode_slots, max_num_batched_tokens=8192, arrival="given")
     parked = dataclasses.replace(stock, max_num_seqs=2 * decode_slots)
     design = SchedulerConfig(decode_slots=decode_slots, prefill_ahead=decode_slots)
+    guarded = dataclasses.replace(design, aging_tokens_per_s=aging_tokens_per_s)
     runs = {"stock FCFS": simulate(requests, make_policy("fcfs"), cost, stock)[1],
             "prompt-length priority": simulate(requests, make_policy("sjf:prompt_len"), cost, stock)[1],
-            "lenpred": simulate_parked(requests, design, cost, parked, predictor="served")[1],
+            "lenpred": simulate_parked(requests, guarded, cost, parked, predictor="served")[1],
             "recorded length": simulate_parked(requests, design, cost, parked, predictor="oracle")[1]}
     return {m: np.array([t.jct_s for t in sorted(timings, key=lambda t: t.request_id)]) for m, timings in runs.items()}
 
@@ -317,16 +339,18 @@ def run_whatif(cfg: WhatifConfig) -> dict:
         raise LenpredError("the traffic log's first tokens came with the finish (non-streamed responses), so its "
                            "concurrency bound cannot be read from it: pass --decode-slots")
     bounds = cfg.decode_slots or tuple(sorted({max(own // 2, 1), own, 2 * own}))
+    aging, aging_source = served_guard(cfg.traffic, cfg.aging_tokens_per_s)
     requests = workload(traffic)
     results = {}
     for d in bounds:
         logger.info("whatif: replaying %d requests at D = %d", len(requests), d)
-        results[d] = compare_modes(replay(requests, cost, d), cfg.clusters, cfg.bootstrap_resamples)
+        results[d] = compare_modes(replay(requests, cost, d, aging), cfg.clusters, cfg.bootstrap_resamples)
     at = own if own in results else bounds[0]
     report = {"traffic": str(cfg.traffic), "num_requests": len(requests), "observed_bound": own,
               "bound_source": bound_source,
               "logged_mean_jct_s": float(np.mean(traffic.finish_s - traffic.arrival_s)),
               "cost_source": source, "cost_coefficients": cost.coefficients,
+              "aging_tokens_per_s": aging, "aging_source": aging_source,
               "duration_s": float(traffic.finish_s.max()), "results": {str(d): r for d, r in results.items()},
               "verdict_at": at, "verdict": verdict(results[at], at), "settings": dataclasses.asdict(cfg)}
     out = Path(cfg.out)
@@ -337,6 +361,12 @@ def run_whatif(cfg: WhatifConfig) -> dict:
     return report
 
 
+def guard_text(report: dict) -> str:
+    """The lenpred order's starvation guard, as the report's header says it ("" without one)."""
+    aging = report.get("aging_tokens_per_s", 0.0)
+    return f"lenpred with its starvation guard at {aging:g} tokens/s ({report['aging_source']}). " if aging else ""
+
+
 def render_whatif(report: dict) -> str:
     """The report as Markdown: one table per concurrency bound, then the cost's source and the verdict."""
     pct = lambda t: f"{t[0]:+.1%} [{t[1]:+.1%}, {t[2]:+.1%}]"  # noqa: E731
@@ -344,8 +374,8 @@ def render_whatif(report: dict) -> str:
              "", f"The log's own concurrency bound: D = {report['observed_bound']} ({report['bound_source']}); its "
              "mean JCT as served "
              f"{report['logged_mean_jct_s']:.1f} s (compare the replayed stock FCFS at that D: the replay's fidelity); "
-             f"the engine's cost from {report['cost_source']}; the KV cache is not a bound in the replay. Intervals: "
-             "paired, clustered by consecutive arrivals.", ""]
+             f"the engine's cost from {report['cost_source']}; the KV cache is not a bound in the replay. "
+             + guard_text(report) + "Intervals: paired, clustered by consecutive arrivals.", ""]
     for d, cells in report["results"].items():
         lines += [f"## D = {d}", "", "| order | mean JCT s | mean-JCT cut vs stock | p99 JCT s | p99 / stock |",
                   "|---|---:|---:|---:|---:|"]

@@ -258,6 +258,7 @@ class LenpredScheduler(Scheduler):
         if cfg.traffic_log:  # how this engine serves, for a replay of its log (lenpred whatif)
             write_engine_settings(cfg.traffic_log, {
                 "policy": cfg.policy, "decode_slots": cfg.decode_slots, "prefill_ahead": cfg.prefill_ahead,
+                "aging_tokens_per_s": cfg.aging_tokens_per_s,
                 "max_num_seqs": vllm_config.scheduler_config.max_num_seqs,
                 "started": time.strftime("%Y-%m-%dT%H:%M:%S")})
 
