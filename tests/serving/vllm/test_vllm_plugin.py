@@ -113,6 +113,7 @@ def test_traffic_log_holds_each_finished_request_with_the_state_the_head_read(se
     assert set(log.columns["prompt_sha256"]) == {token_ids_sha256(i) for i in ids}  # both runs of a prompt share it
     engine = read_engine_settings(traffic)  # how it served, for lenpred whatif: the bound is decode_slots here
     assert (engine["policy"], engine["decode_slots"]) == ("srpt", 1) and engine["max_num_seqs"] >= 1
+    assert engine["aging_tokens_per_s"] == 0.0  # no starvation guard: whatif replays lenpred unguarded
 
 
 def test_vllms_chat_renderer_gives_prepare_prompts_ids():
