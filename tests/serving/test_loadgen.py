@@ -179,3 +179,19 @@ def test_summary_measures_latency_from_the_planned_time_and_reports_the_achieved
     assert s["mean_jct_per_token_s"] == pytest.approx((2.0 / 10 + 3.0 / 5) / 2)
     empty = summarize_replay([res(0, 0.0, 0.0, None, 1.0, "cancelled")])
     assert empty["mean_jct_s"] is None and empty["throughput_tok_s"] is None and empty["achieved_rate_per_s"] is None
+
+
+def test_the_speed_probe_forces_its_length_on_the_first_rows(upstream):
+    from types import SimpleNamespace
+
+    from lenpred.studies.engine_bench import PROBE_REQUESTS, PROBE_TOKENS, speed_probe
+
+    url, up = upstream
+    rows = [{"request": SimpleNamespace(request_id=i, prompt_id=f"p{i}"), "seed": i, "temperature": 0.0,
+             "top_p": 1.0, "max_tokens": 7} for i in range(6)]
+    n = len(up.received)
+    got = speed_probe(url, rows, {f"p{i}": [{"role": "user", "content": "normal"}] for i in range(6)}, "probe-")
+    sent = up.received[n:]
+    assert sorted(b["request_id"] for b in sent) == [f"probe-q{i}" for i in range(PROBE_REQUESTS)]
+    assert {b["max_tokens"] for b in sent} == {PROBE_TOKENS} and all(b["ignore_eos"] for b in sent)
+    assert got["tpot_s"] is not None and 0 <= got["tpot_s"] < 0.05  # the fake streams without pauses

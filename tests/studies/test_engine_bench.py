@@ -8,6 +8,7 @@ import time
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
 from lenpred.studies.engine_bench import (PORT, complete_draws, latency_cell, mode_draws, paired, rotated, row_priority,
                                           run_key, servers, vllm_command)
@@ -106,3 +107,14 @@ def test_the_engines_own_counters_parse_and_difference_by_hand():
              "vllm:inter_token_latency_seconds_sum": 5.0, "vllm:inter_token_latency_seconds_count": 50.0}
     assert server_side(before, after) == {"preemptions": 0.0, "requests": 2.0, "mean_e2e_s": 20.0, "mean_itl_s": 0.1}
     assert server_side(before, before)["mean_e2e_s"] is None
+
+
+def test_the_speed_probe_is_the_median_time_per_token_after_the_first():
+    from lenpred.studies.engine_bench import PROBE_REQUESTS, PROBE_TOKENS, probe_summary
+
+    ok = lambda jct, ttft, n: {"outcome": "ok", "jct_s": jct, "ttft_s": ttft, "completion_tokens": n}  # noqa: E731
+    rows = [ok(7.3, 1.0, 64), ok(8.56, 2.5, 64), ok(5.0, 0.5, 46), ok(2.0, 2.0, 1),  # 0.1, ~0.0962, 0.1, too short
+            {"outcome": "error", "jct_s": None, "ttft_s": None, "completion_tokens": None}]
+    got = probe_summary(rows)
+    assert got["tpot_s"] == pytest.approx(0.1) and (got["requests"], got["tokens"]) == (PROBE_REQUESTS, PROBE_TOKENS)
+    assert probe_summary(rows[3:])["tpot_s"] is None

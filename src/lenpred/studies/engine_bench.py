@@ -140,6 +140,33 @@ def load_requests(rows: list[dict], messages: dict, times, tag: str, priority: s
     return out
 
 
+PROBE_REQUESTS, PROBE_TOKENS = 4, 64
+"""The speed probe (:func:`speed_probe`): this many requests at once, each forced to this many output tokens."""
+
+
+def speed_probe(url: str, rows: list[dict], messages: dict, tag: str) -> dict:
+    """The engine's decode speed just before a run, so runs made hours apart can be told apart by the engine's pace
+    rather than their order (the same workload's JCT varied by up to 17 % across sessions on one VM): the first
+    :data:`PROBE_REQUESTS` of ``rows`` sent at once, each forced (``ignore_eos``) to :data:`PROBE_TOKENS` tokens,
+    ids ``<tag>q<i>``; :func:`probe_summary` of what came back."""
+    import dataclasses
+
+    from lenpred.serving.loadgen import run_replay
+
+    reqs = [dataclasses.replace(r, max_tokens=PROBE_TOKENS)
+            for r in load_requests(rows[:PROBE_REQUESTS], messages, [0.0] * PROBE_REQUESTS, tag)]
+    return probe_summary(run_replay(url, reqs, MODEL_NAME, ignore_eos=True))
+
+
+def probe_summary(results: list[dict]) -> dict:
+    """``{"tpot_s", "requests", "tokens"}``: the median over the probe's finished requests of the time per output
+    token after the first, ``(jct − ttft) / (tokens − 1)`` in seconds (``None`` when none finished with 2+ tokens),
+    and how many requests and tokens the probe asked for."""
+    tpot = [(r["jct_s"] - r["ttft_s"]) / (r["completion_tokens"] - 1) for r in results
+            if r["outcome"] == "ok" and (r["completion_tokens"] or 0) >= 2]
+    return {"tpot_s": float(np.median(tpot)) if tpot else None, "requests": PROBE_REQUESTS, "tokens": PROBE_TOKENS}
+
+
 # ---------------------------------------------------------------------------------------------------- servers
 
 def engine_env() -> None:

@@ -55,7 +55,8 @@ server per mode and draw with every pattern on it (loopback only, started and st
 finishes: every request's planned and sent time, TTFT, JCT, output tokens, finish reason, longest stall, recorded
 length and priority sent (the plug-in's traffic log of each draw under ``<out>/traffic/<draw>-<mode>/``, what
 ``lenpred whatif --traffic`` replays); the run's settings (D, KV bytes, N, pattern, mode, max-num-seqs, plug-in settings, proxy
-core), throughput, vLLM's preemptions and the load average before it. A restart skips finished runs; changed
+core), throughput, vLLM's preemptions, the load average before it and the engine's decode speed just before
+(:func:`~lenpred.studies.engine_bench.speed_probe`: runs hours apart compare paces). A restart skips finished runs; changed
 settings are refused.
 
 Report (``--out``, default ``results/scripts/serving/queue/``: ``report.json``, ``report.md``,
@@ -318,7 +319,8 @@ def run(cfg: QueueBenchConfig) -> dict:
     """Every missing run of the grid (:func:`lenpred.studies.engine_bench.run_grid`); returns the store."""
     from lenpred.backbone import resolve_model
     from lenpred.serving.loadgen import run_replay
-    from lenpred.studies.engine_bench import MODEL_NAME, load_requests, one_run, pin_cores, run_grid
+    from lenpred.studies.engine_bench import (MODEL_NAME, load_requests, one_run, pin_cores, run_grid,
+                                              speed_probe)
 
     out = Path(cfg.out)
     source = EngineWorkload(cfg.max_tokens)
@@ -339,10 +341,13 @@ def run(cfg: QueueBenchConfig) -> dict:
         spec, logs[mode] = mode_servers(model_dir, mode_settings(mode, reg, cfg), out, d, vllm_cpus, client_cpus)
         return spec
 
+    probes: dict[tuple[int, str], dict] = {}
+
     def warm(d, mode, url):
-        rows = plan[(d, patterns[0])]["rows"][:2]
-        run_replay(url, load_requests(rows, messages, [0, 0], f"warm-{d}-{mode}-", QUEUE_MODES[mode].priority),
+        rows = plan[(d, patterns[0])]["rows"]
+        run_replay(url, load_requests(rows[:2], messages, [0, 0], f"warm-{d}-{mode}-", QUEUE_MODES[mode].priority),
                    MODEL_NAME)
+        probes[(d, mode)] = speed_probe(url, rows, messages, f"probe-{d}-{mode}-")
 
     def run_one(d, mode, pattern, url):
         p, tag, settings = plan[(d, pattern)], f"{d}-{mode}-{pattern}-", mode_settings(mode, reg, cfg)
@@ -352,7 +357,8 @@ def run(cfg: QueueBenchConfig) -> dict:
                      "window_s": None if p["rate_req_s"] is None else cfg.window_s, "max_tokens": cfg.max_tokens,
                      "run_timeout_s": cfg.run_timeout_s}
         reqs = load_requests(p["rows"], messages, p["times"], tag, settings["priority"], cfg.run_timeout_s)
-        return record(one_run(url, reqs, tag, logs[mode], timeout_s=cfg.run_timeout_s), p["rows"], settings)
+        rec = record(one_run(url, reqs, tag, logs[mode], timeout_s=cfg.run_timeout_s), p["rows"], settings)
+        return rec | {"speed_probe": probes.get((d, mode))}
 
     with cpu_lock():
         run_grid(store, out / "runs.json", cfg.draws, QUEUE_MODES, parse_modes(cfg.modes), patterns, servers_for,
