@@ -71,6 +71,16 @@ def test_modes_in_fewer_draws_are_paired_on_their_own(report, tmp_path: Path):
         (8 + 0.98 * 4) / (20 + 0.98 * 10))  # numpy's linear percentile of (4, 8, 12) over (10, 20, 30)
 
 
+def test_the_speed_probes_are_listed_per_mode_and_draw():
+    from lenpred.studies.queue_report import speed_probes
+
+    runs = {"0/stock/burst8": _run("stock", "burst8", [1.0]) | {"speed_probe": {"tpot_s": 0.05}},
+            "1/stock/burst8": _run("stock", "burst8", [1.0]),  # recorded before the probe existed
+            "1/plugin/burst8": _run("plugin", "burst8", [1.0]) | {"speed_probe": {"tpot_s": 0.0625}},
+            "0/plugin/burst4": _run("plugin", "burst4", [1.0]) | {"speed_probe": {"tpot_s": 0.07}}}
+    assert speed_probes({"runs": runs}, "burst8", 2) == {"stock": {"0": 50.0}, "plugin": {"1": 62.5}}
+
+
 def test_regime_map_orders_depths_and_matches_the_cells(report):
     rmap = report["regime_map"]
     assert list(rmap) == ["4", "8"]  # N / D ascending (JSON keys)

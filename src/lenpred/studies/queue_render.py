@@ -133,6 +133,13 @@ def pattern_markdown(pattern: str, p: dict) -> list[str]:
                                    f"{w['measured_cut']:+.1%}", f"{w['error_pp']:+.1f}",
                                    f"{w['predicted_p99_ratio']:.2f}", f"{w['measured_p99_ratio']:.2f}"]
                                   for w in p["whatif"]]), ""]
+    if p.get("speed_probe_ms"):
+        draws = sorted({d for x in p["speed_probe_ms"].values() for d in x}, key=int)
+        lines += ["The engine's pace just before each run (speed probe: 4 requests forced to 64 tokens, median ms per "
+                  "token; – : not recorded): runs of one draw at different paces compare the machine as well as the "
+                  "orders.", "", markdown_table(["mode", *[f"draw {d}" for d in draws]],
+                                                [[m, *[f"{x[d]:.1f}" if d in x else "–" for d in draws]]
+                                                 for m, x in p["speed_probe_ms"].items()]), ""]
     if p.get("fewer_draws"):
         best_cut = lambda x: fmt_ci(x["best_lenpred_cut"], pct) if "best_lenpred_cut" in x else "–"  # noqa: E731
         best_mode = (p["best_lenpred"] or {}).get("mode", "–")

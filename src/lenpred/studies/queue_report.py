@@ -149,6 +149,20 @@ def pattern_report(store: dict, pattern: str, num_draws: int, n: int) -> dict | 
     out["jct_pooled"] = {m: pooled(jct[m]) for m in modes}
     best = out["best_lenpred"]["mode"] if out["best_lenpred"] else None
     out["fewer_draws"] = fewer_draws(store, pattern, modes, num_draws, n, best)
+    out["speed_probe_ms"] = speed_probes(store, pattern, num_draws)
+    return out
+
+
+def speed_probes(store: dict, pattern: str, num_draws: int) -> dict[str, dict[str, float]]:
+    """Per mode and draw (as strings) that recorded one, the engine's pace just before the run: the speed probe's
+    median time per token, ms (:func:`~lenpred.studies.engine_bench.speed_probe`); runs from before it was recorded
+    are left out."""
+    out: dict[str, dict[str, float]] = {}
+    for m, ds in mode_draws(store, pattern, QUEUE_MODES, num_draws).items():
+        for d in ds:
+            probe = store["runs"][run_key(d, m, pattern)].get("speed_probe") or {}
+            if probe.get("tpot_s") is not None:
+                out.setdefault(m, {})[str(d)] = 1000 * probe["tpot_s"]
     return out
 
 
