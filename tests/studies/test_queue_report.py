@@ -71,14 +71,19 @@ def test_modes_in_fewer_draws_are_paired_on_their_own(report, tmp_path: Path):
         (8 + 0.98 * 4) / (20 + 0.98 * 10))  # numpy's linear percentile of (4, 8, 12) over (10, 20, 30)
 
 
-def test_the_speed_probes_are_listed_per_mode_and_draw():
+def test_the_pace_per_run_is_its_median_time_per_token_and_its_speed_probe():
     from lenpred.studies.queue_report import speed_probes
 
-    runs = {"0/stock/burst8": _run("stock", "burst8", [1.0]) | {"speed_probe": {"tpot_s": 0.05}},
-            "1/stock/burst8": _run("stock", "burst8", [1.0]),  # recorded before the probe existed
-            "1/plugin/burst8": _run("plugin", "burst8", [1.0]) | {"speed_probe": {"tpot_s": 0.0625}},
+    runs = {"0/stock/burst8": _run("stock", "burst8", [1.0, 2.0, 3.0]) | {"speed_probe": {"tpot_s": 0.05}},
+            "1/plugin/burst8": _run("plugin", "burst8", [1.0]),  # recorded before the probe existed
             "0/plugin/burst4": _run("plugin", "burst4", [1.0]) | {"speed_probe": {"tpot_s": 0.07}}}
-    assert speed_probes({"runs": runs}, "burst8", 2) == {"stock": {"0": 50.0}, "plugin": {"1": 62.5}}
+    for r, ttft in zip(runs["0/stock/burst8"]["results"], (0.1, 0.1, 0.1)):  # 10, 20, 30 tokens
+        r["ttft_s"] = ttft
+    # (1 - 0.1) / 9 = 0.1, (2 - 0.1) / 19 = 0.1, (3 - 0.1) / 29 = 0.1 s; _run's plug-in run: (1 - 0.5) / 9
+    got = speed_probes({"runs": runs}, "burst8", 2)
+    assert list(got) == ["stock", "plugin"] and got["stock"]["0"]["tpot_ms"] == pytest.approx(100.0)
+    assert got["stock"]["0"]["probe_ms"] == pytest.approx(50.0) and got["plugin"]["1"]["probe_ms"] is None
+    assert got["plugin"]["1"]["tpot_ms"] == pytest.approx(1000 * 0.5 / 9)
 
 
 def test_regime_map_orders_depths_and_matches_the_cells(report):
@@ -89,6 +94,14 @@ def test_regime_map_orders_depths_and_matches_the_cells(report):
     sim = report["patterns"]["burst8"]["modes"]
     assert cell["simulated_cut"] == pytest.approx(1 - sim["plugin"]["simulated_mean_jct_s"]
                                                   / sim["stock"]["simulated_mean_jct_s"])
+    # the same yardstick on the cell: both modes ran in both draws, so the ratio of sums is the ratio of means
+    assert sim["plugin"]["simulated_cut_vs_stock"] == pytest.approx(cell["simulated_cut"])
+    assert "simulated_cut_vs_stock" not in sim["stock"]
+    assert len(sim["plugin"]["simulated_p99_ratio_vs_stock_per_draw"]) == 2  # one per draw
+    # measured per draw: 1 - 10 / 20 (5, 10, 15 against 10, 20, 30) and 1 - 10 / 10
+    assert sim["plugin"]["measured_cut_vs_stock_per_draw"] == pytest.approx([0.5, 0.0])
+    per_draw = sim["plugin"]["simulated_cut_vs_stock_per_draw"]
+    assert min(per_draw) <= sim["plugin"]["simulated_cut_vs_stock"] <= max(per_draw)  # the pooled cut lies between
     assert rmap["8"]["priority_oracle"]["draws"] == [0] and "priority_lenpred" not in rmap["8"]
 
 

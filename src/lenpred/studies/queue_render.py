@@ -59,8 +59,9 @@ def whatif_by_mode(p: dict) -> dict[str, list[dict]]:
 
 def engine_trace_table(reports: dict[str, dict]) -> str:
     """The engine's trace runs in one table (the guide's headline): per report (``{label: report.json}``, each one
-    trace pattern's store) and mode, the slices run, mean JCT, the paired cut and p99 ratio vs stock, throughput vs
-    stock and the simulator's mean JCT over the measured; then per report ``lenpred whatif``'s error per slice."""
+    trace pattern's store) and mode, the slices run, mean JCT, the paired cut, the simulator's cut on the same runs
+    (one fixed engine pace), the p99 ratio and throughput vs stock and the simulator's mean JCT over the measured (the
+    run's pace against the cost model's); then per report ``lenpred whatif``'s error per slice."""
     rows, notes = [], []
     for label, rep in reports.items():
         for pattern, p in rep["patterns"].items():
@@ -68,15 +69,17 @@ def engine_trace_table(reports: dict[str, dict]) -> str:
                 versus = m != "stock" and "jct_cut_vs_stock" in c
                 rows.append([label, str(len(p["draws"])), m, f"{c['mean_jct_s']:.1f}",
                              fmt_ci(c["jct_cut_vs_stock"], pct) if versus else "–",
+                             pct(c["simulated_cut_vs_stock"]) if "simulated_cut_vs_stock" in c else "–",
                              fmt_ci(c["p99_jct_ratio_vs_stock"], lambda x: f"{x:.2f}") if versus else "–",
                              f"{c['throughput_ratio_vs_stock']:.3f}" if versus else "–",
                              "–" if c.get("simulated_over_measured") is None
                              else f"{c['simulated_over_measured']:.2f}"])
-            for mode, rows in whatif_by_mode(p).items():
+            for mode, ws in whatif_by_mode(p).items():
                 notes.append(f"{label}: `lenpred whatif` on each {mode} run's traffic log, error vs the measured cut "
-                             "per slice: " + ", ".join(f"{w['error_pp']:+.1f}" for w in rows) + " points.")
-    table = markdown_table(["trace, load", "slices", "mode", "mean JCT s", "mean-JCT cut vs stock", "p99 JCT / stock",
-                            "tok/s / stock", "simulator / measured"], rows)
+                             "per slice: " + ", ".join(f"{w['error_pp']:+.1f}" for w in ws) + " points.")
+    table = markdown_table(["trace, load", "slices", "mode", "mean JCT s", "mean-JCT cut vs stock",
+                            "simulator's cut (one pace)", "p99 JCT / stock", "tok/s / stock",
+                            "simulator / measured"], rows)
     return "\n".join([table, "", *notes])
 
 
@@ -133,13 +136,17 @@ def pattern_markdown(pattern: str, p: dict) -> list[str]:
                                    f"{w['measured_cut']:+.1%}", f"{w['error_pp']:+.1f}",
                                    f"{w['predicted_p99_ratio']:.2f}", f"{w['measured_p99_ratio']:.2f}"]
                                   for w in p["whatif"]]), ""]
-    if p.get("speed_probe_ms"):
-        draws = sorted({d for x in p["speed_probe_ms"].values() for d in x}, key=int)
-        lines += ["The engine's pace just before each run (speed probe: 4 requests forced to 64 tokens, median ms per "
-                  "token; – : not recorded): runs of one draw at different paces compare the machine as well as the "
-                  "orders.", "", markdown_table(["mode", *[f"draw {d}" for d in draws]],
-                                                [[m, *[f"{x[d]:.1f}" if d in x else "–" for d in draws]]
-                                                 for m, x in p["speed_probe_ms"].items()]), ""]
+    if p.get("pace_ms"):
+        draws = sorted({d for x in p["pace_ms"].values() for d in x}, key=int)
+        ms = lambda x: "–" if x is None else f"{x:.0f}"  # noqa: E731
+        lines += ["The engine's pace per run: median ms per output token after the first (under stock and prompt-length "
+                  "priority nothing is parked, so on one slice this is the engine's speed; under the plug-in it "
+                  "includes parked waits) and, in parentheses, the speed probe just before the run (4 requests forced "
+                  "to 64 tokens; – : not recorded). Runs of one draw at different paces compare the machine as well "
+                  "as the orders.", "", markdown_table(["mode", *[f"draw {d}" for d in draws]],
+                                                       [[m, *[f"{ms(x[d]['tpot_ms'])} ({ms(x[d]['probe_ms'])})"
+                                                              if d in x else "" for d in draws]]
+                                                        for m, x in p["pace_ms"].items()]), ""]
     if p.get("fewer_draws"):
         best_cut = lambda x: fmt_ci(x["best_lenpred_cut"], pct) if "best_lenpred_cut" in x else "–"  # noqa: E731
         best_mode = (p["best_lenpred"] or {}).get("mode", "–")

@@ -149,20 +149,25 @@ def pattern_report(store: dict, pattern: str, num_draws: int, n: int) -> dict | 
     out["jct_pooled"] = {m: pooled(jct[m]) for m in modes}
     best = out["best_lenpred"]["mode"] if out["best_lenpred"] else None
     out["fewer_draws"] = fewer_draws(store, pattern, modes, num_draws, n, best)
-    out["speed_probe_ms"] = speed_probes(store, pattern, num_draws)
+    out["pace_ms"] = speed_probes(store, pattern, num_draws)
     return out
 
 
-def speed_probes(store: dict, pattern: str, num_draws: int) -> dict[str, dict[str, float]]:
-    """Per mode and draw (as strings) that recorded one, the engine's pace just before the run: the speed probe's
-    median time per token, ms (:func:`~lenpred.studies.engine_bench.speed_probe`); runs from before it was recorded
-    are left out."""
-    out: dict[str, dict[str, float]] = {}
+def speed_probes(store: dict, pattern: str, num_draws: int) -> dict[str, dict[str, dict]]:
+    """Per mode and draw (as a string), the engine's pace: ``tpot_ms``, the median over the run's requests of the time
+    per output token after the first (ms; under stock FCFS and prompt-length priority nothing is parked, so on the
+    same slice it is the engine's pace; under the plug-in it includes parked waits), and ``probe_ms``, the speed
+    probe's just before the run (:func:`~lenpred.studies.engine_bench.speed_probe`; ``None`` for runs from before it
+    was recorded)."""
+    out: dict[str, dict[str, dict]] = {}
     for m, ds in mode_draws(store, pattern, QUEUE_MODES, num_draws).items():
         for d in ds:
-            probe = store["runs"][run_key(d, m, pattern)].get("speed_probe") or {}
-            if probe.get("tpot_s") is not None:
-                out.setdefault(m, {})[str(d)] = 1000 * probe["tpot_s"]
+            rec = store["runs"][run_key(d, m, pattern)]
+            tpot = [(r["jct_s"] - r["ttft_s"]) / (r["completion_tokens"] - 1) for r in rec["results"]
+                    if r["outcome"] == "ok" and (r["completion_tokens"] or 0) >= 2]
+            probe = (rec.get("speed_probe") or {}).get("tpot_s")
+            out.setdefault(m, {})[str(d)] = {"tpot_ms": 1000 * float(np.median(tpot)) if tpot else None,
+                                              "probe_ms": None if probe is None else 1000 * probe}
     return out
 
 
@@ -268,7 +273,10 @@ def add_simulated(rep: dict, store: dict, cost_model: str) -> None:
     """Per pattern and mode: the simulator's mean JCT on the same runs and its ratio to the measured one (issue 38's
     validation: within 10 %), on the bare-engine cost model plus the streaming overhead fitted on stock's burst runs
     (:func:`fit_streaming_overhead`); ``offline_over_measured``: the same ratio without it;
-    ``simulated_p99_over_measured``: the mean over draws of the simulated p99 JCT over the measured (the tail)."""
+    ``simulated_p99_over_measured``: the mean over draws of the simulated p99 JCT over the measured (the tail);
+    ``simulated_cut_vs_stock``: the simulator's mean-JCT cut vs stock on the same draws, a yardstick at one fixed
+    engine pace (the measured cut pairs runs whose pace may differ), with ``simulated_cut_vs_stock_per_draw`` and
+    ``simulated_p99_ratio_vs_stock_per_draw`` per draw beside ``measured_cut_vs_stock_per_draw``."""
     from lenpred.serving.cost_model import CostModel
 
     offline = CostModel.load(cost_model)
@@ -278,11 +286,29 @@ def add_simulated(rep: dict, store: dict, cost_model: str) -> None:
     for pattern, p in rep["patterns"].items():
         cells = [(mode, cell, p["draws"]) for mode, cell in p["modes"].items()]
         cells += [(mode, cell, cell["draws"]) for mode, cell in p.get("fewer_draws", {}).items()]
+        memo: dict[tuple[str, str, int], dict] = {}
+
+        def sim_of(name: str, mode: str, d: int) -> dict:
+            if (name, mode, d) not in memo:
+                memo[(name, mode, d)] = simulated_summary(store["runs"][run_key(d, mode, pattern)], rep["regime"],
+                                                          served if name == "served" else offline, seed + d)
+            return memo[(name, mode, d)]
+
         for mode, cell, draws in cells:
             runs = [store["runs"][run_key(d, mode, pattern)] for d in draws]
             real = np.mean([ok_jct(rec).mean() for rec in runs])
-            sim = {name: [simulated_summary(rec, rep["regime"], c, seed + d) for d, rec in zip(draws, runs)]
-                   for name, c in (("served", served), ("offline", offline))}
+            sim = {name: [sim_of(name, mode, d) for d in draws] for name in ("served", "offline")}
+            if mode != "stock" and all(run_key(d, "stock", pattern) in store["runs"] for d in draws):
+                stock = sum(sim_of("served", "stock", d)["mean_jct_s"] for d in draws)
+                cell["simulated_cut_vs_stock"] = float(1 - sum(x["mean_jct_s"] for x in sim["served"]) / stock)
+                cell["simulated_p99_ratio_vs_stock_per_draw"] = [
+                    float(x["p99_jct_s"] / sim_of("served", "stock", d)["p99_jct_s"]) for x, d in zip(sim["served"], draws)]
+                cell["simulated_cut_vs_stock_per_draw"] = [
+                    float(1 - x["mean_jct_s"] / sim_of("served", "stock", d)["mean_jct_s"])
+                    for x, d in zip(sim["served"], draws)]
+                cell["measured_cut_vs_stock_per_draw"] = [
+                    float(1 - ok_jct(rec).mean() / ok_jct(store["runs"][run_key(d, "stock", pattern)]).mean())
+                    for rec, d in zip(runs, draws)]
             mean = {name: np.mean([x["mean_jct_s"] for x in xs]) for name, xs in sim.items()}
             cell["simulated_mean_jct_s"] = float(mean["served"])
             cell["simulated_over_measured"] = float(mean["served"] / real)
