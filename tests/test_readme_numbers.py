@@ -40,6 +40,7 @@ TRACE_11 = "patterns/tracecodex1.1"
 TRACE_ENGINE_09 = "results/scripts/serving/queue_trace_engine/code_x0.9/report.json"
 REPEAT = "results/scripts/serving/queue_trace_engine/code_x1.1_repeat/runs.json"
 RUNS_11 = "results/scripts/serving/queue_trace_engine/code_x1.1/runs.json"
+REPEAT_REPORT = "results/scripts/serving/queue_trace_engine/code_x1.1_repeat/report.json"
 
 
 def PCT(x: float) -> str:  # noqa: N802 - a formatter like the others, named for what it prints
@@ -278,6 +279,22 @@ CHECKS = [
      "took {} s instead of"),
     (RUNS_11, lambda r: [sum(x["jct_s"] for x in r["runs"]["2/stock/tracecodex1.1"]["results"]) / 218], first(f1),
      "instead of {} s"),
+    (REPEAT_REPORT, TRACE_11 + "/modes/plugin/mean_jct_s", f1, "gave the plug-in {} s against"),
+    (REPEAT_REPORT, TRACE_11 + "/modes/stock/mean_jct_s", f1, "against stock's {} s,"),
+    (REPEAT_REPORT, TRACE_11 + "/modes/plugin/jct_cut_vs_stock", pct, "s, {} (+18.9 % before)"),
+    (REPEAT_REPORT, TRACE_11 + "/modes/plugin/jct_cut_vs_stock", pct, "1.19 and 1.18) gave {}", GUIDE),
+    (REPEAT_REPORT, lambda r: [r["patterns"]["tracecodex1.1"]["modes"][m]["simulated_over_measured"]
+                               for m in ("stock", "plugin")], lambda v: f"{v[0]:.2f} and {v[1]:.2f}",
+     "(simulator / measured {}) gave", GUIDE),
+    (REPEAT_REPORT, TRACE_11 + "/modes/plugin_guard/jct_cut_vs_stock", pct, "in the same sitting, {} with p99", GUIDE),
+    (REPEAT_REPORT, TRACE_11 + "/modes/plugin_guard/p99_jct_ratio_vs_stock", first(lambda x: f"{x:.2f}×"),
+     "with p99 {} (the simulator", GUIDE),
+    (REPEAT_REPORT, TRACE_11 + "/modes/plugin_guard/simulated_cut_vs_stock", PCT, "(the simulator {}): at one pace",
+     GUIDE),
+    (REPEAT_REPORT, lambda r: r["patterns"]["tracecodex1.1"]["whatif"][0]["error_pp"], lambda x: f"{x:+.1f}",
+     "`lenpred whatif` on its log {} points off", GUIDE),
+    (REPEAT_REPORT, TRACE_11 + "/modes/plugin/p99_jct_ratio_vs_stock", first(lambda x: f"{x:.2f}×"), "with p99 {} (the simulator", GUIDE),
+    (REPEAT_REPORT, TRACE_11 + "/modes/plugin/simulated_cut_vs_stock", PCT, "(the simulator {}, `lenpred whatif`", GUIDE),
     (TRACE_ENGINE, TRACE_11 + "/modes/plugin/simulated_cut_vs_stock", PCT,
      "equals the simulator's ({})"),
     (TRACE_ENGINE, TRACE_11 + "/modes/plugin_guard/simulated_over_measured", f2, "faster period (simulator / measured {})"),
