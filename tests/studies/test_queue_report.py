@@ -72,7 +72,7 @@ def test_modes_in_fewer_draws_are_paired_on_their_own(report, tmp_path: Path):
 
 
 def test_the_pace_per_run_is_its_median_time_per_token_and_its_speed_probe():
-    from lenpred.studies.queue_report import speed_probes
+    from lenpred.studies.queue_report import run_paces
 
     runs = {"0/stock/burst8": _run("stock", "burst8", [1.0, 2.0, 3.0]) | {"speed_probe": {"tpot_s": 0.05}},
             "1/plugin/burst8": _run("plugin", "burst8", [1.0]),  # recorded before the probe existed
@@ -80,7 +80,7 @@ def test_the_pace_per_run_is_its_median_time_per_token_and_its_speed_probe():
     for r, ttft in zip(runs["0/stock/burst8"]["results"], (0.1, 0.1, 0.1)):  # 10, 20, 30 tokens
         r["ttft_s"] = ttft
     # (1 - 0.1) / 9 = 0.1, (2 - 0.1) / 19 = 0.1, (3 - 0.1) / 29 = 0.1 s; _run's plug-in run: (1 - 0.5) / 9
-    got = speed_probes({"runs": runs}, "burst8", 2)
+    got = run_paces({"runs": runs}, "burst8", 2)
     assert list(got) == ["stock", "plugin"] and got["stock"]["0"]["tpot_ms"] == pytest.approx(100.0)
     assert got["stock"]["0"]["probe_ms"] == pytest.approx(50.0) and got["plugin"]["1"]["probe_ms"] is None
     assert got["plugin"]["1"]["tpot_ms"] == pytest.approx(1000 * 0.5 / 9)

@@ -158,13 +158,18 @@ def speed_probe(url: str, rows: list[dict], messages: dict, tag: str) -> dict:
     return probe_summary(run_replay(url, reqs, MODEL_NAME, ignore_eos=True))
 
 
-def probe_summary(results: list[dict]) -> dict:
-    """``{"tpot_s", "requests", "tokens"}``: the median over the probe's finished requests of the time per output
-    token after the first, ``(jct − ttft) / (tokens − 1)`` in seconds (``None`` when none finished with 2+ tokens),
-    and how many requests and tokens the probe asked for."""
+def median_tpot_s(results: list[dict]) -> float | None:
+    """The median over ``results``' finished requests of the time per output token after the first,
+    ``(jct − ttft) / (tokens − 1)``, in seconds; ``None`` when none finished with 2+ tokens."""
     tpot = [(r["jct_s"] - r["ttft_s"]) / (r["completion_tokens"] - 1) for r in results
             if r["outcome"] == "ok" and (r["completion_tokens"] or 0) >= 2]
-    return {"tpot_s": float(np.median(tpot)) if tpot else None, "requests": PROBE_REQUESTS, "tokens": PROBE_TOKENS}
+    return float(np.median(tpot)) if tpot else None
+
+
+def probe_summary(results: list[dict]) -> dict:
+    """``{"tpot_s", "requests", "tokens"}``: the probe's :func:`median_tpot_s` and how many requests and tokens it
+    asked for."""
+    return {"tpot_s": median_tpot_s(results), "requests": PROBE_REQUESTS, "tokens": PROBE_TOKENS}
 
 
 # ---------------------------------------------------------------------------------------------------- servers

@@ -149,25 +149,25 @@ def pattern_report(store: dict, pattern: str, num_draws: int, n: int) -> dict | 
     out["jct_pooled"] = {m: pooled(jct[m]) for m in modes}
     best = out["best_lenpred"]["mode"] if out["best_lenpred"] else None
     out["fewer_draws"] = fewer_draws(store, pattern, modes, num_draws, n, best)
-    out["pace_ms"] = speed_probes(store, pattern, num_draws)
+    out["pace_ms"] = run_paces(store, pattern, num_draws)
     return out
 
 
-def speed_probes(store: dict, pattern: str, num_draws: int) -> dict[str, dict[str, dict]]:
-    """Per mode and draw (as a string), the engine's pace: ``tpot_ms``, the median over the run's requests of the time
-    per output token after the first (ms; under stock FCFS and prompt-length priority nothing is parked, so on the
-    same slice it is the engine's pace; under the plug-in it includes parked waits), and ``probe_ms``, the speed
-    probe's just before the run (:func:`~lenpred.studies.engine_bench.speed_probe`; ``None`` for runs from before it
-    was recorded)."""
+def run_paces(store: dict, pattern: str, num_draws: int) -> dict[str, dict[str, dict]]:
+    """Per mode and draw (as a string), the engine's pace: ``tpot_ms``, the run's
+    :func:`~lenpred.studies.engine_bench.median_tpot_s` in ms (under stock FCFS and prompt-length priority nothing is
+    parked, so on the same slice it is the engine's pace; under the plug-in it includes parked waits), and
+    ``probe_ms``, the speed probe's just before the run (:func:`~lenpred.studies.engine_bench.speed_probe`; ``None``
+    for runs from before it was recorded)."""
+    from lenpred.studies.engine_bench import median_tpot_s
+
+    ms = lambda s: None if s is None else 1000 * s  # noqa: E731
     out: dict[str, dict[str, dict]] = {}
     for m, ds in mode_draws(store, pattern, QUEUE_MODES, num_draws).items():
         for d in ds:
             rec = store["runs"][run_key(d, m, pattern)]
-            tpot = [(r["jct_s"] - r["ttft_s"]) / (r["completion_tokens"] - 1) for r in rec["results"]
-                    if r["outcome"] == "ok" and (r["completion_tokens"] or 0) >= 2]
-            probe = (rec.get("speed_probe") or {}).get("tpot_s")
-            out.setdefault(m, {})[str(d)] = {"tpot_ms": 1000 * float(np.median(tpot)) if tpot else None,
-                                              "probe_ms": None if probe is None else 1000 * probe}
+            out.setdefault(m, {})[str(d)] = {"tpot_ms": ms(median_tpot_s(rec["results"])),
+                                              "probe_ms": ms((rec.get("speed_probe") or {}).get("tpot_s"))}
     return out
 
 
@@ -209,12 +209,12 @@ def simulated_mean_jct(rec: dict, regime_: dict, cost, seed: int) -> float:
 
 
 def simulated_summary(rec: dict, regime_: dict, cost, seed: int) -> dict:
-    """The simulator's latency summary (:func:`lenpred.serving.metrics.summarize`'s keys, s) of one run's requests: the same arrivals (planned times; the pattern's seed), the
-    output and prompt tokens the engine reported, the mode's mechanism (stock FCFS; the priority queue by the
-    priority sent, behind :class:`~lenpred.serving.simulator.PredictionCost` for the proxy; parked decoding with the
-    plug-in's settings, its starvation guard included, and the engine's own predictions from its log), the same D
-    and KV cache in 128-token blocks.
-    PLP's refreshed estimates are not modelled (``plugin_plp`` is simulated on its static predictions)."""
+    """The simulator's latency summary (:func:`lenpred.serving.metrics.summarize`'s keys, s) of one run's requests:
+    the same arrivals (planned times; the pattern's seed), the output and prompt tokens the engine reported, the
+    mode's mechanism (stock FCFS; the priority queue by the priority sent, behind
+    :class:`~lenpred.serving.simulator.PredictionCost` for the proxy; parked decoding with the plug-in's settings, its
+    starvation guard included, and the engine's own predictions from its log), the same D and KV cache in 128-token
+    blocks. PLP's refreshed estimates are not modelled (``plugin_plp`` is simulated on its static predictions)."""
     from lenpred.serving.policies import make_policy
     from lenpred.serving.simulator import PredictionCost, SimConfig, simulate
     from lenpred.studies.workload import WorkloadRequest
@@ -295,26 +295,26 @@ def add_simulated(rep: dict, store: dict, cost_model: str) -> None:
             return memo[(name, mode, d)]
 
         for mode, cell, draws in cells:
-            runs = [store["runs"][run_key(d, mode, pattern)] for d in draws]
-            real = np.mean([ok_jct(rec).mean() for rec in runs])
+            jct = [ok_jct(store["runs"][run_key(d, mode, pattern)]) for d in draws]
             sim = {name: [sim_of(name, mode, d) for d in draws] for name in ("served", "offline")}
-            if mode != "stock" and all(run_key(d, "stock", pattern) in store["runs"] for d in draws):
-                stock = sum(sim_of("served", "stock", d)["mean_jct_s"] for d in draws)
-                cell["simulated_cut_vs_stock"] = float(1 - sum(x["mean_jct_s"] for x in sim["served"]) / stock)
-                cell["simulated_p99_ratio_vs_stock_per_draw"] = [
-                    float(x["p99_jct_s"] / sim_of("served", "stock", d)["p99_jct_s"]) for x, d in zip(sim["served"], draws)]
-                cell["simulated_cut_vs_stock_per_draw"] = [
-                    float(1 - x["mean_jct_s"] / sim_of("served", "stock", d)["mean_jct_s"])
-                    for x, d in zip(sim["served"], draws)]
-                cell["measured_cut_vs_stock_per_draw"] = [
-                    float(1 - ok_jct(rec).mean() / ok_jct(store["runs"][run_key(d, "stock", pattern)]).mean())
-                    for rec, d in zip(runs, draws)]
             mean = {name: np.mean([x["mean_jct_s"] for x in xs]) for name, xs in sim.items()}
+            real = np.mean([x.mean() for x in jct])
             cell["simulated_mean_jct_s"] = float(mean["served"])
             cell["simulated_over_measured"] = float(mean["served"] / real)
             cell["offline_over_measured"] = float(mean["offline"] / real)
-            cell["simulated_p99_over_measured"] = float(np.mean([x["p99_jct_s"] / np.percentile(ok_jct(rec), 99)
-                                                                 for x, rec in zip(sim["served"], runs)]))
+            cell["simulated_p99_over_measured"] = float(np.mean([x["p99_jct_s"] / np.percentile(j, 99)
+                                                                 for x, j in zip(sim["served"], jct)]))
+            if mode == "stock" or not all(run_key(d, "stock", pattern) in store["runs"] for d in draws):
+                continue
+            stock = [sim_of("served", "stock", d) for d in draws]
+            stock_jct = [ok_jct(store["runs"][run_key(d, "stock", pattern)]) for d in draws]
+            cell["simulated_cut_vs_stock"] = float(1 - sum(x["mean_jct_s"] for x in sim["served"])
+                                                   / sum(x["mean_jct_s"] for x in stock))
+            cell["simulated_cut_vs_stock_per_draw"] = [float(1 - x["mean_jct_s"] / y["mean_jct_s"])
+                                                       for x, y in zip(sim["served"], stock)]
+            cell["simulated_p99_ratio_vs_stock_per_draw"] = [float(x["p99_jct_s"] / y["p99_jct_s"])
+                                                             for x, y in zip(sim["served"], stock)]
+            cell["measured_cut_vs_stock_per_draw"] = [float(1 - x.mean() / y.mean()) for x, y in zip(jct, stock_jct)]
     rep["simulator_cost_model"] = cost_model
     rep["simulator_streaming_overhead"] = fit
 
@@ -350,13 +350,12 @@ def add_whatif(rep: dict, store: dict, out: Path, cost_model: str, n_resamples: 
             w = run_whatif(WhatifConfig(traffic=log, cost_model=cost_model, decode_slots=(D,),
                                         aging_tokens_per_s=aging, out=str(out / "whatif" / f"{d}-{mode}-{pattern}"),
                                         bootstrap_resamples=n_resamples))["results"][str(D)]["lenpred"]
-            jct = {"stock": ok_jct(stock), mode: ok_jct(rec)}
-            measured = 1 - jct[mode].mean() / jct["stock"].mean()
+            ours, theirs = ok_jct(rec), ok_jct(stock)
+            measured = 1 - ours.mean() / theirs.mean()
             rows.append({"draw": d, "mode": mode, "traffic_log": log, "predicted_cut": w["jct_cut_vs_stock"][0],
                          "measured_cut": float(measured), "error_pp": 100 * (w["jct_cut_vs_stock"][0] - measured),
                          "predicted_p99_ratio": w["p99_ratio_vs_stock"][0],
-                         "measured_p99_ratio": float(np.percentile(jct[mode], 99)
-                                                     / np.percentile(jct["stock"], 99))})
+                         "measured_p99_ratio": float(np.percentile(ours, 99) / np.percentile(theirs, 99))})
         if rows:
             p["whatif"] = rows
 
