@@ -44,6 +44,8 @@ def parse_args() -> tuple[QueueBenchConfig, argparse.Namespace]:
                          "trace stretched to load × the capacity)")
     ap.add_argument("--modes", default=d.modes, help=f"any of {', '.join(QUEUE_MODES)}")
     ap.add_argument("--draws", type=int, default=d.draws)
+    ap.add_argument("--only-draws", default=d.only_draws,
+                    help="comma-separated draws to run now (one slice's modes in one sitting); default: every draw")
     ap.add_argument("--seed", type=int, default=d.seed, help="draw d uses seed + d (requests and arrivals)")
     ap.add_argument("--window-s", type=float, default=d.window_s, help="arrival window of the gamma patterns, s")
     ap.add_argument("--max-tokens", type=int, default=d.max_tokens,

@@ -81,3 +81,30 @@ def test_the_simulator_study_refuses_bad_settings_before_it_runs(tmp_path, monke
         monkeypatch.setenv("LENPRED_TRACE_DIR", str(tmp_path))  # an empty directory: the trace fails at once
         with pytest.raises(LenpredError, match=msg):
             QueueSimConfig(**bad)
+
+
+def test_only_draws_runs_one_slice_and_leaves_the_rest(tmp_path):
+    from contextlib import nullcontext
+
+    from lenpred.studies.engine_bench import run_grid
+
+    assert QueueBenchConfig(draws=5, only_draws="4,2").draw_list() == [4, 2]
+    assert QueueBenchConfig(draws=5).draw_list() is None
+    with pytest.raises(LenpredError, match=r"--only-draws \[5\] outside 0..4"):
+        QueueBenchConfig(draws=5, only_draws="5")
+    with pytest.raises(LenpredError, match="comma-separated draw numbers"):
+        QueueBenchConfig(only_draws="last")
+
+    class Spec:  # a server group that starts nothing
+        url = "http://127.0.0.1:0"
+
+        def start(self):
+            return nullcontext()
+
+    store, ran = {"runs": {"0/a/p": {}}}, []
+    run_grid(store, tmp_path / "runs.json", 3, ["a", "b"], ["a", "b"], ["p"], lambda d, m: Spec(),
+             lambda d, m, url: None, lambda d, m, p, url: ran.append((d, m)) or {}, lambda rec: "",
+             only_draws=[2, 0])
+    # draw 1 left for later, draw 0's stored run not redone, draw 2's modes in all_modes rotated by 2 (a, b)
+    assert ran == [(0, "b"), (2, "a"), (2, "b")]
+    assert sorted(store["runs"]) == ["0/a/p", "0/b/p", "2/a/p", "2/b/p"]

@@ -17,7 +17,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Collection, Sequence
 
 import numpy as np
 
@@ -379,8 +379,10 @@ def rotated(items, k: int) -> list:
 
 def run_grid(store: dict, path: Path, num_draws: int, all_modes, modes, patterns,
              servers_for: Callable[[int, str], Servers], warm: Callable[[int, str, str], None],
-             run_one: Callable[[int, str, str, str], dict], line: Callable[[dict], str]) -> None:
-    """Every ``(draw, mode, pattern)`` not yet in ``store["runs"]``: per draw the modes in ``all_modes``'s order
+             run_one: Callable[[int, str, str, str], dict], line: Callable[[dict], str],
+             only_draws: Collection[int] | None = None) -> None:
+    """Every ``(draw, mode, pattern)`` not yet in ``store["runs"]`` (of the draws in ``only_draws`` only, when given:
+    one slice's modes run back to back in one sitting, the rest resume later): per draw the modes in ``all_modes``'s order
     rotated by the draw (those in ``modes`` only), one server group per mode and draw with every pattern on it (in
     an order rotated by the draw), ``warm(draw, mode, url)`` first; ``run_one(draw, mode, pattern, url)`` gives
     the record, stored at once (``path`` written atomically) and announced with a ``[done/total]`` line."""
@@ -388,6 +390,8 @@ def run_grid(store: dict, path: Path, num_draws: int, all_modes, modes, patterns
 
     grid = [run_key(d, m, p) for d in range(num_draws) for m in modes for p in patterns]
     for d in range(num_draws):
+        if only_draws is not None and d not in only_draws:
+            continue
         for mode in [m for m in rotated(all_modes, d) if m in modes]:
             todo = [p for p in rotated(patterns, d) if run_key(d, mode, p) not in store["runs"]]
             if not todo:

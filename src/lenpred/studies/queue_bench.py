@@ -86,7 +86,7 @@ from lenpred.studies.queue_regime import (QUEUE_MODES, fcfs_capacity, kv_bytes_p
                                           parse_modes, parse_patterns, plugin_max_num_seqs, plugin_settings)
 from lenpred.studies.resume import load_resumable
 
-RESUME_IGNORES = ("draws", "modes", "patterns", "out", "bootstrap_resamples", "report_only", "plan",
+RESUME_IGNORES = ("draws", "only_draws", "modes", "patterns", "out", "bootstrap_resamples", "report_only", "plan",
                   "sim_cost_model", "cost_model", "capacity_req_s")
 """Settings a finished run does not depend on (runs are keyed ``<draw>/<mode>/<pattern>``; ``report_only`` and
 ``plan`` are kept for stores written when they were settings)."""
@@ -105,6 +105,8 @@ class QueueBenchConfig:
             ``trace<name>x<load>`` (:func:`lenpred.studies.queue_regime.parse_pattern`).
         modes: comma-separated modes of :data:`lenpred.studies.queue_regime.QUEUE_MODES` (default: all).
         draws: workload draws; draw d uses ``seed + d`` for its requests and arrivals.
+        only_draws: comma-separated draws (each < ``draws``) to run now, the others left for later: one slice's modes
+            back to back in one sitting, since the engine's pace drifts between sittings. ``""``: every draw.
         seed: the first draw's seed.
         window_s: arrival window of the gamma patterns, s.
         max_tokens: clip every recorded cap to this many tokens (a labelled diagnostic); ``None``: none.
@@ -128,6 +130,7 @@ class QueueBenchConfig:
     patterns: str = "burst8,gamma1x1.1"
     modes: str = ",".join(QUEUE_MODES)
     draws: int = 5
+    only_draws: str = ""
     seed: int = 100
     window_s: float = 600.0
     max_tokens: int | None = None
@@ -149,6 +152,23 @@ class QueueBenchConfig:
                      (self.run_timeout_s <= 0, "--run-timeout-s must be > 0"),
                      (self.capacity_req_s is not None and self.capacity_req_s <= 0, "--capacity-req-s must be > 0"),
                      (self.max_tokens is not None and self.max_tokens < 1, "--max-tokens must be >= 1")])
+        self.draw_list()
+
+    def draw_list(self) -> list[int] | None:
+        """The draws of ``only_draws`` (``None``: every draw).
+
+        Raises:
+            LenpredError: not comma-separated integers, or a draw outside ``0 .. draws - 1``.
+        """
+        if not self.only_draws.strip():
+            return None
+        try:
+            draws = [int(d) for d in self.only_draws.split(",")]
+        except ValueError:
+            raise LenpredError(f"--only-draws must be comma-separated draw numbers, got {self.only_draws!r}") from None
+        bad = [d for d in draws if not 0 <= d < self.draws]
+        raise_first([(bool(bad), f"--only-draws {bad} outside 0..{self.draws - 1}: raise --draws to include them")])
+        return draws
 
 
 # ---------------------------------------------------------------------------------------------------- the regime
@@ -362,7 +382,7 @@ def run(cfg: QueueBenchConfig) -> dict:
 
     with cpu_lock():
         run_grid(store, out / "runs.json", cfg.draws, QUEUE_MODES, parse_modes(cfg.modes), patterns, servers_for,
-                 warm, run_one, progress)
+                 warm, run_one, progress, cfg.draw_list())
     return store
 
 
@@ -377,8 +397,9 @@ def plan_text(cfg: QueueBenchConfig) -> str:
         rate = p.rate_req_s(cap)
         lines.append(f"{p.name}: N = {p.num_requests(cfg.decode_bound, cap, cfg.window_s)} per draw"
                      + ("" if rate is None else f", {rate:.4f} req/s over {cfg.window_s:g} s"))
-    runs = cfg.draws * len(parse_modes(cfg.modes)) * len(parse_patterns(cfg.patterns))
-    lines.append(f"{runs} runs ({cfg.draws} draws) into {cfg.out}/runs.json")
+    draws = cfg.draw_list() or list(range(cfg.draws))
+    runs = len(draws) * len(parse_modes(cfg.modes)) * len(parse_patterns(cfg.patterns))
+    lines.append(f"{runs} runs (draws {', '.join(map(str, draws))}) into {cfg.out}/runs.json")
     return "\n".join(lines)
 
 
