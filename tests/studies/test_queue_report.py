@@ -247,3 +247,21 @@ def test_stock_capacity_is_requests_over_the_bursts_makespan():
     store = {"runs": {"0/stock/burst8": {"results": [{"finish_s": 10.0}, {"finish_s": 40.0}]},
                       "1/stock/burst8": {"results": [{"finish_s": 5.0}, {"finish_s": 20.0}, {"finish_s": 30.0}]}}}
     assert stock_capacity(store, "burst8", [0, 1]) == [2 / 40.0, 3 / 30.0]
+
+
+def test_the_simulated_p99_ratio_pools_the_draws_requests(report):
+    import numpy as np
+
+    from lenpred.serving.cost_model import CostModel
+    from lenpred.studies.queue_report import simulated_run
+
+    cost = CostModel.load(ROOT / report["simulator_cost_model"]).with_streaming_overhead(
+        report["simulator_streaming_overhead"]["s_per_token"])
+    jct = {m: [t.jct_s for d, js in enumerate(([10.0, 20.0, 30.0], [10.0, 10.0, 10.0]) if m == "stock" else
+                                                ([5.0, 10.0, 15.0], [10.0, 10.0, 10.0]))
+               for t in simulated_run(_run(m, "burst4", js), report["regime"], cost, seed=100 + d)[1]]
+           for m in ("stock", "plugin")}
+    assert len(jct["stock"]) == 6  # three requests in each of the two draws
+    cell = report["patterns"]["burst4"]["modes"]["plugin"]
+    assert cell["simulated_p99_ratio_vs_stock"] == pytest.approx(
+        np.percentile(jct["plugin"], 99) / np.percentile(jct["stock"], 99))

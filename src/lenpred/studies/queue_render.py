@@ -59,17 +59,20 @@ def whatif_by_mode(p: dict) -> dict[str, list[dict]]:
 
 def engine_trace_table(reports: dict[str, dict]) -> str:
     """The engine's trace runs in one table (the guide's headline): per report (``{label: report.json}``, each one
-    trace pattern's store) and mode, the slices run, mean JCT, the paired cut, the simulator's cut on the same runs
-    (one fixed engine pace), the p99 ratio and throughput vs stock and the simulator's mean JCT over the measured (the
+    trace pattern's store) and mode (those run on fewer slices than stock too, paired on their own), the slices run,
+    mean JCT, the paired cut, the simulator's cut and p99 ratio on the same runs (one fixed engine pace), the p99 ratio and throughput vs stock and the simulator's mean JCT over the measured (the
     run's pace against the cost model's); then per report ``lenpred whatif``'s error per slice."""
     rows, notes = [], []
     for label, rep in reports.items():
         for pattern, p in rep["patterns"].items():
-            for m, c in p["modes"].items():
+            cells = [(m, c, p["draws"]) for m, c in p["modes"].items()]
+            cells += [(m, c, c["draws"]) for m, c in p.get("fewer_draws", {}).items()]
+            for m, c, draws in cells:
                 versus = m != "stock" and "jct_cut_vs_stock" in c
-                rows.append([label, str(len(p["draws"])), m, f"{c['mean_jct_s']:.1f}",
+                rows.append([label, str(len(draws)), m, f"{c['mean_jct_s']:.1f}",
                              fmt_ci(c["jct_cut_vs_stock"], pct) if versus else "–",
-                             pct(c["simulated_cut_vs_stock"]) if "simulated_cut_vs_stock" in c else "–",
+                             f"{pct(c['simulated_cut_vs_stock'])} ({c['simulated_p99_ratio_vs_stock']:.2f})"
+                             if "simulated_cut_vs_stock" in c else "–",
                              fmt_ci(c["p99_jct_ratio_vs_stock"], lambda x: f"{x:.2f}") if versus else "–",
                              f"{c['throughput_ratio_vs_stock']:.3f}" if versus else "–",
                              "–" if c.get("simulated_over_measured") is None
@@ -78,7 +81,7 @@ def engine_trace_table(reports: dict[str, dict]) -> str:
                 notes.append(f"{label}: `lenpred whatif` on each {mode} run's traffic log, error vs the measured cut "
                              "per slice: " + ", ".join(f"{w['error_pp']:+.1f}" for w in ws) + " points.")
     table = markdown_table(["trace, load", "slices", "mode", "mean JCT s", "mean-JCT cut vs stock",
-                            "simulator's cut (one pace)", "p99 JCT / stock", "tok/s / stock",
+                            "simulator at one pace: cut (p99 / stock)", "p99 JCT / stock", "tok/s / stock",
                             "simulator / measured"], rows)
     return "\n".join([table, "", *notes])
 
