@@ -73,6 +73,9 @@ def parse_config() -> QueueSimConfig:
     ap.add_argument("--out", default=d.out, help="output path prefix")
     ap.add_argument("--traces", default="", help="public traces to replay at the sustained loads: code, conv")
     ap.add_argument("--free-policies", default="", help="further policies on the plug-in, e.g. hrrn,boost,las")
+    ap.add_argument("--boost-gammas", default="",
+                    help="γ per second of further boost_predicted plug-in modes (its mean-vs-tail frontier), e.g. "
+                         "0.002,0.01,0.05")
     ap.add_argument("--only", default="", help="keep modes whose names start with these (comma-separated)")
     args = vars(ap.parse_args())
     for key in ("traces", "free_policies", "only"):
@@ -80,8 +83,10 @@ def parse_config() -> QueueSimConfig:
     try:
         args["aging"] = tuple(float(x) for x in args["aging"].split(",") if x.strip())
         args["window_factors"] = tuple(float(x) for x in args["window_factors"].split(","))
+        args["boost_gammas"] = tuple(float(x) for x in args["boost_gammas"].split(",") if x.strip())
     except ValueError as exc:
-        raise LenpredError(f"--aging and --window-factors take comma-separated numbers, e.g. 1,4,16: {exc}") from None
+        raise LenpredError(f"--aging, --window-factors and --boost-gammas take comma-separated numbers, e.g. 1,4,16: "
+                           f"{exc}") from None
     return QueueSimConfig(**args)
 
 

@@ -38,6 +38,32 @@ def test_mode_names():
     assert names[:6] == ["stock", "priority:prompt_len", "priority:oracle", "priority:prompt_oracle", "priority:last",
                          "priority:proxy"]
     assert "plugin:sjf:Wall" in names and names[-1] == "plugin:srpt:W16:prompt_len@4"
+    gammas = modes(16, (16, 32), gammas=(0.01, 0.5), only=("plugin:boost",))
+    assert gammas[4:] == ["plugin:boost_predicted:W16:prompt_len:g0.01", "plugin:boost_predicted:W16:prompt_len:g0.5"]
+    with pytest.raises(LenpredError, match="boost gammas must be > 0"):
+        QueueSimConfig(boost_gammas=(0.0,))
+
+
+def test_boost_on_the_prediction_runs_from_shortest_first_to_fcfs_as_gamma_grows():
+    from lenpred.serving.cost_model import CostModel
+    from lenpred.serving.simulator import SimConfig
+    from lenpred.studies.queue_sim import run_mode
+    from lenpred.studies.workload import WorkloadRequest
+
+    # one decode slot, non-preemptive: request 0 (40 tokens) starts at once; 1 (200 tokens) and then 2 (10) arrive
+    # while it decodes and wait parked
+    reqs = [WorkloadRequest(i, [], n, 256, "rl", f"p{i}", {"last": float(n)}, num_prompt_tokens=20,
+                            arrival_time_s=t) for i, (n, t) in enumerate(((40, 0.0), (200, 0.01), (10, 0.02)))]
+    cost = CostModel.load(ROOT / "results/scripts/serving/cost_vllm_1core_sampled.json")
+    base = SimConfig(max_num_seqs=1, arrival="given")
+
+    def finish_order(mode):
+        return [t.request_id for t in sorted(run_mode(mode, reqs, cost, base, None), key=lambda t: t.finish_time_s)]
+
+    # γ large: every boost ~ 0, the boosted arrival is the arrival (FCFS); γ small: b_γ(w) ~ ln(1/(γw))/γ orders by w
+    assert finish_order("plugin:boost_predicted:W2:prompt_len:g1000") == finish_order("plugin:fcfs:W2:prompt_len")
+    assert finish_order("plugin:boost_predicted:W2:prompt_len:g1000") == [0, 1, 2]
+    assert finish_order("plugin:boost_predicted:W2:prompt_len:g1e-6") == [0, 2, 1]
 
 
 def test_each_plugin_server_logs_its_traffic_to_its_own_directory(tmp_path):

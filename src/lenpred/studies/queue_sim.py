@@ -14,7 +14,8 @@ Modes (:func:`modes`):
   requests parked (``Wall``: no window), ranked by the shipped head (``sjf`` or ``srpt`` with 16 tokens of
   hysteresis) or by a prediction-free policy (``free_policies``: ``hrrn``, ``boost``, ``las``; and ``boost_predicted``
   on the head's prediction); ``prompt_len``: waiting requests prefilled shortest prompt first; ``@<k>``: its
-  delay-dependent priority.
+  delay-dependent priority; ``:g<γ>``: γ-Boost's γ per second (``boost_gammas``: ``boost_predicted``'s mean-vs-tail
+  frontier, from SJF-like at small γ to FCFS at large γ).
 
 Patterns: bursts of ``k·D``, sustained Gamma arrivals and, with ``traces``, slices of a public arrival trace
 (:mod:`lenpred.serving.traces`) stretched to 0.9x / 1.1x the capacity (draw d: the slice at a ``seed + d``-drawn
@@ -67,6 +68,8 @@ class QueueSimConfig:
         out: output path prefix (``.json``, ``.md``, ``_map.png``, ``_aging.png``).
         traces: public traces to replay (:data:`lenpred.serving.traces.TRACES`) at the sustained loads; ``()``: none.
         free_policies: further registered policies run as plug-in modes (``plugin:<policy>:W<D>:prompt_len``).
+        boost_gammas: γ per second (> 0) of further ``boost_predicted`` plug-in modes
+            (``plugin:boost_predicted:W<D>:prompt_len:g<γ>``): the boost policy's frontier (``()``: none).
         only: keep the modes whose names start with one of these (``()``: every mode; stock, ``priority:prompt_len``
             and both oracles are always kept, the comparisons need them).
 
@@ -89,6 +92,7 @@ class QueueSimConfig:
     out: str = "results/scripts/serving/queue_simulation"
     traces: tuple[str, ...] = ()
     free_policies: tuple[str, ...] = ()
+    boost_gammas: tuple[float, ...] = ()
     only: tuple[str, ...] = ()
 
     def __post_init__(self):
@@ -112,16 +116,19 @@ class QueueSimConfig:
             raise LenpredError(f"--decode-bounds takes integers >= 1, e.g. 16,32; got '{self.decode_bounds}'")
         for trace in self.traces:  # fail now, not after the other patterns ran
             load_trace(trace)
+        self.boost_gammas = tuple(dict.fromkeys(float(g) for g in self.boost_gammas))
         bad_overhead = self.streaming_overhead_ms is not None and not 0 <= self.streaming_overhead_ms < 1e3
         raise_first([(self.draws < 1, "draws must be >= 1"), (not self.window_factors or min(self.window_factors) <= 0,
                                                               "window factors must be > 0"),
+                     (any(not g > 0 for g in self.boost_gammas), "boost gammas must be > 0 (per second)"),
                      (bad_overhead,
                       f"the streaming overhead must be in [0, 1000) ms, got {self.streaming_overhead_ms}")])
 
 
 def run_parked(requests: list, cost, sim_cfg, *, policy: str, predictor: str | None, decode_slots: int,
                max_idle_s: float | None, prefill_ahead: int | None, switch_margin_tokens: float = 16.0,
-               admit_by: str = "arrival", aging_tokens_per_s: float = 0.0, remaining=None):
+               admit_by: str = "arrival", aging_tokens_per_s: float = 0.0, remaining=None,
+               policy_options: dict | None = None):
     """:func:`lenpred.serving.simulator.simulate_parked` of ``requests`` under the parked decoder's settings
     (:class:`~lenpred.serving.parked.SchedulerConfig`'s fields, each named), ranked by ``predictor``; returns its
     ``(summary, timings)``. The one call site of the parked settings in the studies."""
@@ -130,7 +137,7 @@ def run_parked(requests: list, cost, sim_cfg, *, policy: str, predictor: str | N
 
     parked = SchedulerConfig(policy=policy, decode_slots=decode_slots, max_idle_s=max_idle_s,
                              switch_margin_tokens=switch_margin_tokens, prefill_ahead=prefill_ahead, admit_by=admit_by,
-                             aging_tokens_per_s=aging_tokens_per_s)
+                             aging_tokens_per_s=aging_tokens_per_s, policy_options=policy_options or {})
     return simulate_parked(requests, parked, cost, sim_cfg, predictor, remaining)
 
 
@@ -163,15 +170,17 @@ REQUIRED = ("stock", "priority:prompt_len", "priority:oracle", "priority:prompt_
 
 
 def modes(D: int, windows: tuple[int, ...], aging: tuple[float, ...] = (), free: tuple[str, ...] = (),
-          only: tuple[str, ...] = ()) -> list[str]:
+          only: tuple[str, ...] = (), gammas: tuple[float, ...] = ()) -> list[str]:
     """Mode names (module docstring); ``aging``: the guard's rates, tokens per second waited; ``free``: further
-    policies on the plug-in; ``only``: name prefixes to keep (:data:`REQUIRED` always)."""
+    policies on the plug-in; ``only``: name prefixes to keep (:data:`REQUIRED` always); ``gammas``: γ-Boost's γ
+    (per second) of further ``boost_predicted`` modes."""
     names = (["stock"] + [f"priority:{s}" for s in PRIORITY]
              + [f"plugin:{p}:W{w}" for p in ("sjf", "srpt") for w in windows] + ["plugin:sjf:Wall"]
              + [f"plugin:{p}:W{w}:prompt_len" for p in ("sjf", "srpt") for w in windows[:2]]
              + [f"plugin:{p}:W{windows[0]}:prompt_len" for p in free]
              + [f"priority:{s}@{k:g}" for s in AGED for k in aging]
-             + [f"plugin:srpt:W{windows[0]}:prompt_len@{k:g}" for k in aging])
+             + [f"plugin:srpt:W{windows[0]}:prompt_len@{k:g}" for k in aging]
+             + [f"plugin:boost_predicted:W{windows[0]}:prompt_len:g{g:g}" for g in gammas])
     return [m for m in names if not only or m in REQUIRED or m.startswith(only)]
 
 
@@ -189,12 +198,14 @@ def run_mode(mode: str, reqs: list, cost, base, max_idle_s: float | None) -> lis
         return simulate(reqs, make_policy(f"sjf:{signal}", aging_tokens_per_s=float(aging or 0)), cost, base,
                         PredictionCost() if rest == "proxy" else None)[1]
     rest, _, aging = rest.partition("@")
-    policy, window, admit_by = (rest.split(":") + ["arrival"])[:3]
+    policy, window, *more = rest.split(":")
+    admit_by, gamma = (more + ["arrival", ""][len(more):])[:2]
     W = 100_000 if window == "Wall" else int(window[1:])
     cfg = dataclasses.replace(base, max_num_seqs=base.max_num_seqs + W)
     return run_parked(reqs, cost, cfg, policy=policy, predictor="last", decode_slots=base.max_num_seqs,
                       max_idle_s=max_idle_s, prefill_ahead=W, admit_by=admit_by,
-                      aging_tokens_per_s=float(aging or 0))[1]
+                      aging_tokens_per_s=float(aging or 0),
+                      policy_options={"gamma_per_s": float(gamma[1:])} if gamma else None)[1]
 
 
 def capacity(table, cost, D: int, kv: int, seed: int) -> float:
@@ -259,7 +270,7 @@ def study(cfg: QueueSimConfig, table, cost, oracle_p: np.ndarray, D: int) -> dic
     out = {"D": D, "kv_cache_tokens": kv, "capacity_req_s": cap, "patterns": {}}
     design = f"plugin:srpt:W{windows[0]}:prompt_len"  # the plug-in's defaults when the first window is D
     for name, (n, arrival, rate, cv) in patterns(D, cap, cfg.window_s, cfg.traces).items():
-        names = [m for m in modes(D, windows, cfg.aging, cfg.free_policies, cfg.only)
+        names = [m for m in modes(D, windows, cfg.aging, cfg.free_policies, cfg.only, cfg.boost_gammas)
                  if arrival != "all" or "@" not in m]
         jct: dict[str, list[np.ndarray]] = {m: [] for m in names}
         for d in range(cfg.draws):

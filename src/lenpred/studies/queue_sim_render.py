@@ -21,7 +21,9 @@ def markdown(rep: dict) -> str:
              f"Cost model `{rep['settings']['cost_model']}` (prefill x{rep['settings']['prefill_scale']}) plus "
              f"{rep['settings']['streaming_overhead_ms']:.2f} ms per streamed token, starvation guard rates "
              f"{', '.join(f'{k:g}' for k in rep['settings']['aging']) or 'none'} tokens/s (`@k` rows), "
-             f"{rep['settings']['draws']} draws, the plug-in's max_idle_s {rep['settings']['max_idle_s']}. "
+             + (f"γ-Boost on the predicted length at γ {', '.join(f'{g:g}' for g in rep['settings']['boost_gammas'])}"
+                "/s (`:g<γ>` rows), " if rep["settings"].get("boost_gammas") else "")
+             + f"{rep['settings']['draws']} draws, the plug-in's max_idle_s {rep['settings']['max_idle_s']}. "
              "Cut = 1 − mean JCT / stock's; intervals 95 %, paired, requests clustered by draw.", ""]
     for study_ in rep["studies"]:
         lines += [f"## D = {study_['D']} (KV cache {study_['kv_cache_tokens']} tokens, stock capacity "
@@ -70,8 +72,9 @@ def plot_map(rep: dict, path: Path) -> None:
 
 def plot_aging(rep: dict, path: Path) -> None:
     """The mean-vs-tail frontier: per D, on the sustained 1.1x Gamma patterns and every trace pattern, each aged
-    signal's and the plug-in's mean-JCT cut vs its p99 / stock p99 as the guard's rate grows (0 = no guard), the
-    other plug-in policies (prediction-free ones among them) as single points, and the p99 <= 1.1x line."""
+    signal's and the plug-in's mean-JCT cut vs its p99 / stock p99 as the guard's rate grows (0 = no guard), γ-Boost
+    on the predicted length as its γ grows (the settings' ``boost_gammas``), the other plug-in policies
+    (prediction-free ones among them) as single points, and the p99 <= 1.1x line."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -88,14 +91,18 @@ def plot_aging(rep: dict, path: Path) -> None:
             best = f"plugin:srpt:W{s['D']}:prompt_len"
             curves = [(f"priority:{signal}", signal, "o") for signal in AGED] + [
                 (best, "plug-in (SRPT, window D, admit by prompt length)", "*")]
+            boosted = [f"plugin:boost_predicted:W{s['D']}:prompt_len:g{g:g}"
+                       for g in sorted(rep["settings"].get("boost_gammas", ()))]
+            curves.append((boosted, "γ-Boost on the predicted length, γ growing", "^"))
             for base, label, marker in curves:
-                ms = [m for m in [base] + [f"{base}@{k:g}" for k in rates] if m in cells]
+                ms = [m for m in (base if isinstance(base, list) else [base] + [f"{base}@{k:g}" for k in rates])
+                      if m in cells]
                 if ms:
                     ax.plot([cells[m]["p99_ratio_vs_stock"] for m in ms],
                             [100 * cells[m]["jct_cut_vs_stock"][0] for m in ms], marker=marker, label=label)
             for m in cells:
-                if m.startswith("plugin:") and "@" not in m and m != best and not m.startswith(("plugin:sjf",
-                                                                                               "plugin:srpt")):
+                if (m.startswith("plugin:") and "@" not in m and m != best and m not in boosted
+                        and not m.startswith(("plugin:sjf", "plugin:srpt"))):
                     ax.plot(cells[m]["p99_ratio_vs_stock"], 100 * cells[m]["jct_cut_vs_stock"][0], "s", label=m)
             ax.axvline(1.1, color="grey", ls="--", lw=0.8)
             ax.axhline(0, color="grey", lw=0.8)
