@@ -265,3 +265,17 @@ def test_the_simulated_p99_ratio_pools_the_draws_requests(report):
     cell = report["patterns"]["burst4"]["modes"]["plugin"]
     assert cell["simulated_p99_ratio_vs_stock"] == pytest.approx(
         np.percentile(jct["plugin"], 99) / np.percentile(jct["stock"], 99))
+
+
+def test_a_run_started_hours_from_its_stock_run_is_flagged():
+    from lenpred.studies.queue_report import draws_apart_from_stock
+
+    def at(mode, hhmm):
+        return _run(mode, "burst8", [1.0]) | {"started": f"2026-12-05T{hhmm}:00"}
+
+    runs = {"0/stock/burst8": at("stock", "01:00"), "0/plugin/burst8": at("plugin", "02:29"),  # 1 h 29 min: a sitting
+            "1/stock/burst8": at("stock", "09:00"), "1/plugin/burst8": at("plugin", "07:20"),  # 1 h 40 min before
+            "2/stock/burst8": at("stock", "01:00"), "2/plugin/burst8": _run("plugin", "burst8", [1.0])}  # no time
+    got = draws_apart_from_stock({"runs": runs}, "burst8", [0, 1, 2], ["stock", "plugin"])
+    assert got == {"plugin": [1]}
+    assert draws_apart_from_stock({"runs": runs}, "burst8", [0, 2], ["stock", "plugin"]) == {}

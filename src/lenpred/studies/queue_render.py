@@ -10,7 +10,7 @@ from pathlib import Path
 from lenpred.io import write_json
 from lenpred.studies.engine_bench import fmt_ci, pct
 from lenpred.studies.queue_regime import LENGTH_CLASSES
-from lenpred.studies.queue_report import MAP_MODES, add_whatif, report
+from lenpred.studies.queue_report import MAP_MODES, SITTING_H, add_whatif, report
 from lenpred.tables import markdown_table
 
 
@@ -77,6 +77,12 @@ def engine_trace_table(reports: dict[str, dict]) -> str:
                              f"{c['throughput_ratio_vs_stock']:.3f}" if versus else "–",
                              "–" if c.get("simulated_over_measured") is None
                              else f"{c['simulated_over_measured']:.2f}"])
+            apart = p.get("draws_apart_from_stock", {}) | {m: c["draws_apart_from_stock"] for m, c in
+                                                           p.get("fewer_draws", {}).items()
+                                                           if c.get("draws_apart_from_stock")}
+            for mode, ds in apart.items():
+                notes.append(f"{label}: {mode}'s runs of slices {', '.join(map(str, ds))} started more than "
+                             f"{SITTING_H:g} h from stock's: read its cut at one pace.")
             for mode, ws in whatif_by_mode(p).items():
                 notes.append(f"{label}: `lenpred whatif` on each {mode} run's traffic log, error vs the measured cut "
                              "per slice: " + ", ".join(f"{w['error_pp']:+.1f}" for w in ws) + " points.")
@@ -93,6 +99,10 @@ def pattern_markdown(pattern: str, p: dict) -> list[str]:
     kind = "a trace slice's arrivals" if pattern.startswith("trace") else "Gamma arrivals"
     rate = "all at once" if p["rate_req_s"] is None else f"{kind} at {p['rate_req_s']:.3f} req/s"
     lines = [f"## {pattern} ({p['num_requests']} requests per draw, {rate}; draws {p['draws']})", ""]
+    for mode, ds in p.get("draws_apart_from_stock", {}).items():
+        lines += [f"**{mode}: draws {ds} started more than {SITTING_H:g} h from stock's run**: the engine's pace "
+                  "drifts over hours, so those pairs compare paces as well as orders (the simulator's cut at one "
+                  "pace is the yardstick).", ""]
     if p.get("mixed_machine_draws"):
         lines += [f"**Draws {p['mixed_machine_draws']} ran on more than one machine** (`machine` in `runs.json`): "
                   "their pairs compare machines as well as orders; rerun them in one session.", ""]

@@ -35,6 +35,29 @@ def mixed_machine_draws(store: dict, pattern: str, draws: list[int]) -> list[int
     return [d for d in draws if len(machines(d)) > 1]
 
 
+SITTING_H = 1.5
+"""Runs of one draw started further apart than this (hours) are not one sitting (:func:`draws_apart_from_stock`)."""
+
+
+def draws_apart_from_stock(store: dict, pattern: str, draws: list[int], modes) -> dict[str, list[int]]:
+    """Per mode of ``modes`` other than stock, the draws among ``draws`` whose run started more than
+    :data:`SITTING_H` hours from the same draw's stock run (``started`` in ``runs.json``; runs without it are not
+    counted): the engine's pace drifts by up to a fifth over hours, so such a pair compares paces as well as orders
+    (read the simulator's cut at one pace instead). Modes with none are left out."""
+    from datetime import datetime
+
+    def started(d: int, m: str):
+        rec = store["runs"].get(run_key(d, m, pattern))
+        return datetime.fromisoformat(rec["started"]) if rec and rec.get("started") else None
+
+    out = {}
+    for m in modes:
+        apart = [d for d in draws if m != "stock" and started(d, m) and started(d, "stock")
+                 and abs((started(d, m) - started(d, "stock")).total_seconds()) > 3600 * SITTING_H]
+        if apart:
+            out[m] = apart
+    return out
+
 
 def versus_stock(cells: dict, jct: dict, runs: dict, n: int) -> None:
     """Adds to each non-stock cell: the paired mean-JCT cut vs stock, its share of both oracles' gains, the p99 JCT
@@ -138,7 +161,8 @@ def pattern_report(store: dict, pattern: str, num_draws: int, n: int) -> dict | 
     first = store["runs"][run_key(done[0], modes[0], pattern)]["settings"]
     cells, jct = paired_cells(store, pattern, done, modes, n)
     out = {"num_requests": first["num_requests"], "rate_req_s": first["rate_req_s"], "draws": done, "modes": cells,
-           "mixed_machine_draws": mixed_machine_draws(store, pattern, done)}
+           "mixed_machine_draws": mixed_machine_draws(store, pattern, done),
+           "draws_apart_from_stock": draws_apart_from_stock(store, pattern, done, modes)}
     if first["rate_req_s"] is None and "stock" in modes:  # a burst: stock's capacity at D on this machine
         out["stock_capacity_req_s"] = stock_capacity(store, pattern, done)
     if jct is None:
@@ -197,7 +221,8 @@ def fewer_draws(store: dict, pattern: str, modes: list[str], num_draws: int, n: 
         group = ["stock", m] + [o for o in ("priority_prompt_oracle", "priority_oracle") if o != m and all(
             run_key(d, o, pattern) in store["runs"] for d in ds)] + ([best] if best else [])
         cells, jct = paired_cells(store, pattern, ds, group, n)
-        out[m] = {"draws": ds, **cells[m]}
+        out[m] = {"draws": ds, **cells[m],
+                  "draws_apart_from_stock": draws_apart_from_stock(store, pattern, ds, [m]).get(m, [])}
         if best:
             out[m]["best_lenpred_cut"] = compare("mean_cut", jct[m], jct[best], n)
     return out
