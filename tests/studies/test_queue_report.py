@@ -279,3 +279,16 @@ def test_a_run_started_hours_from_its_stock_run_is_flagged():
     got = draws_apart_from_stock({"runs": runs}, "burst8", [0, 1, 2], ["stock", "plugin"])
     assert got == {"plugin": [1]}
     assert draws_apart_from_stock({"runs": runs}, "burst8", [0, 2], ["stock", "plugin"]) == {}
+
+
+def test_the_best_mode_is_chosen_among_modes_run_beside_stock():
+    import numpy as np
+
+    from lenpred.studies.queue_report import best_lenpred
+
+    cells = {"stock": {}, "plugin": {}, "plugin_guard": {}}
+    jct = {"stock": [np.array([10.0, 20.0])], "plugin": [np.array([8.0, 16.0])],
+           "plugin_guard": [np.array([5.0, 10.0])]}  # fastest, but its runs started hours from stock's
+    assert best_lenpred(cells, jct, 20)["mode"] == "plugin_guard"
+    best = best_lenpred(cells, jct, 20, exclude={"plugin_guard": [0]})
+    assert best["mode"] == "plugin" and best["jct_cut_vs"]["plugin_guard"][0] == pytest.approx(1 - 12 / 7.5)

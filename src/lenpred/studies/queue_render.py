@@ -186,7 +186,9 @@ def pattern_markdown(pattern: str, p: dict) -> list[str]:
                                  [[m, fmt_ci(v, pct)] for m, v in best["jct_cut_vs"].items()]), "",
                   f"Issue {acc.get('issue', 38)}'s checks: "
                   + ", ".join(f"{k} {'n/a' if v is None else 'yes' if v else 'NO'}"
-                              for k, v in acc.items() if k not in ("mode", "issue", "all")) + ".", ""]
+                              for k, v in acc.items() if k not in ("mode", "issue", "all", "left_out_runs_apart"))
+                  + "." + (f" Not chosen: {', '.join(acc['left_out_runs_apart'])} (runs apart from stock's)."
+                           if acc.get("left_out_runs_apart") else ""), ""]
     return lines
 
 

@@ -74,11 +74,12 @@ def versus_stock(cells: dict, jct: dict, runs: dict, n: int) -> None:
                 c[f"share_of_{oracle}"] = compare("oracle_share", jct["stock"], jct[m], n, oracle=jct[oracle])
 
 
-def best_lenpred(cells: dict, jct: dict, n: int) -> dict | None:
-    """The lenpred mode (:data:`~lenpred.studies.queue_regime.LENPRED_MODES`) with the lowest paired mean JCT (chosen
-    on the same runs it is scored on) and ``jct_cut_vs``: its paired mean-JCT cut against every other non-stock mode
+def best_lenpred(cells: dict, jct: dict, n: int, exclude=()) -> dict | None:
+    """The lenpred mode (:data:`~lenpred.studies.queue_regime.LENPRED_MODES`, not in ``exclude``: modes with a run
+    apart from its stock run, :func:`draws_apart_from_stock`) with the lowest paired mean JCT (chosen on the same runs
+    it is scored on) and ``jct_cut_vs``: its paired mean-JCT cut against every other non-stock mode
     (``1 - mean(best) / mean(other)``; negative where the other mode is faster; paired bootstrap)."""
-    ours = [m for m in LENPRED_MODES if m in cells]
+    ours = [m for m in LENPRED_MODES if m in cells and m not in exclude]
     if not ours:
         return None
     best = min(ours, key=lambda m: float(np.mean(np.concatenate(jct[m]))))
@@ -167,8 +168,10 @@ def pattern_report(store: dict, pattern: str, num_draws: int, n: int) -> dict | 
         out["stock_capacity_req_s"] = stock_capacity(store, pattern, done)
     if jct is None:
         return out
-    out["best_lenpred"] = best_lenpred(out["modes"], jct, n)
+    out["best_lenpred"] = best_lenpred(out["modes"], jct, n, exclude=out["draws_apart_from_stock"])
     out["acceptance"] = acceptance(out["modes"], out["best_lenpred"], len(done), pattern)
+    if out["acceptance"] is not None:
+        out["acceptance"]["left_out_runs_apart"] = sorted(out["draws_apart_from_stock"])
     out["length_classes"] = by_length_class(store, done, pattern, modes, jct, n)
     out["jct_pooled"] = {m: pooled(jct[m]) for m in modes}
     best = out["best_lenpred"]["mode"] if out["best_lenpred"] else None
