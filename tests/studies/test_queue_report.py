@@ -267,7 +267,7 @@ def test_the_simulated_p99_ratio_pools_the_draws_requests(report):
         np.percentile(jct["plugin"], 99) / np.percentile(jct["stock"], 99))
 
 
-def test_a_run_started_hours_from_its_stock_run_is_flagged():
+def test_a_run_hours_from_its_stock_run_is_flagged():
     from lenpred.studies.queue_report import draws_apart_from_stock
 
     def at(mode, hhmm):
@@ -275,9 +275,11 @@ def test_a_run_started_hours_from_its_stock_run_is_flagged():
 
     runs = {"0/stock/burst8": at("stock", "01:00"), "0/plugin/burst8": at("plugin", "02:29"),  # 1 h 29 min: a sitting
             "1/stock/burst8": at("stock", "09:00"), "1/plugin/burst8": at("plugin", "07:20"),  # 1 h 40 min before
-            "2/stock/burst8": at("stock", "01:00"), "2/plugin/burst8": _run("plugin", "burst8", [1.0])}  # no time
-    got = draws_apart_from_stock({"runs": runs}, "burst8", [0, 1, 2], ["stock", "plugin"])
-    assert got == {"plugin": [1]}
+            "2/stock/burst8": at("stock", "01:00"), "2/plugin/burst8": _run("plugin", "burst8", [1.0]),  # no time
+            "3/stock/burst8": at("stock", "01:00") | {"finished": "2026-12-05T01:15:00"},
+            "3/plugin/burst8": at("plugin", "02:40") | {"finished": "2026-12-05T02:55:00"}}  # finished 1 h 40 apart
+    got = draws_apart_from_stock({"runs": runs}, "burst8", [0, 1, 2, 3], ["stock", "plugin"])
+    assert got == {"plugin": [1, 3]}
     assert draws_apart_from_stock({"runs": runs}, "burst8", [0, 2], ["stock", "plugin"]) == {}
 
 

@@ -339,14 +339,15 @@ def one_run(url: str, requests: list, tag: str, plugin_log: Path | None = None, 
     """Replay ``requests`` (:func:`load_requests`) once; the record keeps each request's result (with its longest
     stall, not every gap, so the file stays small), the replay's summary, the plug-in log's lines of this run, the
     engine's own measurements during it (:func:`server_side`: preemptions, mean end-to-end and inter-token latency),
-    wall seconds and the 1-minute load average before and during it (:class:`LoadSampler`).
+    wall seconds, the 1-minute load average before and during it (:class:`LoadSampler`) and when it started and
+    finished (local time, ISO; records written before ``finished`` existed hold the finish time in ``started``).
 
     Args:
         timeout_s: the client's read timeout between two frames of one stream, seconds.
     """
     from lenpred.serving.loadgen import run_replay, summarize_replay
 
-    load = os.getloadavg()[0]
+    load, started = os.getloadavg()[0], time.strftime("%Y-%m-%dT%H:%M:%S")
     before, t = server_counters(), time.time()
     with LoadSampler() as during:
         results = run_replay(url, requests, MODEL_NAME, timeout_s=timeout_s)
@@ -361,7 +362,7 @@ def one_run(url: str, requests: list, tag: str, plugin_log: Path | None = None, 
     return {"results": results, "summary": summary, "plugin_log": logged, "preemptions": server["preemptions"],
             "server": server,
             "wall_s": time.time() - t, "loadavg_1m_before": load, "loadavg_1m_during": during.summary(),
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
+            "started": started, "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
 
 
 def run_key(draw: int, mode: str, pattern: str) -> str:

@@ -81,7 +81,7 @@ def engine_trace_table(reports: dict[str, dict]) -> str:
                                                            p.get("fewer_draws", {}).items()
                                                            if c.get("draws_apart_from_stock")}
             for mode, ds in apart.items():
-                notes.append(f"{label}: {mode}'s runs of slices {', '.join(map(str, ds))} started more than "
+                notes.append(f"{label}: {mode}'s runs of slices {', '.join(map(str, ds))} ran more than "
                              f"{SITTING_H:g} h from stock's: read its cut at one pace.")
             for mode, ws in whatif_by_mode(p).items():
                 notes.append(f"{label}: `lenpred whatif` on each {mode} run's traffic log, error vs the measured cut "
@@ -100,7 +100,7 @@ def pattern_markdown(pattern: str, p: dict) -> list[str]:
     rate = "all at once" if p["rate_req_s"] is None else f"{kind} at {p['rate_req_s']:.3f} req/s"
     lines = [f"## {pattern} ({p['num_requests']} requests per draw, {rate}; draws {p['draws']})", ""]
     for mode, ds in p.get("draws_apart_from_stock", {}).items():
-        lines += [f"**{mode}: draws {ds} started more than {SITTING_H:g} h from stock's run**: the engine's pace "
+        lines += [f"**{mode}: draws {ds} ran more than {SITTING_H:g} h from stock's run**: the engine's pace "
                   "drifts over hours, so those pairs compare paces as well as orders (the simulator's cut at one "
                   "pace is the yardstick).", ""]
     if p.get("mixed_machine_draws"):

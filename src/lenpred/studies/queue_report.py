@@ -40,15 +40,17 @@ SITTING_H = 1.5
 
 
 def draws_apart_from_stock(store: dict, pattern: str, draws: list[int], modes) -> dict[str, list[int]]:
-    """Per mode of ``modes`` other than stock, the draws among ``draws`` whose run started more than
-    :data:`SITTING_H` hours from the same draw's stock run (``started`` in ``runs.json``; runs without it are not
-    counted): the engine's pace drifts by up to a fifth over hours, so such a pair compares paces as well as orders
-    (read the simulator's cut at one pace instead). Modes with none are left out."""
+    """Per mode of ``modes`` other than stock, the draws among ``draws`` whose run finished more than
+    :data:`SITTING_H` hours from the same draw's stock run (``finished`` in ``runs.json``, or ``started`` where a
+    record written before ``finished`` existed holds the finish time there; runs without either are not counted):
+    the engine's pace drifts by up to a fifth over hours, so such a pair compares paces as well as orders (read the
+    simulator's cut at one pace instead). Modes with none are left out."""
     from datetime import datetime
 
-    def started(d: int, m: str):
-        rec = store["runs"].get(run_key(d, m, pattern))
-        return datetime.fromisoformat(rec["started"]) if rec and rec.get("started") else None
+    def started(d: int, m: str):  # the finish time: runs last 10-20 minutes, so either end would do
+        rec = store["runs"].get(run_key(d, m, pattern)) or {}
+        when = rec.get("finished") or rec.get("started")
+        return datetime.fromisoformat(when) if when else None
 
     out = {}
     for m in modes:
