@@ -60,7 +60,8 @@ def test_boost_on_the_prediction_runs_from_shortest_first_to_fcfs_as_gamma_grows
     def finish_order(mode):
         return [t.request_id for t in sorted(run_mode(mode, reqs, cost, base, None), key=lambda t: t.finish_time_s)]
 
-    # γ large: every boost ~ 0, the boosted arrival is the arrival (FCFS); γ small: b_γ(w) ~ ln(1/(γw))/γ orders by w
+    # γ large: every boost ~ 0, the boosted arrival is the arrival (FCFS);
+    # γ small: b_γ(w) ~ ln(1/(γw))/γ orders by the work w
     assert finish_order("plugin:boost_predicted:W2:prompt_len:g1000") == finish_order("plugin:fcfs:W2:prompt_len")
     assert finish_order("plugin:boost_predicted:W2:prompt_len:g1000") == [0, 1, 2]
     assert finish_order("plugin:boost_predicted:W2:prompt_len:g1e-6") == [0, 2, 1]

@@ -60,8 +60,9 @@ def whatif_by_mode(p: dict) -> dict[str, list[dict]]:
 def engine_trace_table(reports: dict[str, dict]) -> str:
     """The engine's trace runs in one table (the guide's headline): per report (``{label: report.json}``, each one
     trace pattern's store) and mode (those run on fewer slices than stock too, paired on their own), the slices run,
-    mean JCT, the paired cut, the simulator's cut and p99 ratio on the same runs (one fixed engine pace), the p99 ratio and throughput vs stock and the simulator's mean JCT over the measured (the
-    run's pace against the cost model's); then per report ``lenpred whatif``'s error per slice."""
+    mean JCT, the paired cut, the simulator's cut and p99 ratio on the same runs (one fixed engine pace), the p99
+    ratio and throughput vs stock and the simulator's mean JCT over the measured (the run's pace against the cost
+    model's); then per report the modes' runs apart from stock's and ``lenpred whatif``'s error per slice."""
     rows, notes = [], []
     for label, rep in reports.items():
         for pattern, p in rep["patterns"].items():

@@ -36,7 +36,8 @@ def mixed_machine_draws(store: dict, pattern: str, draws: list[int]) -> list[int
 
 
 SITTING_H = 1.5
-"""Runs of one draw started further apart than this (hours) are not one sitting (:func:`draws_apart_from_stock`)."""
+"""Runs of one draw that finished further apart than this (hours) are not one sitting
+(:func:`draws_apart_from_stock`)."""
 
 
 def draws_apart_from_stock(store: dict, pattern: str, draws: list[int], modes) -> dict[str, list[int]]:
@@ -47,15 +48,15 @@ def draws_apart_from_stock(store: dict, pattern: str, draws: list[int], modes) -
     simulator's cut at one pace instead). Modes with none are left out."""
     from datetime import datetime
 
-    def started(d: int, m: str):  # the finish time: runs last 10-20 minutes, so either end would do
+    def finished(d: int, m: str):
         rec = store["runs"].get(run_key(d, m, pattern)) or {}
         when = rec.get("finished") or rec.get("started")
         return datetime.fromisoformat(when) if when else None
 
     out = {}
     for m in modes:
-        apart = [d for d in draws if m != "stock" and started(d, m) and started(d, "stock")
-                 and abs((started(d, m) - started(d, "stock")).total_seconds()) > 3600 * SITTING_H]
+        apart = [d for d in draws if m != "stock" and finished(d, m) and finished(d, "stock")
+                 and abs((finished(d, m) - finished(d, "stock")).total_seconds()) > 3600 * SITTING_H]
         if apart:
             out[m] = apart
     return out
