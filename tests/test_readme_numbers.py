@@ -40,6 +40,7 @@ TRACE_11 = "patterns/tracecodex1.1"
 TRACE_ENGINE_09 = "results/scripts/serving/queue_trace_engine/code_x0.9/report.json"
 REPEAT = "results/scripts/serving/queue_trace_engine/code_x1.1_repeat/runs.json"
 RUNS_11 = "results/scripts/serving/queue_trace_engine/code_x1.1/runs.json"
+RUNS_09 = "results/scripts/serving/queue_trace_engine/code_x0.9/runs.json"
 REPEAT_REPORT = "results/scripts/serving/queue_trace_engine/code_x1.1_repeat/report.json"
 
 
@@ -358,9 +359,21 @@ CHECKS = [
     (TRACE_ENGINE_09, "patterns/tracecodex0.9/modes/plugin/p99_jct_ratio_vs_stock", first(lambda x: f"{x:.2f}×"),
      "p99 {}; the simulator's", GUIDE),
     (TRACE_ENGINE_09, "patterns/tracecodex0.9/modes/plugin/simulated_cut_vs_stock", PCT,
-     "the simulator's cut {})", GUIDE),
-    (TRACE_ENGINE_09, lambda r: len(r["patterns"]["tracecodex0.9"]["draws"]), lambda n: {1: "one"}.get(n, str(n)),
-     "At 0.9×, {} slice so far"),
+     "the simulator's cut at one pace {}).", GUIDE),
+    (TRACE_ENGINE_09, lambda r: len(r["patterns"]["tracecodex0.9"]["draws"]),
+     lambda n: {1: "one slice", 2: "two slices"}.get(n, f"{n} slices"), "At 0.9×, {} so far"),
+    (TRACE_ENGINE_09, lambda r: len(r["patterns"]["tracecodex0.9"]["draws"]),
+     lambda n: {1: "one slice", 2: "two slices"}.get(n, f"{n} slices"), "**At 0.9×, {} so far", GUIDE),
+    (TRACE_ENGINE_09, lambda r: [r["patterns"]["tracecodex0.9"]["modes"]["plugin"][k][1]
+                                 for k in ("measured_cut_vs_stock_per_draw", "simulated_cut_vs_stock_per_draw")],
+     lambda v: f"the plug-in cut {PCT(v[0])}, as the simulator says ({PCT(v[1])};", "{}", GUIDE),
+    (RUNS_09, lambda r: [x["ttft_s"] for x in r["runs"]["1/stock/tracecodex0.9"]["results"]],
+     lambda v: f"{sum(v) / len(v):.1f}", "barely queued (mean TTFT {} s)", GUIDE),
+    (TRACE_ENGINE_09, lambda r: r["patterns"]["tracecodex0.9"]["whatif"][1]["error_pp"], lambda x: f"{x:+.1f}",
+     "`lenpred whatif` on its log {} points off);", GUIDE),
+    (TRACE_ENGINE_09, lambda r: sorted({d for ds in r["patterns"]["tracecodex0.9"]["draws_apart_from_stock"].values()
+                                        for d in ds}), lambda v: f"slice {v[0]}'s stock run is a rerun" if v == [0]
+     else str(v), "{}", GUIDE),
     (TRACE_ENGINE, TRACE_11 + "/whatif/1/measured_cut", lambda x: f"{100 * x:.0f} %",
      "the plug-in cut its mean JCT by {} with p99", GUIDE),
     (TRACE_ENGINE, TRACE_11 + "/whatif/1/measured_p99_ratio", lambda x: f"{x:.1f}×", "with p99 {} stock's, and", GUIDE),
