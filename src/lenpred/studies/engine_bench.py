@@ -385,8 +385,9 @@ def run_grid(store: dict, path: Path, num_draws: int, all_modes, modes, patterns
     """Every ``(draw, mode, pattern)`` not yet in ``store["runs"]`` (of the draws in ``only_draws`` only, when given:
     one slice's modes run back to back in one sitting, the rest resume later): per draw the modes in
     ``all_modes``'s order rotated by the draw (those in ``modes`` only), one server group per mode and draw with every
-    pattern on it (in an order rotated by the draw), ``warm(draw, mode, url)`` first; ``run_one(draw, mode, pattern, url)`` gives
-    the record, stored at once (``path`` written atomically) and announced with a ``[done/total]`` line."""
+    pattern on it (in an order rotated by the draw), ``warm(draw, mode, url)`` first;
+    ``run_one(draw, mode, pattern, url)`` gives the record, stored at once (``path`` written atomically) and
+    announced with a ``[done/total]`` line."""
     from lenpred.io import write_json
 
     grid = [run_key(d, m, p) for d in range(num_draws) for m in modes for p in patterns]

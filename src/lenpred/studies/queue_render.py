@@ -10,7 +10,7 @@ from pathlib import Path
 from lenpred.io import write_json
 from lenpred.studies.engine_bench import fmt_ci, pct
 from lenpred.studies.queue_regime import LENGTH_CLASSES
-from lenpred.studies.queue_report import MAP_MODES, SITTING_H, add_whatif, report
+from lenpred.studies.queue_report import MAP_MODES, SITTING_H, add_whatif, mode_cells, report
 from lenpred.tables import markdown_table
 
 
@@ -66,9 +66,7 @@ def engine_trace_table(reports: dict[str, dict]) -> str:
     rows, notes = [], []
     for label, rep in reports.items():
         for pattern, p in rep["patterns"].items():
-            cells = [(m, c, p["draws"]) for m, c in p["modes"].items()]
-            cells += [(m, c, c["draws"]) for m, c in p.get("fewer_draws", {}).items()]
-            for m, c, draws in cells:
+            for m, c, draws in mode_cells(p):
                 versus = m != "stock" and "jct_cut_vs_stock" in c
                 rows.append([label, str(len(draws)), m, f"{c['mean_jct_s']:.1f}",
                              fmt_ci(c["jct_cut_vs_stock"], pct) if versus else "–",
@@ -78,9 +76,9 @@ def engine_trace_table(reports: dict[str, dict]) -> str:
                              f"{c['throughput_ratio_vs_stock']:.3f}" if versus else "–",
                              "–" if c.get("simulated_over_measured") is None
                              else f"{c['simulated_over_measured']:.2f}"])
-            apart = p.get("draws_apart_from_stock", {}) | {m: c["draws_apart_from_stock"] for m, c in
-                                                           p.get("fewer_draws", {}).items()
-                                                           if c.get("draws_apart_from_stock")}
+            fewer = p.get("fewer_draws", {})
+            apart = p.get("draws_apart_from_stock", {}) | {
+                m: c["draws_apart_from_stock"] for m, c in fewer.items() if c.get("draws_apart_from_stock")}
             for mode, ds in apart.items():
                 notes.append(f"{label}: {mode}'s runs of slices {', '.join(map(str, ds))} ran more than "
                              f"{SITTING_H:g} h from stock's: read its cut at one pace.")

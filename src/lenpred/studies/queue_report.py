@@ -324,8 +324,7 @@ def add_simulated(rep: dict, store: dict, cost_model: str) -> None:
     served = offline.with_streaming_overhead(fit["s_per_token"])
     seed = store["config"]["seed"]
     for pattern, p in rep["patterns"].items():
-        cells = [(mode, cell, p["draws"]) for mode, cell in p["modes"].items()]
-        cells += [(mode, cell, cell["draws"]) for mode, cell in p.get("fewer_draws", {}).items()]
+        cells = mode_cells(p)
         memo: dict[tuple[str, str, int], tuple[dict, list]] = {}
 
         def sim_run(name: str, mode: str, d: int) -> tuple[dict, list]:
@@ -364,6 +363,13 @@ def add_simulated(rep: dict, store: dict, cost_model: str) -> None:
             cell["measured_cut_vs_stock_per_draw"] = [float(1 - x.mean() / y.mean()) for x, y in zip(jct, stock_jct)]
     rep["simulator_cost_model"] = cost_model
     rep["simulator_streaming_overhead"] = fit
+
+
+def mode_cells(p: dict) -> list[tuple[str, dict, list[int]]]:
+    """``(mode, cell, draws)`` of one pattern's report: the modes paired on every draw, then those run on fewer
+    (``fewer_draws``, each paired on its own draws)."""
+    return ([(m, c, p["draws"]) for m, c in p["modes"].items()]
+            + [(m, c, c["draws"]) for m, c in p.get("fewer_draws", {}).items()])
 
 
 def ok_jct(rec: dict) -> np.ndarray:
