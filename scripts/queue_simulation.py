@@ -76,6 +76,9 @@ def parse_config() -> QueueSimConfig:
     ap.add_argument("--boost-gammas", default="",
                     help="γ per second of further boost_predicted plug-in modes (its mean-vs-tail frontier), e.g. "
                          "0.002,0.01,0.05")
+    ap.add_argument("--max-waits", default="",
+                    help="age thresholds, s, of further plug-in modes (its mean-vs-tail frontier under the guard "
+                         "max_wait_s), e.g. 100,200,300")
     ap.add_argument("--only", default="", help="keep modes whose names start with these (comma-separated)")
     args = vars(ap.parse_args())
     for key in ("traces", "free_policies", "only"):
@@ -84,9 +87,10 @@ def parse_config() -> QueueSimConfig:
         args["aging"] = tuple(float(x) for x in args["aging"].split(",") if x.strip())
         args["window_factors"] = tuple(float(x) for x in args["window_factors"].split(","))
         args["boost_gammas"] = tuple(float(x) for x in args["boost_gammas"].split(",") if x.strip())
+        args["max_waits"] = tuple(float(x) for x in args["max_waits"].split(",") if x.strip())
     except ValueError as exc:
-        raise LenpredError(f"--aging, --window-factors and --boost-gammas take comma-separated numbers, e.g. 1,4,16: "
-                           f"{exc}") from None
+        raise LenpredError(f"--aging, --window-factors, --boost-gammas and --max-waits take comma-separated numbers, "
+                           f"e.g. 1,4,16: {exc}") from None
     return QueueSimConfig(**args)
 
 

@@ -240,6 +240,8 @@ def traffic_replay(**options):
     "decode_slots": "Concurrency bounds D to replay at, comma-separated \\[default: the log's own, half and double].",
     "aging_tokens_per_s": "Starvation guard of the lenpred order, tokens per second waited (0: none) \\[default: "
                           "the plug-in's own, from engine.json beside the log, else 0].",
+    "max_wait_s": "Age threshold of the lenpred order, s: a request this long past its arrival runs in arrival order "
+                  "ahead of the rest; inf: off \\[default: the plug-in's own (engine.json beside the log), else off].",
     "out": "Output directory for whatif.json / .md / .png.",
     "clusters": "Blocks of consecutive arrivals the paired bootstrap resamples.",
     "bootstrap_resamples": "Paired bootstrap resamples."}))

@@ -80,6 +80,27 @@ def test_starvation_guard_promotes_the_longest_idle():
     assert choose_decoders(rs, pol("sjf"), 1).promoted == ()
 
 
+def test_the_age_threshold_promotes_the_overdue_until_they_finish_in_arrival_order():
+    # SRPT, one slot, 60 s threshold: r0 (900 tokens to go) waited 61 s, r1 (10) 11 s: r0 is overdue and decodes
+    wait = pol("srpt", max_wait_s=60.0)
+    rs = [req(0, 0.0, 900, idle=61.0, waited=61.0), req(1, 50.0, 10, waited=11.0)]
+    d = choose_decoders(rs, wait, 1)
+    assert d.decode == ("r0",) and d.promoted == ("r0",) and d.parked == ("r1",)
+    assert wait.overdue(rs[0]) and not wait.overdue(rs[1]) and wait.label == "srpt+wait60s"
+    # once decoding it stays promoted (an idle promotion lasts one step: SRPT then hands the slot back to r1)
+    rs = [req(0, 0.0, 900, remaining=899, decoding=True, waited=62.0), req(1, 50.0, 10, waited=12.0)]
+    assert choose_decoders(rs, wait, 1).decode == ("r0",)
+    assert choose_decoders(rs, pol("srpt", max_idle_s=60.0), 1).decode == ("r1",)
+    # the overdue among themselves in arrival order, whatever their rank: r3 (arrived 10 s) before r4 (20 s); r5 waits
+    rs = [req(4, 20.0, 5, waited=80.0), req(3, 10.0, 700, waited=90.0), req(5, 85.0, 1, waited=5.0)]
+    assert choose_decoders(rs, wait, 2).decode == ("r3", "r4")
+    assert choose_decoders(rs, pol("srpt"), 2).decode == ("r5", "r4")  # unguarded: shortest remaining
+    # non-preemptive SJF: an incumbent keeps its slot, the overdue one takes the next free slot
+    rs = [req(0, 0.0, 900, waited=61.0), req(1, 50.0, 10, decoding=True, waited=11.0), req(2, 55.0, 5, waited=6.0)]
+    assert choose_decoders(rs, pol("sjf", max_wait_s=60.0), 2).decode == ("r1", "r0")
+    assert choose_decoders(rs, pol("sjf"), 2).decode == ("r1", "r2")
+
+
 def test_delay_dependent_priority_ranks_prediction_plus_rate_times_arrival():
     # SRPT, one slot: r0 arrived at 0 s with 100 tokens to go, r1 at 30 s with 40. Without aging r1 decodes; at
     # 1 token/s r0's rank is 100 + 0 = 100 and r1's 40 + 30 = 70: r1 still; at 3 tokens/s r1's is 130: r0 decodes
@@ -140,10 +161,14 @@ def test_scheduler_config_builds_the_policy_with_its_guards_and_refuses_bad_sett
         "oracle", 5.0, 8.0, 2.0)
     assert SchedulerConfig(policy="fcfs", max_idle_s=60.0).make_policy() == build_policy("fcfs", max_idle_s=60.0)
     assert SchedulerConfig().make_policy().max_idle_s is None  # measured without idle promotion
+    assert SchedulerConfig(max_wait_s=120.0).make_policy("oracle").max_wait_s == 120.0
+    assert SchedulerConfig().make_policy().max_wait_s is None
     for bad, msg in (({"policy": "nope"}, "policy 'nope' is unknown; valid: fcfs, random, sjf, srpt, hrrn"),
                      ({"admit_by": "lifo"}, "admit_by 'lifo' is unknown"),
                      ({"decode_slots": 0}, "decode_slots must be an integer >= 1"),
-                     ({"max_idle_s": -1.0}, "max_idle_s must be a number >= 0 or null")):
+                     ({"max_idle_s": -1.0}, "max_idle_s must be a number >= 0 or null"),
+                     ({"max_wait_s": -1.0}, "max_wait_s must be a number >= 0 or null"),
+                     ({"policy_options": {"max_wait_s": 5.0}}, "policy srpt has no option.s. max_wait_s")):
         with pytest.raises(LenpredError, match=msg):
             SchedulerConfig(**bad)
 

@@ -42,6 +42,12 @@ def test_mode_names():
     assert gammas[4:] == ["plugin:boost_predicted:W16:prompt_len:g0.01", "plugin:boost_predicted:W16:prompt_len:g0.5"]
     with pytest.raises(LenpredError, match="boost gammas must be > 0"):
         QueueSimConfig(boost_gammas=(0.0,))
+    assert modes(16, (16, 32), waits=(200.0, 0.5), only=("plugin:srpt:W16:prompt_len:",)) == [
+        "stock", "priority:prompt_len", "priority:oracle", "priority:prompt_oracle",
+        "plugin:srpt:W16:prompt_len:w200", "plugin:srpt:W16:prompt_len:w0.5"]
+    assert QueueSimConfig(max_waits=(200, 200.0, 0)).max_waits == (200.0, 0.0)
+    with pytest.raises(LenpredError, match="max waits must be >= 0"):
+        QueueSimConfig(max_waits=(-1.0,))
 
 
 def test_boost_on_the_prediction_runs_from_shortest_first_to_fcfs_as_gamma_grows():
@@ -65,6 +71,38 @@ def test_boost_on_the_prediction_runs_from_shortest_first_to_fcfs_as_gamma_grows
     assert finish_order("plugin:boost_predicted:W2:prompt_len:g1000") == finish_order("plugin:fcfs:W2:prompt_len")
     assert finish_order("plugin:boost_predicted:W2:prompt_len:g1000") == [0, 1, 2]
     assert finish_order("plugin:boost_predicted:W2:prompt_len:g1e-6") == [0, 2, 1]
+
+
+def test_the_age_threshold_runs_from_fcfs_at_0_s_to_the_unguarded_plugin():
+    from lenpred.serving.cost_model import CostModel
+    from lenpred.serving.simulator import SimConfig
+    from lenpred.studies.queue_sim import run_mode
+    from lenpred.studies.workload import WorkloadRequest
+
+    # one decode slot, SRPT: request 0 (200 tokens) starts at once, 1 (10 tokens) arrives while it decodes and
+    # takes the slot; 2 (40) arrives next and waits for 1
+    reqs = [WorkloadRequest(i, [], n, 256, "rl", f"p{i}", {"last": float(n)}, num_prompt_tokens=20,
+                            arrival_time_s=t) for i, (n, t) in enumerate(((200, 0.0), (10, 0.5), (40, 0.6)))]
+    cost = CostModel.load(ROOT / "results/scripts/serving/cost_vllm_1core_sampled.json")
+    base = SimConfig(max_num_seqs=1, arrival="given")
+
+    def jct(mode):
+        return [round(t.jct_s, 9) for t in sorted(run_mode(mode, reqs, cost, base, None), key=lambda t: t.request_id)]
+
+    def finish_order(mode):
+        return [t.request_id for t in sorted(run_mode(mode, reqs, cost, base, None), key=lambda t: t.finish_time_s)]
+
+    # 0 s: every request is overdue on arrival, so arrival order: FCFS; a threshold no request reaches: plain SRPT
+    assert jct("plugin:srpt:W2:prompt_len:w0") == jct("plugin:fcfs:W2:prompt_len")
+    assert finish_order("plugin:srpt:W2:prompt_len:w0") == [0, 1, 2]
+    assert jct("plugin:srpt:W2:prompt_len:w1e9") == jct("plugin:srpt:W2:prompt_len")
+    assert finish_order("plugin:srpt:W2:prompt_len") == [1, 2, 0]
+    # 1.5 s: 1 finishes first (at 1.39 s), 2 starts, and at 1.5 s request 0 falls overdue and takes the slot from 2
+    # (the simulator re-ranks at that moment, as the plug-in does every step); at 1 s it takes it from 1 instead
+    assert finish_order("plugin:srpt:W2:prompt_len:w1.5") == [1, 0, 2]
+    assert jct("plugin:srpt:W2:prompt_len:w1.5")[1] == jct("plugin:srpt:W2:prompt_len")[1]
+    assert finish_order("plugin:srpt:W2:prompt_len:w1") == [0, 1, 2]
+    assert jct("plugin:srpt:W2:prompt_len:w1") != jct("plugin:fcfs:W2:prompt_len")
 
 
 def test_each_plugin_server_logs_its_traffic_to_its_own_directory(tmp_path):

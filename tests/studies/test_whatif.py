@@ -193,8 +193,10 @@ def test_the_bound_comes_from_the_engine_settings_beside_the_log(tmp_path):
     with pytest.raises(LenpredError, match="engine.json is not the engine settings lenpred writes"):
         served_bound(tmp_path / "log", traffic)
     given = run_whatif(WhatifConfig(traffic=str(tmp_path / "log"), out=str(tmp_path / "o"), decode_slots=(2,),
-                                    aging_tokens_per_s=0.0, clusters=4, bootstrap_resamples=100))
-    assert list(given["results"]) == ["2"]  # --decode-slots and --aging-tokens-per-s: the file is not read
+                                    aging_tokens_per_s=0.0, max_wait_s=float("inf"), clusters=4,
+                                    bootstrap_resamples=100))
+    assert list(given["results"]) == ["2"]  # every setting given (inf: no age threshold): the file is not read
+    assert given["max_wait_s"] is None and "age threshold" not in (tmp_path / "o" / "whatif.md").read_text()
     with pytest.raises(LenpredError, match="engine.json is not the engine settings"):  # the guard still reads it
         run_whatif(WhatifConfig(traffic=str(tmp_path / "log"), out=str(tmp_path / "o"), decode_slots=(2,),
                                 clusters=4, bootstrap_resamples=100))
@@ -229,3 +231,37 @@ def test_the_lenpred_order_runs_with_the_engines_starvation_guard(tmp_path):
     assert "starvation guard at 4 tokens/s (the plug-in's own (engine.json))" in (tmp_path / "o" / "whatif.md").read_text()
     with pytest.raises(LenpredError, match="--aging-tokens-per-s must be >= 0"):
         WhatifConfig(traffic="x", aging_tokens_per_s=-1.0)
+
+
+def test_the_lenpred_order_runs_with_the_engines_age_threshold(tmp_path):
+    from lenpred.online.traffic_log import TrafficLogConfig, TrafficLogWriter, TrafficRecord, write_engine_settings
+    from lenpred.studies.whatif import served_guard
+
+    # one slot, 1 s per step, a 40-token request at t = 0 and 4-token ones every 2 s. Unguarded every short one
+    # overtakes the long one (done at 73 s). With a 10 s threshold only the two that came before it fell overdue
+    # (at 2 s and 4 s: 4 s and 6 s each) do; from t = 10 s it decodes to the end (46 s), then the rest, overdue by
+    # then, in arrival order (the one that arrived at 6 s done at 49 s, 43 s after its arrival, ...)
+    t = traffic(2.0 * np.arange(12), 2.0 * np.arange(12), 2.0 * np.arange(12) + 1, [10] * 12, [40] + [4] * 11,
+                [40.0] + [4.0] * 11)
+    unguarded = replay(workload(t), UNIT, 1)["lenpred"]
+    assert unguarded.tolist() == [73.0] + [4.0 + 2 * k for k in range(11)]
+    assert replay(workload(t), UNIT, 1, max_wait_s=10.0)["lenpred"].tolist() == [46.0, 4.0, 6.0] + [
+        43.0 + k for k in range(9)]
+    assert replay(workload(t), UNIT, 1, max_wait_s=1e9)["lenpred"].tolist() == unguarded.tolist()
+    with TrafficLogWriter(TrafficLogConfig(tmp_path / "log")) as w:
+        for i in range(24):
+            w.record(TrafficRecord(features=np.zeros(4), expected=20.0, low=0, high=1, num_output_tokens=20,
+                                   finish_reason="stop", arrival_time_s=float(i), first_token_time_s=i + 0.1,
+                                   finish_time_s=i + 0.9, num_prompt_tokens=30))
+    assert served_guard(tmp_path / "log", None, "max_wait_s") == (None, "none")
+    write_engine_settings(tmp_path / "log", {"policy": "srpt", "decode_slots": 2, "prefill_ahead": 2,
+                                             "max_num_seqs": 4, "aging_tokens_per_s": 0.0, "max_wait_s": 10.0})
+    assert served_guard(tmp_path / "log", None, "max_wait_s") == (10.0, "the plug-in's own (engine.json)")
+    assert served_guard(tmp_path / "log", 30.0, "max_wait_s") == (30.0, "--max-wait-s")
+    report = run_whatif(WhatifConfig(traffic=str(tmp_path / "log"), out=str(tmp_path / "o"), decode_slots=(2,),
+                                     clusters=4, bootstrap_resamples=100))
+    assert (report["max_wait_s"], report["aging_tokens_per_s"]) == (10.0, 0.0)
+    text = (tmp_path / "o" / "whatif.md").read_text()
+    assert "age threshold at 10 s (the plug-in's own (engine.json))" in text and "starvation guard at" not in text
+    with pytest.raises(LenpredError, match="--max-wait-s must be >= 0 seconds"):
+        WhatifConfig(traffic=str(tmp_path / "log"), max_wait_s=-1.0)

@@ -759,12 +759,13 @@ def read_engine_settings(directory: str | Path) -> dict | None:
         settings = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise LenpredError(f"{path} cannot be read ({exc}): delete it (the engine rewrites it when it starts) or "
-                           "pass what it holds yourself (lenpred whatif --decode-slots, --aging-tokens-per-s)") from exc
+                           "pass what it holds yourself (lenpred whatif --decode-slots, --aging-tokens-per-s, "
+                           "--max-wait-s)") from exc
     missing = ENGINE_KEYS - set(settings) if isinstance(settings, dict) else ENGINE_KEYS
     if missing or not all(isinstance(settings[k], int) for k in ("decode_slots", "max_num_seqs")):
         raise LenpredError(f"{path} is not the engine settings lenpred writes (needs {', '.join(sorted(ENGINE_KEYS))}"
                            ", the bounds as integers): delete it (the engine rewrites it) or pass what it holds "
-                           "yourself (lenpred whatif --decode-slots, --aging-tokens-per-s)")
+                           "yourself (lenpred whatif --decode-slots, --aging-tokens-per-s, --max-wait-s)")
     return settings
 
 

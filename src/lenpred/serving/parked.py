@@ -12,10 +12,12 @@ recomputation (the simulator showed recomputation is what made PLP-driven SRPT l
 Under a preemptive policy (``srpt``) every step every prefilled request is ranked and a decoding one can be parked
 again; under the others decoding requests keep their slots until they end and only free slots are handed out. A
 request the policy's starvation guard promotes (:meth:`~lenpred.serving.policies.Policy.promoted`: ``max_idle_s``
-seconds without a token) ranks ahead of every unpromoted one, longest-idle first; under a non-preemptive policy it
-takes the next free slot, under a preemptive one it displaces the worst-ranked unpromoted incumbent (for one step:
-then it is ranked again, so promotion cannot bound the tail under sustained load; delay-dependent priority,
-``aging_tokens_per_s``, does).
+seconds without a token, or ``max_wait_s`` seconds past its arrival) ranks ahead of every unpromoted one (the
+overdue in arrival order, then the idle longest-idle first: :meth:`~lenpred.serving.policies.Policy.promotion_key`);
+under a non-preemptive policy it takes the next free slot, under a preemptive one it displaces the worst-ranked
+unpromoted incumbent. An idle promotion lasts one step (then the request is ranked again, so it cannot bound the tail
+under sustained load); an overdue one lasts until the request finishes, and delay-dependent priority
+(``aging_tokens_per_s``) ages every request alike.
 
 KV budget: a decoding request whose next token starts a new KV block needs one free block. When fewer blocks are
 free than the chosen decoders need, the decoders that come first in the policy's victim order
@@ -86,6 +88,10 @@ class SchedulerConfig:
         max_idle_s: a starvation guard: a parked request idle this long is promoted (``None``, the default: off; under
             ``srpt`` a promotion lasts one step, so it does not bound the tail under sustained load;
             ``aging_tokens_per_s`` does).
+        max_wait_s: the age threshold on both stages: a request this many seconds past its arrival is admitted
+            (:meth:`admission_rank`) and then decodes ahead of every other (the policy's
+            :meth:`~lenpred.serving.policies.Policy.promoted`) until it finishes, the overdue in arrival order
+            (``None``, the default: off).
         switch_margin_tokens: a preemptive policy's hysteresis in tokens (``srpt``).
         aging_tokens_per_s: delay-dependent priority on both stages (the decode-slot rank of a policy ranking in
             tokens, and the ``prompt_len`` admission); 0: off. A policy whose rank is not in tokens (``fcfs``,
@@ -102,6 +108,7 @@ class SchedulerConfig:
     prefill_ahead: int | None = PREFILL_AHEAD
     admit_by: str = "prompt_len"
     max_idle_s: float | None = None
+    max_wait_s: float | None = None
     switch_margin_tokens: float = 16.0
     aging_tokens_per_s: float = 0.0
     policy_options: dict = field(default_factory=dict)
@@ -122,6 +129,7 @@ class SchedulerConfig:
         integer("decode_slots", 1)
         integer("prefill_ahead", 0, none_ok=True)
         number("max_idle_s", none_ok=True)
+        number("max_wait_s", none_ok=True)
         number("switch_margin_tokens")
         number("aging_tokens_per_s")
         check_aging_rate(self.aging_tokens_per_s)
@@ -134,16 +142,29 @@ class SchedulerConfig:
         check_policy_options(self.policy, self.policy_options)
 
     def make_policy(self, predictor: str | None = None, **kw) -> Policy:
-        """The policy these settings name, with their guards (``max_idle_s``, ``switch_margin_tokens``,
-        ``aging_tokens_per_s``) and :attr:`policy_options`; ``predictor`` (the simulator's prediction column) and
-        ``kw`` (e.g. ``remaining``) go to the policy's fields. Build it once, at configuration."""
-        return build_policy(self.policy, predictor=predictor, max_idle_s=self.max_idle_s,
+        """The policy these settings name, with their guards (``max_idle_s``, ``max_wait_s``,
+        ``switch_margin_tokens``, ``aging_tokens_per_s``) and :attr:`policy_options`; ``predictor`` (the simulator's
+        prediction column) and ``kw`` (e.g. ``remaining``) go to the policy's fields. Build it once, at
+        configuration."""
+        return build_policy(self.policy, predictor=predictor, max_idle_s=self.max_idle_s, max_wait_s=self.max_wait_s,
                             switch_margin_tokens=self.switch_margin_tokens,
                             aging_tokens_per_s=self.aging_tokens_per_s, **kw, **self.policy_options)
+
+    def admission_rank(self, num_prompt_tokens: int, arrival_s: float, waited_s: float) -> int:
+        """A waiting request's admission rank under these settings (lower first; ties by arrival, as vLLM's waiting
+        heap breaks them): :data:`OVERDUE_PRIORITY` once it has waited ``max_wait_s`` seconds, so the overdue are
+        prefilled first, in arrival order; else :func:`admission_priority` (``admit_by``, aged by
+        ``aging_tokens_per_s``; ``arrival_s`` on a clock shared by every request)."""
+        if self.max_wait_s is not None and waited_s >= self.max_wait_s:
+            return OVERDUE_PRIORITY
+        return admission_priority(self.admit_by, num_prompt_tokens, arrival_s, self.aging_tokens_per_s)
 
 
 ADMISSION_ORDERS = ("arrival", "prompt_len")
 """Orders in which waiting requests are admitted (prefilled) into the ranking window (:func:`admission_priority`)."""
+OVERDUE_PRIORITY = -1
+"""The admission rank of a waiting request past the age threshold (:meth:`SchedulerConfig.admission_rank`): below
+every :func:`admission_priority` (those are >= 0)."""
 
 
 def admission_priority(admit_by: str, num_prompt_tokens: int, arrival_s: float = 0.0,
@@ -206,7 +227,7 @@ def choose_decoders(requests: list[RequestView], policy: Policy, decode_slots: i
     if decode_slots < 1:
         raise LenpredError(f"decode_slots must be >= 1, got {decode_slots}")
     promoted = sorted((r for r in requests if policy.promoted(r)),
-                      key=lambda r: (-r.idle_s, r.arrival_time_s, str(r.request_id)))
+                      key=policy.promotion_key)
     promoted_ids = {r.request_id for r in promoted}
     rest = sorted((r for r in requests if r.request_id not in promoted_ids), key=policy.key)
     if policy.preemptive:

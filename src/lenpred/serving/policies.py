@@ -30,7 +30,10 @@ Starvation guards, declared per policy: **delay-dependent priority** ``aging_tok
 rank in tokens only): the rank is ``rank + k × arrival_time_s``, so each second waited counts k tokens in the
 request's favour — a static key that a client or proxy can send as vLLM's ``priority``; and **promotion** after
 ``max_idle_s`` seconds without a token (parked decoding) or ``aging_steps`` scheduler steps waiting (vllm-ltr's rule,
-Fu et al. 2024; the waiting queue): a promoted request ranks ahead of every unpromoted one.
+Fu et al. 2024; the waiting queue): a promoted request ranks ahead of every unpromoted one; and the **age threshold**
+``max_wait_s``: a request ``max_wait_s`` seconds past its arrival is promoted until it finishes, the overdue ones in
+arrival order (the FCFS fallback of threshold-based starvation guards, e.g. Linux's deadline I/O scheduler: below the
+threshold the policy's order, above it arrival order, so no request is overtaken indefinitely).
 """
 
 from __future__ import annotations
@@ -173,6 +176,8 @@ class Policy:
         aging_tokens_per_s: delay-dependent priority (module docstring; 0: off; a rank in tokens only).
         max_idle_s: promote a parked request idle this many seconds (``None``: off).
         aging_steps: promote a waiting request after this many scheduler steps (``None``: off).
+        max_wait_s: the age threshold: promote a request this many seconds after its arrival until it finishes
+            (:meth:`overdue`; ``None``: off).
         remaining: the simulator's ``remaining(request, generated) -> tokens`` (``None``: the countdown of the
             static prediction; :func:`progressive_remaining` for re-predictions).
     """
@@ -187,21 +192,26 @@ class Policy:
     aging_tokens_per_s: float = 0.0
     max_idle_s: float | None = None
     aging_steps: int | None = None
+    max_wait_s: float | None = None
     remaining: Remaining | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
         check_aging_rate(self.aging_tokens_per_s)
-        if self.max_idle_s is not None and not self.max_idle_s >= 0:
-            raise LenpredError(f"max_idle_s must be >= 0 seconds or None, got {self.max_idle_s!r}")
+        for name in ("max_idle_s", "max_wait_s"):
+            v = getattr(self, name)
+            if v is not None and not v >= 0:
+                raise LenpredError(f"{name} must be >= 0 seconds or None, got {v!r}")
         if self.aging_steps is not None and self.aging_steps < 1:
             raise LenpredError(f"aging steps must be >= 1 (vllm-ltr uses {VLLM_LTR_AGING_STEPS}), got {self.aging_steps}")
 
     @property
     def label(self) -> str:
-        """``name`` or ``name:predictor``, with ``+aging<steps>`` and ``+age<k>/s`` when on (table rows)."""
+        """``name`` or ``name:predictor``, with ``+aging<steps>``, ``+age<k>/s`` and ``+wait<s>s`` when on (table
+        rows)."""
         base = self.name if self.predictor is None else f"{self.name}:{self.predictor}"
         return (base + (f"+aging{self.aging_steps}" if self.aging_steps else "")
-                + (f"+age{self.aging_tokens_per_s:g}/s" if self.aging_tokens_per_s and self.ages else ""))
+                + (f"+age{self.aging_tokens_per_s:g}/s" if self.aging_tokens_per_s and self.ages else "")
+                + (f"+wait{self.max_wait_s:g}s" if self.max_wait_s is not None else ""))
 
     @property
     def ages(self) -> bool:
@@ -222,9 +232,21 @@ class Policy:
 
     def promoted(self, view: RequestView) -> bool:
         """Whether a starvation guard promotes ``view`` ahead of every unpromoted request: parked ``max_idle_s``
-        seconds without a token, or waiting ``aging_steps`` steps."""
+        seconds without a token, waiting ``aging_steps`` steps, or :meth:`overdue`."""
         idle = self.max_idle_s is not None and not view.decoding and view.idle_s >= self.max_idle_s
-        return idle or (self.aging_steps is not None and not view.decoding and view.idle_steps >= self.aging_steps)
+        stepped = self.aging_steps is not None and not view.decoding and view.idle_steps >= self.aging_steps
+        return idle or stepped or self.overdue(view)
+
+    def overdue(self, view: RequestView) -> bool:
+        """Whether ``view`` is past the age threshold: ``waited_s >= max_wait_s`` (seconds since arrival)."""
+        return self.max_wait_s is not None and view.waited_s >= self.max_wait_s
+
+    def promotion_key(self, view: RequestView) -> tuple:
+        """The order among promoted requests (lower first): the overdue in arrival order, then the idle-promoted,
+        longest idle first."""
+        if self.overdue(view):
+            return (0, view.arrival_time_s, str(view.request_id))
+        return (1, -view.idle_s, view.arrival_time_s, str(view.request_id))
 
     def preemptible(self, view: RequestView) -> bool:
         """Whether a running request may be preempted by recomputation in the waiting queue (never, unless
@@ -446,7 +468,8 @@ class LAS(Policy):
         return (-self.level(view), -view.arrival_time_s, str(view.request_id))
 
 
-SHARED_FIELDS = ("predictor", "aging_tokens_per_s", "max_idle_s", "aging_steps", "remaining", "switch_margin_tokens")
+SHARED_FIELDS = ("predictor", "aging_tokens_per_s", "max_idle_s", "aging_steps", "max_wait_s", "remaining",
+                 "switch_margin_tokens")
 """Policy fields every executor sets from its shared settings, never from a policy's own options."""
 
 

@@ -38,7 +38,7 @@ import numpy as np
 
 from lenpred.errors import LenpredError, raise_first
 from lenpred.serving.metrics import RequestTiming, summarize
-from lenpred.serving.parked import SchedulerConfig, admission_limit, admission_priority, choose_decoders
+from lenpred.serving.parked import SchedulerConfig, admission_limit, choose_decoders
 from lenpred.serving.policies import FCFS, Policy, RequestView, padding_ratio, static_batches, workload_view
 
 ARRIVALS = ("all", "poisson", "gamma", "given")
@@ -446,8 +446,8 @@ class _Parked(_Continuous):
         new = []
         c = self.config
         limit = admission_limit(self.cfg.max_num_seqs, c.decode_slots, c.prefill_ahead)
-        order = lambda r: (admission_priority(c.admit_by, r.num_prompt_tokens, r.arrival_time_s,  # noqa: E731
-                                              c.aging_tokens_per_s), r.arrival_time_s, r.request_id)
+        order = lambda r: (c.admission_rank(r.num_prompt_tokens, r.arrival_time_s,  # noqa: E731
+                                            self.t - r.arrival_time_s), r.arrival_time_s, r.request_id)
         for w in sorted(self.waiting, key=order):
             if len(self.running) + len(self.parked) + len(new) >= limit:
                 break
@@ -501,6 +501,10 @@ class _Parked(_Continuous):
             step_s = self.cost.decode_step_time_s(len(self.running), self._context())
             idle = [self.slot_policy.max_idle_s - (self.t - self.last_decode_t[r.request_id]) for r in self.parked]
             k = min([k] + [int(np.ceil(i / step_s)) for i in idle if i > 0])
+        if self.parked and self.slot_policy.max_wait_s is not None:  # re-rank when a parked request falls overdue
+            step_s = self.cost.decode_step_time_s(len(self.running), self._context())
+            due = [self.slot_policy.max_wait_s - (self.t - r.arrival_time_s) for r in self.parked]
+            k = min([k] + [int(np.ceil(d / step_s)) for d in due if d > 0])
         return max(k, 1)
     def _retire(self) -> None:
         for group in (self.running, self.parked):

@@ -46,7 +46,10 @@ Modes (``--modes``, all by default; :data:`lenpred.studies.queue_regime.QUEUE_MO
   = decode_slots + prefill_ahead (parked requests hold only their prompt's KV; the same KV bytes); ``plugin_plp``:
   the same with ``"plp": true`` (parked SRPT with PLP); ``plugin_guard``: the plug-in with its starvation guard
   (``aging_tokens_per_s`` :data:`~lenpred.studies.queue_regime.GUARD_AGING_TOKENS_PER_S`: a request's rank falls by
-  that many tokens per second waited; the simulator's k = 4 on the code trace: +10.4 % with p99 1.04× at 1.1×).
+  that many tokens per second waited; the simulator's k = 4 on the code trace: +10.4 % with p99 1.04× at 1.1×);
+  ``plugin_wait``: the plug-in with its age threshold (``max_wait_s``
+  :data:`~lenpred.studies.queue_regime.GUARD_MAX_WAIT_S`: a request that long past its arrival is prefilled and
+  decoded ahead of the rest, the overdue in arrival order).
 
 Controls: vLLM on ``--vllm-cpus`` with one OpenMP thread, this client (and the proxy) on ``--client-cpus``; the
 whole benchmark holds ``/tmp/lenpred-cpu.lock``; within a draw the modes run in an order rotated by the draw, one
@@ -231,6 +234,8 @@ def mode_settings(mode: str, reg: dict, cfg: QueueBenchConfig) -> dict:
     plugin = None if spec.plugin_plp is None else {**reg["plugin"], "plp": spec.plugin_plp}
     if plugin is not None and spec.aging_tokens_per_s:  # the plug-in's own starvation guard
         plugin["aging_tokens_per_s"] = spec.aging_tokens_per_s
+    if plugin is not None and spec.max_wait_s is not None:  # its age threshold
+        plugin["max_wait_s"] = spec.max_wait_s
     proxy = {"cpus": cfg.client_cpus, "threads": 1, "forward_on": "the client's core",
              "aging_tokens_per_s": spec.aging_tokens_per_s} if spec.proxy else None
     return {"mode": mode, "decode_bound": reg["decode_bound"], "kv_cache_bytes": reg["kv_cache_bytes"],

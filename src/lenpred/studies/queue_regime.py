@@ -112,6 +112,7 @@ class QueueMode:
         plugin_plp: ``None``: no plug-in; else the in-engine plug-in with its PLP refresh on or off.
         aging_tokens_per_s: the starvation guard, tokens of predicted length per second waited: with the proxy
             ``lenpred serve --aging-tokens-per-s``, with the plug-in its ``aging_tokens_per_s``; 0: off.
+        max_wait_s: the plug-in's age threshold, s (``max_wait_s``); ``None``: off.
     """
 
     priority_policy: bool = False
@@ -119,12 +120,18 @@ class QueueMode:
     proxy: bool = False
     plugin_plp: bool | None = None
     aging_tokens_per_s: float = 0.0
+    max_wait_s: float | None = None
 
 
 GUARD_AGING_TOKENS_PER_S = 4.0
 """``lenpred serve``'s guard rate in the mode ``priority_lenpred_guard``: the smallest of the validated simulator's
 rates (1, 4, 8, 16; ``scripts/queue_simulation.py``) that keeps its p99 JCT within 1.1x stock's at 1.1x load with
 both Gamma CV 1 and 3 at D = 16 (1.04 and 1.09; at 1 token/s: 1.05 and 1.20)."""
+GUARD_MAX_WAIT_S = 200.0
+"""The plug-in's age threshold in the mode ``plugin_wait``, s: the largest of the trace study's thresholds (50, 100,
+150, 200, 250, 300, 400 s; ``scripts/queue_simulation.py --max-waits``, 10 slices drawn apart from the engine's) that
+keeps the plug-in's p99 JCT within 1.05x stock's on the code trace at 1.1x load, D = 16 (+11.1 % with p99 1.02x; at
+250 s 1.09x)."""
 
 
 QUEUE_MODES = {
@@ -137,8 +144,9 @@ QUEUE_MODES = {
     "plugin_plp": QueueMode(plugin_plp=True),
     "priority_lenpred_guard": QueueMode(priority_policy=True, proxy=True, aging_tokens_per_s=GUARD_AGING_TOKENS_PER_S),
     "plugin_guard": QueueMode(plugin_plp=False, aging_tokens_per_s=GUARD_AGING_TOKENS_PER_S),
+    "plugin_wait": QueueMode(plugin_plp=False, max_wait_s=GUARD_MAX_WAIT_S),
 }
-LENPRED_MODES = ("priority_lenpred", "plugin", "plugin_plp", "priority_lenpred_guard", "plugin_guard")
+LENPRED_MODES = ("priority_lenpred", "plugin", "plugin_plp", "priority_lenpred_guard", "plugin_guard", "plugin_wait")
 """The modes that schedule by lenpred's own prediction (the oracles and prompt length do not)."""
 
 

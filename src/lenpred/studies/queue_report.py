@@ -277,7 +277,7 @@ def simulated_run(rec: dict, regime_: dict, cost, seed: int) -> tuple[dict, list
         return run_parked(reqs, cost, cfg, policy=pl["policy"], predictor="engine", decode_slots=pl["decode_slots"],
                           max_idle_s=pl["max_idle_s"], prefill_ahead=pl["prefill_ahead"],
                           admit_by=pl.get("admit_by", "arrival"),
-                          aging_tokens_per_s=pl.get("aging_tokens_per_s", 0.0))
+                          aging_tokens_per_s=pl.get("aging_tokens_per_s", 0.0), max_wait_s=pl.get("max_wait_s"))
     policy = make_policy("fcfs") if st["scheduling_policy"] == "fcfs" else make_policy("sjf:sent")
     return simulate(reqs, policy, cost, cfg, PredictionCost() if st["proxy"] else None)
 
@@ -377,7 +377,7 @@ def ok_jct(rec: dict) -> np.ndarray:
     return np.array([r["jct_s"] for r in rec["results"] if r["outcome"] == "ok"])
 
 
-WHATIF_MODES = ("plugin", "plugin_guard")
+WHATIF_MODES = ("plugin", "plugin_guard", "plugin_wait")
 """The modes whose runs :func:`add_whatif` replays (the plug-in keeps a traffic log), in the rows' order."""
 
 
@@ -399,9 +399,11 @@ def add_whatif(rep: dict, store: dict, out: Path, cost_model: str, n_resamples: 
             log = rec["settings"].get("traffic_log")
             if stock is None or not log or not Path(log).is_dir():
                 continue
-            aging = (rec["settings"].get("plugin") or {}).get("aging_tokens_per_s", 0.0)
+            plugin = rec["settings"].get("plugin") or {}
             w = run_whatif(WhatifConfig(traffic=log, cost_model=cost_model, decode_slots=(D,),
-                                        aging_tokens_per_s=aging, out=str(out / "whatif" / f"{d}-{mode}-{pattern}"),
+                                        aging_tokens_per_s=plugin.get("aging_tokens_per_s", 0.0),
+                                        max_wait_s=plugin.get("max_wait_s"),
+                                        out=str(out / "whatif" / f"{d}-{mode}-{pattern}"),
                                         bootstrap_resamples=n_resamples))["results"][str(D)]["lenpred"]
             ours, theirs = ok_jct(rec), ok_jct(stock)
             measured = 1 - ours.mean() / theirs.mean()

@@ -15,7 +15,8 @@ Modes (:func:`modes`):
   hysteresis) or by a prediction-free policy (``free_policies``: ``hrrn``, ``boost``, ``las``; and ``boost_predicted``
   on the head's prediction); ``prompt_len``: waiting requests prefilled shortest prompt first; ``@<k>``: its
   delay-dependent priority; ``:g<γ>``: γ-Boost's γ per second (``boost_gammas``: ``boost_predicted``'s mean-vs-tail
-  frontier, from SJF-like at small γ to FCFS at large γ).
+  frontier, from SJF-like at small γ to FCFS at large γ); ``:w<s>``: the age threshold ``max_wait_s`` (``max_waits``:
+  the plug-in's frontier under it, from FCFS at 0 s to the unguarded plug-in as it grows).
 
 Patterns: bursts of ``k·D``, sustained Gamma arrivals and, with ``traces``, slices of a public arrival trace
 (:mod:`lenpred.serving.traces`) stretched to 0.9x / 1.1x the capacity (draw d: the slice at a ``seed + d``-drawn
@@ -70,6 +71,8 @@ class QueueSimConfig:
         free_policies: further registered policies run as plug-in modes (``plugin:<policy>:W<D>:prompt_len``).
         boost_gammas: γ per second (> 0) of further ``boost_predicted`` plug-in modes
             (``plugin:boost_predicted:W<D>:prompt_len:g<γ>``): the boost policy's frontier (``()``: none).
+        max_waits: age thresholds, s (>= 0), of further plug-in modes (``plugin:srpt:W<D>:prompt_len:w<s>``): the
+            plug-in's frontier under the age-threshold guard (``()``: none).
         only: keep the modes whose names start with one of these (``()``: every mode; stock, ``priority:prompt_len``
             and both oracles are always kept, the comparisons need them).
 
@@ -93,6 +96,7 @@ class QueueSimConfig:
     traces: tuple[str, ...] = ()
     free_policies: tuple[str, ...] = ()
     boost_gammas: tuple[float, ...] = ()
+    max_waits: tuple[float, ...] = ()
     only: tuple[str, ...] = ()
 
     def __post_init__(self):
@@ -117,10 +121,12 @@ class QueueSimConfig:
         for trace in self.traces:  # fail now, not after the other patterns ran
             load_trace(trace)
         self.boost_gammas = tuple(dict.fromkeys(float(g) for g in self.boost_gammas))
+        self.max_waits = tuple(dict.fromkeys(float(w) for w in self.max_waits))
         bad_overhead = self.streaming_overhead_ms is not None and not 0 <= self.streaming_overhead_ms < 1e3
         raise_first([(self.draws < 1, "draws must be >= 1"), (not self.window_factors or min(self.window_factors) <= 0,
                                                               "window factors must be > 0"),
                      (any(not g > 0 for g in self.boost_gammas), "boost gammas must be > 0 (per second)"),
+                     (any(not w >= 0 for w in self.max_waits), "max waits must be >= 0 seconds"),
                      (bad_overhead,
                       f"the streaming overhead must be in [0, 1000) ms, got {self.streaming_overhead_ms}")])
 
@@ -128,7 +134,7 @@ class QueueSimConfig:
 def run_parked(requests: list, cost, sim_cfg, *, policy: str, predictor: str | None, decode_slots: int,
                max_idle_s: float | None, prefill_ahead: int | None, switch_margin_tokens: float = 16.0,
                admit_by: str = "arrival", aging_tokens_per_s: float = 0.0, remaining=None,
-               policy_options: dict | None = None):
+               policy_options: dict | None = None, max_wait_s: float | None = None):
     """:func:`lenpred.serving.simulator.simulate_parked` of ``requests`` under the parked decoder's settings
     (:class:`~lenpred.serving.parked.SchedulerConfig`'s fields, each named), ranked by ``predictor``; returns its
     ``(summary, timings)``. The one call site of the parked settings in the studies."""
@@ -137,7 +143,8 @@ def run_parked(requests: list, cost, sim_cfg, *, policy: str, predictor: str | N
 
     parked = SchedulerConfig(policy=policy, decode_slots=decode_slots, max_idle_s=max_idle_s,
                              switch_margin_tokens=switch_margin_tokens, prefill_ahead=prefill_ahead, admit_by=admit_by,
-                             aging_tokens_per_s=aging_tokens_per_s, policy_options=policy_options or {})
+                             aging_tokens_per_s=aging_tokens_per_s, max_wait_s=max_wait_s,
+                             policy_options=policy_options or {})
     return simulate_parked(requests, parked, cost, sim_cfg, predictor, remaining)
 
 
@@ -170,17 +177,18 @@ REQUIRED = ("stock", "priority:prompt_len", "priority:oracle", "priority:prompt_
 
 
 def modes(D: int, windows: tuple[int, ...], aging: tuple[float, ...] = (), free: tuple[str, ...] = (),
-          only: tuple[str, ...] = (), gammas: tuple[float, ...] = ()) -> list[str]:
+          only: tuple[str, ...] = (), gammas: tuple[float, ...] = (), waits: tuple[float, ...] = ()) -> list[str]:
     """Mode names (module docstring); ``aging``: the guard's rates, tokens per second waited; ``free``: further
     policies on the plug-in; ``only``: name prefixes to keep (:data:`REQUIRED` always); ``gammas``: γ-Boost's γ
-    (per second) of further ``boost_predicted`` modes."""
+    (per second) of further ``boost_predicted`` modes; ``waits``: age thresholds (s) of further plug-in modes."""
     names = (["stock"] + [f"priority:{s}" for s in PRIORITY]
              + [f"plugin:{p}:W{w}" for p in ("sjf", "srpt") for w in windows] + ["plugin:sjf:Wall"]
              + [f"plugin:{p}:W{w}:prompt_len" for p in ("sjf", "srpt") for w in windows[:2]]
              + [f"plugin:{p}:W{windows[0]}:prompt_len" for p in free]
              + [f"priority:{s}@{k:g}" for s in AGED for k in aging]
              + [f"plugin:srpt:W{windows[0]}:prompt_len@{k:g}" for k in aging]
-             + [f"plugin:boost_predicted:W{windows[0]}:prompt_len:g{g:g}" for g in gammas])
+             + [f"plugin:boost_predicted:W{windows[0]}:prompt_len:g{g:g}" for g in gammas]
+             + [f"plugin:srpt:W{windows[0]}:prompt_len:w{w:g}" for w in waits])
     return [m for m in names if not only or m in REQUIRED or m.startswith(only)]
 
 
@@ -199,13 +207,14 @@ def run_mode(mode: str, reqs: list, cost, base, max_idle_s: float | None) -> lis
                         PredictionCost() if rest == "proxy" else None)[1]
     rest, _, aging = rest.partition("@")
     policy, window, *more = rest.split(":")
-    admit_by, gamma = (more + ["arrival", ""][len(more):])[:2]
+    admit_by = more[0] if more else "arrival"
+    extra = {x[0]: float(x[1:]) for x in more[1:]}  # g<γ>, w<s>
     W = 100_000 if window == "Wall" else int(window[1:])
     cfg = dataclasses.replace(base, max_num_seqs=base.max_num_seqs + W)
     return run_parked(reqs, cost, cfg, policy=policy, predictor="last", decode_slots=base.max_num_seqs,
                       max_idle_s=max_idle_s, prefill_ahead=W, admit_by=admit_by,
-                      aging_tokens_per_s=float(aging or 0),
-                      policy_options={"gamma_per_s": float(gamma[1:])} if gamma else None)[1]
+                      aging_tokens_per_s=float(aging or 0), max_wait_s=extra.get("w"),
+                      policy_options={"gamma_per_s": extra["g"]} if "g" in extra else None)[1]
 
 
 def capacity(table, cost, D: int, kv: int, seed: int) -> float:
@@ -270,7 +279,7 @@ def study(cfg: QueueSimConfig, table, cost, oracle_p: np.ndarray, D: int) -> dic
     out = {"D": D, "kv_cache_tokens": kv, "capacity_req_s": cap, "patterns": {}}
     design = f"plugin:srpt:W{windows[0]}:prompt_len"  # the plug-in's defaults when the first window is D
     for name, (n, arrival, rate, cv) in patterns(D, cap, cfg.window_s, cfg.traces).items():
-        names = [m for m in modes(D, windows, cfg.aging, cfg.free_policies, cfg.only, cfg.boost_gammas)
+        names = [m for m in modes(D, windows, cfg.aging, cfg.free_policies, cfg.only, cfg.boost_gammas, cfg.max_waits)
                  if arrival != "all" or "@" not in m]
         jct: dict[str, list[np.ndarray]] = {m: [] for m in names}
         for d in range(cfg.draws):

@@ -23,6 +23,8 @@ def markdown(rep: dict) -> str:
              f"{', '.join(f'{k:g}' for k in rep['settings']['aging']) or 'none'} tokens/s (`@k` rows), "
              + (f"γ-Boost on the predicted length at γ {', '.join(f'{g:g}' for g in rep['settings']['boost_gammas'])}"
                 "/s (`:g<γ>` rows), " if rep["settings"].get("boost_gammas") else "")
+             + (f"the plug-in's age threshold at {', '.join(f'{w:g}' for w in rep['settings']['max_waits'])} s "
+                "(`:w<s>` rows), " if rep["settings"].get("max_waits") else "")
              + f"{rep['settings']['draws']} draws, the plug-in's max_idle_s {rep['settings']['max_idle_s']}. "
              "Cut = 1 − mean JCT / stock's; intervals 95 %, paired, requests clustered by draw.", ""]
     for study_ in rep["studies"]:
@@ -73,8 +75,9 @@ def plot_map(rep: dict, path: Path) -> None:
 def plot_aging(rep: dict, path: Path) -> None:
     """The mean-vs-tail frontier: per D, on the sustained 1.1x Gamma patterns and every trace pattern, each aged
     signal's and the plug-in's mean-JCT cut vs its p99 / stock p99 as the guard's rate grows (0 = no guard), γ-Boost
-    on the predicted length as its γ grows (the settings' ``boost_gammas``), the other plug-in policies
-    (prediction-free ones among them) as single points, and the p99 <= 1.1x line."""
+    on the predicted length as its γ grows (the settings' ``boost_gammas``), the plug-in under the age threshold as
+    it falls (``max_waits``), the other plug-in policies
+    (prediction-free ones among them) as single points, and the p99 <= 1.1x and 1.05x lines."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -94,6 +97,9 @@ def plot_aging(rep: dict, path: Path) -> None:
             boosted = [f"plugin:boost_predicted:W{s['D']}:prompt_len:g{g:g}"
                        for g in sorted(rep["settings"].get("boost_gammas", ()))]
             curves.append((boosted, "γ-Boost on the predicted length, γ growing", "^"))
+            waited = [f"plugin:srpt:W{s['D']}:prompt_len:w{w:g}"
+                      for w in sorted(rep["settings"].get("max_waits", ()), reverse=True)]
+            curves.append(([best] + waited, "plug-in, age threshold max_wait_s falling", "v"))
             for base, label, marker in curves:
                 ms = [m for m in (base if isinstance(base, list) else [base] + [f"{base}@{k:g}" for k in rates])
                       if m in cells]
@@ -105,6 +111,7 @@ def plot_aging(rep: dict, path: Path) -> None:
                         and not m.startswith(("plugin:sjf", "plugin:srpt"))):
                     ax.plot(cells[m]["p99_ratio_vs_stock"], 100 * cells[m]["jct_cut_vs_stock"][0], "s", label=m)
             ax.axvline(1.1, color="grey", ls="--", lw=0.8)
+            ax.axvline(1.05, color="grey", ls=":", lw=0.8)
             ax.axhline(0, color="grey", lw=0.8)
             ax.set_xlabel("p99 JCT / stock p99")
             ax.set_ylabel("mean JCT cut vs stock (%)")
@@ -144,6 +151,7 @@ TRACE_TABLE = (("burst8", "gamma1x1.1", "tracecodex0.9", "tracecodex1.1", "trace
                ("priority:prompt_len", "plugin:hrrn:W16:prompt_len", "plugin:boost:W16:prompt_len",
                 "plugin:las:W16:prompt_len", "plugin:boost_predicted:W16:prompt_len", "priority:proxy",
                 "plugin:srpt:W16:prompt_len", "plugin:srpt:W16:prompt_len@4", "plugin:srpt:W16:prompt_len@8",
+                "plugin:srpt:W16:prompt_len:w150", "plugin:srpt:W16:prompt_len:w200",
                 "priority:prompt_oracle", "priority:oracle"))
 """The patterns and modes of the trace study's table in docs/serving.md (``results/scripts/serving/queue_trace/``;
 ``tests/test_doc_tables.py`` checks the docs against :func:`summary_table` of its JSON)."""

@@ -59,6 +59,9 @@ class WhatifConfig:
         aging_tokens_per_s: the starvation guard of the lenpred order (tokens of rank per second waited,
             :class:`lenpred.serving.parked.SchedulerConfig`), >= 0; ``None``: the engine's own, recorded beside the
             log (``engine.json``), else 0 (no guard).
+        max_wait_s: the lenpred order's age threshold (s, >= 0: a request that long past its arrival runs in arrival
+            order ahead of the rest, :class:`lenpred.serving.parked.SchedulerConfig`); ``inf``: off; ``None``: the
+            engine's own, else off.
         out: where ``whatif.json``, ``whatif.md`` and ``whatif.png`` go.
         clusters: consecutive-arrival blocks the bootstrap resamples (>= 2).
         bootstrap_resamples: paired bootstrap resamples.
@@ -68,6 +71,7 @@ class WhatifConfig:
     cost_model: str | None = None
     decode_slots: tuple[int, ...] | None = None
     aging_tokens_per_s: float | None = None
+    max_wait_s: float | None = None
     out: str = "results/whatif"
     clusters: int = 10
     bootstrap_resamples: int = 2000
@@ -78,6 +82,9 @@ class WhatifConfig:
             raise LenpredError(f"--decode-slots must be integers >= 1, got '{shown}': give bounds such as 8,16,32")
         if self.aging_tokens_per_s is not None and not self.aging_tokens_per_s >= 0:
             raise LenpredError(f"--aging-tokens-per-s must be >= 0 (0: no guard), got {self.aging_tokens_per_s}")
+        if self.max_wait_s is not None and not self.max_wait_s >= 0:
+            raise LenpredError(f"--max-wait-s must be >= 0 seconds (leave it out: no age threshold), got "
+                               f"{self.max_wait_s}")
         if self.clusters < 2:
             raise LenpredError(f"--clusters must be >= 2 (the bootstrap resamples them), got {self.clusters}")
         if self.bootstrap_resamples < 100:
@@ -207,17 +214,24 @@ def served_bound(directory: str | Path, traffic: LoggedTraffic) -> tuple[int, st
     return bound, f"the plug-in's decode_slots under policy {engine['policy']} ({ENGINE_FILE})", True
 
 
-def served_guard(directory: str | Path, given: float | None) -> tuple[float, str]:
-    """``(tokens/s, where it came from)``: the starvation guard of the lenpred order: ``given`` (``--aging-tokens-per-s``),
-    else the rate the plug-in recorded beside the log (``aging_tokens_per_s`` in its engine settings), else 0."""
+GUARDS = {"aging_tokens_per_s": ("--aging-tokens-per-s", 0.0), "max_wait_s": ("--max-wait-s", None)}
+"""The lenpred order's starvation guards a replay sets: ``setting -> (its flag, its value when off)``."""
+
+
+def served_guard(directory: str | Path, given: float | None,
+                 setting: str = "aging_tokens_per_s") -> tuple[float | None, str]:
+    """``(value, where it came from)`` of one of the lenpred order's starvation guards (:data:`GUARDS`): ``given``
+    (its flag), else the value the plug-in recorded beside the log (in its engine settings), else off (0 tokens/s for
+    ``aging_tokens_per_s``, ``None`` for ``max_wait_s``)."""
     from lenpred.online.traffic_log import ENGINE_FILE, read_engine_settings
 
+    flag, off = GUARDS[setting]
     if given is not None:
-        return float(given), "--aging-tokens-per-s"
+        return float(given), flag
     engine = read_engine_settings(directory)
-    if engine is not None and engine.get("aging_tokens_per_s"):
-        return float(engine["aging_tokens_per_s"]), f"the plug-in's own ({ENGINE_FILE})"
-    return 0.0, "none"
+    if engine is not None and engine.get(setting) not in (None, off):
+        return float(engine[setting]), f"the plug-in's own ({ENGINE_FILE})"
+    return off, "none"
 
 
 def streamed(traffic: LoggedTraffic) -> bool:
@@ -262,15 +276,15 @@ def workload(traffic: LoggedTraffic) -> list[WorkloadRequest]:
                                                  traffic.num_output_tokens, traffic.expected))]
 
 
-def replay(requests: list[WorkloadRequest], cost, decode_slots: int,
-           aging_tokens_per_s: float = 0.0) -> dict[str, np.ndarray]:
+def replay(requests: list[WorkloadRequest], cost, decode_slots: int, aging_tokens_per_s: float = 0.0,
+           max_wait_s: float | None = None) -> dict[str, np.ndarray]:
     """``{mode: (n,) JCT in seconds}`` of each of :data:`MODES` at ``decode_slots`` (stock and prompt-length priority
     run ``decode_slots`` sequences; the plug-in's design admits ``decode_slots`` more into its window; lenpred with
-    its starvation guard at ``aging_tokens_per_s``, the recorded length without one)."""
+    its starvation guards, ``aging_tokens_per_s`` and ``max_wait_s``, the recorded length without one)."""
     stock = SimConfig(max_num_seqs=decode_slots, max_num_batched_tokens=8192, arrival="given")
     parked = dataclasses.replace(stock, max_num_seqs=2 * decode_slots)
     design = SchedulerConfig(decode_slots=decode_slots, prefill_ahead=decode_slots)
-    guarded = dataclasses.replace(design, aging_tokens_per_s=aging_tokens_per_s)
+    guarded = dataclasses.replace(design, aging_tokens_per_s=aging_tokens_per_s, max_wait_s=max_wait_s)
     runs = {"stock FCFS": simulate(requests, make_policy("fcfs"), cost, stock)[1],
             "prompt-length priority": simulate(requests, make_policy("sjf:prompt_len"), cost, stock)[1],
             "lenpred": simulate_parked(requests, guarded, cost, parked, predictor="served")[1],
@@ -340,17 +354,20 @@ def run_whatif(cfg: WhatifConfig) -> dict:
                            "concurrency bound cannot be read from it: pass --decode-slots")
     bounds = cfg.decode_slots or tuple(sorted({max(own // 2, 1), own, 2 * own}))
     aging, aging_source = served_guard(cfg.traffic, cfg.aging_tokens_per_s)
+    wait, wait_source = served_guard(cfg.traffic, cfg.max_wait_s, "max_wait_s")
+    wait = None if wait == float("inf") else wait  # off, as given
     requests = workload(traffic)
     results = {}
     for d in bounds:
         logger.info("whatif: replaying %d requests at D = %d", len(requests), d)
-        results[d] = compare_modes(replay(requests, cost, d, aging), cfg.clusters, cfg.bootstrap_resamples)
+        results[d] = compare_modes(replay(requests, cost, d, aging, wait), cfg.clusters, cfg.bootstrap_resamples)
     at = own if own in results else bounds[0]
     report = {"traffic": str(cfg.traffic), "num_requests": len(requests), "observed_bound": own,
               "bound_source": bound_source,
               "logged_mean_jct_s": float(np.mean(traffic.finish_s - traffic.arrival_s)),
               "cost_source": source, "cost_coefficients": cost.coefficients,
               "aging_tokens_per_s": aging, "aging_source": aging_source,
+              "max_wait_s": wait, "max_wait_source": wait_source,
               "duration_s": float(traffic.finish_s.max()), "results": {str(d): r for d, r in results.items()},
               "verdict_at": at, "verdict": verdict(results[at], at), "settings": dataclasses.asdict(cfg)}
     out = Path(cfg.out)
@@ -362,9 +379,11 @@ def run_whatif(cfg: WhatifConfig) -> dict:
 
 
 def guard_text(report: dict) -> str:
-    """The lenpred order's starvation guard, as the report's header says it ("" without one)."""
-    aging = report.get("aging_tokens_per_s", 0.0)
-    return f"lenpred with its starvation guard at {aging:g} tokens/s ({report['aging_source']}). " if aging else ""
+    """The lenpred order's starvation guards, as the report's header says them ("" without one)."""
+    aging, wait = report.get("aging_tokens_per_s", 0.0), report.get("max_wait_s")
+    return ((f"lenpred with its starvation guard at {aging:g} tokens/s ({report['aging_source']}). " if aging else "")
+            + (f"lenpred with its age threshold at {wait:g} s ({report['max_wait_source']}). "
+               if wait is not None else ""))
 
 
 def render_whatif(report: dict) -> str:

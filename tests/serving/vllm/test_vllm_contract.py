@@ -159,6 +159,23 @@ def test_admit_by_prompt_len_prefills_the_shortest_prompts_first(model_dir):
         make_scheduler(model_dir, admit_by="prompt_len")
 
 
+def test_the_age_threshold_admits_the_overdue_first_in_arrival_order(model_dir):
+    # as above, prompts a 24, b 12, c 16, d 8 tokens; a and c then fall overdue (120 s threshold; their arrival moved
+    # 200 s and 150 s back, as if they had waited): the plug-in re-ranks them in vLLM's waiting heap at the next
+    # step, so a and c are prefilled first in arrival order, then the shortest prompts
+    import time
+
+    s, worker, _ = make_scheduler(model_dir, scheduling_policy="priority", policy="sjf", decode_slots=1,
+                                  prefill_ahead=0, admit_by="prompt_len", max_wait_s=120.0)
+    for k, (rid, n) in enumerate(zip("abcd", (24, 12, 16, 8))):
+        s.add_request(request(rid, prompt_len=n, priority=7, first=100 + 50 * k))
+    assert [r.priority for r in s.requests.values()] == [24, 12, 16, 8]  # none overdue yet: the prompt lengths
+    now = time.time()
+    s.requests["a"].arrival_time, s.requests["c"].arrival_time = now - 200, now - 150
+    order = [step(s, worker, tokens={r: STOP for r in "abcd"})[0].num_scheduled_tokens for _ in range(4)]
+    assert order == [{"a": 24}, {"c": 16}, {"d": 8}, {"b": 12}]
+
+
 def test_observe_schedules_as_stock_vllm(model_dir):
     s, worker, free = make_scheduler(model_dir, policy="observe", decode_slots=1)
     for k, rid in enumerate("abc"):

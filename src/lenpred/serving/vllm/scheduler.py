@@ -59,7 +59,7 @@ from lenpred.online.progressive import start_states, update_batch
 from lenpred.online.traffic_log import TrafficLogConfig, token_ids_sha256, write_engine_settings
 from lenpred.outcome import RequestOutcome
 from lenpred.prediction import LengthPrediction
-from lenpred.serving.parked import admission_limit, admission_priority, choose_decoders, preemption_order
+from lenpred.serving.parked import OVERDUE_PRIORITY, admission_limit, choose_decoders, preemption_order
 from lenpred.serving.policies import RequestView, request_view
 from lenpred.serving.vllm.config import OBSERVE, EngineConfig, load_head
 from lenpred.serving.vllm.contract import STATES_ATTR, VLLM_VERSIONS, require_attributes, vllm_version_warning
@@ -258,7 +258,7 @@ class LenpredScheduler(Scheduler):
         if cfg.traffic_log:  # how this engine serves, for a replay of its log (lenpred whatif)
             write_engine_settings(cfg.traffic_log, {
                 "policy": cfg.policy, "decode_slots": cfg.decode_slots, "prefill_ahead": cfg.prefill_ahead,
-                "aging_tokens_per_s": cfg.aging_tokens_per_s,
+                "aging_tokens_per_s": cfg.aging_tokens_per_s, "max_wait_s": cfg.max_wait_s,
                 "max_num_seqs": vllm_config.scheduler_config.max_num_seqs,
                 "started": time.strftime("%Y-%m-%dT%H:%M:%S")})
 
@@ -271,12 +271,29 @@ class LenpredScheduler(Scheduler):
 
     def _lenpred_admission_rank(self, request) -> None:
         """Under ``admit_by`` other than arrival, a waiting request's vLLM ``priority`` is its admission rank
-        (:func:`lenpred.serving.parked.admission_priority`): the first stage of the two-stage rank, vLLM's waiting
-        heap orders by it."""
+        (:meth:`lenpred.serving.parked.SchedulerConfig.admission_rank`): the first stage of the two-stage rank,
+        vLLM's waiting heap orders by it."""
         cfg = self.lenpred_config
         if self._lp_policy is not None and cfg.admit_by != "arrival":
-            request.priority = admission_priority(cfg.admit_by, request.num_prompt_tokens,
-                                                  request.arrival_time - self._lp_clock_origin, cfg.aging_tokens_per_s)
+            request.priority = cfg.admission_rank(request.num_prompt_tokens,
+                                                  request.arrival_time - self._lp_clock_origin,
+                                                  time.time() - request.arrival_time)
+
+    def _lenpred_admit_overdue(self) -> None:
+        """Under the age threshold (``max_wait_s``), re-rank the waiting requests that have fallen overdue since they
+        were ranked: out of vLLM's waiting heap and back in with :data:`~lenpred.serving.parked.OVERDUE_PRIORITY`,
+        so they are prefilled first, in arrival order (vLLM's public queue calls; the heap is re-sorted only when
+        a request fell overdue)."""
+        cfg = self.lenpred_config
+        if cfg.max_wait_s is None or self._lp_policy is None or cfg.admit_by == "arrival":
+            return
+        due = time.time() - cfg.max_wait_s
+        overdue = [r for r in self.waiting if r.priority != OVERDUE_PRIORITY and r.arrival_time <= due]
+        if overdue:
+            self.waiting.remove_requests(overdue)
+            for r in overdue:
+                r.priority = OVERDUE_PRIORITY
+                self.waiting.add_request(r)
 
     def update_from_output(self, scheduler_output, model_runner_output):
         states = getattr(model_runner_output, STATES_ATTR, None)
@@ -392,6 +409,7 @@ class LenpredScheduler(Scheduler):
             self._lenpred_count(0.0)
             return output
         t0 = time.perf_counter()
+        self._lenpred_admit_overdue()
         plan = self._lenpred_plan()
         t1 = time.perf_counter()
         output = self._lenpred_enact(plan, *args, **kwargs)
