@@ -176,6 +176,27 @@ def test_the_age_threshold_admits_the_overdue_first_in_arrival_order(model_dir):
     assert order == [{"a": 24}, {"c": 16}, {"d": 8}, {"b": 12}]
 
 
+def test_an_overdue_parked_request_takes_the_decode_slot_until_it_finishes(model_dir):
+    # SRPT on the client's priority, one decode slot: b (priority 5) decodes, a (50) is parked; once a falls overdue
+    # (120 s threshold, its arrival moved 300 s back) it decodes every step, b parked, until it finishes; then b
+    import time
+
+    s, worker, free = make_scheduler(model_dir, policy="srpt", decode_slots=1, rank_by="priority", max_wait_s=120.0)
+    s.add_request(request("a", priority=50))
+    s.add_request(request("b", priority=5, first=300))
+    step(s, worker)  # both prefilled
+    assert step(s, worker)[0].num_scheduled_tokens == {"b": 1}
+    s.requests["a"].arrival_time = time.time() - 300
+    for _ in range(3):
+        assert step(s, worker)[0].num_scheduled_tokens == {"a": 1}
+    so, done = step(s, worker, tokens={"a": STOP})
+    assert so.num_scheduled_tokens == {"a": 1} and list(done) == ["a"]
+    assert step(s, worker)[0].num_scheduled_tokens == {"b": 1}
+    assert s.lenpred_counters["promoted"] == 4
+    drain(s, worker)
+    assert_clean(s, free)
+
+
 def test_observe_schedules_as_stock_vllm(model_dir):
     s, worker, free = make_scheduler(model_dir, policy="observe", decode_slots=1)
     for k, rid in enumerate("abc"):
