@@ -41,7 +41,16 @@ TRACE_ENGINE_09 = "results/scripts/serving/queue_trace_engine/code_x0.9/report.j
 REPEAT = "results/scripts/serving/queue_trace_engine/code_x1.1_repeat/runs.json"
 RUNS_11 = "results/scripts/serving/queue_trace_engine/code_x1.1/runs.json"
 RUNS_09 = "results/scripts/serving/queue_trace_engine/code_x0.9/runs.json"
+WAIT = "results/scripts/serving/queue_trace_engine/code_x1.1_wait/report.json"
+WAIT_RUNS = "results/scripts/serving/queue_trace_engine/code_x1.1_wait/runs.json"
 REPEAT_REPORT = "results/scripts/serving/queue_trace_engine/code_x1.1_repeat/report.json"
+
+
+def _p99(runs: dict, key: str) -> float:
+    """p99 JCT (s) of one run in a ``runs.json``."""
+    import numpy as np
+
+    return float(np.percentile([x["jct_s"] for x in runs["runs"][key]["results"]], 99))
 
 
 def PCT(x: float) -> str:  # noqa: N802 - a formatter like the others, named for what it prints
@@ -308,6 +317,37 @@ CHECKS = [
     (TRACE, TRACE_CELL.format("gamma1x1.1", "plugin:srpt:W16:prompt_len:w50") + "/p99_ratio_vs_stock", f2,
      "T = 50 s +1.4 % with {}×", GUIDE),
     (TRACE_ENGINE, lambda r: len(r["patterns"]["tracecodex1.1"]["draws"]), f0, "At 1.1× load, over {} slices"),
+    (TRACE, TRACE_CELL.format("tracecodex1.1", "plugin:srpt:W16:prompt_len:w200") + "/jct_cut_vs_stock", first(PCT),
+     "which the simulator finds keeps {} with p99"),
+    (TRACE, TRACE_CELL.format("tracecodex1.1", "plugin:srpt:W16:prompt_len:w200") + "/p99_ratio_vs_stock", f2,
+     "finds keeps +11.1 % with p99 {}×, measured"),
+    (WAIT, "patterns/tracecodex1.1/modes/plugin_wait/jct_cut_vs_stock", pct, "measured {} with p99 1.11× on"),
+    (WAIT, "patterns/tracecodex1.1/modes/plugin_wait/p99_jct_ratio_vs_stock", first(lambda x: f"{x:.2f}×"),
+     "+22.6] with p99 {} on 2 slices"),
+    (WAIT, lambda r: len(r["patterns"]["tracecodex1.1"]["draws"]), f0, "with p99 1.11× on {} slices beside"),
+    (TRACE, TRACE_CELL.format("tracecodex1.1", "plugin:srpt:W16:prompt_len:w200") + "/jct_cut_vs_stock", first(PCT),
+     "simulator's 10 slices, where it keeps {} with p99", GUIDE),
+    (WAIT, "patterns/tracecodex1.1/modes/plugin_wait/jct_cut_vs_stock", pct, "fresh stock run (`code_x1.1_wait/`): {}",
+     GUIDE),
+    (WAIT, "patterns/tracecodex1.1/modes/plugin_wait/p99_jct_ratio_vs_stock", first(f2), "+22.6] with p99 {}× (per",
+     GUIDE),
+    (WAIT, "patterns/tracecodex1.1/modes/plugin_wait/measured_cut_vs_stock_per_draw",
+     lambda v: f"per slice {PCT(v[0])} and {PCT(v[1])}", "({}, p99", GUIDE),
+    (WAIT_RUNS, lambda r: [_p99(r, f"{d}/plugin_wait/tracecodex1.1") / _p99(r, f"{d}/stock/tracecodex1.1")
+                           for d in (0, 1)], lambda v: f"p99 {v[0]:.2f}× and {v[1]:.2f}×", "+17.5 %, {})", GUIDE),
+    (WAIT, "patterns/tracecodex1.1/modes/plugin_wait/simulated_cut_vs_stock", PCT,
+     "the simulator at one pace says {} with", GUIDE),
+    (WAIT, "patterns/tracecodex1.1/modes/plugin_wait/simulated_p99_ratio_vs_stock", f2,
+     "at one pace says +10.9 % with {}×.", GUIDE),
+    (WAIT_RUNS, lambda r: [r["runs"][f"{d}/stock/tracecodex1.1"]["summary"]["throughput_tok_s"] for d in (1, 0)],
+     lambda v: f"({v[0]:.0f} tokens/s, against {v[1]:.0f} on slice 0", "The engine ran slice 1 fast {}", GUIDE),
+    (WAIT_RUNS, lambda r: _p99(r, "1/stock/tracecodex1.1"), f0, "stock's p99 there was {} s,", GUIDE),
+    (WAIT, "patterns/tracecodex1.1/modes/stock/simulated_p99_over_measured", f2,
+     "(its p99 over the measured: {} for stock", GUIDE),
+    (WAIT, "patterns/tracecodex1.1/modes/plugin_wait/simulated_p99_over_measured", f2,
+     "for stock, {} under the threshold)", GUIDE),
+    (WAIT, lambda r: max(abs(w["error_pp"]) for w in r["patterns"]["tracecodex1.1"]["whatif"]), f1,
+     "both runs' logs was within {} points", GUIDE),
     (TRACE_ENGINE, TRACE_11 + "/modes/plugin_guard/jct_cut_vs_stock", first(PCT), "plug-in's measured {} is mostly drift"),
     (TRACE_ENGINE, TRACE_11 + "/modes/plugin/jct_cut_vs_stock", pct, "the plug-in cuts mean JCT by {} and"),
     (TRACE_ENGINE, TRACE_11 + "/modes/priority_prompt_len/jct_cut_vs_stock", pct,
