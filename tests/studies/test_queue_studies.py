@@ -4,6 +4,7 @@ engine."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -50,58 +51,54 @@ def test_mode_names():
         QueueSimConfig(max_waits=(-1.0,))
 
 
-def test_boost_on_the_prediction_runs_from_shortest_first_to_fcfs_as_gamma_grows():
+def one_slot(requests: tuple) -> Callable[[str], list]:
+    """``run(mode) -> timings by request id`` of the study's modes with one decode slot on the committed cost model,
+    for requests given as ``(output tokens, arrival s)`` (20-token prompts, the shipped head's prediction exact)."""
     from lenpred.serving.cost_model import CostModel
     from lenpred.serving.simulator import SimConfig
     from lenpred.studies.queue_sim import run_mode
     from lenpred.studies.workload import WorkloadRequest
 
-    # one decode slot, non-preemptive: request 0 (40 tokens) starts at once; 1 (200 tokens) and then 2 (10) arrive
-    # while it decodes and wait parked
     reqs = [WorkloadRequest(i, [], n, 256, "rl", f"p{i}", {"last": float(n)}, num_prompt_tokens=20,
-                            arrival_time_s=t) for i, (n, t) in enumerate(((40, 0.0), (200, 0.01), (10, 0.02)))]
+                            arrival_time_s=t) for i, (n, t) in enumerate(requests)]
     cost = CostModel.load(ROOT / "results/scripts/serving/cost_vllm_1core_sampled.json")
     base = SimConfig(max_num_seqs=1, arrival="given")
+    return lambda mode: sorted(run_mode(mode, reqs, cost, base, None), key=lambda t: t.request_id)
 
-    def finish_order(mode):
-        return [t.request_id for t in sorted(run_mode(mode, reqs, cost, base, None), key=lambda t: t.finish_time_s)]
 
+def finish_order(timings: list) -> list[int]:
+    return [t.request_id for t in sorted(timings, key=lambda t: t.finish_time_s)]
+
+
+def test_boost_on_the_prediction_runs_from_shortest_first_to_fcfs_as_gamma_grows():
+    # one decode slot, non-preemptive: request 0 (40 tokens) starts at once; 1 (200 tokens) and then 2 (10) arrive
+    # while it decodes and wait parked
+    run = one_slot(((40, 0.0), (200, 0.01), (10, 0.02)))
     # γ large: every boost ~ 0, the boosted arrival is the arrival (FCFS);
     # γ small: b_γ(w) ~ ln(1/(γw))/γ orders by the work w
-    assert finish_order("plugin:boost_predicted:W2:prompt_len:g1000") == finish_order("plugin:fcfs:W2:prompt_len")
-    assert finish_order("plugin:boost_predicted:W2:prompt_len:g1000") == [0, 1, 2]
-    assert finish_order("plugin:boost_predicted:W2:prompt_len:g1e-6") == [0, 2, 1]
+    fcfs = finish_order(run("plugin:fcfs:W2:prompt_len"))
+    assert finish_order(run("plugin:boost_predicted:W2:prompt_len:g1000")) == fcfs == [0, 1, 2]
+    assert finish_order(run("plugin:boost_predicted:W2:prompt_len:g1e-6")) == [0, 2, 1]
 
 
 def test_the_age_threshold_runs_from_fcfs_at_0_s_to_the_unguarded_plugin():
-    from lenpred.serving.cost_model import CostModel
-    from lenpred.serving.simulator import SimConfig
-    from lenpred.studies.queue_sim import run_mode
-    from lenpred.studies.workload import WorkloadRequest
-
     # one decode slot, SRPT: request 0 (200 tokens) starts at once, 1 (10 tokens) arrives while it decodes and
     # takes the slot; 2 (40) arrives next and waits for 1
-    reqs = [WorkloadRequest(i, [], n, 256, "rl", f"p{i}", {"last": float(n)}, num_prompt_tokens=20,
-                            arrival_time_s=t) for i, (n, t) in enumerate(((200, 0.0), (10, 0.5), (40, 0.6)))]
-    cost = CostModel.load(ROOT / "results/scripts/serving/cost_vllm_1core_sampled.json")
-    base = SimConfig(max_num_seqs=1, arrival="given")
+    run = one_slot(((200, 0.0), (10, 0.5), (40, 0.6)))
 
     def jct(mode):
-        return [round(t.jct_s, 9) for t in sorted(run_mode(mode, reqs, cost, base, None), key=lambda t: t.request_id)]
-
-    def finish_order(mode):
-        return [t.request_id for t in sorted(run_mode(mode, reqs, cost, base, None), key=lambda t: t.finish_time_s)]
+        return [round(t.jct_s, 9) for t in run(mode)]
 
     # 0 s: every request is overdue on arrival, so arrival order: FCFS; a threshold no request reaches: plain SRPT
     assert jct("plugin:srpt:W2:prompt_len:w0") == jct("plugin:fcfs:W2:prompt_len")
-    assert finish_order("plugin:srpt:W2:prompt_len:w0") == [0, 1, 2]
+    assert finish_order(run("plugin:srpt:W2:prompt_len:w0")) == [0, 1, 2]
     assert jct("plugin:srpt:W2:prompt_len:w1e9") == jct("plugin:srpt:W2:prompt_len")
-    assert finish_order("plugin:srpt:W2:prompt_len") == [1, 2, 0]
+    assert finish_order(run("plugin:srpt:W2:prompt_len")) == [1, 2, 0]
     # 1.5 s: 1 finishes first (at 1.39 s), 2 starts, and at 1.5 s request 0 falls overdue and takes the slot from 2
     # (the simulator re-ranks at that moment, as the plug-in does every step); at 1 s it takes it from 1 instead
-    assert finish_order("plugin:srpt:W2:prompt_len:w1.5") == [1, 0, 2]
+    assert finish_order(run("plugin:srpt:W2:prompt_len:w1.5")) == [1, 0, 2]
     assert jct("plugin:srpt:W2:prompt_len:w1.5")[1] == jct("plugin:srpt:W2:prompt_len")[1]
-    assert finish_order("plugin:srpt:W2:prompt_len:w1") == [0, 1, 2]
+    assert finish_order(run("plugin:srpt:W2:prompt_len:w1")) == [0, 1, 2]
     assert jct("plugin:srpt:W2:prompt_len:w1") != jct("plugin:fcfs:W2:prompt_len")
 
 
