@@ -263,5 +263,17 @@ def test_the_lenpred_order_runs_with_the_engines_age_threshold(tmp_path):
     assert (report["max_wait_s"], report["aging_tokens_per_s"]) == (10.0, 0.0)
     text = (tmp_path / "o" / "whatif.md").read_text()
     assert "age threshold at 10 s (the plug-in's own (engine.json))" in text and "starvation guard at" not in text
-    with pytest.raises(LenpredError, match="--max-wait-s must be >= 0 seconds"):
+    with pytest.raises(LenpredError, match="--max-wait-s must be >= 0 seconds .inf: no age threshold."):
         WhatifConfig(traffic=str(tmp_path / "log"), max_wait_s=-1.0)
+    # a threshold beyond any wait is off, in every form (no overflow in the simulator's step count)
+    assert replay(workload(t), UNIT, 1, max_wait_s=float("inf"))["lenpred"].tolist() == unguarded.tolist()
+    assert replay(workload(t), UNIT, 1, max_wait_s=1e308)["lenpred"].tolist() == unguarded.tolist()
+    off = run_whatif(WhatifConfig(traffic=str(tmp_path / "log"), out=str(tmp_path / "off"), decode_slots=(2,),
+                                  max_wait_s=float("inf"), clusters=4, bootstrap_resamples=100))
+    assert off["max_wait_s"] is None and json.loads((tmp_path / "off" / "whatif.json").read_text(),
+                                                    parse_constant=lambda c: 1 / 0)["settings"]["max_wait_s"] == "inf"
+    for bad in ("abc", -5, [200], True):  # a hand-edited engine.json is refused, naming the file and the fix
+        write_engine_settings(tmp_path / "log", {"policy": "srpt", "decode_slots": 2, "prefill_ahead": 2,
+                                                 "max_num_seqs": 4, "max_wait_s": bad})
+        with pytest.raises(LenpredError, match=r"engine.json holds max_wait_s = .*pass --max-wait-s"):
+            served_guard(tmp_path / "log", None, "max_wait_s")

@@ -504,7 +504,7 @@ class _Parked(_Continuous):
         if self.parked and self.slot_policy.max_wait_s is not None:  # re-rank when a parked request falls overdue
             step_s = self.cost.decode_step_time_s(len(self.running), self._context())
             due = [self.slot_policy.max_wait_s - (self.t - r.arrival_time_s) for r in self.parked]
-            k = min([k] + [int(np.ceil(d / step_s)) for d in due if d > 0])
+            k = min([k] + [int(np.ceil(d / step_s)) for d in due if 0 < d / step_s < k])  # inf and beyond k: none
         return max(k, 1)
     def _retire(self) -> None:
         for group in (self.running, self.parked):

@@ -83,8 +83,7 @@ class WhatifConfig:
         if self.aging_tokens_per_s is not None and not self.aging_tokens_per_s >= 0:
             raise LenpredError(f"--aging-tokens-per-s must be >= 0 (0: no guard), got {self.aging_tokens_per_s}")
         if self.max_wait_s is not None and not self.max_wait_s >= 0:
-            raise LenpredError(f"--max-wait-s must be >= 0 seconds (leave it out: no age threshold), got "
-                               f"{self.max_wait_s}")
+            raise LenpredError(f"--max-wait-s must be >= 0 seconds (inf: no age threshold), got {self.max_wait_s}")
         if self.clusters < 2:
             raise LenpredError(f"--clusters must be >= 2 (the bootstrap resamples them), got {self.clusters}")
         if self.bootstrap_resamples < 100:
@@ -230,7 +229,11 @@ def served_guard(directory: str | Path, given: float | None,
         return float(given), flag
     engine = read_engine_settings(directory)
     if engine is not None and engine.get(setting) not in (None, off):
-        return float(engine[setting]), f"the plug-in's own ({ENGINE_FILE})"
+        value = engine[setting]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+            raise LenpredError(f"{Path(directory) / ENGINE_FILE} holds {setting} = {value!r}, not a number >= 0: "
+                               f"delete the file (the engine rewrites it) or pass {flag}")
+        return float(value), f"the plug-in's own ({ENGINE_FILE})"
     return off, "none"
 
 
@@ -362,6 +365,9 @@ def run_whatif(cfg: WhatifConfig) -> dict:
         logger.info("whatif: replaying %d requests at D = %d", len(requests), d)
         results[d] = compare_modes(replay(requests, cost, d, aging, wait), cfg.clusters, cfg.bootstrap_resamples)
     at = own if own in results else bounds[0]
+    settings = dataclasses.asdict(cfg)
+    if settings["max_wait_s"] == float("inf"):
+        settings["max_wait_s"] = "inf"  # JSON has no infinity
     report = {"traffic": str(cfg.traffic), "num_requests": len(requests), "observed_bound": own,
               "bound_source": bound_source,
               "logged_mean_jct_s": float(np.mean(traffic.finish_s - traffic.arrival_s)),
@@ -369,7 +375,7 @@ def run_whatif(cfg: WhatifConfig) -> dict:
               "aging_tokens_per_s": aging, "aging_source": aging_source,
               "max_wait_s": wait, "max_wait_source": wait_source,
               "duration_s": float(traffic.finish_s.max()), "results": {str(d): r for d, r in results.items()},
-              "verdict_at": at, "verdict": verdict(results[at], at), "settings": dataclasses.asdict(cfg)}
+              "verdict_at": at, "verdict": verdict(results[at], at), "settings": settings}
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "whatif.json", report)
