@@ -497,13 +497,11 @@ class _Parked(_Continuous):
         if self.parked and self.slot_policy.preemptive:  # re-rank where a decoder's rank worsens (LAS's demotions)
             changes = [self.slot_policy.tokens_to_rank_change(self._slot_view(r, True)) for r in self.running]
             k = min([k] + [c for c in changes if c is not None and c > 0])
-        if self.parked and self.slot_policy.max_idle_s is not None:
+        idle_s, wait_s = self.slot_policy.max_idle_s, self.slot_policy.max_wait_s
+        if self.parked and (idle_s is not None or wait_s is not None):  # re-rank when a parked request's guard fires
+            due = ([idle_s - (self.t - self.last_decode_t[r.request_id]) for r in self.parked] if idle_s is not None
+                   else []) + ([wait_s - (self.t - r.arrival_time_s) for r in self.parked] if wait_s is not None else [])
             step_s = self.cost.decode_step_time_s(len(self.running), self._context())
-            idle = [self.slot_policy.max_idle_s - (self.t - self.last_decode_t[r.request_id]) for r in self.parked]
-            k = min([k] + [int(np.ceil(i / step_s)) for i in idle if i > 0])
-        if self.parked and self.slot_policy.max_wait_s is not None:  # re-rank when a parked request falls overdue
-            step_s = self.cost.decode_step_time_s(len(self.running), self._context())
-            due = [self.slot_policy.max_wait_s - (self.t - r.arrival_time_s) for r in self.parked]
             k = min([k] + [int(np.ceil(d / step_s)) for d in due if 0 < d / step_s < k])  # inf and beyond k: none
         return max(k, 1)
     def _retire(self) -> None:
