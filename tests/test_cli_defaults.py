@@ -34,7 +34,7 @@ from lenpred.studies.workload import WorkloadConfig
 LITERAL_DEFAULTS = {
     ("evaluate", "--epochs"): 150,
     ("evaluate", "--seeds"): "0, 1, 2",
-    ("demo", "--out"): "results/demo",
+    ("demo", "--out"): "runs/demo",
     ("demo", "--seed"): 0,
     ("train", "--coverage"): 0.8,
     ("serve", "--port"): 8001,

@@ -27,8 +27,10 @@ FLOORS = ("scenario_median", "scenario_prompt_length")
 ALL_METHODS = (*FLOORS, "global_median", "prompt_length", "ssjf_reg", "ssjf_mc", "s3", "pia", "trail", "ltr", "mean",
                "last", "max", "entropy_only", "semantic_only", "egtp", "estp")
 DEMO_METHODS = (*FLOORS, "mean", "last", "egtp", "estp")
-DEMO_DEFAULTS = {"out": "results/demo", "methods": DEMO_METHODS, "seeds": (0,)}
-"""How ``lenpred demo``'s :class:`EvalConfig` differs from ``lenpred evaluate``'s (a few methods, one seed)."""
+DEMO_DEFAULTS = {"out": "runs/demo", "methods": DEMO_METHODS, "seeds": (0,)}
+"""How ``lenpred demo``'s :class:`EvalConfig` differs from ``lenpred evaluate``'s (a few methods, one seed). Its
+output goes to ``runs/demo`` (not tracked), so a user's run never rewrites the committed reference run
+``results/demo`` (``lenpred demo --out results/demo`` regenerates that)."""
 EXTERNAL_BASELINES = ("ssjf_reg", "ssjf_mc", "s3", "pia", "trail", "ltr")
 RESUME_IGNORE = ("out", "cache", "methods", "threads", "bootstrap_resamples")
 """Settings a finished method does not depend on: a rerun that changes only these resumes (more methods, more
