@@ -28,6 +28,19 @@ def test_cost_model_fit_recovers_coefficients(tmp_path):
         CostModel.load(tmp_path / "missing.json")
 
 
+def test_with_pace_scales_every_step_time():
+    base = CostModel("vllm", {"p0": 0.1, "p1": 0.001, "p2": 0.0, "d0": 0.05, "d1": 0.01, "d2": 1e-6})
+    slow = base.with_pace(1.25)
+    # prefill 0.1 + 0.001·200 = 0.3 s; decode of 16 at 1,000 context tokens 0.05 + 0.16 + 0.001 = 0.211 s: × 1.25
+    assert slow.prefill_time_s([200]) == pytest.approx(1.25 * 0.3)
+    assert slow.decode_step_time_s(16, 1000) == pytest.approx(1.25 * base.decode_step_time_s(16, 1000))
+    assert base.decode_step_time_s(16, 1000) == pytest.approx(0.211)
+    assert slow.with_pace(0.8).settings["pace_scale"] == pytest.approx(1.0)  # the scales multiply, in the record
+    for bad in (0.0, -1.0, float("inf"), float("nan")):
+        with pytest.raises(LenpredError, match="finite number > 0"):
+            base.with_pace(bad)
+
+
 def test_streaming_overhead_adds_to_the_per_sequence_decode_cost():
     base = CostModel("vllm", {"p0": 0.1, "p1": 0.0, "p2": 0.0, "d0": 0.05, "d1": 0.01, "d2": 0.0})
     served = base.with_streaming_overhead(0.003)

@@ -98,6 +98,9 @@ def test_regime_map_orders_depths_and_matches_the_cells(report):
     assert sim["plugin"]["simulated_cut_vs_stock"] == pytest.approx(cell["simulated_cut"])
     assert "simulated_cut_vs_stock" not in sim["stock"]
     assert len(sim["plugin"]["simulated_p99_ratio_vs_stock_per_draw"]) == 2  # one per draw
+    # these hand-made runs take 1-3 s per token, ten times the cost model's pace: no pace scale in 0.5-2 matches stock
+    assert report["patterns"]["burst8"]["stock_pace_scale"] == {"0": None, "1": None}
+    assert sim["plugin"]["simulated_over_measured_at_stock_pace"] is None
     # measured per draw: 1 - 10 / 20 (5, 10, 15 against 10, 20, 30) and 1 - 10 / 10
     assert sim["plugin"]["measured_cut_vs_stock_per_draw"] == pytest.approx([0.5, 0.0])
     per_draw = sim["plugin"]["simulated_cut_vs_stock_per_draw"]
@@ -153,6 +156,30 @@ def test_a_trace_run_is_simulated_on_its_own_planned_send_times():
         r.update(arrival_s=t, completion_tokens=3)
     unit = CostModel("unit", {"p0": 1.0, "p1": 0.0, "p2": 0.0, "d0": 1.0, "d1": 0.0, "d2": 0.0}, fused_prefill=True)
     assert simulated_mean_jct(rec, {"kv_bytes_per_token": 46080}, unit, seed=0) == pytest.approx(3.0)
+
+
+def test_stock_pace_is_the_scale_that_makes_the_simulated_run_the_measured_one():
+    """``fit_stock_pace`` on the trace case above (two lone 3-token requests, 3 s each at the unit cost): nothing
+    queues, so the simulated mean JCT is 3·f and a run measured at 3.6 s is the engine at f = 1.2; one measured at
+    10 s would need f = 3.3, outside the bounds searched (0.5-2): no pace. ``with_pace`` scales every step."""
+    from lenpred.serving.cost_model import CostModel
+    from lenpred.studies.queue_report import fit_stock_pace, simulated_mean_jct
+
+    unit = CostModel("unit", {"p0": 1.0, "p1": 0.0, "p2": 0.0, "d0": 1.0, "d1": 0.0, "d2": 0.0}, fused_prefill=True)
+    regime = {"kv_bytes_per_token": 46080}
+
+    def measured(jct: float) -> dict:
+        rec = _run("stock", "tracecodex1.1", [jct, jct])
+        rec["settings"].update(rate_req_s=0.01, max_num_seqs=1)
+        for r, t in zip(rec["results"], (0.0, 100.0)):
+            r.update(arrival_s=t, completion_tokens=3)
+        return rec
+
+    f = fit_stock_pace(measured(3.6), regime, unit, seed=0)
+    assert f == pytest.approx(1.2, abs=2e-3)
+    assert simulated_mean_jct(measured(3.6), regime, unit.with_pace(1.2), seed=0) == pytest.approx(3.6)
+    assert fit_stock_pace(measured(10.0), regime, unit, seed=0) is None
+    assert fit_stock_pace(measured(1.2), regime, unit, seed=0) is None  # f = 0.4: below the bounds
 
 
 def test_a_guarded_plugin_run_is_simulated_with_its_guard():
@@ -294,3 +321,16 @@ def test_the_best_mode_is_chosen_among_modes_run_beside_stock():
     assert best_lenpred(cells, jct, 20)["mode"] == "plugin_guard"
     best = best_lenpred(cells, jct, 20, exclude={"plugin_guard": [0]})
     assert best["mode"] == "plugin" and best["jct_cut_vs"]["plugin_guard"][0] == pytest.approx(1 - 12 / 7.5)
+
+
+def test_the_header_names_each_modes_own_guard_and_the_table_the_simulator_at_stocks_pace():
+    from lenpred.studies.queue_render import mode_guards, sim_over_measured
+
+    rep = {"patterns": {"tracecodex1.1": {"modes": {"stock": {}, "plugin_guard": {}},
+                                          "fewer_draws": {"plugin_wait": {}, "plugin": {}}}}}
+    assert mode_guards(rep) == "; plugin_guard: aging_tokens_per_s 4; plugin_wait: max_wait_s 200 s"
+    assert mode_guards({"patterns": {"burst8": {"modes": {"stock": {}, "plugin": {}}}}}) == ""
+    assert sim_over_measured({"simulated_over_measured": 1.234, "simulated_over_measured_at_stock_pace": 0.987}) == \
+        "1.23 (0.99)"
+    assert sim_over_measured({"simulated_over_measured": 1.05}) == "1.05"  # stock: its own pace is the fit
+    assert sim_over_measured({}) == "–"

@@ -47,6 +47,7 @@ def test_mode_names():
         "stock", "priority:prompt_len", "priority:oracle", "priority:prompt_oracle",
         "plugin:srpt:W16:prompt_len:w200", "plugin:srpt:W16:prompt_len:w0.5"]
     assert QueueSimConfig(max_waits=(200, 200.0, 0)).max_waits == (200.0, 0.0)
+    assert [f"w{w:g}" for w in QueueSimConfig(max_waits=(-0.0,)).max_waits] == ["w0"]  # not 'w-0'
     with pytest.raises(LenpredError, match="max waits must be >= 0"):
         QueueSimConfig(max_waits=(-1.0,))
 

@@ -176,6 +176,22 @@ class CostModel:
         return CostModel(self.engine, {**self.coefficients, "d1": self.coefficients["d1"] + s_per_token},
                          self.hardware, self.fit_stats, self.fused_prefill, settings)
 
+    def with_pace(self, scale: float) -> "CostModel":
+        """A copy of the same engine ``scale`` times slower: every step time (prefill and decode, each coefficient)
+        times ``scale``. The engine's pace drifts over hours (a run's own pace against the one the model was measured
+        at); near capacity a small drift moves queueing a lot, so the simulator calibrated on one measured run at its
+        pace predicts the other runs of that sitting better than at the model's (:func:`lenpred.studies.queue_report.
+        fit_stock_pace`). ``settings["pace_scale"]`` holds the product of the scales applied.
+
+        Raises:
+            LenpredError: a scale that is not a finite number > 0.
+        """
+        if not 0 < scale < math.inf:
+            raise LenpredError(f"pace scale must be a finite number > 0, got {scale}")
+        settings = {**self.settings, "pace_scale": self.settings.get("pace_scale", 1.0) * scale}
+        return CostModel(self.engine, {k: v * scale for k, v in self.coefficients.items()}, self.hardware,
+                         self.fit_stats, self.fused_prefill, settings)
+
     def save(self, path: str | Path) -> None:
         """Write as JSON (atomically)."""
         write_json(path, asdict(self))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from lenpred.io import write_json
 from lenpred.studies.engine_bench import fmt_ci, pct
-from lenpred.studies.queue_regime import LENGTH_CLASSES
+from lenpred.studies.queue_regime import LENGTH_CLASSES, QUEUE_MODES
 from lenpred.studies.queue_report import MAP_MODES, SITTING_H, add_whatif, mode_cells, report
 from lenpred.tables import markdown_table
 
@@ -23,7 +23,7 @@ def markdown(rep: dict) -> str:
              f"KV cache {reg['kv_cache_bytes']:,} bytes for every mode ({reg['kv_bytes_per_token']:,} bytes/token, "
              f"{reg['kv_dtype']}; one-request floor applied: {reg['kv_floor_applied']}); --max-model-len "
              f"{reg['max_model_len']}. FCFS capacity at D: {cap['capacity_req_s']:.3f} req/s ({cap['how']}; cost "
-             f"model {cap.get('cost_model')}). Plug-in: `{json.dumps(reg['plugin'])}`. The last "
+             f"model {cap.get('cost_model')}). Plug-in: `{json.dumps(reg['plugin'])}`{mode_guards(rep)}. The last "
              f"invocation's settings (each run's own are in runs.json): `{json.dumps(rep['settings'])}`", ""]
     if "simulator_cost_model" in rep:
         fit = rep["simulator_streaming_overhead"]
@@ -57,12 +57,22 @@ def whatif_by_mode(p: dict) -> dict[str, list[dict]]:
     return out
 
 
+def mode_guards(rep: dict) -> str:
+    """The starvation guards the report's modes add to the plug-in's settings (``; plugin_wait: max_wait_s 200 s``),
+    "" when none does: the header's plug-in settings are the store's, each mode's own guard is in its run."""
+    modes = dict.fromkeys(m for p in rep["patterns"].values() for m in [*p["modes"], *p.get("fewer_draws", {})])
+    parts = [f"{m}: " + ", ".join(([f"aging_tokens_per_s {q.aging_tokens_per_s:g}"] if q.aging_tokens_per_s else [])
+                                  + ([f"max_wait_s {q.max_wait_s:g} s"] if q.max_wait_s is not None else []))
+             for m in modes if (q := QUEUE_MODES.get(m)) and (q.aging_tokens_per_s or q.max_wait_s is not None)]
+    return "".join(f"; {x}" for x in parts)
+
+
 def engine_trace_table(reports: dict[str, dict]) -> str:
     """The engine's trace runs in one table (the guide's headline): per report (``{label: report.json}``, each one
     trace pattern's store) and mode (those run on fewer slices than stock too, paired on their own), the slices run,
     mean JCT, the paired cut, the simulator's cut and p99 ratio on the same runs (one fixed engine pace), the p99
     ratio and throughput vs stock and the simulator's mean JCT over the measured (the run's pace against the cost
-    model's); then per report the modes' runs apart from stock's and ``lenpred whatif``'s error per slice."""
+    model's; in parentheses at the pace of the same slices' stock runs); then per report the modes' runs apart from stock's and ``lenpred whatif``'s error per slice."""
     rows, notes = [], []
     for label, rep in reports.items():
         for pattern, p in rep["patterns"].items():
@@ -74,8 +84,7 @@ def engine_trace_table(reports: dict[str, dict]) -> str:
                              if "simulated_cut_vs_stock" in c else "–",
                              fmt_ci(c["p99_jct_ratio_vs_stock"], lambda x: f"{x:.2f}") if versus else "–",
                              f"{c['throughput_ratio_vs_stock']:.3f}" if versus else "–",
-                             "–" if c.get("simulated_over_measured") is None
-                             else f"{c['simulated_over_measured']:.2f}"])
+                             sim_over_measured(c)])
             fewer = p.get("fewer_draws", {})
             apart = p.get("draws_apart_from_stock", {}) | {
                 m: c["draws_apart_from_stock"] for m, c in fewer.items() if c.get("draws_apart_from_stock")}
@@ -87,8 +96,17 @@ def engine_trace_table(reports: dict[str, dict]) -> str:
                              "per slice: " + ", ".join(f"{w['error_pp']:+.1f}" for w in ws) + " points.")
     table = markdown_table(["trace, load", "slices", "mode", "mean JCT s", "mean-JCT cut vs stock",
                             "simulator at one pace: cut (p99 / stock)", "p99 JCT / stock", "tok/s / stock",
-                            "simulator / measured"], rows)
+                            "simulator / measured (at stock's pace)"], rows)
     return "\n".join([table, "", *notes])
+
+
+def sim_over_measured(cell: dict) -> str:
+    """The simulator's mean JCT over the measured, at the cost model's pace and, in parentheses, at the pace of the
+    same slices' stock runs (:func:`lenpred.studies.queue_report.fit_stock_pace`); "–" where it was not simulated."""
+    if cell.get("simulated_over_measured") is None:
+        return "–"
+    at_pace = cell.get("simulated_over_measured_at_stock_pace")
+    return f"{cell['simulated_over_measured']:.2f}" + ("" if at_pace is None else f" ({at_pace:.2f})")
 
 
 def pattern_markdown(pattern: str, p: dict) -> list[str]:
@@ -135,10 +153,18 @@ def pattern_markdown(pattern: str, p: dict) -> list[str]:
     if all("simulated_mean_jct_s" in x for x in simulated.values()):
         p99 = lambda x: (f"; p99 {x['simulated_p99_over_measured']:.2f}"  # noqa: E731
                          if "simulated_p99_over_measured" in x else "")
+        at_pace = lambda x: (f"; at stock's pace {x['simulated_over_measured_at_stock_pace']:.2f}"  # noqa: E731
+                             if x.get("simulated_over_measured_at_stock_pace") is not None else "")
         lines += ["Simulator on the same runs: predicted mean JCT s (predicted / measured; the same ratio "
-                  "without the streaming overhead; p99 JCT predicted / measured, mean over draws): " + "; ".join(
+                  "without the streaming overhead; p99 JCT predicted / measured, mean over draws; predicted / "
+                  "measured with the cost model at the pace of the same draw's stock run): " + "; ".join(
                       f"{m} {x['simulated_mean_jct_s']:.1f} ({x['simulated_over_measured']:.2f}; "
-                      f"{x['offline_over_measured']:.2f}{p99(x)})" for m, x in simulated.items()) + ".", ""]
+                      f"{x['offline_over_measured']:.2f}{p99(x)}{at_pace(x)})" for m, x in simulated.items()) + ".",
+                  ""]
+        if p.get("stock_pace_scale"):
+            lines += ["Stock's pace per draw, as a scale of the cost model's step times (`fit_stock_pace`; > 1: "
+                      "slower): " + ", ".join(f"draw {d} " + ("–" if f is None else f"{f:.3f}")
+                                             for d, f in p["stock_pace_scale"].items()) + ".", ""]
     if p.get("whatif"):
         lines += ["`lenpred whatif` on each plug-in run's own traffic log (the simulator's cost model, the run's D and "
                   "starvation guard) against that draw's measured cut vs stock:", "",

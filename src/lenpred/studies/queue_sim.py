@@ -121,7 +121,7 @@ class QueueSimConfig:
         for trace in self.traces:  # fail now, not after the other patterns ran
             load_trace(trace)
         self.boost_gammas = tuple(dict.fromkeys(float(g) for g in self.boost_gammas))
-        self.max_waits = tuple(dict.fromkeys(float(w) for w in self.max_waits))
+        self.max_waits = tuple(dict.fromkeys(float(w) + 0.0 for w in self.max_waits))  # + 0.0: -0 is 0 (mode w0)
         bad_overhead = self.streaming_overhead_ms is not None and not 0 <= self.streaming_overhead_ms < 1e3
         raise_first([(self.draws < 1, "draws must be >= 1"), (not self.window_factors or min(self.window_factors) <= 0,
                                                               "window factors must be > 0"),

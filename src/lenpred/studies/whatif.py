@@ -323,7 +323,8 @@ def verdict(cells: dict[str, dict], decode_slots: int) -> str:
                 "ones finish sooner.")
     if cut[1] >= WORTH_IT:
         return (f"Turn it on only if the tail may grow: {head}, but p99 is {p99:.2f}x stock's ({vs_free}): the "
-                "longest requests wait behind shorter ones that keep arriving; aging_tokens_per_s trades gain for tail.")
+                "longest requests wait behind shorter ones that keep arriving; a starvation guard (max_wait_s, the age "
+                "threshold, or aging_tokens_per_s) trades gain for tail.")
     best = oracle["jct_cut_vs_stock"][0]
     if best < WORTH_IT:
         why = (f"even the recorded length gains {best:+.1%}: requests rarely wait for a slot at this bound, so no order "
@@ -342,7 +343,9 @@ def run_whatif(cfg: WhatifConfig) -> dict:
         LenpredError: an unreadable or too small log (:meth:`LoggedTraffic.read`), an unreadable cost model.
     """
     traffic = LoggedTraffic.read(cfg.traffic)
-    own, bound_source, parked = ((observed_bound(traffic), "the most requests the log shows generating at once", False)
+    own, bound_source, parked = ((observed_bound(traffic), "the most requests the log shows generating at once; with "
+                                  "--decode-slots given the engine settings beside the log are not read, and under "
+                                  "a parked policy the rows count parked requests too", False)
                                  if cfg.decode_slots else served_bound(cfg.traffic, traffic))
     if cfg.cost_model is not None:
         cost, source = CostModel.load(cfg.cost_model), f"the calibration file {cfg.cost_model}"
