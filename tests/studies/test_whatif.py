@@ -185,6 +185,9 @@ def test_the_bound_comes_from_the_engine_settings_beside_the_log(tmp_path):
                                      bootstrap_resamples=100))
     assert report["observed_bound"] == 2 and list(report["results"]) == ["1", "2", "4"]
     assert "approximate: the log was served with parked decoding" in report["cost_source"]
+    # its fidelity is read against the order it was served in: the replayed lenpred, not stock FCFS
+    assert report["served_order"] == "lenpred"
+    assert "compare the replayed lenpred, the order it was served in" in (tmp_path / "o" / "whatif.md").read_text()
     # under observe nothing is parked: the rows show what ran together (a max_num_seqs of 256 would queue nothing)
     write_engine_settings(tmp_path / "log", {"policy": "observe", "decode_slots": 2, "prefill_ahead": 2,
                                              "max_num_seqs": 256})
@@ -196,6 +199,7 @@ def test_the_bound_comes_from_the_engine_settings_beside_the_log(tmp_path):
                                     aging_tokens_per_s=0.0, max_wait_s=float("inf"), clusters=4,
                                     bootstrap_resamples=100))
     assert list(given["results"]) == ["2"]  # every setting given (inf: no age threshold): the file is not read
+    assert given["served_order"] == "stock FCFS"
     assert given["max_wait_s"] is None and "age threshold" not in (tmp_path / "o" / "whatif.md").read_text()
     with pytest.raises(LenpredError, match="engine.json is not the engine settings"):  # the guard still reads it
         run_whatif(WhatifConfig(traffic=str(tmp_path / "log"), out=str(tmp_path / "o"), decode_slots=(2,),

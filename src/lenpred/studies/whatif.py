@@ -372,7 +372,7 @@ def run_whatif(cfg: WhatifConfig) -> dict:
     if settings["max_wait_s"] == float("inf"):
         settings["max_wait_s"] = "inf"  # JSON has no infinity
     report = {"traffic": str(cfg.traffic), "num_requests": len(requests), "observed_bound": own,
-              "bound_source": bound_source,
+              "bound_source": bound_source, "served_order": "lenpred" if parked else "stock FCFS",
               "logged_mean_jct_s": float(np.mean(traffic.finish_s - traffic.arrival_s)),
               "cost_source": source, "cost_coefficients": cost.coefficients,
               "aging_tokens_per_s": aging, "aging_source": aging_source,
@@ -401,7 +401,8 @@ def render_whatif(report: dict) -> str:
     lines = [f"# What if: {report['num_requests']} logged requests over {report['duration_s']:.0f} s",
              "", f"The log's own concurrency bound: D = {report['observed_bound']} ({report['bound_source']}); its "
              "mean JCT as served "
-             f"{report['logged_mean_jct_s']:.1f} s (compare the replayed stock FCFS at that D: the replay's fidelity); "
+             f"{report['logged_mean_jct_s']:.1f} s (compare the replayed {report.get('served_order', 'stock FCFS')}, "
+             "the order it was served in, at that D: the replay's fidelity); "
              f"the engine's cost from {report['cost_source']}; the KV cache is not a bound in the replay. "
              + guard_text(report) + "Intervals: paired, clustered by consecutive arrivals.", ""]
     for d, cells in report["results"].items():
