@@ -188,6 +188,9 @@ def test_the_bound_comes_from_the_engine_settings_beside_the_log(tmp_path):
     # its fidelity is read against the order it was served in: the replayed lenpred, not stock FCFS
     assert report["served_order"] == "lenpred"
     assert "compare the replayed lenpred, the order it was served in" in (tmp_path / "o" / "whatif.md").read_text()
+    one = run_whatif(WhatifConfig(traffic=str(tmp_path / "log"), out=str(tmp_path / "o1"), decode_slots=(2,),
+                                  clusters=4, bootstrap_resamples=100))  # given bounds: the served bound still read
+    assert (one["observed_bound"], one["served_order"], list(one["results"])) == (2, "lenpred", ["2"])
     # under observe nothing is parked: the rows show what ran together (a max_num_seqs of 256 would queue nothing)
     write_engine_settings(tmp_path / "log", {"policy": "observe", "decode_slots": 2, "prefill_ahead": 2,
                                              "max_num_seqs": 256})

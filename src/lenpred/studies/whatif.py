@@ -343,10 +343,13 @@ def run_whatif(cfg: WhatifConfig) -> dict:
         LenpredError: an unreadable or too small log (:meth:`LoggedTraffic.read`), an unreadable cost model.
     """
     traffic = LoggedTraffic.read(cfg.traffic)
-    own, bound_source, parked = ((observed_bound(traffic), "the most requests the log shows generating at once; with "
-                                  "--decode-slots given the engine settings beside the log are not read, and under "
-                                  "a parked policy the rows count parked requests too", False)
-                                 if cfg.decode_slots else served_bound(cfg.traffic, traffic))
+    try:
+        own, bound_source, parked = served_bound(cfg.traffic, traffic)
+    except LenpredError:  # an unreadable engine.json: --decode-slots stands in for the bound it would give
+        if not cfg.decode_slots:
+            raise
+        own, bound_source, parked = (observed_bound(traffic), "the most requests the log shows generating at once "
+                                     "(the engine settings beside the log are unreadable)", False)
     if cfg.cost_model is not None:
         cost, source = CostModel.load(cfg.cost_model), f"the calibration file {cfg.cost_model}"
     else:
