@@ -334,3 +334,18 @@ def test_the_header_names_each_modes_own_guard_and_the_table_the_simulator_at_st
         "1.23 (0.99)"
     assert sim_over_measured({"simulated_over_measured": 1.05}) == "1.05"  # stock: its own pace is the fit
     assert sim_over_measured({}) == "–"
+
+
+def test_a_rerun_logs_its_traffic_afresh(tmp_path: Path):
+    """An earlier attempt's traffic log (a superseded run of the same draw and mode) moves aside before the rerun's
+    server starts: the writer appends to an existing directory, and whatif would replay both runs as one."""
+    from lenpred.studies.queue_bench import fresh_traffic_dir
+
+    log = tmp_path / "traffic" / "0-plugin"
+    assert fresh_traffic_dir(log) is None
+    for n in (1, 2):
+        log.mkdir(parents=True)
+        (log / "part-00000001.parquet").write_text(f"attempt {n}")
+        assert fresh_traffic_dir(log) == tmp_path / "traffic" / "superseded" / f"0-plugin-{n}"
+        assert not log.exists()
+    assert (tmp_path / "traffic/superseded/0-plugin-2/part-00000001.parquet").read_text() == "attempt 2"

@@ -79,6 +79,7 @@ regime and :func:`run`, the resumable grid of runs into ``runs.json``; the repor
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -88,6 +89,8 @@ from lenpred.studies.engine_bench import (EngineWorkload, cpu_lock, plugin_args,
 from lenpred.studies.queue_regime import (QUEUE_MODES, fcfs_capacity, kv_bytes_per_token, kv_cache_bytes,
                                           parse_modes, parse_patterns, plugin_max_num_seqs, plugin_settings)
 from lenpred.studies.resume import load_resumable
+
+logger = logging.getLogger(__name__)
 
 RESUME_IGNORES = ("draws", "only_draws", "modes", "patterns", "out", "bootstrap_resamples", "report_only", "plan",
                   "sim_cost_model", "cost_model", "capacity_req_s")
@@ -287,6 +290,23 @@ def traffic_dir(out: Path, settings: dict, draw: int) -> Path | None:
     return Path(settings["plugin"].get("traffic_log") or out / "traffic") / f"{draw}-{settings['mode']}"
 
 
+def fresh_traffic_dir(path: Path) -> Path | None:
+    """Move an earlier attempt's traffic log at ``path`` (a superseded or unfinished run of the same draw and mode)
+    to ``<parent>/superseded/<name>-<n>`` before the run's server starts: the log writer appends to an existing
+    directory, so without this the rerun's log would hold both runs' requests and ``lenpred whatif`` would replay
+    them as one. Returns where it went (``None``: nothing there)."""
+    if not path.exists():
+        return None
+    n = 1
+    while (path.parent / "superseded" / f"{path.name}-{n}").exists():
+        n += 1
+    dest = path.parent / "superseded" / f"{path.name}-{n}"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    path.rename(dest)
+    logger.warning("an earlier run's traffic log %s moved to %s: the new run logs afresh", path, dest)
+    return dest
+
+
 def mode_servers(model_dir: str, settings: dict, out: Path, draw: int, vllm_cpus, client_cpus):
     """``(servers, plug-in log path)`` of one mode in one draw (:func:`lenpred.studies.engine_bench.servers`); the
     servers' logs go to ``<out>/logs``, the plug-in's traffic log to :func:`traffic_dir`."""
@@ -297,6 +317,7 @@ def mode_servers(model_dir: str, settings: dict, out: Path, draw: int, vllm_cpus
     if settings["scheduling_policy"] == "priority":  # the priority modes, and the plug-in's admit_by prompt_len
         extra = ["--scheduling-policy", "priority"]
     if settings["plugin"] is not None:
+        fresh_traffic_dir(traffic_dir(out, settings, draw))
         plugin_log = log_dir / f"{mode}.jsonl"
         extra += plugin_args(EngineConfig(**{**settings["plugin"], "log_path": str(plugin_log),
                                              "traffic_log": str(traffic_dir(out, settings, draw))}))
