@@ -72,7 +72,8 @@ def engine_trace_table(reports: dict[str, dict]) -> str:
     trace pattern's store) and mode (those run on fewer slices than stock too, paired on their own), the slices run,
     mean JCT, the paired cut, the simulator's cut and p99 ratio on the same runs (one fixed engine pace), the p99
     ratio and throughput vs stock and the simulator's mean JCT over the measured (the run's pace against the cost
-    model's; in parentheses at the pace of the same slices' stock runs); then per report the modes' runs apart from stock's and ``lenpred whatif``'s error per slice."""
+    model's; in parentheses at the pace of the same slices' stock runs); then per report the modes' runs apart from
+    stock's and ``lenpred whatif``'s error per slice."""
     rows, notes = [], []
     for label, rep in reports.items():
         for pattern, p in rep["patterns"].items():
