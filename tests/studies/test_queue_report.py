@@ -339,7 +339,7 @@ def test_the_header_names_each_modes_own_guard_and_the_table_the_simulator_at_st
 def test_a_rerun_logs_its_traffic_afresh(tmp_path: Path):
     """An earlier attempt's traffic log (a superseded run of the same draw and mode) moves aside before the rerun's
     server starts: the writer appends to an existing directory, and whatif would replay both runs as one."""
-    from lenpred.studies.queue_bench import fresh_traffic_dir
+    from lenpred.studies.queue_bench import fresh_traffic_dir, log_in_use
 
     log = tmp_path / "traffic" / "0-plugin"
     assert fresh_traffic_dir(log) is None
@@ -349,3 +349,7 @@ def test_a_rerun_logs_its_traffic_afresh(tmp_path: Path):
         assert fresh_traffic_dir(log) == tmp_path / "traffic" / "superseded" / f"0-plugin-{n}"
         assert not log.exists()
     assert (tmp_path / "traffic/superseded/0-plugin-2/part-00000001.parquet").read_text() == "attempt 2"
+    # a finished run of the same draw and mode (any pattern) still needs its log: it is not moved then
+    store = {"runs": {"0/plugin/burst8": {}, "1/stock/burst8": {}}}
+    assert log_in_use(store, 0, "plugin") and not log_in_use(store, 1, "plugin")
+    assert not log_in_use(store, 0, "plugin_wait") and not log_in_use(store, 10, "plugin")

@@ -202,7 +202,9 @@ def test_the_bound_comes_from_the_engine_settings_beside_the_log(tmp_path):
                                     aging_tokens_per_s=0.0, max_wait_s=float("inf"), clusters=4,
                                     bootstrap_resamples=100))
     assert list(given["results"]) == ["2"]  # every setting given (inf: no age threshold): the file is not read
-    assert given["served_order"] == "stock FCFS"
+    # the unreadable file's bound and order: the given bound, the order unknown (no fidelity claimed)
+    assert (given["observed_bound"], given["served_order"]) == (2, "unknown")
+    assert "the order it was served in is unknown" in (tmp_path / "o" / "whatif.md").read_text()
     assert given["max_wait_s"] is None and "age threshold" not in (tmp_path / "o" / "whatif.md").read_text()
     with pytest.raises(LenpredError, match="engine.json is not the engine settings"):  # the guard still reads it
         run_whatif(WhatifConfig(traffic=str(tmp_path / "log"), out=str(tmp_path / "o"), decode_slots=(2,),

@@ -307,9 +307,19 @@ def fresh_traffic_dir(path: Path) -> Path | None:
     return dest
 
 
-def mode_servers(model_dir: str, settings: dict, out: Path, draw: int, vllm_cpus, client_cpus):
+def log_in_use(store: dict, draw: int, mode: str) -> bool:
+    """Whether a finished run of ``(draw, mode)``, of any pattern, logged its traffic to the directory a new server of
+    them would use (:func:`traffic_dir` is per draw and mode): then it stays, else an earlier attempt's log there is
+    moved aside (:func:`fresh_traffic_dir`)."""
+    return any(k.split("/")[:2] == [str(draw), mode] for k in store["runs"])
+
+
+def mode_servers(model_dir: str, settings: dict, out: Path, draw: int, vllm_cpus, client_cpus,
+                 fresh_log: bool = False):
     """``(servers, plug-in log path)`` of one mode in one draw (:func:`lenpred.studies.engine_bench.servers`); the
-    servers' logs go to ``<out>/logs``, the plug-in's traffic log to :func:`traffic_dir`."""
+    servers' logs go to ``<out>/logs``, the plug-in's traffic log to :func:`traffic_dir`; with ``fresh_log`` an
+    earlier attempt's traffic log there is moved aside first (:func:`fresh_traffic_dir`; the caller knows whether the
+    log holds finished runs it still needs: ``bench_serve``'s two clients share one on purpose)."""
     from lenpred.serving.vllm.config import EngineConfig
 
     log_dir = out / "logs"
@@ -317,7 +327,8 @@ def mode_servers(model_dir: str, settings: dict, out: Path, draw: int, vllm_cpus
     if settings["scheduling_policy"] == "priority":  # the priority modes, and the plug-in's admit_by prompt_len
         extra = ["--scheduling-policy", "priority"]
     if settings["plugin"] is not None:
-        fresh_traffic_dir(traffic_dir(out, settings, draw))
+        if fresh_log:
+            fresh_traffic_dir(traffic_dir(out, settings, draw))
         plugin_log = log_dir / f"{mode}.jsonl"
         extra += plugin_args(EngineConfig(**{**settings["plugin"], "log_path": str(plugin_log),
                                              "traffic_log": str(traffic_dir(out, settings, draw))}))
@@ -384,7 +395,8 @@ def run(cfg: QueueBenchConfig) -> dict:
     patterns = [p.name for p in parse_patterns(cfg.patterns)]
 
     def servers_for(d, mode):
-        spec, logs[mode] = mode_servers(model_dir, mode_settings(mode, reg, cfg), out, d, vllm_cpus, client_cpus)
+        spec, logs[mode] = mode_servers(model_dir, mode_settings(mode, reg, cfg), out, d, vllm_cpus, client_cpus,
+                                        fresh_log=not log_in_use(store, d, mode))
         return spec
 
     probes: dict[tuple[int, str], dict] = {}

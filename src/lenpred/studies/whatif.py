@@ -345,11 +345,13 @@ def run_whatif(cfg: WhatifConfig) -> dict:
     traffic = LoggedTraffic.read(cfg.traffic)
     try:
         own, bound_source, parked = served_bound(cfg.traffic, traffic)
+        served_order = "lenpred" if parked else "stock FCFS"
     except LenpredError:  # an unreadable engine.json: --decode-slots stands in for the bound it would give
         if not cfg.decode_slots:
             raise
-        own, bound_source, parked = (observed_bound(traffic), "the most requests the log shows generating at once "
-                                     "(the engine settings beside the log are unreadable)", False)
+        own, bound_source, parked = (cfg.decode_slots[0], "--decode-slots (the engine settings beside the log are "
+                                     "unreadable)", False)
+        served_order = "unknown"
     if cfg.cost_model is not None:
         cost, source = CostModel.load(cfg.cost_model), f"the calibration file {cfg.cost_model}"
     else:
@@ -375,7 +377,7 @@ def run_whatif(cfg: WhatifConfig) -> dict:
     if settings["max_wait_s"] == float("inf"):
         settings["max_wait_s"] = "inf"  # JSON has no infinity
     report = {"traffic": str(cfg.traffic), "num_requests": len(requests), "observed_bound": own,
-              "bound_source": bound_source, "served_order": "lenpred" if parked else "stock FCFS",
+              "bound_source": bound_source, "served_order": served_order,
               "logged_mean_jct_s": float(np.mean(traffic.finish_s - traffic.arrival_s)),
               "cost_source": source, "cost_coefficients": cost.coefficients,
               "aging_tokens_per_s": aging, "aging_source": aging_source,
@@ -398,14 +400,20 @@ def guard_text(report: dict) -> str:
                if wait is not None else ""))
 
 
+def fidelity(served_order: str) -> str:
+    """The header's pointer to the replay's fidelity: the replayed order the log was served in, at its own bound."""
+    if served_order == "unknown":
+        return " (the order it was served in is unknown: the engine settings beside the log are unreadable)"
+    return f" (compare the replayed {served_order}, the order it was served in, at that D: the replay's fidelity)"
+
+
 def render_whatif(report: dict) -> str:
     """The report as Markdown: one table per concurrency bound, then the cost's source and the verdict."""
     pct = lambda t: f"{t[0]:+.1%} [{t[1]:+.1%}, {t[2]:+.1%}]"  # noqa: E731
     lines = [f"# What if: {report['num_requests']} logged requests over {report['duration_s']:.0f} s",
              "", f"The log's own concurrency bound: D = {report['observed_bound']} ({report['bound_source']}); its "
              "mean JCT as served "
-             f"{report['logged_mean_jct_s']:.1f} s (compare the replayed {report.get('served_order', 'stock FCFS')}, "
-             "the order it was served in, at that D: the replay's fidelity); "
+             f"{report['logged_mean_jct_s']:.1f} s" + fidelity(report.get("served_order", "stock FCFS")) + "; "
              f"the engine's cost from {report['cost_source']}; the KV cache is not a bound in the replay. "
              + guard_text(report) + "Intervals: paired, clustered by consecutive arrivals.", ""]
     for d, cells in report["results"].items():
