@@ -504,6 +504,7 @@ class _Parked(_Continuous):
             step_s = self.cost.decode_step_time_s(len(self.running), self._context())
             k = min([k] + [int(np.ceil(d / step_s)) for d in due if 0 < d / step_s < k])  # inf and beyond k: none
         return max(k, 1)
+
     def _retire(self) -> None:
         for group in (self.running, self.parked):
             for r in [r for r in group if self.generated[r.request_id] >= self._tokens(r)]:

@@ -327,11 +327,12 @@ def mode_servers(model_dir: str, settings: dict, out: Path, draw: int, vllm_cpus
     if settings["scheduling_policy"] == "priority":  # the priority modes, and the plug-in's admit_by prompt_len
         extra = ["--scheduling-policy", "priority"]
     if settings["plugin"] is not None:
+        traffic = traffic_dir(out, settings, draw)
         if fresh_log:
-            fresh_traffic_dir(traffic_dir(out, settings, draw))
+            fresh_traffic_dir(traffic)
         plugin_log = log_dir / f"{mode}.jsonl"
         extra += plugin_args(EngineConfig(**{**settings["plugin"], "log_path": str(plugin_log),
-                                             "traffic_log": str(traffic_dir(out, settings, draw))}))
+                                             "traffic_log": str(traffic)}))
     cmd = vllm_command(model_dir, settings["max_num_seqs"], settings["kv_cache_bytes"], settings["max_model_len"],
                        extra)
     proxy, proxy_log, proxy_args = settings["proxy"], None, []

@@ -60,11 +60,16 @@ def whatif_by_mode(p: dict) -> dict[str, list[dict]]:
 def mode_guards(rep: dict) -> str:
     """The starvation guards the report's modes add to the plug-in's settings (``; plugin_wait: max_wait_s 200 s``),
     "" when none does: the header's plug-in settings are the store's, each mode's own guard is in its run."""
-    modes = dict.fromkeys(m for p in rep["patterns"].values() for m in [*p["modes"], *p.get("fewer_draws", {})])
-    parts = [f"{m}: " + ", ".join(([f"aging_tokens_per_s {q.aging_tokens_per_s:g}"] if q.aging_tokens_per_s else [])
-                                  + ([f"max_wait_s {q.max_wait_s:g} s"] if q.max_wait_s is not None else []))
-             for m in modes if (q := QUEUE_MODES.get(m)) and (q.aging_tokens_per_s or q.max_wait_s is not None)]
-    return "".join(f"; {x}" for x in parts)
+    out = ""
+    for m in dict.fromkeys(m for p in rep["patterns"].values() for m in [*p["modes"], *p.get("fewer_draws", {})]):
+        q, guards = QUEUE_MODES.get(m), []
+        if q is not None and q.aging_tokens_per_s:
+            guards.append(f"aging_tokens_per_s {q.aging_tokens_per_s:g}")
+        if q is not None and q.max_wait_s is not None:
+            guards.append(f"max_wait_s {q.max_wait_s:g} s")
+        if guards:
+            out += f"; {m}: " + ", ".join(guards)
+    return out
 
 
 def engine_trace_table(reports: dict[str, dict]) -> str:

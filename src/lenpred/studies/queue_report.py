@@ -325,10 +325,10 @@ def fit_stock_pace(rec: dict, regime_: dict, cost, seed: int) -> float | None:
     def gap(f: float) -> float:
         return float(np.log(simulated_mean_jct(rec, regime_, cost.with_pace(f), seed) / measured))
 
-    low, high = gap(PACE_BOUNDS[0]), gap(PACE_BOUNDS[1])
-    if not low < 0 < high:
+    try:
+        return float(brentq(gap, *PACE_BOUNDS, xtol=1e-3))
+    except ValueError:  # the same sign at both bounds: no scale in them matches
         return None
-    return float(brentq(gap, *PACE_BOUNDS, xtol=1e-3))
 
 
 def add_simulated(rep: dict, store: dict, cost_model: str) -> None:
