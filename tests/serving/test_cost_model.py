@@ -36,9 +36,13 @@ def test_with_pace_scales_every_step_time():
     assert slow.decode_step_time_s(16, 1000) == pytest.approx(1.25 * base.decode_step_time_s(16, 1000))
     assert base.decode_step_time_s(16, 1000) == pytest.approx(0.211)
     assert slow.with_pace(0.8).settings["pace_scale"] == pytest.approx(1.0)  # the scales multiply, in the record
-    for bad in (0.0, -1.0, float("inf"), float("nan")):
+    for bad in (0.0, -1.0, float("inf"), float("nan"), "1.1", None, True):
         with pytest.raises(LenpredError, match="finite number > 0"):
             base.with_pace(bad)
+    # an overhead already in d1 scales with the pace, and so does its record: d1 = (0.01 + 0.002) × 1.5
+    served = base.with_streaming_overhead(0.002).with_pace(1.5)
+    assert served.coefficients["d1"] == pytest.approx(0.018)
+    assert served.settings["streaming_overhead_s_per_token"] == pytest.approx(0.003)
 
 
 def test_streaming_overhead_adds_to_the_per_sequence_decode_cost():

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import platform
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -181,14 +182,17 @@ class CostModel:
         times ``scale``. The engine's pace drifts over hours (a run's own pace against the one the model was measured
         at); near capacity a small drift moves queueing a lot, so the simulator calibrated on one measured run at its
         pace predicts the other runs of that sitting better than at the model's (:func:`lenpred.studies.queue_report.
-        fit_stock_pace`). ``settings["pace_scale"]`` holds the product of the scales applied.
+        fit_stock_pace`). ``settings["pace_scale"]`` holds the product of the scales applied; a streaming overhead
+        already added (:meth:`with_streaming_overhead`, part of ``d1``) scales with it, and so does its record.
 
         Raises:
-            LenpredError: a scale that is not a finite number > 0.
+            LenpredError: a scale that is not a finite number > 0 (a string included).
         """
-        if not 0 < scale < math.inf:
-            raise LenpredError(f"pace scale must be a finite number > 0, got {scale}")
+        if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not 0 < scale < math.inf:
+            raise LenpredError(f"pace scale must be a finite number > 0, got {scale!r}")
         settings = {**self.settings, "pace_scale": self.settings.get("pace_scale", 1.0) * scale}
+        if "streaming_overhead_s_per_token" in settings:
+            settings["streaming_overhead_s_per_token"] *= scale
         return CostModel(self.engine, {k: v * scale for k, v in self.coefficients.items()}, self.hardware,
                          self.fit_stats, self.fused_prefill, settings)
 

@@ -9,6 +9,7 @@ the simulator on the same runs (with the streaming overhead it fits on stock's b
 from __future__ import annotations
 
 import json
+import logging
 import re
 from pathlib import Path
 
@@ -19,6 +20,8 @@ from lenpred.studies.paired import compare
 from lenpred.studies.queue_regime import (LENGTH_CLASSES, LENPRED_MODES, QUEUE_MODES, STANDARD_PATTERNS,
                                           length_classes, parse_pattern, parse_patterns)
 from lenpred.studies.queue_sim import run_parked
+
+logger = logging.getLogger(__name__)
 
 MAP_MODES = ("priority_prompt_len", "priority_lenpred", "plugin", "priority_oracle")
 """The regime map's modes: the free baseline, both lenpred paths and the recorded-length oracle."""
@@ -367,6 +370,9 @@ def add_simulated(rep: dict, store: dict, cost_model: str) -> None:
         paces = {d: fit_stock_pace(store["runs"][run_key(d, "stock", pattern)], rep["regime"], served, seed + d)
                  for d in stock_draws}
         p["stock_pace_scale"] = {str(d): f for d, f in paces.items()}
+        for d in (d for d, f in paces.items() if f is None):
+            logger.warning("%s draw %d: no pace scale in %s matches stock's measured mean JCT: the simulator at stock's "
+                           "pace leaves this draw out", pattern, d, PACE_BOUNDS)
 
         def pooled_p99(mode: str, draws) -> float:
             return float(np.percentile([t.jct_s for d in draws for t in sim_run("served", mode, d)[1]], 99))

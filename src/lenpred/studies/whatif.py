@@ -400,10 +400,15 @@ def guard_text(report: dict) -> str:
                if wait is not None else ""))
 
 
-def fidelity(served_order: str) -> str:
-    """The header's pointer to the replay's fidelity: the replayed order the log was served in, at its own bound."""
+def fidelity(report: dict) -> str:
+    """The header's pointer to the replay's fidelity: the replayed order the log was served in, at its own bound
+    (``report["observed_bound"]``), or what is missing to compare them."""
+    served_order, own = report.get("served_order", "stock FCFS"), report["observed_bound"]
     if served_order == "unknown":
         return " (the order it was served in is unknown: the engine settings beside the log are unreadable)"
+    if str(own) not in report["results"]:
+        return (f" (served {served_order} at D = {own}, a bound not replayed here: add --decode-slots {own} to see the "
+                "replay's fidelity)")
     return f" (compare the replayed {served_order}, the order it was served in, at that D: the replay's fidelity)"
 
 
@@ -413,7 +418,7 @@ def render_whatif(report: dict) -> str:
     lines = [f"# What if: {report['num_requests']} logged requests over {report['duration_s']:.0f} s",
              "", f"The log's own concurrency bound: D = {report['observed_bound']} ({report['bound_source']}); its "
              "mean JCT as served "
-             f"{report['logged_mean_jct_s']:.1f} s" + fidelity(report.get("served_order", "stock FCFS")) + "; "
+             f"{report['logged_mean_jct_s']:.1f} s" + fidelity(report) + "; "
              f"the engine's cost from {report['cost_source']}; the KV cache is not a bound in the replay. "
              + guard_text(report) + "Intervals: paired, clustered by consecutive arrivals.", ""]
     for d, cells in report["results"].items():
