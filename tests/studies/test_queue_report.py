@@ -353,3 +353,62 @@ def test_a_rerun_logs_its_traffic_afresh(tmp_path: Path):
     store = {"runs": {"0/plugin/burst8": {}, "1/stock/burst8": {}}}
     assert log_in_use(store, 0, "plugin") and not log_in_use(store, 1, "plugin")
     assert not log_in_use(store, 0, "plugin_wait") and not log_in_use(store, 10, "plugin")
+
+
+def test_guard_frontier_resimulates_the_plugin_run_under_each_age_threshold(tmp_path: Path):
+    """``guard_frontier`` on one slice (one decode slot, a 40-token request at t = 0, then 11 of 4 tokens every 2 s,
+    the unit cost at stock's pace 1): the first point is the plug-in as it ran (the shorts overtake the long one);
+    T = 0 makes every request overdue at once, so it runs in arrival order, the plug-in's FCFS; a T past every wait
+    changes nothing. The measured point is worked from the runs' JCTs: 1 − mean(2, 4, ...) / mean(4, 8, ...)."""
+    import numpy as np
+
+    from lenpred.errors import LenpredError
+    from lenpred.serving.cost_model import CostModel
+    from lenpred.studies.queue_report import guard_frontier, simulated_run
+
+    unit = CostModel("unit", {"p0": 1.0, "p1": 0.0, "p2": 0.0, "d0": 1.0, "d1": 0.0, "d2": 0.0}, fused_prefill=True)
+    unit.save(tmp_path / "cost.json")
+    runs = {}
+    for mode in ("stock", "plugin"):
+        rec = _run(mode, "tracecodex1.1", [2.0 * (i + 1) * (2 if mode == "stock" else 1) for i in range(12)])
+        rec["settings"].update(rate_req_s=0.5, max_num_seqs=1 if mode == "stock" else 2)
+        if mode == "plugin":
+            rec["settings"]["plugin"] = {**PLUGIN, "decode_slots": 1, "prefill_ahead": 1}
+        for i, r in enumerate(rec["results"]):
+            r.update(arrival_s=2.0 * i, completion_tokens=40 if i == 0 else 4)
+        for i, log in enumerate(rec["plugin_log"]):
+            log["expected"] = 40.0 if i == 0 else 4.0
+        runs[f"0/{mode}/tracecodex1.1"] = rec
+    store = {"config": {"seed": 0}, "runs": runs}
+    regime = {"kv_bytes_per_token": 46080}
+    rep = {"regime": regime, "simulator_streaming_overhead": {"s_per_token": 0.0},
+           "patterns": {"tracecodex1.1": {"draws": [0], "stock_pace_scale": {"0": 1.0}}}}
+    fr = guard_frontier(store, rep, "tracecodex1.1", [0.0, 1e6], str(tmp_path / "cost.json"))
+    as_run, t0, never = fr["points"]
+    assert [p["max_wait_s"] for p in fr["points"]] == [None, 0.0, 1e6] and fr["draws"] == [0]
+
+    def sim(rec: dict) -> np.ndarray:
+        return np.array([t.jct_s for t in simulated_run(rec, regime, unit, seed=0)[1]])
+
+    stock = sim(runs["0/stock/tracecodex1.1"])
+    fcfs = dict(runs["0/plugin/tracecodex1.1"])
+    fcfs["settings"] = {**fcfs["settings"], "plugin": {**fcfs["settings"]["plugin"], "policy": "fcfs"}}
+    assert t0["cut"] == pytest.approx(1 - sim(fcfs).mean() / stock.mean())
+    assert t0["p99_ratio"] == pytest.approx(np.percentile(sim(fcfs), 99) / np.percentile(stock, 99))
+    assert as_run["cut"] == pytest.approx(1 - sim(runs["0/plugin/tracecodex1.1"]).mean() / stock.mean())
+    assert never["cut"] == pytest.approx(as_run["cut"]) and as_run["cut"] > t0["cut"]
+    assert as_run["cut_per_draw"] == [pytest.approx(as_run["cut"])]
+    assert fr["measured"]["cut"] == pytest.approx(0.5)  # every plug-in JCT half stock's
+    assert fr["measured"]["p99_ratio"] == pytest.approx(0.5)
+    from lenpred.studies.queue_render import frontier_markdown, plot_frontier
+
+    md = frontier_markdown(fr)
+    assert "Measured on the engine: the plug-in +50.0%, p99 0.500x" in md
+    assert f"| T = 0 s | {t0['cut']:+.1%} | {t0['p99_ratio']:.3f} |" in md
+    plot_frontier(fr, tmp_path / "f.png")
+    assert (tmp_path / "f.png").read_bytes()[:4] == b"\x89PNG"
+    rep["patterns"]["tracecodex1.1"]["stock_pace_scale"] = {"0": None}
+    with pytest.raises(LenpredError, match="no draw has a plug-in run and a stock run at a fitted pace"):
+        guard_frontier(store, rep, "tracecodex1.1", [0.0], str(tmp_path / "cost.json"))
+    with pytest.raises(LenpredError, match="no simulated pattern 'burst8'"):
+        guard_frontier(store, rep, "burst8", [0.0], str(tmp_path / "cost.json"))

@@ -275,3 +275,46 @@ def save_report(store: dict, out: str | Path, n_resamples: int = 2000, sim_cost_
             plot_jct_cdf(p["jct_pooled"], out / f"jct_cdf_{pattern}.png",
                          f"JCT per request, {pattern}, D = {rep['regime']['decode_bound']} (vllm serve, 1 core)")
     return rep
+
+
+def frontier_markdown(fr: dict) -> str:
+    """:func:`lenpred.studies.queue_report.guard_frontier`'s result as Markdown: the measured run, then one row per
+    point (pooled cut and p99 ratio, then per draw)."""
+    m = fr["measured"]
+    rows = [[pt["label"], f"{pt['cut']:+.1%}", f"{pt['p99_ratio']:.3f}",
+             " ".join(f"{c:+.1%}/{r:.2f}" for c, r in zip(pt["cut_per_draw"], pt["p99_ratio_per_draw"]))]
+            for pt in fr["points"]]
+    paces = ", ".join(f"{f:.3f}" for f in fr["stock_pace_scale"])
+    return "\n".join([
+        f"# The age threshold's frontier on the engine's {fr['pattern']} slices (simulated at stock's pace)", "",
+        f"Draws {fr['draws']}: each draw's plug-in run re-simulated with max_wait_s = T against its stock run, both at "
+        f"the pace of that stock run (scales {paces} of `{fr['cost_model']}`). Measured on the engine: the plug-in "
+        f"{m['cut']:+.1%}, p99 {m['p99_ratio']:.3f}x stock's: compare the first row.", "",
+        markdown_table(["point", "mean-JCT cut vs stock", "p99 / stock", "per draw (cut/p99)"], rows, "lrrl"), ""])
+
+
+def plot_frontier(fr: dict, path: Path) -> None:
+    """The frontier as cut (%) against p99 / stock, each T labelled; the measured plug-in run as a star."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pts = [pt for pt in fr["points"] if pt["max_wait_s"] is not None]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot([pt["p99_ratio"] for pt in pts], [100 * pt["cut"] for pt in pts], marker="o", label="plug-in, age threshold T")
+    for pt in pts:
+        ax.annotate(f"{pt['max_wait_s']:g} s", (pt["p99_ratio"], 100 * pt["cut"]), fontsize=7, xytext=(3, 3),
+                    textcoords="offset points")
+    first = fr["points"][0]
+    ax.plot(first["p99_ratio"], 100 * first["cut"], "s", label="plug-in as run (simulator)")
+    ax.plot(fr["measured"]["p99_ratio"], 100 * fr["measured"]["cut"], "*", ms=12, label="plug-in as run (engine)")
+    ax.axvline(1.0, color="grey", lw=0.8)
+    ax.axhline(0, color="grey", lw=0.8)
+    ax.set_xlabel("p99 JCT / stock's (pooled over the draws)")
+    ax.set_ylabel("mean JCT cut vs stock (%)")
+    ax.set_title(f"{fr['pattern']}, draws {fr['draws']}: simulated at each stock run's pace", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -407,6 +407,69 @@ def add_simulated(rep: dict, store: dict, cost_model: str) -> None:
     rep["simulator_streaming_overhead"] = fit
 
 
+def guard_frontier(store: dict, rep: dict, pattern: str, max_waits: list[float], cost_model: str) -> dict:
+    """The plug-in's mean-vs-tail frontier under the age threshold on the engine's own slices: each draw's ``plugin``
+    run re-simulated (:func:`simulated_run`: its arrivals, prompt and output tokens, the engine's own predictions)
+    with ``max_wait_s`` = T, against the same draw's ``stock`` run simulated alike, both with the cost model (plus the
+    report's streaming overhead) at the pace of that draw's stock run (``stock_pace_scale``, :func:`fit_stock_pace`).
+    The first point is the plug-in as it ran; beside it the measured cut and p99 ratio, the check that the simulator
+    reproduces the run before its guards are believed.
+
+    Per point: ``cut`` = 1 − Σ_d mean JCT / Σ_d stock's (the report's pooled cut), ``p99_ratio`` = the p99 JCT of all
+    the draws' requests pooled over stock's, and both per draw.
+
+    Args:
+        store: ``runs.json``; rep: its report (:func:`report` with :func:`add_simulated`).
+        max_waits: the thresholds T, s (each ≥ 0).
+
+    Raises:
+        LenpredError: a pattern the report lacks, a report without the simulator's pace, or no draw with a stock and
+            a plug-in run at a fitted pace.
+    """
+    from lenpred.errors import LenpredError
+    from lenpred.serving.cost_model import CostModel
+
+    p = rep["patterns"].get(pattern)
+    if p is None or "stock_pace_scale" not in p:
+        raise LenpredError(f"the report has no simulated pattern {pattern!r}: rerun queue_benchmark.py --report-only "
+                           "with --sim-cost-model")
+    paces = {int(d): f for d, f in p["stock_pace_scale"].items() if f is not None}
+    draws = [d for d in sorted(paces) if run_key(d, "plugin", pattern) in store["runs"]]
+    if not draws:
+        raise LenpredError(f"{pattern}: no draw has a plug-in run and a stock run at a fitted pace")
+    served = CostModel.load(cost_model).with_streaming_overhead(rep["simulator_streaming_overhead"]["s_per_token"])
+    seed = store["config"]["seed"]
+
+    def jcts(mode: str, d: int, plugin: dict | None = None) -> np.ndarray:
+        rec = store["runs"][run_key(d, mode, pattern)]
+        if plugin is not None:
+            rec = {**rec, "settings": {**rec["settings"], "plugin": {**rec["settings"]["plugin"], **plugin}}}
+        return np.array([t.jct_s for t in simulated_run(rec, rep["regime"], served.with_pace(paces[d]), seed + d)[1]])
+
+    stock = [jcts("stock", d) for d in draws]
+
+    def point(label: str, max_wait_s, runs: list[np.ndarray]) -> dict:
+        p99 = lambda xs: float(np.percentile(np.concatenate(xs), 99))  # noqa: E731
+        return {"label": label, "max_wait_s": max_wait_s,
+                "cut": float(1 - sum(x.mean() for x in runs) / sum(x.mean() for x in stock)),
+                "p99_ratio": p99(runs) / p99(stock),
+                "cut_per_draw": [float(1 - x.mean() / y.mean()) for x, y in zip(runs, stock)],
+                "p99_ratio_per_draw": [float(np.percentile(x, 99) / np.percentile(y, 99)) for x, y in zip(runs, stock)]}
+
+    as_run = store["runs"][run_key(draws[0], "plugin", pattern)]["settings"]["plugin"].get("max_wait_s")
+    points = [point("plugin as run", as_run, [jcts("plugin", d) for d in draws])]
+    points += [point(f"T = {t:g} s", float(t), [jcts("plugin", d, {"max_wait_s": float(t)}) for d in draws])
+               for t in max_waits]
+    measured = [ok_jct(store["runs"][run_key(d, m, pattern)]) for m in ("plugin", "stock") for d in draws]
+    n = len(draws)
+    return {"pattern": pattern, "draws": draws, "stock_pace_scale": [paces[d] for d in draws],
+            "cost_model": cost_model, "streaming_overhead_s_per_token": rep["simulator_streaming_overhead"]["s_per_token"],
+            "measured": {"cut": float(1 - sum(x.mean() for x in measured[:n]) / sum(x.mean() for x in measured[n:])),
+                         "p99_ratio": float(np.percentile(np.concatenate(measured[:n]), 99)
+                                            / np.percentile(np.concatenate(measured[n:]), 99))},
+            "points": points}
+
+
 def mode_cells(p: dict) -> list[tuple[str, dict, list[int]]]:
     """``(mode, cell, draws)`` of one pattern's report: the modes paired on every draw, then those run on fewer
     (``fewer_draws``, each paired on its own draws)."""
