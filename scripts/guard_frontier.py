@@ -28,6 +28,7 @@ def main() -> None:
     ap.add_argument("--store", required=True, help="a queue-benchmark output directory (runs.json, report.json)")
     ap.add_argument("--pattern", required=True, help="a trace pattern of that store, e.g. tracecodex1.1")
     ap.add_argument("--max-waits", default="50,100,150,200,250,300", help="the thresholds T, s, comma-separated")
+    ap.add_argument("--policy", default=None, help="re-simulate under this decode-slot policy (e.g. sjf; default: the run's)")
     ap.add_argument("--sim-cost-model", default=COST, help="the cost model the report was simulated with")
     args = ap.parse_args()
     store_dir = Path(args.store)
@@ -43,8 +44,9 @@ def main() -> None:
         raise LenpredError(f"--max-waits must be numbers of seconds, comma-separated, got {args.max_waits!r}") from exc
     if not all(t >= 0 for t in max_waits):
         raise LenpredError(f"--max-waits must be >= 0 s, got {args.max_waits!r}")
-    fr = guard_frontier(store, rep, args.pattern, max_waits, args.sim_cost_model)
-    stem = f"guard_frontier_{args.pattern}"  # the pattern has dots (x1.1): no with_suffix
+    fr = guard_frontier(store, rep, args.pattern, max_waits, args.sim_cost_model, args.policy)
+    # the pattern has dots (x1.1): names by f-string, not with_suffix
+    stem = f"guard_frontier_{args.pattern}" + (f"_{args.policy}" if args.policy else "")
     write_json(store_dir / f"{stem}.json", fr)
     (store_dir / f"{stem}.md").write_text(frontier_markdown(fr))
     plot_frontier(fr, store_dir / f"{stem}.png")

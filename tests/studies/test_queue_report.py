@@ -398,6 +398,9 @@ def test_guard_frontier_resimulates_the_plugin_run_under_each_age_threshold(tmp_
     assert as_run["cut"] == pytest.approx(1 - sim(runs["0/plugin/tracecodex1.1"]).mean() / stock.mean())
     assert never["cut"] == pytest.approx(as_run["cut"]) and as_run["cut"] > t0["cut"]
     assert as_run["cut_per_draw"] == [pytest.approx(as_run["cut"])]
+    as_fcfs = guard_frontier(store, rep, "tracecodex1.1", [1e6], str(tmp_path / "cost.json"), policy="fcfs")
+    assert as_fcfs["policy"] == "fcfs" and fr["policy"] == "srpt"
+    assert as_fcfs["points"][1]["cut"] == pytest.approx(t0["cut"])  # FCFS without a threshold: arrival order again
     assert fr["measured"]["cut"] == pytest.approx(0.5)  # every plug-in JCT half stock's
     assert fr["measured"]["p99_ratio"] == pytest.approx(0.5)
     from lenpred.studies.queue_render import frontier_markdown, plot_frontier

@@ -287,6 +287,7 @@ def frontier_markdown(fr: dict) -> str:
     paces = ", ".join(f"{f:.3f}" for f in fr["stock_pace_scale"])
     return "\n".join([
         f"# The age threshold's frontier on the engine's {fr['pattern']} slices (simulated at stock's pace)", "",
+        f"Policy of the re-simulated points: `{fr['policy']}`.", "",
         f"Draws {fr['draws']}: each draw's plug-in run re-simulated with max_wait_s = T against its stock run, both at "
         f"the pace of that stock run (scales {paces} of `{fr['cost_model']}`). Measured on the engine: the plug-in "
         f"{m['cut']:+.1%}, p99 {m['p99_ratio']:.3f}x stock's: compare the first row.", "",
@@ -302,7 +303,8 @@ def plot_frontier(fr: dict, path: Path) -> None:
 
     pts = [pt for pt in fr["points"] if pt["max_wait_s"] is not None]
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot([pt["p99_ratio"] for pt in pts], [100 * pt["cut"] for pt in pts], marker="o", label="plug-in, age threshold T")
+    ax.plot([pt["p99_ratio"] for pt in pts], [100 * pt["cut"] for pt in pts], marker="o",
+            label=f"plug-in ({fr['policy']}), age threshold T")
     for pt in pts:
         ax.annotate(f"{pt['max_wait_s']:g} s", (pt["p99_ratio"], 100 * pt["cut"]), fontsize=7, xytext=(3, 3),
                     textcoords="offset points")

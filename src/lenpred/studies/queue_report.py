@@ -407,7 +407,8 @@ def add_simulated(rep: dict, store: dict, cost_model: str) -> None:
     rep["simulator_streaming_overhead"] = fit
 
 
-def guard_frontier(store: dict, rep: dict, pattern: str, max_waits: list[float], cost_model: str) -> dict:
+def guard_frontier(store: dict, rep: dict, pattern: str, max_waits: list[float], cost_model: str,
+                   policy: str | None = None) -> dict:
     """The plug-in's mean-vs-tail frontier under the age threshold on the engine's own slices: each draw's ``plugin``
     run re-simulated (:func:`simulated_run`: its arrivals, prompt and output tokens, the engine's own predictions)
     with ``max_wait_s`` = T, against the same draw's ``stock`` run simulated alike, both with the cost model (plus the
@@ -421,6 +422,8 @@ def guard_frontier(store: dict, rep: dict, pattern: str, max_waits: list[float],
     Args:
         store: ``runs.json``; rep: its report (:func:`report` with :func:`add_simulated`).
         max_waits: the thresholds T, s (each ≥ 0).
+        policy: the decode-slot policy of the re-simulated points (e.g. ``sjf``, which never parks a decoding
+            request; ``None``: the run's own); the first point stays the run as it ran.
 
     Raises:
         LenpredError: a pattern the report lacks, a report without the simulator's pace, or no draw with a stock and
@@ -458,11 +461,13 @@ def guard_frontier(store: dict, rep: dict, pattern: str, max_waits: list[float],
 
     as_run = store["runs"][run_key(draws[0], "plugin", pattern)]["settings"]["plugin"].get("max_wait_s")
     points = [point("plugin as run", as_run, [jcts("plugin", d) for d in draws])]
-    points += [point(f"T = {t:g} s", float(t), [jcts("plugin", d, {"max_wait_s": float(t)}) for d in draws])
+    own = {} if policy is None else {"policy": policy}
+    points += [point(f"T = {t:g} s", float(t), [jcts("plugin", d, {**own, "max_wait_s": float(t)}) for d in draws])
                for t in max_waits]
     measured = [ok_jct(store["runs"][run_key(d, m, pattern)]) for m in ("plugin", "stock") for d in draws]
     n = len(draws)
     return {"pattern": pattern, "draws": draws, "stock_pace_scale": [paces[d] for d in draws],
+            "policy": policy or store["runs"][run_key(draws[0], "plugin", pattern)]["settings"]["plugin"]["policy"],
             "cost_model": cost_model, "streaming_overhead_s_per_token": rep["simulator_streaming_overhead"]["s_per_token"],
             "measured": {"cut": float(1 - sum(x.mean() for x in measured[:n]) / sum(x.mean() for x in measured[n:])),
                          "p99_ratio": float(np.percentile(np.concatenate(measured[:n]), 99)
