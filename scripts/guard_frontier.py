@@ -28,7 +28,8 @@ def main() -> None:
     ap.add_argument("--store", required=True, help="a queue-benchmark output directory (runs.json, report.json)")
     ap.add_argument("--pattern", required=True, help="a trace pattern of that store, e.g. tracecodex1.1")
     ap.add_argument("--max-waits", default="50,100,150,200,250,300", help="the thresholds T, s, comma-separated")
-    ap.add_argument("--policy", default=None, help="re-simulate under this decode-slot policy (e.g. sjf; default: the run's)")
+    ap.add_argument("--policy", default=None,
+                    help="re-simulate under this decode-slot policy (e.g. sjf; default: the run's own)")
     ap.add_argument("--sim-cost-model", default=COST, help="the cost model the report was simulated with")
     args = ap.parse_args()
     store_dir = Path(args.store)
