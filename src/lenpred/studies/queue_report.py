@@ -449,30 +449,27 @@ def guard_frontier(store: dict, rep: dict, pattern: str, max_waits: list[float],
             rec = {**rec, "settings": {**rec["settings"], "plugin": {**rec["settings"]["plugin"], **plugin}}}
         return np.array([t.jct_s for t in simulated_run(rec, rep["regime"], served.with_pace(paces[d]), seed + d)[1]])
 
+    def pooled(runs: list[np.ndarray], base: list[np.ndarray]) -> dict:
+        return {"cut": float(1 - sum(x.mean() for x in runs) / sum(x.mean() for x in base)),
+                "p99_ratio": float(np.percentile(np.concatenate(runs), 99) / np.percentile(np.concatenate(base), 99))}
+
     stock = [jcts("stock", d) for d in draws]
 
     def point(label: str, max_wait_s, runs: list[np.ndarray]) -> dict:
-        p99 = lambda xs: float(np.percentile(np.concatenate(xs), 99))  # noqa: E731
-        return {"label": label, "max_wait_s": max_wait_s,
-                "cut": float(1 - sum(x.mean() for x in runs) / sum(x.mean() for x in stock)),
-                "p99_ratio": p99(runs) / p99(stock),
+        return {"label": label, "max_wait_s": max_wait_s, **pooled(runs, stock),
                 "cut_per_draw": [float(1 - x.mean() / y.mean()) for x, y in zip(runs, stock)],
                 "p99_ratio_per_draw": [float(np.percentile(x, 99) / np.percentile(y, 99)) for x, y in zip(runs, stock)]}
 
-    as_run = store["runs"][run_key(draws[0], "plugin", pattern)]["settings"]["plugin"].get("max_wait_s")
-    points = [point("plugin as run", as_run, [jcts("plugin", d) for d in draws])]
+    ran = store["runs"][run_key(draws[0], "plugin", pattern)]["settings"]["plugin"]
     own = {} if policy is None else {"policy": policy}
+    points = [point("plugin as run", ran.get("max_wait_s"), [jcts("plugin", d) for d in draws])]
     points += [point(f"T = {t:g} s", float(t), [jcts("plugin", d, {**own, "max_wait_s": float(t)}) for d in draws])
                for t in max_waits]
-    measured = [ok_jct(store["runs"][run_key(d, m, pattern)]) for m in ("plugin", "stock") for d in draws]
-    n = len(draws)
+    measured = {m: [ok_jct(store["runs"][run_key(d, m, pattern)]) for d in draws] for m in ("plugin", "stock")}
     return {"pattern": pattern, "draws": draws, "stock_pace_scale": [paces[d] for d in draws],
-            "policy": policy or store["runs"][run_key(draws[0], "plugin", pattern)]["settings"]["plugin"]["policy"],
-            "cost_model": cost_model, "streaming_overhead_s_per_token": rep["simulator_streaming_overhead"]["s_per_token"],
-            "measured": {"cut": float(1 - sum(x.mean() for x in measured[:n]) / sum(x.mean() for x in measured[n:])),
-                         "p99_ratio": float(np.percentile(np.concatenate(measured[:n]), 99)
-                                            / np.percentile(np.concatenate(measured[n:]), 99))},
-            "points": points}
+            "policy": policy or ran["policy"], "cost_model": cost_model,
+            "streaming_overhead_s_per_token": rep["simulator_streaming_overhead"]["s_per_token"],
+            "measured": pooled(measured["plugin"], measured["stock"]), "points": points}
 
 
 def mode_cells(p: dict) -> list[tuple[str, dict, list[int]]]:
