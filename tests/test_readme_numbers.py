@@ -47,6 +47,18 @@ REPEAT_REPORT = "results/scripts/serving/queue_trace_engine/code_x1.1_repeat/rep
 FRONTIER_11 = "results/scripts/serving/queue_trace_engine/code_x1.1/guard_frontier_tracecodex1.1.json"
 FRONTIER_09 = "results/scripts/serving/queue_trace_engine/code_x0.9/guard_frontier_tracecodex0.9.json"
 FRONTIER_09_SJF = "results/scripts/serving/queue_trace_engine/code_x0.9/guard_frontier_tracecodex0.9_sjf.json"
+FRONTIER_WAIT = ("results/scripts/serving/queue_trace_engine/code_x1.1_wait/"
+                 "guard_frontier_tracecodex1.1_plugin_wait.json")
+
+
+def as_run(frontier: dict) -> dict:
+    """A guard frontier's point for the run as it ran."""
+    return next(pt for pt in frontier["points"] if pt["as_run"])
+
+
+def at_T(t: float | None):  # noqa: N802 - T, the threshold's name in the docs
+    """A key picking a guard frontier's re-simulated point at threshold ``t`` s (``None``: no threshold)."""
+    return lambda frontier: next(pt for pt in frontier["points"] if not pt["as_run"] and pt["max_wait_s"] == t)
 
 
 def _p99(runs: dict, key: str) -> float:
@@ -324,45 +336,50 @@ CHECKS = [
      "ahead of the rest), which keeps {} with p99"),
     (TRACE, TRACE_CELL.format("tracecodex1.1", "plugin:srpt:W16:prompt_len:w200") + "/p99_ratio_vs_stock", f2,
      "which keeps +11.1 % with p99 {}× over the simulator's own"),
-    # the age threshold's frontier on the engine's slices (scripts/guard_frontier.py); points[0]: the run as it ran
-    (FRONTIER_11, "points/0", lambda pt: f"{PCT(pt['cut'])} with p99 {pt['p99_ratio']:.2f}×",
-     "the plug-in as it ran {}), the same"),
-    (FRONTIER_11, "points/3", lambda pt: f"T = {pt['max_wait_s']:g} s keeps {PCT(pt['cut'])} with p99 "
-     f"{pt['p99_ratio']:.2f}×", "the same {} (`scripts/guard_frontier.py`)"),
-    (FRONTIER_09, "points/4", lambda pt: f"T = {pt['max_wait_s']:g} s: {PCT(pt['cut'])}, {pt['p99_ratio']:.2f}×",
-     "6 % and 1.05× ({})."),
-    (FRONTIER_11, "points/0/cut", PCT, "the plug-in as it ran comes out at {} with p99 1.20× at 1.1×", GUIDE),
-    (FRONTIER_11, "points/0/p99_ratio", f2, "comes out at +16.3 % with p99 {}× at 1.1×", GUIDE),
-    (FRONTIER_11, "measured/cut", PCT, "at 1.1× (measured {}, 1.18×)", GUIDE),
-    (FRONTIER_11, "measured/p99_ratio", f2, "at 1.1× (measured +16.2 %, {}×)", GUIDE),
-    (FRONTIER_09, "points/0/cut", PCT, "1.18×) and {} with 1.39× at 0.9×", GUIDE),
-    (FRONTIER_09, "points/0/p99_ratio", f2, "1.18×) and +10.8 % with {}× at 0.9×", GUIDE),
-    (FRONTIER_09, "measured/cut", PCT, "at 0.9× (measured {}, 1.39×)", GUIDE),
-    (FRONTIER_09, "measured/p99_ratio", f2, "at 0.9× (measured +11.2 %, {}×)", GUIDE),
-    (FRONTIER_11, "points/3", lambda pt: f"T = {pt['max_wait_s']:g} s", "At 1.1× {}, the `plugin_wait` setting", GUIDE),
-    (FRONTIER_11, "points/3/cut", PCT, "10 slices, keeps {} with p99 1.03× over the 5 engine slices", GUIDE),
-    (FRONTIER_11, "points/3/p99_ratio", f2, "keeps +10.4 % with p99 {}× over the 5 engine slices", GUIDE),
-    (FRONTIER_11, "points/2", lambda pt: f"T = {pt['max_wait_s']:g} s {PCT(pt['cut'])}, {pt['p99_ratio']:.2f}×",
-     "slices ({};", GUIDE),
-    (FRONTIER_11, "points/4", lambda pt: f"{pt['max_wait_s']:g} s {PCT(pt['cut'])}, {pt['p99_ratio']:.2f}×",
-     "1.03×; {}; 300 s", GUIDE),
-    (FRONTIER_11, "points/5", lambda pt: f"{pt['max_wait_s']:g} s {PCT(pt['cut'])}, {pt['p99_ratio']:.2f}×",
-     "13.4 %, 1.03×; {})", GUIDE),
-    (FRONTIER_11, "points/3/p99_ratio_per_draw/1", f2, "at T = 200 s slice 1's own p99 is {}× stock's", GUIDE),
-    (FRONTIER_09, "points/3", lambda pt: f"T = {pt['max_wait_s']:g} s {PCT(pt['cut'])} with {pt['p99_ratio']:.2f}×",
-     "1.05×: {}, 80 s", GUIDE),
-    (FRONTIER_09, "points/4", lambda pt: f"{pt['max_wait_s']:g} s {PCT(pt['cut'])} with {pt['p99_ratio']:.2f}×",
-     "1.02×, {}, 100 s", GUIDE),
-    (FRONTIER_09, "points/6", lambda pt: f"{pt['max_wait_s']:g} s {PCT(pt['cut'])} with {pt['p99_ratio']:.2f}×",
-     "1.06×, {}; slices 1 and 2", GUIDE),
-    (FRONTIER_09, lambda r: [x for pt in r["points"] for x in pt["p99_ratio_per_draw"][1:3]],
-     lambda v: f"keep p99 {min(v):.2f}–{max(v):.2f}×", "slices 1 and 2 {} at every T", GUIDE),
-    (FRONTIER_09_SJF, "points/3/p99_ratio_per_draw", lambda v: f"gives {v[1]:.2f}× and {v[2]:.2f}× there",
-     "request, {})", GUIDE),
-    (FRONTIER_09_SJF, "points/3", lambda pt: f"{PCT(pt['cut'])} with {pt['p99_ratio']:.2f}× without a threshold",
-     "`guard_frontier_tracecodex0.9_sjf.md`: {},", GUIDE),
-    (FRONTIER_09_SJF, "points/1", lambda pt: f"{PCT(pt['cut'])} with {pt['p99_ratio']:.2f}× at T = {pt['max_wait_s']:g} s",
-     "without a threshold, {}):", GUIDE),
+    # the age threshold's frontier on the engine's slices (scripts/guard_frontier.py), points picked by threshold
+    (FRONTIER_11, as_run, lambda pt: f"{PCT(pt['cut'])} with p99 {pt['p99_ratio']:.2f}×",
+     "the plug-in as it ran {}, measured"),
+    (FRONTIER_11, "measured", lambda m: f"measured {PCT(m['cut'])} and {m['p99_ratio']:.2f}×", "p99 1.20×, {}), the"),
+    (FRONTIER_11, at_T(200), lambda pt: f"T = 200 s keeps {PCT(pt['cut'])} with p99 {pt['p99_ratio']:.2f}×",
+     "the same {} (`scripts/guard_frontier.py`)"),
+    (FRONTIER_WAIT, lambda r: at_T(200)(r)["cut"] - r["measured"]["cut"], lambda x: f"{100 * x:.1f} points",
+     "the simulator was {} more hopeful"),
+    (FRONTIER_09, at_T(80), lambda pt: f"T = 80 s: {PCT(pt['cut'])}, {pt['p99_ratio']:.2f}×", "6 % and 1.05× ({})."),
+    (FRONTIER_11, as_run, lambda pt: f"{PCT(pt['cut'])} with p99 {pt['p99_ratio']:.2f}× at 1.1×",
+     "the plug-in as it ran comes out at {}", GUIDE),
+    (FRONTIER_11, "measured", lambda m: f"(measured {PCT(m['cut'])}, {m['p99_ratio']:.2f}×)", "at 1.1× {} and", GUIDE),
+    (FRONTIER_09, as_run, lambda pt: f"{PCT(pt['cut'])} with {pt['p99_ratio']:.2f}× at 0.9×", "1.18×) and {}", GUIDE),
+    (FRONTIER_09, "measured", lambda m: f"(measured {PCT(m['cut'])}, {m['p99_ratio']:.2f}×)", "at 0.9× {}.", GUIDE),
+    (FRONTIER_11, at_T(200), lambda pt: f"keeps {PCT(pt['cut'])} with p99 {pt['p99_ratio']:.2f}× over the 5",
+     "10 slices, {} engine slices", GUIDE),
+    (FRONTIER_11, at_T(150), lambda pt: f"T = 150 s {PCT(pt['cut'])}, {pt['p99_ratio']:.2f}×", "slices ({};", GUIDE),
+    (FRONTIER_11, at_T(250), lambda pt: f"250 s {PCT(pt['cut'])}, {pt['p99_ratio']:.2f}×", "1.03×; {}; 300 s", GUIDE),
+    (FRONTIER_11, at_T(300), lambda pt: f"300 s {PCT(pt['cut'])}, {pt['p99_ratio']:.2f}×", "1.03×; {}):", GUIDE),
+    (FRONTIER_WAIT, at_T(200), lambda pt: f"said {PCT(pt['cut'])} with p99 {pt['p99_ratio']:.2f}×",
+     "the same simulator {} and", GUIDE),
+    (FRONTIER_WAIT, "measured", lambda m: f"measured {PCT(m['cut'])} with {m['p99_ratio']:.2f}×", "the engine {}:",
+     GUIDE),
+    (FRONTIER_WAIT, at_T(200), lambda pt: "(simulated {:.2f}× and {:.2f}×".format(*pt["p99_ratio_per_draw"]),
+     "the tails agree {},", GUIDE),
+    (FRONTIER_WAIT, "measured", lambda m: "measured {:.2f}× and {:.2f}×)".format(*m["p99_ratio_per_draw"]),
+     "1.72×, {} and", GUIDE),
+    (FRONTIER_11, at_T(200), lambda pt: ", ".join(f"{x:.2f}×" for x in pt["p99_ratio_per_draw"][:-1])
+     + f" and {pt['p99_ratio_per_draw'][-1]:.2f}×", "at T = 200 s they run {} of stock's", GUIDE),
+    (FRONTIER_09, at_T(70), lambda pt: f"T = 70 s {PCT(pt['cut'])} with {pt['p99_ratio']:.2f}×", "1.05×: {}, 80 s",
+     GUIDE),
+    (FRONTIER_09, at_T(80), lambda pt: f"80 s {PCT(pt['cut'])} with {pt['p99_ratio']:.2f}×", "1.02×, {}, 100 s",
+     GUIDE),
+    (FRONTIER_09, at_T(100), lambda pt: f"100 s {PCT(pt['cut'])} with {pt['p99_ratio']:.2f}×", "1.06×, {}. On",
+     GUIDE),
+    (FRONTIER_09, lambda r: [x for pt in r["points"][1:] for x in pt["p99_ratio_per_draw"][1:3]],
+     lambda v: f"{min(v):.2f}–{max(v):.2f}×", "the p99 stays at {} at every T down to", GUIDE),
+    (FRONTIER_09, lambda r: min(pt["max_wait_s"] for pt in r["points"][1:]), f0, "at every T down to {} s:", GUIDE),
+    (FRONTIER_09_SJF, at_T(None), lambda pt: "{:.2f}× and {:.2f}×".format(*pt["p99_ratio_per_draw"][1:3]),
+     "keeps those two slices at {} but", GUIDE),
+    (FRONTIER_09_SJF, at_T(None), lambda pt: f"{PCT(pt['cut'])} with {pt['p99_ratio']:.2f}× without a",
+     "`guard_frontier_tracecodex0.9_sjf.md`: {}", GUIDE),
+    (FRONTIER_09_SJF, at_T(80), lambda pt: f"{PCT(pt['cut'])} with {pt['p99_ratio']:.2f}× at T = 80 s",
+     "threshold, {}):", GUIDE),
     (WAIT, "patterns/tracecodex1.1/modes/plugin_wait/jct_cut_vs_stock", pct, "measured {} with p99 1.11× [1.06, 1.80] on"),
     (WAIT, "patterns/tracecodex1.1/modes/plugin_wait/p99_jct_ratio_vs_stock",
      lambda t: f"{t[0]:.2f}× [{t[1]:.2f}, {t[2]:.2f}]", "+22.6] with p99 {} on 2 slices"),

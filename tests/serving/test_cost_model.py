@@ -56,6 +56,6 @@ def test_streaming_overhead_adds_to_the_per_sequence_decode_cost():
     twice = served.with_streaming_overhead(0.001)  # the two add up, in d1 and in the record
     assert twice.coefficients["d1"] == pytest.approx(0.014)
     assert twice.settings["streaming_overhead_s_per_token"] == pytest.approx(0.004)
-    for bad in (-0.001, float("inf"), float("nan")):
+    for bad in (-0.001, float("inf"), float("nan"), "0.001", None):
         with pytest.raises(LenpredError, match="finite number >= 0"):
             base.with_streaming_overhead(bad)

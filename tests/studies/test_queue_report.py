@@ -355,15 +355,17 @@ def test_a_rerun_logs_its_traffic_afresh(tmp_path: Path):
     assert not log_in_use(store, 0, "plugin_wait") and not log_in_use(store, 10, "plugin")
 
 
-def test_guard_frontier_resimulates_the_plugin_run_under_each_age_threshold(tmp_path: Path):
+def test_guard_frontier_resimulates_the_plugin_run_under_each_age_threshold(tmp_path: Path, caplog):
     """``guard_frontier`` on one slice (one decode slot, a 40-token request at t = 0, then 11 of 4 tokens every 2 s,
     the unit cost at stock's pace 1): the first point is the plug-in as it ran (the shorts overtake the long one);
-    T = 0 makes every request overdue at once, so it runs in arrival order, the plug-in's FCFS; a T past every wait
-    changes nothing. The measured point is worked from the runs' JCTs: 1 − mean(2, 4, ...) / mean(4, 8, ...)."""
+    T = 0 makes every request overdue at once, so it runs in arrival order, the plug-in's FCFS; no threshold changes
+    nothing. The measured point is worked from the runs' JCTs: 1 − mean(2, 4, ...) / mean(4, 8, ...) = 0.5.
+    ``scripts/guard_frontier.py`` writes the same from the store and refuses bad thresholds in one line."""
     import numpy as np
 
     from lenpred.errors import LenpredError
     from lenpred.serving.cost_model import CostModel
+    from lenpred.studies.queue_render import frontier_markdown, plot_frontier
     from lenpred.studies.queue_report import guard_frontier, simulated_run
 
     unit = CostModel("unit", {"p0": 1.0, "p1": 0.0, "p2": 0.0, "d0": 1.0, "d1": 0.0, "d2": 0.0}, fused_prefill=True)
@@ -379,13 +381,16 @@ def test_guard_frontier_resimulates_the_plugin_run_under_each_age_threshold(tmp_
         for i, log in enumerate(rec["plugin_log"]):
             log["expected"] = 40.0 if i == 0 else 4.0
         runs[f"0/{mode}/tracecodex1.1"] = rec
+    runs["1/stock/tracecodex1.1"] = runs["0/stock/tracecodex1.1"]  # draw 1: no plug-in run, left out
     store = {"config": {"seed": 0}, "runs": runs}
     regime = {"kv_bytes_per_token": 46080}
     rep = {"regime": regime, "simulator_streaming_overhead": {"s_per_token": 0.0},
-           "patterns": {"tracecodex1.1": {"draws": [0], "stock_pace_scale": {"0": 1.0}}}}
-    fr = guard_frontier(store, rep, "tracecodex1.1", [0.0, 1e6], str(tmp_path / "cost.json"))
+           "simulator_cost_model": str(tmp_path / "cost.json"),
+           "patterns": {"tracecodex1.1": {"draws": [0], "stock_pace_scale": {"0": 1.0, "1": 1.0}}}}
+    fr = guard_frontier(store, rep, "tracecodex1.1", [0.0, None])
     as_run, t0, never = fr["points"]
-    assert [p["max_wait_s"] for p in fr["points"]] == [None, 0.0, 1e6] and fr["draws"] == [0]
+    assert [p["max_wait_s"] for p in fr["points"]] == [None, 0.0, None] and fr["draws"] == [0]
+    assert fr["left_out_draws"] == [1] and "draws [1] left out" in caplog.text
 
     def sim(rec: dict) -> np.ndarray:
         return np.array([t.jct_s for t in simulated_run(rec, regime, unit, seed=0)[1]])
@@ -398,20 +403,38 @@ def test_guard_frontier_resimulates_the_plugin_run_under_each_age_threshold(tmp_
     assert as_run["cut"] == pytest.approx(1 - sim(runs["0/plugin/tracecodex1.1"]).mean() / stock.mean())
     assert never["cut"] == pytest.approx(as_run["cut"]) and as_run["cut"] > t0["cut"]
     assert as_run["cut_per_draw"] == [pytest.approx(as_run["cut"])]
-    as_fcfs = guard_frontier(store, rep, "tracecodex1.1", [1e6], str(tmp_path / "cost.json"), policy="fcfs")
-    assert as_fcfs["policy"] == "fcfs" and fr["policy"] == "srpt"
+    as_fcfs = guard_frontier(store, rep, "tracecodex1.1", [None], policy="fcfs")
+    assert (as_fcfs["policy"], as_fcfs["policy_as_run"], fr["policy"]) == ("fcfs", "srpt", "srpt")
     assert as_fcfs["points"][1]["cut"] == pytest.approx(t0["cut"])  # FCFS without a threshold: arrival order again
     assert fr["measured"]["cut"] == pytest.approx(0.5)  # every plug-in JCT half stock's
     assert fr["measured"]["p99_ratio"] == pytest.approx(0.5)
-    from lenpred.studies.queue_render import frontier_markdown, plot_frontier
-
     md = frontier_markdown(fr)
-    assert "Measured on the engine: the plug-in +50.0%, p99 0.500x" in md
-    assert f"| T = 0 s | {t0['cut']:+.1%} | {t0['p99_ratio']:.3f} |" in md
+    assert "Measured on the engine: plugin +50.0%, p99 0.500x" in md and "(left out: draws [1])" in md
+    assert f"| T = 0 s | {t0['cut']:+.1%} | {t0['p99_ratio']:.3f} |" in md and "| no threshold |" in md
     plot_frontier(fr, tmp_path / "f.png")
     assert (tmp_path / "f.png").read_bytes()[:4] == b"\x89PNG"
+    for bad, msg in ((dict(pattern="burst8"), "no simulated pattern 'burst8'; it has: tracecodex1.1"),
+                     (dict(mode="plugin_wait"), "no 'plugin_wait' runs with the plug-in in the store; its plug-in "
+                                                "modes: plugin"),
+                     (dict(policy="lifo"), "policy 'lifo' is unknown"),
+                     (dict(max_waits=[float("inf")]), "thresholds must be finite seconds >= 0")):
+        with pytest.raises(LenpredError, match=msg):
+            guard_frontier(store, rep, **{"pattern": "tracecodex1.1", "max_waits": [0.0], **bad})
+    with pytest.raises(LenpredError, match="the report has no simulator results"):
+        guard_frontier(store, {}, "tracecodex1.1", [0.0])
     rep["patterns"]["tracecodex1.1"]["stock_pace_scale"] = {"0": None}
-    with pytest.raises(LenpredError, match="no draw has a plug-in run and a stock run at a fitted pace"):
-        guard_frontier(store, rep, "tracecodex1.1", [0.0], str(tmp_path / "cost.json"))
-    with pytest.raises(LenpredError, match="no simulated pattern 'burst8'"):
-        guard_frontier(store, rep, "burst8", [0.0], str(tmp_path / "cost.json"))
+    with pytest.raises(LenpredError, match="no draw has a plugin run and a stock run at a fitted pace"):
+        guard_frontier(store, rep, "tracecodex1.1", [0.0])
+
+    rep["patterns"]["tracecodex1.1"]["stock_pace_scale"] = {"0": 1.0}
+    (tmp_path / "runs.json").write_text(json.dumps(store))
+    (tmp_path / "report.json").write_text(json.dumps(rep))
+    script = [sys.executable, str(ROOT / "scripts" / "guard_frontier.py"), "--store", str(tmp_path), "--pattern",
+              "tracecodex1.1"]
+    bad = subprocess.run(script + ["--max-waits", "-5"], capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.strip().startswith("error: --max-waits takes seconds >= 0 or none")
+    subprocess.run(script + ["--max-waits", "none,0,0"], check=True, capture_output=True)
+    written = json.loads((tmp_path / "guard_frontier_tracecodex1.1.json").read_text())
+    assert written["max_waits"] == [0.0, None]  # sorted, once each, none last
+    assert [p["cut"] for p in written["points"]] == pytest.approx([as_run["cut"], t0["cut"], never["cut"]])
+    assert written["command"].endswith("--max-waits none,0,0")

@@ -194,7 +194,7 @@ def test_the_bound_comes_from_the_engine_settings_beside_the_log(tmp_path):
     other = run_whatif(WhatifConfig(traffic=str(tmp_path / "log"), out=str(tmp_path / "o4"), decode_slots=(4,),
                                     clusters=4, bootstrap_resamples=100))  # the served bound not replayed: say so
     assert list(other["results"]) == ["4"]
-    assert ("served lenpred at D = 2, a bound not replayed here: add --decode-slots 2"
+    assert ("served lenpred at D = 2, a bound not replayed here: --decode-slots 2,4 shows"
             in (tmp_path / "o4" / "whatif.md").read_text())
     # under observe nothing is parked: the rows show what ran together (a max_num_seqs of 256 would queue nothing)
     write_engine_settings(tmp_path / "log", {"policy": "observe", "decode_slots": 2, "prefill_ahead": 2,

@@ -170,8 +170,9 @@ class CostModel:
         Raises:
             LenpredError: an overhead that is negative or not a finite number.
         """
-        if not 0 <= s_per_token < math.inf:
-            raise LenpredError(f"streaming overhead must be a finite number >= 0 s per token, got {s_per_token}")
+        if (isinstance(s_per_token, bool) or not isinstance(s_per_token, numbers.Real)
+                or not 0 <= s_per_token < math.inf):
+            raise LenpredError(f"streaming overhead must be a finite number >= 0 s per token, got {s_per_token!r}")
         total = self.settings.get("streaming_overhead_s_per_token", 0.0) + s_per_token
         settings = {**self.settings, "streaming_overhead_s_per_token": total}
         return CostModel(self.engine, {**self.coefficients, "d1": self.coefficients["d1"] + s_per_token},

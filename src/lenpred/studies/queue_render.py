@@ -285,33 +285,43 @@ def frontier_markdown(fr: dict) -> str:
              " ".join(f"{c:+.1%}/{r:.2f}" for c, r in zip(pt["cut_per_draw"], pt["p99_ratio_per_draw"]))]
             for pt in fr["points"]]
     paces = ", ".join(f"{f:.3f}" for f in fr["stock_pace_scale"])
+    left = f" (left out: draws {fr['left_out_draws']})" if fr["left_out_draws"] else ""
     return "\n".join([
         f"# The age threshold's frontier on the engine's {fr['pattern']} slices (simulated at stock's pace)", "",
-        f"Policy of the re-simulated points: `{fr['policy']}`.", "",
-        f"Draws {fr['draws']}: each draw's plug-in run re-simulated with max_wait_s = T against its stock run, both at "
-        f"the pace of that stock run (scales {paces} of `{fr['cost_model']}`). Measured on the engine: the plug-in "
-        f"{m['cut']:+.1%}, p99 {m['p99_ratio']:.3f}x stock's: compare the first row.", "",
+        f"Draws {fr['draws']}{left}: each draw's {fr['mode']} run (`{fr['policy_as_run']}`) re-simulated under "
+        f"`{fr['policy']}` with max_wait_s = T against its stock run, both at the pace of that stock run (scales "
+        f"{paces} of `{fr['cost_model']}`). Measured on the engine: {fr['mode']} {m['cut']:+.1%}, p99 "
+        f"{m['p99_ratio']:.3f}x stock's: compare the first row. Command: `{fr.get('command', '')}`.", "",
         markdown_table(["point", "mean-JCT cut vs stock", "p99 / stock", "per draw (cut/p99)"], rows, "lrrl"), ""])
 
 
+P99_BAR = 1.05
+"""Issue 49's tail bar (p99 JCT within 1.05x stock's), drawn on the frontier plot."""
+
+
 def plot_frontier(fr: dict, path: Path) -> None:
-    """The frontier as cut (%) against p99 / stock, each T labelled; the measured plug-in run as a star."""
+    """The frontier as cut (%) against p99 / stock, each T labelled, the run without a threshold as a diamond; the
+    run as it ran, simulated (square) and measured (star); a dotted line at :data:`P99_BAR`."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    pts = [pt for pt in fr["points"] if pt["max_wait_s"] is not None]
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot([pt["p99_ratio"] for pt in pts], [100 * pt["cut"] for pt in pts], marker="o",
-            label=f"plug-in ({fr['policy']}), age threshold T")
-    for pt in pts:
+    first, rest = fr["points"][0], fr["points"][1:]
+    curve = [pt for pt in rest if pt["max_wait_s"] is not None]
+    ax.plot([pt["p99_ratio"] for pt in curve], [100 * pt["cut"] for pt in curve], marker="o",
+            label=f"{fr['mode']} ({fr['policy']}), age threshold T")
+    for pt in curve:
         ax.annotate(f"{pt['max_wait_s']:g} s", (pt["p99_ratio"], 100 * pt["cut"]), fontsize=7, xytext=(3, 3),
                     textcoords="offset points")
-    first = fr["points"][0]
-    ax.plot(first["p99_ratio"], 100 * first["cut"], "s", label="plug-in as run (simulator)")
-    ax.plot(fr["measured"]["p99_ratio"], 100 * fr["measured"]["cut"], "*", ms=12, label="plug-in as run (engine)")
+    for pt in (pt for pt in rest if pt["max_wait_s"] is None):
+        ax.plot(pt["p99_ratio"], 100 * pt["cut"], "D", label=f"{fr['mode']} ({fr['policy']}), no threshold")
+    ax.plot(first["p99_ratio"], 100 * first["cut"], "s", label=f"as run ({fr['policy_as_run']}), simulator")
+    ax.plot(fr["measured"]["p99_ratio"], 100 * fr["measured"]["cut"], "*", ms=12,
+            label=f"as run ({fr['policy_as_run']}), engine")
     ax.axvline(1.0, color="grey", lw=0.8)
+    ax.axvline(P99_BAR, color="grey", lw=0.8, ls=":", label=f"p99 {P99_BAR:g}x stock's")
     ax.axhline(0, color="grey", lw=0.8)
     ax.set_xlabel("p99 JCT / stock's (pooled over the draws)")
     ax.set_ylabel("mean JCT cut vs stock (%)")

@@ -371,8 +371,8 @@ def add_simulated(rep: dict, store: dict, cost_model: str) -> None:
                  for d in stock_draws}
         p["stock_pace_scale"] = {str(d): f for d, f in paces.items()}
         for d in (d for d, f in paces.items() if f is None):
-            logger.warning("%s draw %d: no pace scale in %s matches stock's measured mean JCT: the simulator at stock's "
-                           "pace leaves this draw out", pattern, d, PACE_BOUNDS)
+            logger.warning("%s draw %d: no pace scale in %s matches stock's measured mean JCT: the simulator at "
+                           "stock's pace leaves this draw out", pattern, d, PACE_BOUNDS)
 
         def pooled_p99(mode: str, draws) -> float:
             return float(np.percentile([t.jct_s for d in draws for t in sim_run("served", mode, d)[1]], 99))
@@ -407,69 +407,88 @@ def add_simulated(rep: dict, store: dict, cost_model: str) -> None:
     rep["simulator_streaming_overhead"] = fit
 
 
-def guard_frontier(store: dict, rep: dict, pattern: str, max_waits: list[float], cost_model: str,
+def guard_frontier(store: dict, rep: dict, pattern: str, max_waits: list[float | None], mode: str = "plugin",
                    policy: str | None = None) -> dict:
-    """The plug-in's mean-vs-tail frontier under the age threshold on the engine's own slices: each draw's ``plugin``
+    """A plug-in mode's mean-vs-tail frontier under the age threshold on the engine's own slices: each draw's ``mode``
     run re-simulated (:func:`simulated_run`: its arrivals, prompt and output tokens, the engine's own predictions)
-    with ``max_wait_s`` = T, against the same draw's ``stock`` run simulated alike, both with the cost model (plus the
-    report's streaming overhead) at the pace of that draw's stock run (``stock_pace_scale``, :func:`fit_stock_pace`).
-    The first point is the plug-in as it ran; beside it the measured cut and p99 ratio, the check that the simulator
-    reproduces the run before its guards are believed.
+    with ``max_wait_s`` = T, against the same draw's ``stock`` run simulated alike, both on the report's cost model
+    (``simulator_cost_model``, plus its streaming overhead) at the pace of that draw's stock run
+    (``stock_pace_scale``, :func:`fit_stock_pace`). The first point is the run as it ran; beside it the measured cut
+    and p99 ratio, the check that the simulator reproduces the run before its thresholds are believed.
 
-    Per point: ``cut`` = 1 − Σ_d mean JCT / Σ_d stock's (the report's pooled cut), ``p99_ratio`` = the p99 JCT of all
-    the draws' requests pooled over stock's, and both per draw.
+    Per point: ``cut`` = 1 − Σ_d mean JCT / Σ_d stock's mean JCT (the draws' means summed, as the report's
+    ``simulated_cut_vs_stock``), ``p99_ratio`` = the p99 JCT of all the draws' requests pooled over stock's, and both
+    per draw. A draw without a ``mode`` run or a fitted pace is left out (``left_out_draws``, logged).
 
     Args:
         store: ``runs.json``; rep: its report (:func:`report` with :func:`add_simulated`).
-        max_waits: the thresholds T, s (each ≥ 0).
-        policy: the decode-slot policy of the re-simulated points (e.g. ``sjf``, which never parks a decoding
-            request; ``None``: the run's own); the first point stays the run as it ran.
+        max_waits: the thresholds T, s (each ≥ 0 and finite; ``None``: no threshold), in the order given.
+        mode: a plug-in mode of the store (``plugin``, ``plugin_wait``, ...).
+        policy: the decode-slot policy of the re-simulated points (e.g. ``sjf``, non-preemptive; ``None``: the
+            run's own); the first point stays the run as it ran.
 
     Raises:
-        LenpredError: a pattern the report lacks, a report without the simulator's pace, or no draw with a stock and
-            a plug-in run at a fitted pace.
+        LenpredError: a report without the simulator (no ``simulator_cost_model`` or pace), a pattern it lacks, a
+            mode that is not a plug-in mode of the store, an unknown policy, a threshold that is negative or not
+            finite, or no draw with a ``mode`` run and a stock run at a fitted pace.
     """
     from lenpred.errors import LenpredError
     from lenpred.serving.cost_model import CostModel
+    from lenpred.serving.policies import POLICIES
 
-    p = rep["patterns"].get(pattern)
-    if p is None or "stock_pace_scale" not in p:
-        raise LenpredError(f"the report has no simulated pattern {pattern!r}: rerun queue_benchmark.py --report-only "
-                           "with --sim-cost-model")
-    paces = {int(d): f for d, f in p["stock_pace_scale"].items() if f is not None}
-    draws = [d for d in sorted(paces) if run_key(d, "plugin", pattern) in store["runs"]]
+    if "simulator_cost_model" not in rep or "patterns" not in rep:
+        raise LenpredError("the report has no simulator results: run queue_benchmark.py --report-only --out <store> "
+                           "--sim-cost-model <cost model> first")
+    simulated = [k for k, v in rep["patterns"].items() if "stock_pace_scale" in v]
+    if pattern not in simulated:
+        raise LenpredError(f"the report has no simulated pattern {pattern!r}; it has: {', '.join(simulated) or 'none'}")
+    if policy is not None and policy not in POLICIES:
+        raise LenpredError(f"policy {policy!r} is unknown; valid: {', '.join(POLICIES)}")
+    if any(t is not None and not 0 <= t < np.inf for t in max_waits):
+        raise LenpredError(f"thresholds must be finite seconds >= 0 (None: no threshold), got {max_waits}")
+    modes = {k.split("/")[1] for k, r in store["runs"].items()
+             if k.endswith(f"/{pattern}") and r["settings"].get("plugin") is not None}
+    if mode not in modes:
+        raise LenpredError(f"{pattern}: no {mode!r} runs with the plug-in in the store; its plug-in modes: "
+                           f"{', '.join(sorted(modes)) or 'none'}")
+    paces = {int(d): f for d, f in rep["patterns"][pattern]["stock_pace_scale"].items()}
+    draws = [d for d in sorted(paces) if paces[d] is not None and run_key(d, mode, pattern) in store["runs"]]
+    left_out = sorted(set(paces) - set(draws))
     if not draws:
-        raise LenpredError(f"{pattern}: no draw has a plug-in run and a stock run at a fitted pace")
+        raise LenpredError(f"{pattern}: no draw has a {mode} run and a stock run at a fitted pace")
+    if left_out:
+        logger.warning("%s: draws %s left out (no %s run, or no pace fitted to stock's)", pattern, left_out, mode)
+    cost_model = rep["simulator_cost_model"]
     served = CostModel.load(cost_model).with_streaming_overhead(rep["simulator_streaming_overhead"]["s_per_token"])
     seed = store["config"]["seed"]
 
-    def jcts(mode: str, d: int, plugin: dict | None = None) -> np.ndarray:
-        rec = store["runs"][run_key(d, mode, pattern)]
+    def jcts(run_mode: str, d: int, plugin: dict | None = None) -> np.ndarray:
+        rec = store["runs"][run_key(d, run_mode, pattern)]
         if plugin is not None:
             rec = {**rec, "settings": {**rec["settings"], "plugin": {**rec["settings"]["plugin"], **plugin}}}
         return np.array([t.jct_s for t in simulated_run(rec, rep["regime"], served.with_pace(paces[d]), seed + d)[1]])
 
-    def pooled(runs: list[np.ndarray], base: list[np.ndarray]) -> dict:
+    def versus_stock(runs: list[np.ndarray], base: list[np.ndarray]) -> dict:
         return {"cut": float(1 - sum(x.mean() for x in runs) / sum(x.mean() for x in base)),
-                "p99_ratio": float(np.percentile(np.concatenate(runs), 99) / np.percentile(np.concatenate(base), 99))}
+                "p99_ratio": float(np.percentile(np.concatenate(runs), 99) / np.percentile(np.concatenate(base), 99)),
+                "cut_per_draw": [float(1 - x.mean() / y.mean()) for x, y in zip(runs, base)],
+                "p99_ratio_per_draw": [float(np.percentile(x, 99) / np.percentile(y, 99)) for x, y in zip(runs, base)]}
 
     stock = [jcts("stock", d) for d in draws]
-
-    def point(label: str, max_wait_s, runs: list[np.ndarray]) -> dict:
-        return {"label": label, "max_wait_s": max_wait_s, **pooled(runs, stock),
-                "cut_per_draw": [float(1 - x.mean() / y.mean()) for x, y in zip(runs, stock)],
-                "p99_ratio_per_draw": [float(np.percentile(x, 99) / np.percentile(y, 99)) for x, y in zip(runs, stock)]}
-
-    ran = store["runs"][run_key(draws[0], "plugin", pattern)]["settings"]["plugin"]
+    ran = store["runs"][run_key(draws[0], mode, pattern)]["settings"]["plugin"]
     own = {} if policy is None else {"policy": policy}
-    points = [point("plugin as run", ran.get("max_wait_s"), [jcts("plugin", d) for d in draws])]
-    points += [point(f"T = {t:g} s", float(t), [jcts("plugin", d, {**own, "max_wait_s": float(t)}) for d in draws])
-               for t in max_waits]
-    measured = {m: [ok_jct(store["runs"][run_key(d, m, pattern)]) for d in draws] for m in ("plugin", "stock")}
-    return {"pattern": pattern, "draws": draws, "stock_pace_scale": [paces[d] for d in draws],
-            "policy": policy or ran["policy"], "cost_model": cost_model,
+    points = [{"label": f"{mode} as run", "as_run": True, "max_wait_s": ran.get("max_wait_s"),
+               **versus_stock([jcts(mode, d) for d in draws], stock)}]
+    for t in max_waits:
+        runs = [jcts(mode, d, {**own, "max_wait_s": None if t is None else float(t)}) for d in draws]
+        points.append({"label": "no threshold" if t is None else f"T = {t:g} s", "as_run": False,
+                       "max_wait_s": None if t is None else float(t), **versus_stock(runs, stock)})
+    measured = versus_stock(*[[ok_jct(store["runs"][run_key(d, m, pattern)]) for d in draws] for m in (mode, "stock")])
+    return {"pattern": pattern, "mode": mode, "draws": draws, "left_out_draws": left_out,
+            "stock_pace_scale": [paces[d] for d in draws], "policy_as_run": ran["policy"],
+            "policy": policy or ran["policy"], "max_waits": list(max_waits), "cost_model": cost_model,
             "streaming_overhead_s_per_token": rep["simulator_streaming_overhead"]["s_per_token"],
-            "measured": pooled(measured["plugin"], measured["stock"]), "points": points}
+            "measured": measured, "points": points}
 
 
 def mode_cells(p: dict) -> list[tuple[str, dict, list[int]]]:

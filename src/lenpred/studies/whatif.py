@@ -407,7 +407,8 @@ def fidelity(report: dict) -> str:
     if served_order == "unknown":
         return " (the order it was served in is unknown: the engine settings beside the log are unreadable)"
     if str(own) not in report["results"]:
-        return (f" (served {served_order} at D = {own}, a bound not replayed here: add --decode-slots {own} to see the "
+        bounds = ",".join(map(str, sorted({*map(int, report["results"]), own})))
+        return (f" (served {served_order} at D = {own}, a bound not replayed here: --decode-slots {bounds} shows the "
                 "replay's fidelity)")
     return f" (compare the replayed {served_order}, the order it was served in, at that D: the replay's fidelity)"
 
