@@ -44,6 +44,7 @@ RUNS_09 = "results/scripts/serving/queue_trace_engine/code_x0.9/runs.json"
 WAIT = "results/scripts/serving/queue_trace_engine/code_x1.1_wait/report.json"
 WAIT_RUNS = "results/scripts/serving/queue_trace_engine/code_x1.1_wait/runs.json"
 REPEAT_REPORT = "results/scripts/serving/queue_trace_engine/code_x1.1_repeat/report.json"
+CAPACITY_CONV = "results/scripts/serving/queue_trace_engine/capacity_conv/report.json"
 FRONTIER_11 = "results/scripts/serving/queue_trace_engine/code_x1.1/guard_frontier_tracecodex1.1.json"
 FRONTIER_09 = "results/scripts/serving/queue_trace_engine/code_x0.9/guard_frontier_tracecodex0.9.json"
 FRONTIER_09_SJF = "results/scripts/serving/queue_trace_engine/code_x0.9/guard_frontier_tracecodex0.9_sjf.json"
@@ -336,6 +337,14 @@ CHECKS = [
      "ahead of the rest), which keeps {} with p99"),
     (TRACE, TRACE_CELL.format("tracecodex1.1", "plugin:srpt:W16:prompt_len:w200") + "/p99_ratio_vs_stock", f2,
      "which keeps +11.1 % with p99 {}× over the simulator's own"),
+    # the capacity re-measured before the conv runs, and the load the 0.9x code slices ran at against it
+    (CAPACITY_CONV, "patterns/burst8/stock_capacity_req_s/0", f3, "just before the conv runs: {} req/s", GUIDE),
+    (CAPACITY_CONV, "patterns/burst8/stock_pace_scale/0", f2, "stock's burst at {}× the cost model's", GUIDE),
+    (TRACE_ENGINE_09, lambda r: sorted(r["patterns"]["tracecodex0.9"]["stock_pace_scale"].values()),
+     lambda v: f"{v[0]:.2f}–{v[-1]:.2f}", "sittings ran at stock paces {}, so", GUIDE),
+    (CAPACITY_CONV, lambda r: (_load(RUNS_09)["runs"]["0/stock/tracecodex0.9"]["settings"]["rate_req_s"],
+                               r["patterns"]["burst8"]["stock_capacity_req_s"][0]),
+     lambda v: f"near {v[0] / v[1]:.2f}× ({v[0]:.3f} / {v[1]:.3f} req/s)", "those slices ran {} of the", GUIDE),
     # the age threshold's frontier on the engine's slices (scripts/guard_frontier.py), points picked by threshold
     (FRONTIER_11, as_run, lambda pt: f"{PCT(pt['cut'])} with p99 {pt['p99_ratio']:.2f}×",
      "the plug-in as it ran {}, measured"),
