@@ -44,6 +44,10 @@ RUNS_09 = "results/scripts/serving/queue_trace_engine/code_x0.9/runs.json"
 WAIT = "results/scripts/serving/queue_trace_engine/code_x1.1_wait/report.json"
 WAIT_RUNS = "results/scripts/serving/queue_trace_engine/code_x1.1_wait/runs.json"
 REPEAT_REPORT = "results/scripts/serving/queue_trace_engine/code_x1.1_repeat/report.json"
+CONV = "results/scripts/serving/queue_trace_engine/conv_x1.1/report.json"
+CONV_CELL = "patterns/traceconvx1.1/modes/"
+RUNS_CONV = "results/scripts/serving/queue_trace_engine/conv_x1.1/runs.json"
+FRONTIER_CONV = "results/scripts/serving/queue_trace_engine/conv_x1.1/guard_frontier_traceconvx1.1.json"
 CAPACITY_CONV = "results/scripts/serving/queue_trace_engine/capacity_conv/report.json"
 FRONTIER_11 = "results/scripts/serving/queue_trace_engine/code_x1.1/guard_frontier_tracecodex1.1.json"
 FRONTIER_09 = "results/scripts/serving/queue_trace_engine/code_x0.9/guard_frontier_tracecodex0.9.json"
@@ -337,7 +341,43 @@ CHECKS = [
      "ahead of the rest), which keeps {} with p99"),
     (TRACE, TRACE_CELL.format("tracecodex1.1", "plugin:srpt:W16:prompt_len:w200") + "/p99_ratio_vs_stock", f2,
      "which keeps +11.1 % with p99 {}× over the simulator's own"),
+    (CONV, "regime/capacity/capacity_req_s", f3, "--capacity-req-s {}`,", GUIDE),
+    (CONV, CONV_CELL + "plugin/jct_cut_vs_stock", pct, "The plug-in cuts mean JCT by {} with p99 1.98×", GUIDE),
+    (CONV, CONV_CELL + "plugin/p99_jct_ratio_vs_stock", ratio, "+21.7] with p99 {} stock's; per slice", GUIDE),
+    (CONV, CONV_CELL + "plugin/measured_cut_vs_stock_per_draw", lambda v: f"per slice {PCT(v[0])} and {PCT(v[1])}",
+     "stock's; {}, p99", GUIDE),
+    (RUNS_CONV, lambda r: [_p99(r, f"{d}/plugin/traceconvx1.1") / _p99(r, f"{d}/stock/traceconvx1.1") for d in (0, 1)],
+     lambda v: f"p99 {v[0]:.2f}× and {v[1]:.2f}×", "+17.0 %, {}, where", GUIDE),
+    (RUNS_CONV, lambda r: [sum(x["ttft_s"] for x in r["runs"][f"{d}/stock/traceconvx1.1"]["results"])
+                           / len(r["runs"][f"{d}/stock/traceconvx1.1"]["results"]) for d in (0, 1)],
+     lambda v: f"{v[0]:.1f} s and {v[1]:.1f} s", "stock's mean TTFT was {}: the slice", GUIDE),
+    (CONV, CONV_CELL + "priority_prompt_len/jct_cut_vs_stock", pct, "Prompt-length priority gains {} with p99", GUIDE),
+    (CONV, CONV_CELL + "priority_prompt_len/p99_jct_ratio_vs_stock", first(f2), "+8.9] with p99 {}×. This", GUIDE),
+    (CONV, CONV_CELL + "plugin/simulated_over_measured_at_stock_pace", f2, "plug-in's mean JCT at {} of", GUIDE),
+    (CONV, CONV_CELL + "priority_prompt_len/simulated_over_measured_at_stock_pace", f2,
+     "prompt-length priority's at {}; `lenpred whatif`", GUIDE),
+    (CONV, lambda r: [w["error_pp"] for w in r["patterns"]["traceconvx1.1"]["whatif"]],
+     lambda v: f"{_signed(v[0])} and {_signed(v[1])} points", "errs by {}. The age", GUIDE),
+    (FRONTIER_CONV, as_run, lambda pt: f"{PCT(pt['cut'])} with {pt['p99_ratio']:.2f}×", "simulated at {}):", GUIDE),
+    (FRONTIER_CONV, at_T(50), lambda pt: f"T = 50 s keeps {PCT(pt['cut'])} with {pt['p99_ratio']:.2f}×",
+     "{}, T = 100 s", GUIDE),
+    (FRONTIER_CONV, at_T(100), lambda pt: f"T = 100 s {PCT(pt['cut'])} with {pt['p99_ratio']:.2f}×", "1.10×, {};",
+     GUIDE),
     # the capacity re-measured before the conv runs, and the load the 0.9x code slices ran at against it
+    (CAPACITY_CONV, "patterns/burst8/stock_capacity_req_s/0", f3, "conv: {}, measured just before"),
+    (TRACE_ENGINE_09, "regime/capacity/capacity_req_s", f3, "(code: {} req/s, measured once"),
+    (CAPACITY_CONV, lambda r: (_load(RUNS_09)["runs"]["0/stock/tracecodex0.9"]["settings"]["rate_req_s"]
+                               / r["patterns"]["burst8"]["stock_capacity_req_s"][0]), f2,
+     "a burst measures 0.383 req/s, so those slices ran near {}× of it"),
+    (CONV, lambda r: len(r["patterns"]["traceconvx1.1"]["draws"]), f0, "conv trace at 1.1×** ({} slices)"),
+    (CONV, CONV_CELL + "plugin/jct_cut_vs_stock", pct, "the plug-in cuts mean JCT by {} and leads prompt-length"),
+    (CONV, CONV_CELL + "priority_prompt_len/jct_cut_vs_stock", pct, "leads prompt-length priority ({}) by"),
+    (CONV, "patterns/traceconvx1.1/best_lenpred/jct_cut_vs/priority_prompt_len", pct, "+8.9]) by {}, but p99"),
+    (CONV, CONV_CELL + "plugin/p99_jct_ratio_vs_stock", ratio, "but p99 JCT is {} stock's: under sustained"),
+    (TRACE, TRACE_CELL.format("traceconvx1.1", "plugin:srpt:W16:prompt_len") + "/jct_cut_vs_stock", first(PCT),
+     "predicted for this trace ({}, p99"),
+    (TRACE, TRACE_CELL.format("traceconvx1.1", "plugin:srpt:W16:prompt_len") + "/p99_ratio_vs_stock", f2,
+     "(+14.8 %, p99 {}× over its 10 slices)"),
     (CAPACITY_CONV, "patterns/burst8/stock_capacity_req_s/0", f3, "just before the conv runs: {} req/s", GUIDE),
     (CAPACITY_CONV, "patterns/burst8/stock_pace_scale/0", f2, "stock's burst at {}× the cost model's", GUIDE),
     (TRACE_ENGINE_09, lambda r: sorted(r["patterns"]["tracecodex0.9"]["stock_pace_scale"].values()),
