@@ -36,6 +36,7 @@ def test_the_plugins_paired_leads_the_guide_quotes_are_its_json():
 TRACE_ENGINE = {"code, 1.1×": "results/scripts/serving/queue_trace_engine/code_x1.1/report.json",
                 "code, 0.9×": "results/scripts/serving/queue_trace_engine/code_x0.9/report.json",
                 "code, 1.1×, age threshold": "results/scripts/serving/queue_trace_engine/code_x1.1_wait/report.json",
+                "code, 1.1×, `lenpred serve`": "results/scripts/serving/queue_trace_engine/code_x1.1_serve/report.json",
                 "conv, 1.1×": "results/scripts/serving/queue_trace_engine/conv_x1.1/report.json"}
 """The engine's trace runs the README leads its scheduling section with, one store per trace and load."""
 

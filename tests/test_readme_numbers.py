@@ -48,6 +48,7 @@ CONV = "results/scripts/serving/queue_trace_engine/conv_x1.1/report.json"
 CONV_CELL = "patterns/traceconvx1.1/modes/"
 RUNS_CONV = "results/scripts/serving/queue_trace_engine/conv_x1.1/runs.json"
 FRONTIER_CONV = "results/scripts/serving/queue_trace_engine/conv_x1.1/guard_frontier_traceconvx1.1.json"
+SERVE_11 = "results/scripts/serving/queue_trace_engine/code_x1.1_serve/report.json"
 CAPACITY_CONV = "results/scripts/serving/queue_trace_engine/capacity_conv/report.json"
 FRONTIER_11 = "results/scripts/serving/queue_trace_engine/code_x1.1/guard_frontier_tracecodex1.1.json"
 FRONTIER_09 = "results/scripts/serving/queue_trace_engine/code_x0.9/guard_frontier_tracecodex0.9.json"
@@ -363,6 +364,20 @@ CHECKS = [
      "{}, T = 100 s", GUIDE),
     (FRONTIER_CONV, at_T(100), lambda pt: f"T = 100 s {PCT(pt['cut'])} with {pt['p99_ratio']:.2f}×", "1.10×, {};",
      GUIDE),
+    # lenpred serve on a second 1.1x slice, beside its own stock run
+    (SERVE_11, "patterns/tracecodex1.1/modes/priority_lenpred/jct_cut_vs_stock", pct, "+28.1] on slice 4 and {} on slice 0"),
+    (SERVE_11, "patterns/tracecodex1.1/modes/priority_lenpred/p99_jct_ratio_vs_stock", first(f2), "with p99 1.32× and {}×."),
+    (TRACE_ENGINE, "patterns/tracecodex1.1/fewer_draws/priority_lenpred/jct_cut_vs_stock", pct,
+     "cut mean JCT at 1.1× by {} on slice 4"),
+    (SERVE_11, "patterns/tracecodex1.1/modes/stock/mean_jct_s", f1, "fresh stock run (`code_x1.1_serve/`: stock {} s,",
+     GUIDE),
+    (SERVE_11, "patterns/tracecodex1.1/modes/priority_lenpred/jct_cut_vs_stock", pct, "sittings), by {} with p99", GUIDE),
+    (SERVE_11, "patterns/tracecodex1.1/modes/priority_lenpred/p99_jct_ratio_vs_stock", ratio, "+26.2] with p99 {} and",
+     GUIDE),
+    (SERVE_11, "patterns/tracecodex1.1/modes/priority_lenpred/throughput_ratio_vs_stock", f3, "and throughput {}×",
+     GUIDE),
+    (SERVE_11, "patterns/tracecodex1.1/modes/priority_lenpred/simulated_over_measured_at_stock_pace", f2,
+     "the simulator at stock's pace {} of the measured", GUIDE),
     # the capacity re-measured before the conv runs, and the load the 0.9x code slices ran at against it
     (CAPACITY_CONV, "patterns/burst8/stock_capacity_req_s/0", f3, "conv: {}, measured just before"),
     (TRACE_ENGINE_09, "regime/capacity/capacity_req_s", f3, "(code: {} req/s, measured once"),
