@@ -38,14 +38,14 @@ TRACE_ENGINE = {"code, 1.1×": "results/scripts/serving/queue_trace_engine/code_
                 "code, 1.1×, age threshold": "results/scripts/serving/queue_trace_engine/code_x1.1_wait/report.json",
                 "code, 1.1×, `lenpred serve`": "results/scripts/serving/queue_trace_engine/code_x1.1_serve/report.json",
                 "conv, 1.1×": "results/scripts/serving/queue_trace_engine/conv_x1.1/report.json"}
-"""The engine's trace runs the README leads its scheduling section with, one store per trace and load."""
+"""The engine's trace runs the serving guide's trace table shows, one store per trace and load."""
 
 
-def test_the_engine_trace_table_in_the_readme_is_its_json():
+def test_the_engine_trace_table_in_the_serving_guide_is_its_json():
     from lenpred.studies.queue_render import engine_trace_table
 
     want = engine_trace_table({k: json.loads((ROOT / v).read_text()) for k, v in TRACE_ENGINE.items()}).strip()
-    assert rendered_block(ROOT / "README.md", "queue_trace_engine") == want, f"render it anew:\n{want}"
+    assert rendered_block(ROOT / "docs/serving.md", "queue_trace_engine") == want, f"render it anew:\n{want}"
 
 
 def test_the_first_head_table_in_the_serving_guide_is_its_json():
