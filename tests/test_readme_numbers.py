@@ -394,7 +394,7 @@ CHECKS = [
     (CONV, lambda r: len(r["patterns"]["traceconvx1.1"]["draws"]), f0, "conv trace at 1.1×** ({} slices)", GUIDE),
     (CONV, CONV_CELL + "plugin/jct_cut_vs_stock", pct, "the plug-in cuts mean JCT by {} and leads prompt-length", GUIDE),
     (CONV, CONV_CELL + "priority_prompt_len/jct_cut_vs_stock", pct, "leads prompt-length priority ({}) by", GUIDE),
-    (CONV, "patterns/traceconvx1.1/best_lenpred/jct_cut_vs/priority_prompt_len", pct, "+8.9]) by {}, but p99", GUIDE),
+    (CONV, "patterns/traceconvx1.1/best_lenpred/jct_cut_vs/priority_prompt_len", pct, "+8.9]) by {}, within noise", GUIDE),
     (CONV, CONV_CELL + "plugin/p99_jct_ratio_vs_stock", ratio, "but p99 JCT is {} stock's: under sustained", GUIDE),
     (TRACE, TRACE_CELL.format("traceconvx1.1", "plugin:srpt:W16:prompt_len") + "/jct_cut_vs_stock", first(PCT),
      "predicted for this trace ({}, p99", GUIDE),
