@@ -684,3 +684,35 @@ def test_readme_quotes_its_json(check):
 def test_every_check_names_a_file_in_the_repository():
     for path, *_ in CHECKS:
         assert (ROOT / path).is_file(), path
+
+
+WHATIF_STORES = ("code_x0.9", "code_x1.1", "code_x1.1_repeat", "code_x1.1_wait", "conv_x1.1")
+"""The engine stores whose plug-in runs the guide's whatif summary reads."""
+
+
+def whatif_drift() -> dict:
+    """Over the engine stores' ``lenpred whatif`` rows whose log gave a pace (its engine settings say its order):
+    whatif's error (points) against the plug-in run's pace over its stock run's, minus 1."""
+    import numpy as np
+
+    rows = [w for s in WHATIF_STORES
+            for p in json.loads((ROOT / f"results/scripts/serving/queue_trace_engine/{s}/report.json").read_text()
+                                )["patterns"].values()
+            for w in p.get("whatif", []) if w.get("pace_scale") is not None]
+    err = np.array([w["error_pp"] for w in rows])
+    drift = np.array([w["pace_scale"] / w["stock_pace_scale"] - 1 for w in rows])
+    near, miss = np.abs(drift) < 0.015, np.abs(err) > 5
+    return {"n": len(rows), "corr": float(np.corrcoef(err, drift)[0, 1]), "near": int(near.sum()),
+            "near_max": float(np.abs(err[near]).max()), "misses": int(miss.sum()),
+            "miss_drift": (float(100 * np.abs(drift[miss]).min()), float(100 * np.abs(drift[miss]).max()))}
+
+
+def test_the_guides_whatif_summary_is_its_json():
+    d = whatif_drift()
+    lo, hi = d["miss_drift"]
+    want = (f"Over the {d['n']} plug-in runs whose log says the order it was served in, whatif's error follows the "
+            f"difference between the plug-in run's pace and its stock run's (correlation {d['corr']:.2f}): the "
+            f"{d['near']} runs within 1.5 % of their stock run's pace are all within {d['near_max']:.1f} points of the "
+            f"measured cut, and the {d['misses']} misses beyond 5 points are runs that went {lo:.1f}–{hi:.1f} % slower "
+            "or faster than their stock run.")
+    assert want in _readme(GUIDE), f"the guide should say: {want}"

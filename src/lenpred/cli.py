@@ -242,6 +242,8 @@ def traffic_replay(**options):
                           "the plug-in's own, from engine.json beside the log, else 0].",
     "max_wait_s": "Age threshold of the lenpred order, s: a request this long past its arrival runs in arrival order "
                   "ahead of the rest; inf: off \\[default: the plug-in's own (engine.json beside the log), else off].",
+    "fit_pace": "Scale the cost's step times so the order the log was served in (engine.json beside it), replayed "
+                "at its bound, takes the log's mean JCT: the engine's pace while it served the log.",
     "out": "Output directory for whatif.json / .md / .png.",
     "clusters": "Blocks of consecutive arrivals the paired bootstrap resamples.",
     "bootstrap_resamples": "Paired bootstrap resamples."}))

@@ -233,7 +233,7 @@ def test_whatif_on_each_plugin_runs_own_traffic_log_beside_the_measured_cut(tmp_
     store = {"runs": {"0/stock/burst8": run([10.0, 10.0, 30.0]), "0/plugin_guard/burst8": guarded,
                       "0/plugin/burst8": run([8.0, 8.0, 24.0], str(tmp_path / "log")),
                       "1/stock/burst8": run([10.0]), "1/plugin/burst8": run([5.0], str(tmp_path / "gone"))}}
-    rep = {"regime": {"decode_bound": 4}, "patterns": {"burst8": {}}}
+    rep = {"regime": {"decode_bound": 4}, "patterns": {"burst8": {"stock_pace_scale": {"0": 0.9, "1": 1.1}}}}
     add_whatif(rep, store, tmp_path / "out", str(cost), 200)
     row, guard_row = rep["patterns"]["burst8"]["whatif"]  # by mode (the plug-in first), then draw
     want = {a: run_whatif(WhatifConfig(traffic=str(tmp_path / "log"), cost_model=str(cost), decode_slots=(4,),
@@ -242,6 +242,8 @@ def test_whatif_on_each_plugin_runs_own_traffic_log_beside_the_measured_cut(tmp_
     assert (row["mode"], row["draw"]) == ("plugin", 0) and row["measured_cut"] == pytest.approx(0.2)  # 1 - 40/50
     assert row["measured_p99_ratio"] == pytest.approx(0.8) and row["predicted_cut"] == want[0.0]["jct_cut_vs_stock"][0]
     assert row["error_pp"] == pytest.approx(100 * (want[0.0]["jct_cut_vs_stock"][0] - 0.2))
+    # beside it the paces: the stock run's, and none fitted to a log without its engine settings
+    assert (row["pace_scale"], row["stock_pace_scale"]) == (None, 0.9)
     # the guarded run is replayed with its own guard
     assert guard_row["mode"] == "plugin_guard" and guard_row["measured_cut"] == pytest.approx(0.1)  # 1 - 45/50
     assert guard_row["predicted_cut"] == want[4.0]["jct_cut_vs_stock"][0]

@@ -8,7 +8,8 @@ import pytest
 from lenpred.errors import LenpredError
 from lenpred.serving.cost_model import CostModel
 from lenpred.studies.whatif import (LoggedTraffic, WhatifConfig, busy_counts, compare_modes, cost_from_log,
-                                    observed_bound, replay, run_whatif, verdict, workload)
+                                    fit_replay_pace, observed_bound, replay, replay_order, replayed_served_order,
+                                    run_whatif, verdict, workload)
 
 UNIT = CostModel("unit", {"p0": 1.0, "p1": 0.0, "p2": 0.0, "d0": 1.0, "d1": 0.0, "d2": 0.0}, fused_prefill=True)
 
@@ -182,17 +183,18 @@ def test_the_bound_comes_from_the_engine_settings_beside_the_log(tmp_path):
     bound, source, parked = served_bound(tmp_path / "log", traffic)
     assert (bound, parked) == (2, True) and "decode_slots under policy srpt" in source
     report = run_whatif(WhatifConfig(traffic=str(tmp_path / "log"), out=str(tmp_path / "o"), clusters=4,
-                                     bootstrap_resamples=100))
+                                     bootstrap_resamples=100, fit_pace=False))
     assert report["observed_bound"] == 2 and list(report["results"]) == ["1", "2", "4"]
     assert "approximate: the log was served with parked decoding" in report["cost_source"]
     # its fidelity is read against the order it was served in: the replayed lenpred, not stock FCFS
     assert report["served_order"] == "lenpred"
+    assert (report["pace_scale"], report["pace_source"]) == (None, "not fitted (--no-fit-pace)")
     assert "compare the replayed lenpred, the order it was served in" in (tmp_path / "o" / "whatif.md").read_text()
     one = run_whatif(WhatifConfig(traffic=str(tmp_path / "log"), out=str(tmp_path / "o1"), decode_slots=(2,),
-                                  clusters=4, bootstrap_resamples=100))  # given bounds: the served bound still read
+                                  clusters=4, bootstrap_resamples=100, fit_pace=False))  # the served bound still read
     assert (one["observed_bound"], one["served_order"], list(one["results"])) == (2, "lenpred", ["2"])
     other = run_whatif(WhatifConfig(traffic=str(tmp_path / "log"), out=str(tmp_path / "o4"), decode_slots=(4,),
-                                    clusters=4, bootstrap_resamples=100))  # the served bound not replayed: say so
+                                    clusters=4, bootstrap_resamples=100, fit_pace=False))  # not replayed: say so
     assert list(other["results"]) == ["4"]
     assert ("served lenpred at D = 2, a bound not replayed here: --decode-slots 2,4 shows"
             in (tmp_path / "o4" / "whatif.md").read_text())
@@ -291,3 +293,55 @@ def test_the_lenpred_order_runs_with_the_engines_age_threshold(tmp_path):
                                                  "max_num_seqs": 4, "max_wait_s": bad})
         with pytest.raises(LenpredError, match=r"engine.json holds max_wait_s = .*pass --max-wait-s"):
             served_guard(tmp_path / "log", None, "max_wait_s")
+
+
+def test_the_replay_is_fitted_to_the_pace_the_log_was_served_at(tmp_path):
+    # a log served by the plug-in's design on an engine 1.25x slower than the cost model says (every step x1.25):
+    # the replay of that order at the log's bound, on the cost model scaled by the fitted pace, takes the log's mean
+    # JCT, and the pace comes back as 1.25; the counterfactual orders are then replayed at that pace
+    from lenpred.online.traffic_log import TrafficLogConfig, TrafficLogWriter, TrafficRecord, write_engine_settings
+
+    rng = np.random.default_rng(3)
+    n = 60
+    arrival = np.sort(rng.uniform(0, 900, n))  # queues now and then at D = 2: the pace moves the mean JCT
+    output, prompt = rng.integers(2, 40, n), rng.integers(5, 60, n)
+    t = traffic(arrival, arrival, arrival, prompt, output, output * rng.uniform(0.5, 1.5, n))
+    slow = UNIT.with_pace(1.25)
+    served = replay_order(workload(t), slow, 2, "lenpred")
+    assert fit_replay_pace(workload(t), UNIT, 2, "lenpred", float(served.mean())) == pytest.approx(1.25, abs=0.01)
+    stock = replay_order(workload(t), slow, 2, "stock FCFS")
+    assert fit_replay_pace(workload(t), UNIT, 2, "stock FCFS", float(stock.mean())) == pytest.approx(1.25, abs=0.01)
+    # a mean JCT no pace in [0.5, 2] gives (shorter than the fastest replay can be): no scale
+    assert fit_replay_pace(workload(t), UNIT, 2, "lenpred", 0.1) is None
+    with pytest.raises(LenpredError, match="unknown order 'srpt'"):
+        replay_order(workload(t), UNIT, 2, "srpt")
+    with TrafficLogWriter(TrafficLogConfig(tmp_path / "log")) as w:
+        for i in range(n):  # first tokens: the replay does not read them when the cost model is given
+            w.record(TrafficRecord(features=np.zeros(4), expected=float(t.expected[i]), low=0, high=1,
+                                   num_output_tokens=int(output[i]), finish_reason="stop",
+                                   arrival_time_s=float(arrival[i]), first_token_time_s=float(arrival[i]),
+                                   finish_time_s=float(arrival[i] + served[i]), num_prompt_tokens=int(prompt[i])))
+    cost = tmp_path / "cost.json"
+    UNIT.save(cost)
+    log = str(tmp_path / "log")
+    assert replayed_served_order(log)[0] is None  # no engine settings: the order is not known, nothing is fitted
+    unfitted = run_whatif(WhatifConfig(traffic=log, cost_model=str(cost), decode_slots=(2,), out=str(tmp_path / "a"),
+                                       clusters=4, bootstrap_resamples=100))
+    assert unfitted["pace_scale"] is None and "not fitted: no engine.json" in unfitted["pace_source"]
+    write_engine_settings(log, {"policy": "srpt", "decode_slots": 2, "prefill_ahead": 2, "max_num_seqs": 4})
+    assert replayed_served_order(log) == ("lenpred", "the plug-in's design (engine.json)")
+    report = run_whatif(WhatifConfig(traffic=log, cost_model=str(cost), out=str(tmp_path / "b"), clusters=4,
+                                     bootstrap_resamples=100))
+    assert report["pace_scale"] == pytest.approx(1.25, abs=0.01)
+    assert report["results"]["2"]["lenpred"]["mean_jct_s"] == pytest.approx(served.mean(), rel=0.01)
+    assert report["results"]["2"]["stock FCFS"]["mean_jct_s"] == pytest.approx(stock.mean(), rel=0.01)
+    assert report["cost_coefficients"]["d0"] == pytest.approx(report["pace_scale"])
+    text = (tmp_path / "b" / "whatif.md").read_text()
+    assert f"its step times x{report['pace_scale']:.3f}: fitted so that the replayed lenpred at D = 2" in text
+    assert "compare the replayed" not in text  # fitted to the served order: no separate fidelity claim
+    for settings, why in (({"policy": "sjf", "prefill_ahead": 2}, "policy sjf with a window of 2"),
+                          ({"policy": "srpt", "prefill_ahead": 8}, "policy srpt with a window of 8")):
+        write_engine_settings(log, {"decode_slots": 2, "max_num_seqs": 4, **settings})
+        assert replayed_served_order(log) == (None, f"{why} (engine.json) is not an order the replay has")
+    write_engine_settings(log, {"policy": "observe", "decode_slots": 2, "prefill_ahead": 2, "max_num_seqs": 4})
+    assert replayed_served_order(log) == ("stock FCFS", "policy observe (engine.json)")

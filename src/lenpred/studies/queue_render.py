@@ -172,13 +172,17 @@ def pattern_markdown(pattern: str, p: dict) -> list[str]:
                       "slower): " + ", ".join(f"draw {d} " + ("–" if f is None else f"{f:.3f}")
                                              for d, f in p["stock_pace_scale"].items()) + ".", ""]
     if p.get("whatif"):
-        lines += ["`lenpred whatif` on each plug-in run's own traffic log (the simulator's cost model, the run's D and "
-                  "starvation guard) against that draw's measured cut vs stock:", "",
+        scale = lambda x: "–" if x is None else f"{x:.3f}"  # noqa: E731
+        lines += ["`lenpred whatif` on each plug-in run's own traffic log (the simulator's cost model at the pace "
+                  "whatif fits to the log, the run's D and starvation guard) against that draw's measured cut vs "
+                  "stock; the paces (> 1: slower) of the plug-in run (whatif's fit; – : the log does not say the order "
+                  "it was served in) and of the stock run it is measured against:", "",
                   markdown_table(["mode", "draw", "whatif: cut vs stock", "measured cut", "error, points",
-                                  "whatif: p99 / stock", "measured p99 / stock"],
+                                  "whatif: p99 / stock", "measured p99 / stock", "pace: plug-in run / stock run"],
                                  [[w.get("mode", "plugin"), w["draw"], f"{w['predicted_cut']:+.1%}",
                                    f"{w['measured_cut']:+.1%}", f"{w['error_pp']:+.1f}",
-                                   f"{w['predicted_p99_ratio']:.2f}", f"{w['measured_p99_ratio']:.2f}"]
+                                   f"{w['predicted_p99_ratio']:.2f}", f"{w['measured_p99_ratio']:.2f}",
+                                   f"{scale(w.get('pace_scale'))} / {scale(w.get('stock_pace_scale'))}"]
                                   for w in p["whatif"]]), ""]
     if p.get("pace_ms"):
         draws = sorted({d for x in p["pace_ms"].values() for d in x}, key=int)

@@ -310,28 +310,15 @@ def fit_streaming_overhead(store: dict, regime_: dict, cost) -> dict:
     return {"s_per_token": float(fit.x), "fitted_on": keys}
 
 
-PACE_BOUNDS = (0.5, 2.0)
-"""The pace scales :func:`fit_stock_pace` searches (the engine at half to twice the cost model's step times)."""
-
-
 def fit_stock_pace(rec: dict, regime_: dict, cost, seed: int) -> float | None:
-    """The engine's pace during one stock run, against ``cost``'s: the scale ``f`` for which the simulator's mean JCT
-    of the run (:func:`simulated_run` on ``cost.with_pace(f)``) equals the measured one (``scipy.optimize.brentq`` in
-    :data:`PACE_BOUNDS`, to 0.001). The other modes of the same slice, simulated at ``f``, then test the simulator's
-    orders at the engine's pace of that sitting rather than the cost model's: near capacity a pace 10 % off moves the
-    mean JCT by 30-40 % (the queue is that sensitive to the service rate), which a fixed cost model cannot follow
-    across hours. ``None``: no scale in the bounds matches (the run is not the simulator's kind of run)."""
-    from scipy.optimize import brentq
+    """The engine's pace during one stock run, against ``cost``'s (:func:`lenpred.serving.cost_model.fit_pace` on
+    :func:`simulated_mean_jct` of the run). The other modes of the same slice, simulated at that pace, then test the
+    simulator's orders at the engine's pace of that sitting rather than the cost model's, which a fixed cost model
+    cannot follow across hours. ``None``: no scale in the bounds matches (the run is not the simulator's kind of
+    run)."""
+    from lenpred.serving.cost_model import fit_pace
 
-    measured = ok_jct(rec).mean()
-
-    def gap(f: float) -> float:
-        return float(np.log(simulated_mean_jct(rec, regime_, cost.with_pace(f), seed) / measured))
-
-    try:
-        return float(brentq(gap, *PACE_BOUNDS, xtol=1e-3))
-    except ValueError:  # the same sign at both bounds: no scale in them matches
-        return None
+    return fit_pace(cost, lambda c: simulated_mean_jct(rec, regime_, c, seed), float(ok_jct(rec).mean()))
 
 
 def add_simulated(rep: dict, store: dict, cost_model: str) -> None:
@@ -347,7 +334,7 @@ def add_simulated(rep: dict, store: dict, cost_model: str) -> None:
     ``simulated_over_measured_at_stock_pace``: the mean over draws of the simulated mean JCT over the measured with
     the cost model at the pace of the same draw's stock run (:func:`fit_stock_pace`, stored per draw as the
     pattern's ``stock_pace_scale``), for the modes other than stock."""
-    from lenpred.serving.cost_model import CostModel
+    from lenpred.serving.cost_model import PACE_BOUNDS, CostModel
 
     offline = CostModel.load(cost_model)
     fit = fit_streaming_overhead(store, rep["regime"], offline)
@@ -510,9 +497,11 @@ WHATIF_MODES = ("plugin", "plugin_guard", "plugin_wait")
 def add_whatif(rep: dict, store: dict, out: Path, cost_model: str, n_resamples: int) -> None:
     """Per pattern, per draw whose plug-in run (:data:`WHATIF_MODES`) left its traffic log on disk
     (``settings["traffic_log"]``) beside a stock run: ``lenpred whatif`` on that log (at the run's D and starvation
-    guard, on ``cost_model``; written under ``<out>/whatif/<draw>-<mode>-<pattern>``) against the draw's measured
-    cut vs stock (issue 49: within 5 points) and p99 ratio; stored as the pattern's ``whatif`` rows, by mode then
-    draw."""
+    guard, on ``cost_model`` at the pace whatif fits to the log, :func:`lenpred.studies.whatif.fit_replay_pace`;
+    written under ``<out>/whatif/<draw>-<mode>-<pattern>``) against the draw's measured cut vs stock (issue 49:
+    within 5 points) and p99 ratio; stored as the pattern's ``whatif`` rows, by mode then draw, each with that pace
+    (``pace_scale``, ``None`` where the log does not say the order it was served in) beside the stock run's
+    (``stock_pace_scale``, :func:`fit_stock_pace`): the measured cut pairs two runs, each at its own pace."""
     from lenpred.studies.whatif import WhatifConfig, run_whatif
 
     D = rep["regime"]["decode_bound"]
@@ -526,14 +515,17 @@ def add_whatif(rep: dict, store: dict, out: Path, cost_model: str, n_resamples: 
             if stock is None or not log or not Path(log).is_dir():
                 continue
             plugin = rec["settings"].get("plugin") or {}
-            w = run_whatif(WhatifConfig(traffic=log, cost_model=cost_model, decode_slots=(D,),
-                                        aging_tokens_per_s=plugin.get("aging_tokens_per_s", 0.0),
-                                        max_wait_s=plugin.get("max_wait_s"),
-                                        out=str(out / "whatif" / f"{d}-{mode}-{pattern}"),
-                                        bootstrap_resamples=n_resamples))["results"][str(D)]["lenpred"]
+            whatif = run_whatif(WhatifConfig(traffic=log, cost_model=cost_model, decode_slots=(D,),
+                                             aging_tokens_per_s=plugin.get("aging_tokens_per_s", 0.0),
+                                             max_wait_s=plugin.get("max_wait_s"),
+                                             out=str(out / "whatif" / f"{d}-{mode}-{pattern}"),
+                                             bootstrap_resamples=n_resamples))
+            w = whatif["results"][str(D)]["lenpred"]
             ours, theirs = ok_jct(rec), ok_jct(stock)
             measured = 1 - ours.mean() / theirs.mean()
-            rows.append({"draw": d, "mode": mode, "traffic_log": log, "predicted_cut": w["jct_cut_vs_stock"][0],
+            rows.append({"draw": d, "mode": mode, "traffic_log": log, "pace_scale": whatif["pace_scale"],
+                         "stock_pace_scale": p.get("stock_pace_scale", {}).get(str(d)),
+                         "predicted_cut": w["jct_cut_vs_stock"][0],
                          "measured_cut": float(measured), "error_pp": 100 * (w["jct_cut_vs_stock"][0] - measured),
                          "predicted_p99_ratio": w["p99_ratio_vs_stock"][0],
                          "measured_p99_ratio": float(np.percentile(ours, 99) / np.percentile(theirs, 99))})

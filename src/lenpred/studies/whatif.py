@@ -4,7 +4,10 @@ at others, under stock FCFS, prompt-length priority, lenpred (the plug-in's park
 and the recorded length (an unattainable oracle), and ends with one sentence: turn it on or not, and why.
 
 The engine's cost comes from a calibration file (a :class:`lenpred.serving.cost_model.CostModel` JSON measured on the
-serving machine) or from the log's own timings (:func:`cost_from_log`), and the report says which. Intervals are
+serving machine) or from the log's own timings (:func:`cost_from_log`), and the report says which. Where the log's
+engine settings name an order the replay has (the plug-in's parked SRPT, or ``observe``: stock FCFS), the cost's step
+times are scaled so that order, replayed at the log's bound, takes the log's own mean JCT (:func:`fit_replay_pace`):
+an engine's pace drifts over hours, and near capacity a few percent of pace moves the queue a lot. Intervals are
 paired over the same requests, clustered by consecutive blocks of arrivals (:func:`lenpred.studies.paired.compare`):
 a burst and its neighbours share a fate.
 """
@@ -21,7 +24,7 @@ import numpy as np
 
 from lenpred.errors import LenpredError
 from lenpred.io import write_json
-from lenpred.serving.cost_model import CostModel
+from lenpred.serving.cost_model import PACE_BOUNDS, CostModel
 from lenpred.serving.parked import SchedulerConfig
 from lenpred.serving.policies import make_policy
 from lenpred.serving.simulator import SimConfig, simulate, simulate_parked
@@ -63,6 +66,8 @@ class WhatifConfig:
             order ahead of the rest, :class:`lenpred.serving.parked.SchedulerConfig`); ``inf``: off; ``None``: the
             engine's own, else off.
         out: where ``whatif.json``, ``whatif.md`` and ``whatif.png`` go.
+        fit_pace: scale the cost's step times to the log's own mean JCT (:func:`fit_replay_pace`) where the order
+            it was served in is known and replayed; ``False``: the cost as given.
         clusters: consecutive-arrival blocks the bootstrap resamples (>= 2).
         bootstrap_resamples: paired bootstrap resamples.
     """
@@ -72,6 +77,7 @@ class WhatifConfig:
     decode_slots: tuple[int, ...] | None = None
     aging_tokens_per_s: float | None = None
     max_wait_s: float | None = None
+    fit_pace: bool = True
     out: str = "results/whatif"
     clusters: int = 10
     bootstrap_resamples: int = 2000
@@ -279,20 +285,73 @@ def workload(traffic: LoggedTraffic) -> list[WorkloadRequest]:
                                                  traffic.num_output_tokens, traffic.expected))]
 
 
-def replay(requests: list[WorkloadRequest], cost, decode_slots: int, aging_tokens_per_s: float = 0.0,
-           max_wait_s: float | None = None) -> dict[str, np.ndarray]:
-    """``{mode: (n,) JCT in seconds}`` of each of :data:`MODES` at ``decode_slots`` (stock and prompt-length priority
-    run ``decode_slots`` sequences; the plug-in's design admits ``decode_slots`` more into its window; lenpred with
-    its starvation guards, ``aging_tokens_per_s`` and ``max_wait_s``, the recorded length without one)."""
+def replay_order(requests: list[WorkloadRequest], cost, decode_slots: int, order: str,
+                 aging_tokens_per_s: float = 0.0, max_wait_s: float | None = None) -> np.ndarray:
+    """``(n,)`` JCT in seconds, by request id, of one of :data:`MODES` at ``decode_slots`` (stock and prompt-length
+    priority run ``decode_slots`` sequences; the plug-in's design admits ``decode_slots`` more into its window;
+    lenpred with its starvation guards, ``aging_tokens_per_s`` and ``max_wait_s``, the recorded length without
+    one).
+
+    Raises:
+        LenpredError: an order not in :data:`MODES`.
+    """
+    if order not in MODES:
+        raise LenpredError(f"unknown order {order!r}: one of {', '.join(MODES)}")
     stock = SimConfig(max_num_seqs=decode_slots, max_num_batched_tokens=8192, arrival="given")
     parked = dataclasses.replace(stock, max_num_seqs=2 * decode_slots)
     design = SchedulerConfig(decode_slots=decode_slots, prefill_ahead=decode_slots)
-    guarded = dataclasses.replace(design, aging_tokens_per_s=aging_tokens_per_s, max_wait_s=max_wait_s)
-    runs = {"stock FCFS": simulate(requests, make_policy("fcfs"), cost, stock)[1],
-            "prompt-length priority": simulate(requests, make_policy("sjf:prompt_len"), cost, stock)[1],
-            "lenpred": simulate_parked(requests, guarded, cost, parked, predictor="served")[1],
-            "recorded length": simulate_parked(requests, design, cost, parked, predictor="oracle")[1]}
-    return {m: np.array([t.jct_s for t in sorted(timings, key=lambda t: t.request_id)]) for m, timings in runs.items()}
+    if order == "stock FCFS":
+        timings = simulate(requests, make_policy("fcfs"), cost, stock)[1]
+    elif order == "prompt-length priority":
+        timings = simulate(requests, make_policy("sjf:prompt_len"), cost, stock)[1]
+    elif order == "lenpred":
+        guarded = dataclasses.replace(design, aging_tokens_per_s=aging_tokens_per_s, max_wait_s=max_wait_s)
+        timings = simulate_parked(requests, guarded, cost, parked, predictor="served")[1]
+    else:
+        timings = simulate_parked(requests, design, cost, parked, predictor="oracle")[1]
+    return np.array([t.jct_s for t in sorted(timings, key=lambda t: t.request_id)])
+
+
+def replay(requests: list[WorkloadRequest], cost, decode_slots: int, aging_tokens_per_s: float = 0.0,
+           max_wait_s: float | None = None) -> dict[str, np.ndarray]:
+    """``{mode: (n,) JCT in seconds}`` of each of :data:`MODES` at ``decode_slots`` (:func:`replay_order`)."""
+    return {m: replay_order(requests, cost, decode_slots, m, aging_tokens_per_s, max_wait_s) for m in MODES}
+
+
+def replayed_served_order(directory: str | Path) -> tuple[str | None, str]:
+    """``(order, why)``: the order of :data:`MODES` the log was served in, as its engine settings
+    (:func:`lenpred.online.traffic_log.read_engine_settings`) tell it: ``stock FCFS`` under policy ``observe``,
+    ``lenpred`` under the plug-in's design (policy ``srpt``, a window of ``decode_slots``); ``None`` and the reason
+    otherwise (no settings beside the log: ``lenpred serve``'s vLLM priority order or an older plug-in; another
+    policy or window; settings that cannot be read)."""
+    from lenpred.online.traffic_log import ENGINE_FILE, read_engine_settings
+
+    try:
+        engine = read_engine_settings(directory)
+    except LenpredError:
+        return None, f"its {ENGINE_FILE} cannot be read"
+    if engine is None:
+        return None, (f"no {ENGINE_FILE} beside the log says which order served it (lenpred serve's priority order "
+                      "or an older plug-in)")
+    if engine["policy"] == "observe":
+        return "stock FCFS", f"policy observe ({ENGINE_FILE})"
+    if engine["policy"] == "srpt" and engine["prefill_ahead"] == engine["decode_slots"]:
+        return "lenpred", f"the plug-in's design ({ENGINE_FILE})"
+    return None, (f"policy {engine['policy']} with a window of {engine['prefill_ahead']} ({ENGINE_FILE}) is not an "
+                  "order the replay has")
+
+
+def fit_replay_pace(requests: list[WorkloadRequest], cost: CostModel, decode_slots: int, order: str,
+                    logged_mean_jct_s: float, aging_tokens_per_s: float = 0.0,
+                    max_wait_s: float | None = None) -> float | None:
+    """The pace scale of ``cost`` (:func:`lenpred.serving.cost_model.fit_pace`) at which ``order``, replayed at
+    ``decode_slots`` (:func:`replay_order`), takes the log's own mean JCT ``logged_mean_jct_s`` (s): the engine's
+    pace while it served the log, against the cost model's. ``None``: no scale in
+    :data:`lenpred.serving.cost_model.PACE_BOUNDS` matches."""
+    from lenpred.serving.cost_model import fit_pace
+
+    return fit_pace(cost, lambda c: float(replay_order(requests, c, decode_slots, order, aging_tokens_per_s,
+                                                       max_wait_s).mean()), logged_mean_jct_s)
 
 
 def compare_modes(jct: dict[str, np.ndarray], clusters: int, n_resamples: int) -> dict[str, dict]:
@@ -368,6 +427,19 @@ def run_whatif(cfg: WhatifConfig) -> dict:
     wait, wait_source = served_guard(cfg.traffic, cfg.max_wait_s, "max_wait_s")
     wait = None if wait == float("inf") else wait  # off, as given
     requests = workload(traffic)
+    logged = float(np.mean(traffic.finish_s - traffic.arrival_s))
+    pace, pace_source = None, "not fitted (--no-fit-pace)"
+    if cfg.fit_pace:
+        order, why = replayed_served_order(cfg.traffic)
+        if order is None:
+            pace_source = f"not fitted: {why}"
+        else:
+            pace = fit_replay_pace(requests, cost, own, order, logged, aging, wait)
+            pace_source = (f"fitted so that the replayed {order} at D = {own}, the order it was served in ({why}), "
+                           f"takes the log's mean JCT" if pace is not None else
+                           f"not fitted: no scale in {PACE_BOUNDS} gives the replayed {order} the log's mean JCT")
+            if pace is not None:
+                cost = cost.with_pace(pace)
     results = {}
     for d in bounds:
         logger.info("whatif: replaying %d requests at D = %d", len(requests), d)
@@ -378,8 +450,9 @@ def run_whatif(cfg: WhatifConfig) -> dict:
         settings["max_wait_s"] = "inf"  # JSON has no infinity
     report = {"traffic": str(cfg.traffic), "num_requests": len(requests), "observed_bound": own,
               "bound_source": bound_source, "served_order": served_order,
-              "logged_mean_jct_s": float(np.mean(traffic.finish_s - traffic.arrival_s)),
-              "cost_source": source, "cost_coefficients": cost.coefficients,
+              "logged_mean_jct_s": logged,
+              "cost_source": source, "pace_scale": pace, "pace_source": pace_source,
+              "cost_coefficients": cost.coefficients,
               "aging_tokens_per_s": aging, "aging_source": aging_source,
               "max_wait_s": wait, "max_wait_source": wait_source,
               "duration_s": float(traffic.finish_s.max()), "results": {str(d): r for d, r in results.items()},
@@ -404,6 +477,8 @@ def fidelity(report: dict) -> str:
     """The header's pointer to the replay's fidelity: the replayed order the log was served in, at its own bound
     (``report["observed_bound"]``), or what is missing to compare them."""
     served_order, own = report.get("served_order", "stock FCFS"), report["observed_bound"]
+    if report.get("pace_scale") is not None:
+        return ""  # the replay is fitted to it (:func:`pace_text`)
     if served_order == "unknown":
         return " (the order it was served in is unknown: the engine settings beside the log are unreadable)"
     if str(own) not in report["results"]:
@@ -413,6 +488,14 @@ def fidelity(report: dict) -> str:
     return f" (compare the replayed {served_order}, the order it was served in, at that D: the replay's fidelity)"
 
 
+def pace_text(report: dict) -> str:
+    """The header's words on the cost's pace (:func:`fit_replay_pace`): the scale and how it was fitted, or why not."""
+    pace, source = report.get("pace_scale"), report.get("pace_source")
+    if pace is not None:
+        return f", its step times x{pace:.3f}: {source}"
+    return f" (pace {source})" if source else ""
+
+
 def render_whatif(report: dict) -> str:
     """The report as Markdown: one table per concurrency bound, then the cost's source and the verdict."""
     pct = lambda t: f"{t[0]:+.1%} [{t[1]:+.1%}, {t[2]:+.1%}]"  # noqa: E731
@@ -420,7 +503,8 @@ def render_whatif(report: dict) -> str:
              "", f"The log's own concurrency bound: D = {report['observed_bound']} ({report['bound_source']}); its "
              "mean JCT as served "
              f"{report['logged_mean_jct_s']:.1f} s" + fidelity(report) + "; "
-             f"the engine's cost from {report['cost_source']}; the KV cache is not a bound in the replay. "
+             f"the engine's cost from {report['cost_source']}" + pace_text(report)
+             + "; the KV cache is not a bound in the replay. "
              + guard_text(report) + "Intervals: paired, clustered by consecutive arrivals.", ""]
     for d, cells in report["results"].items():
         lines += [f"## D = {d}", "", "| order | mean JCT s | mean-JCT cut vs stock | p99 JCT s | p99 / stock |",
