@@ -211,8 +211,11 @@ def test_whatif_on_each_plugin_runs_own_traffic_log_beside_the_measured_cut(tmp_
     gets no row."""
     import numpy as np
 
-    from lenpred.online.traffic_log import TrafficLogConfig, TrafficLogWriter, TrafficRecord
+    import shutil
+
+    from lenpred.online.traffic_log import TrafficLogConfig, TrafficLogWriter, TrafficRecord, write_engine_settings
     from lenpred.serving.cost_model import CostModel
+    from lenpred.studies.queue_render import whatif_markdown
     from lenpred.studies.queue_report import add_whatif
     from lenpred.studies.whatif import WhatifConfig, run_whatif
 
@@ -224,32 +227,45 @@ def test_whatif_on_each_plugin_runs_own_traffic_log_beside_the_measured_cut(tmp_
                                    finish_reason="stop", arrival_time_s=1000.0, first_token_time_s=1000.0 + first,
                                    finish_time_s=1000.0 + first + 0.1 * n, num_prompt_tokens=20))
     cost = tmp_path / "cost.json"
-    CostModel("unit", {"p0": 1.0, "p1": 0.0, "p2": 0.0, "d0": 1.0, "d1": 0.0, "d2": 0.0},
-              fused_prefill=True).save(cost)
+    CostModel("40 ms a step", {"p0": 0.04, "p1": 0.0, "p2": 0.0, "d0": 0.04, "d1": 0.0, "d2": 0.0},
+              fused_prefill=True).save(cost)  # about the log's pace: a scale in 0.5-2 matches its mean JCT
     run = lambda jct, log=None: {"settings": {"traffic_log": log},  # noqa: E731
                                  "results": [{"jct_s": x, "outcome": "ok"} for x in jct]}
     guarded = run([9.0, 9.0, 27.0], str(tmp_path / "log"))
     guarded["settings"]["plugin"] = {"aging_tokens_per_s": 4.0}
+    # draw 1's log is the same rows with the plug-in's engine settings beside them (the order it served): fitted
+    shutil.copytree(tmp_path / "log", tmp_path / "served")
+    write_engine_settings(tmp_path / "served", {"policy": "srpt", "decode_slots": 4, "prefill_ahead": 4,
+                                                "max_num_seqs": 8})
     store = {"runs": {"0/stock/burst8": run([10.0, 10.0, 30.0]), "0/plugin_guard/burst8": guarded,
                       "0/plugin/burst8": run([8.0, 8.0, 24.0], str(tmp_path / "log")),
-                      "1/stock/burst8": run([10.0]), "1/plugin/burst8": run([5.0], str(tmp_path / "gone"))}}
+                      "1/stock/burst8": run([10.0]), "1/plugin/burst8": run([5.0], str(tmp_path / "served")),
+                      "2/stock/burst8": run([10.0]), "2/plugin/burst8": run([5.0], str(tmp_path / "gone"))}}
     rep = {"regime": {"decode_bound": 4}, "patterns": {"burst8": {"stock_pace_scale": {"0": 0.9, "1": 1.1}}}}
     add_whatif(rep, store, tmp_path / "out", str(cost), 200)
-    row, guard_row = rep["patterns"]["burst8"]["whatif"]  # by mode (the plug-in first), then draw
+    row, fitted, guard_row = rep["patterns"]["burst8"]["whatif"]  # by mode (the plug-in first), then draw
     want = {a: run_whatif(WhatifConfig(traffic=str(tmp_path / "log"), cost_model=str(cost), decode_slots=(4,),
                                        aging_tokens_per_s=a, out=str(tmp_path / "again"), bootstrap_resamples=200)
                           )["results"]["4"]["lenpred"] for a in (0.0, 4.0)}
     assert (row["mode"], row["draw"]) == ("plugin", 0) and row["measured_cut"] == pytest.approx(0.2)  # 1 - 40/50
     assert row["measured_p99_ratio"] == pytest.approx(0.8) and row["predicted_cut"] == want[0.0]["jct_cut_vs_stock"][0]
     assert row["error_pp"] == pytest.approx(100 * (want[0.0]["jct_cut_vs_stock"][0] - 0.2))
-    # beside it the paces: the stock run's, and none fitted to a log without its engine settings
+    # beside it the paces: the stock run's of its own draw, and none fitted to a log without its engine settings
     assert (row["pace_scale"], row["stock_pace_scale"]) == (None, 0.9)
+    served = run_whatif(WhatifConfig(traffic=str(tmp_path / "served"), cost_model=str(cost), decode_slots=(4,),
+                                     out=str(tmp_path / "again"), bootstrap_resamples=200))
+    assert served["pace_scale"] is not None and (fitted["draw"], fitted["measured_cut"]) == (1, pytest.approx(0.5))
+    assert (fitted["pace_scale"], fitted["stock_pace_scale"]) == (served["pace_scale"], 1.1)
+    assert fitted["predicted_cut"] == served["results"]["4"]["lenpred"]["jct_cut_vs_stock"][0]
     # the guarded run is replayed with its own guard
     assert guard_row["mode"] == "plugin_guard" and guard_row["measured_cut"] == pytest.approx(0.1)  # 1 - 45/50
     assert guard_row["predicted_cut"] == want[4.0]["jct_cut_vs_stock"][0]
     assert (tmp_path / "out" / "whatif" / "0-plugin-burst8" / "whatif.json").is_file()
     assert json.loads((tmp_path / "out" / "whatif" / "0-plugin_guard-burst8" / "whatif.json").read_text()
                       )["aging_tokens_per_s"] == 4.0
+    table = "\n".join(whatif_markdown(rep["patterns"]["burst8"]["whatif"]))
+    assert f"| plugin | 1 | {fitted['predicted_cut']:+.1%} | +50.0% |" in table
+    assert table.count("| – / 0.900 |") == 2 and f"| {fitted['pace_scale']:.3f} / 1.100 |" in table
 
 
 def test_acceptance_checks_issue_49s_thresholds_on_a_trace_and_38s_elsewhere():

@@ -295,53 +295,112 @@ def test_the_lenpred_order_runs_with_the_engines_age_threshold(tmp_path):
             served_guard(tmp_path / "log", None, "max_wait_s")
 
 
-def test_the_replay_is_fitted_to_the_pace_the_log_was_served_at(tmp_path):
-    # a log served by the plug-in's design on an engine 1.25x slower than the cost model says (every step x1.25):
-    # the replay of that order at the log's bound, on the cost model scaled by the fitted pace, takes the log's mean
-    # JCT, and the pace comes back as 1.25; the counterfactual orders are then replayed at that pace
-    from lenpred.online.traffic_log import TrafficLogConfig, TrafficLogWriter, TrafficRecord, write_engine_settings
+def paced_log(tmp_path, name: str, max_wait_s=None, pace: float = 1.25, streamed: bool = True):
+    """A log served by the plug-in's design at D = 2 (with the age threshold ``max_wait_s``) on an engine ``pace``
+    times slower than :data:`UNIT` says: its rows, written to ``tmp_path / name``, and its traffic."""
+    from lenpred.online.traffic_log import TrafficLogConfig, TrafficLogWriter, TrafficRecord
 
     rng = np.random.default_rng(3)
     n = 60
     arrival = np.sort(rng.uniform(0, 900, n))  # queues now and then at D = 2: the pace moves the mean JCT
     output, prompt = rng.integers(2, 40, n), rng.integers(5, 60, n)
     t = traffic(arrival, arrival, arrival, prompt, output, output * rng.uniform(0.5, 1.5, n))
-    slow = UNIT.with_pace(1.25)
-    served = replay_order(workload(t), slow, 2, "lenpred")
-    assert fit_replay_pace(workload(t), UNIT, 2, "lenpred", float(served.mean())) == pytest.approx(1.25, abs=0.01)
-    stock = replay_order(workload(t), slow, 2, "stock FCFS")
-    assert fit_replay_pace(workload(t), UNIT, 2, "stock FCFS", float(stock.mean())) == pytest.approx(1.25, abs=0.01)
-    # a mean JCT no pace in [0.5, 2] gives (shorter than the fastest replay can be): no scale
-    assert fit_replay_pace(workload(t), UNIT, 2, "lenpred", 0.1) is None
-    with pytest.raises(LenpredError, match="unknown order 'srpt'"):
-        replay_order(workload(t), UNIT, 2, "srpt")
-    with TrafficLogWriter(TrafficLogConfig(tmp_path / "log")) as w:
-        for i in range(n):  # first tokens: the replay does not read them when the cost model is given
+    served = replay_order(workload(t), UNIT.with_pace(pace), 2, "lenpred", max_wait_s=max_wait_s)
+    with TrafficLogWriter(TrafficLogConfig(tmp_path / name)) as w:
+        for i in range(n):  # first tokens half-way (streamed) or at the finish (not)
+            finish = float(arrival[i] + served[i])
             w.record(TrafficRecord(features=np.zeros(4), expected=float(t.expected[i]), low=0, high=1,
                                    num_output_tokens=int(output[i]), finish_reason="stop",
-                                   arrival_time_s=float(arrival[i]), first_token_time_s=float(arrival[i]),
-                                   finish_time_s=float(arrival[i] + served[i]), num_prompt_tokens=int(prompt[i])))
+                                   arrival_time_s=float(arrival[i]),
+                                   first_token_time_s=float(arrival[i] + served[i] / 2) if streamed else finish,
+                                   finish_time_s=finish, num_prompt_tokens=int(prompt[i])))
+    return str(tmp_path / name), t
+
+
+def test_the_replay_is_fitted_to_the_pace_the_log_was_served_at(tmp_path):
+    # a log served by the plug-in's design on an engine 1.25x slower than the cost model says (every step x1.25):
+    # the replay of that order at the log's bound, on the cost model scaled by the fitted pace, takes the log's mean
+    # JCT, and the pace comes back as 1.25; the counterfactual orders are then replayed at that pace
+    from lenpred.online.traffic_log import write_engine_settings
+    from lenpred.serving.cost_model import fit_pace
+
+    log, t = paced_log(tmp_path, "log")
+    served = replay_order(workload(t), UNIT.with_pace(1.25), 2, "lenpred")
+    stock = replay_order(workload(t), UNIT.with_pace(1.25), 2, "stock FCFS")
+    assert fit_replay_pace(workload(t), UNIT, 2, "lenpred", float(served.mean())) == pytest.approx(1.25, abs=0.01)
+    assert fit_replay_pace(workload(t), UNIT, 2, "stock FCFS", float(stock.mean())) == pytest.approx(1.25, abs=0.01)
+    # a mean JCT no pace in [0.5, 2] gives (shorter than the fastest replay can be), or none at all: no scale
+    assert fit_replay_pace(workload(t), UNIT, 2, "lenpred", 0.1) is None
+    assert fit_pace(UNIT, lambda c: 1.0, 0.0) is None
+    with pytest.raises(LenpredError, match="unknown order 'srpt'"):
+        replay_order(workload(t), UNIT, 2, "srpt")
     cost = tmp_path / "cost.json"
     UNIT.save(cost)
-    log = str(tmp_path / "log")
-    assert replayed_served_order(log)[0] is None  # no engine settings: the order is not known, nothing is fitted
+    traffic_ = LoggedTraffic.read(log)
+    assert replayed_served_order(log, traffic_)[0] is None  # no engine settings: the order is not known
     unfitted = run_whatif(WhatifConfig(traffic=log, cost_model=str(cost), decode_slots=(2,), out=str(tmp_path / "a"),
                                        clusters=4, bootstrap_resamples=100))
     assert unfitted["pace_scale"] is None and "not fitted: no engine.json" in unfitted["pace_source"]
+    assert unfitted["served_order"] == "unknown"
+    assert "the order it was served in is unknown: no engine.json" in (tmp_path / "a" / "whatif.md").read_text()
     write_engine_settings(log, {"policy": "srpt", "decode_slots": 2, "prefill_ahead": 2, "max_num_seqs": 4})
-    assert replayed_served_order(log) == ("lenpred", "the plug-in's design (engine.json)")
+    assert replayed_served_order(log, traffic_) == ("lenpred", "the plug-in's design (engine.json)")
     report = run_whatif(WhatifConfig(traffic=log, cost_model=str(cost), out=str(tmp_path / "b"), clusters=4,
                                      bootstrap_resamples=100))
     assert report["pace_scale"] == pytest.approx(1.25, abs=0.01)
     assert report["results"]["2"]["lenpred"]["mean_jct_s"] == pytest.approx(served.mean(), rel=0.01)
     assert report["results"]["2"]["stock FCFS"]["mean_jct_s"] == pytest.approx(stock.mean(), rel=0.01)
-    assert report["cost_coefficients"]["d0"] == pytest.approx(report["pace_scale"])
+    assert report["cost_coefficients"]["d0"] == pytest.approx(report["pace_scale"])  # the scaled cost is stored
     text = (tmp_path / "b" / "whatif.md").read_text()
     assert f"its step times x{report['pace_scale']:.3f}: fitted so that the replayed lenpred at D = 2" in text
     assert "compare the replayed" not in text  # fitted to the served order: no separate fidelity claim
-    for settings, why in (({"policy": "sjf", "prefill_ahead": 2}, "policy sjf with a window of 2"),
-                          ({"policy": "srpt", "prefill_ahead": 8}, "policy srpt with a window of 8")):
-        write_engine_settings(log, {"decode_slots": 2, "max_num_seqs": 4, **settings})
-        assert replayed_served_order(log) == (None, f"{why} (engine.json) is not an order the replay has")
+    # the bounds asked about leave out the served one: the pace is still fitted at the served bound
+    four = run_whatif(WhatifConfig(traffic=log, cost_model=str(cost), decode_slots=(4,), out=str(tmp_path / "c"),
+                                   clusters=4, bootstrap_resamples=100))
+    assert list(four["results"]) == ["4"] and four["pace_scale"] == pytest.approx(report["pace_scale"])
+    for settings, why in (({"policy": "sjf"}, "policy sjf, decode_slots 2, prefill_ahead 2, max_num_seqs 4"),
+                          ({"prefill_ahead": 8}, "policy srpt, decode_slots 2, prefill_ahead 8, max_num_seqs 4"),
+                          ({"admit_by": "arrival"},
+                           "policy srpt, decode_slots 2, prefill_ahead 2, max_num_seqs 4, admit_by arrival"),
+                          ({"max_num_seqs": 1}, "policy srpt, decode_slots 2, prefill_ahead 2, max_num_seqs 1")):
+        write_engine_settings(log, {"policy": "srpt", "decode_slots": 2, "prefill_ahead": 2, "max_num_seqs": 4,
+                                    **settings})
+        assert replayed_served_order(log, traffic_) == (None, f"{why} (engine.json) is not an order the replay has")
+    # the header names the order as unknown, not as the one replayed
+    other = run_whatif(WhatifConfig(traffic=log, cost_model=str(cost), decode_slots=(1,), out=str(tmp_path / "d"),
+                                    clusters=4, bootstrap_resamples=100))
+    assert other["pace_scale"] is None and other["served_order"] == "unknown"
+    assert "compare the replayed lenpred" not in (tmp_path / "d" / "whatif.md").read_text()
     write_engine_settings(log, {"policy": "observe", "decode_slots": 2, "prefill_ahead": 2, "max_num_seqs": 4})
-    assert replayed_served_order(log) == ("stock FCFS", "policy observe (engine.json)")
+    assert replayed_served_order(log, traffic_) == ("stock FCFS", "policy observe (engine.json)")
+
+
+def test_the_pace_is_fitted_with_the_guards_that_served_the_log(tmp_path):
+    # served with a 10 s age threshold at pace 1.25; asked about no threshold (inf): the fit replays the order as it
+    # was served (its 10 s), so the pace is still 1.25, and the lenpred row is the unguarded order at that pace. A fit
+    # with the asked-about order would give about 1.28 (the unguarded order is faster on the mean)
+    from lenpred.online.traffic_log import write_engine_settings
+
+    log, t = paced_log(tmp_path, "log", max_wait_s=10.0)
+    write_engine_settings(log, {"policy": "srpt", "decode_slots": 2, "prefill_ahead": 2, "max_num_seqs": 4,
+                                "max_wait_s": 10.0})
+    cost = tmp_path / "cost.json"
+    UNIT.save(cost)
+    report = run_whatif(WhatifConfig(traffic=log, cost_model=str(cost), decode_slots=(2,), max_wait_s=float("inf"),
+                                     out=str(tmp_path / "o"), clusters=4, bootstrap_resamples=100))
+    assert report["max_wait_s"] is None and report["pace_scale"] == pytest.approx(1.25, abs=0.01)
+    unguarded = replay_order(workload(t), UNIT.with_pace(report["pace_scale"]), 2, "lenpred")
+    assert report["results"]["2"]["lenpred"]["mean_jct_s"] == pytest.approx(unguarded.mean())
+    # settings from an engine that did not record its guards: the fit takes the ones the replay is given
+    write_engine_settings(log, {"policy": "srpt", "decode_slots": 2, "prefill_ahead": 2, "max_num_seqs": 4})
+    given = run_whatif(WhatifConfig(traffic=log, cost_model=str(cost), decode_slots=(2,), max_wait_s=10.0,
+                                    out=str(tmp_path / "g"), clusters=4, bootstrap_resamples=100))
+    assert given["pace_scale"] == pytest.approx(1.25, abs=0.01)
+    # policy observe with rows that were not streamed: the bound cannot be read from them, nothing is fitted
+    flat, _ = paced_log(tmp_path, "flat", streamed=False)
+    write_engine_settings(flat, {"policy": "observe", "decode_slots": 2, "prefill_ahead": 2, "max_num_seqs": 4})
+    order, why = replayed_served_order(flat, LoggedTraffic.read(flat))
+    assert order is None and why.startswith("its rows were not streamed")
+    none = run_whatif(WhatifConfig(traffic=flat, cost_model=str(cost), decode_slots=(2,), out=str(tmp_path / "f"),
+                                   clusters=4, bootstrap_resamples=100))
+    assert none["pace_scale"] is None and "its rows were not streamed" in none["pace_source"]

@@ -733,7 +733,8 @@ ENGINE_KEYS = {"policy", "decode_slots", "prefill_ahead", "max_num_seqs"}
 
 def write_engine_settings(directory: str | Path, settings: dict) -> None:
     """Record, beside the parts of the traffic log in ``directory``, how the engine writing it serves (the plug-in's
-    ``policy``, ``decode_slots``, ``prefill_ahead``, ``aging_tokens_per_s`` and vLLM's ``max_num_seqs``): what a
+    ``policy``, ``decode_slots``, ``prefill_ahead``, ``admit_by``, ``max_idle_s``, ``switch_margin_tokens``, its
+    starvation guards ``aging_tokens_per_s`` and ``max_wait_s``, and vLLM's ``max_num_seqs``): what a
     replay of the log needs and the rows cannot show (under a parked policy a parked request looks like a running
     one). Written atomically at each engine start, so it holds the latest engine's settings; the parts' reader
     ignores it."""
@@ -762,10 +763,11 @@ def read_engine_settings(directory: str | Path) -> dict | None:
                            "pass what it holds yourself (lenpred whatif --decode-slots, --aging-tokens-per-s, "
                            "--max-wait-s)") from exc
     missing = ENGINE_KEYS - set(settings) if isinstance(settings, dict) else ENGINE_KEYS
-    if missing or not all(isinstance(settings[k], int) for k in ("decode_slots", "max_num_seqs")):
+    if (missing or not all(isinstance(settings[k], int) for k in ("decode_slots", "max_num_seqs"))
+            or not (settings["prefill_ahead"] is None or isinstance(settings["prefill_ahead"], int))):
         raise LenpredError(f"{path} is not the engine settings lenpred writes (needs {', '.join(sorted(ENGINE_KEYS))}"
-                           ", the bounds as integers): delete it (the engine rewrites it) or pass what it holds "
-                           "yourself (lenpred whatif --decode-slots, --aging-tokens-per-s, --max-wait-s)")
+                           ", the bounds and the window as integers): delete it (the engine rewrites it) or pass what "
+                           "it holds yourself (lenpred whatif --decode-slots, --aging-tokens-per-s, --max-wait-s)")
     return settings
 
 

@@ -229,9 +229,12 @@ def fit_pace(cost: CostModel, mean_jct_s, measured_s: float) -> float | None:
     Args:
         cost: the cost model to scale.
         mean_jct_s: ``CostModel -> float``, the simulated mean JCT (s) of the run under a cost model.
-        measured_s: the run's measured mean JCT, s (> 0).
+        measured_s: the run's measured mean JCT, s (not > 0 and finite: ``None``).
     """
     from scipy.optimize import brentq
+
+    if not 0 < measured_s < math.inf:  # nothing a pace can match (a log whose requests all took 0 s)
+        return None
 
     def gap(f: float) -> float:
         return float(np.log(mean_jct_s(cost.with_pace(f)) / measured_s))

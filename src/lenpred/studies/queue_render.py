@@ -115,6 +115,24 @@ def sim_over_measured(cell: dict) -> str:
     return f"{cell['simulated_over_measured']:.2f}" + ("" if at_pace is None else f" ({at_pace:.2f})")
 
 
+def whatif_markdown(rows: list[dict]) -> list[str]:
+    """A pattern's ``lenpred whatif`` rows (:func:`~lenpred.studies.queue_report.add_whatif`) as a table with its
+    legend: per run the predicted and the measured cut, the error in points, both p99 ratios and both runs' paces
+    (each fitted by its own replay of its own run: whatif's of the plug-in run's log, :func:`~lenpred.studies.
+    queue_report.fit_stock_pace`'s of the stock run, which adds the streaming overhead; "–": none fitted)."""
+    scale = lambda x: "–" if x is None else f"{x:.3f}"  # noqa: E731
+    return ["`lenpred whatif` on each plug-in run's own traffic log (the simulator's cost model at the pace whatif "
+            "fits to the log, the run's D and starvation guard) against that draw's measured cut vs stock; the paces "
+            "(> 1: slower) fitted to the plug-in run (by whatif; – : none, where the log does not say the order it "
+            "was served in or no pace matches) and to the stock run it is measured against:", "",
+            markdown_table(["mode", "draw", "whatif: cut vs stock", "measured cut", "error, points",
+                            "whatif: p99 / stock", "measured p99 / stock", "pace: plug-in run / stock run"],
+                           [[w.get("mode", "plugin"), w["draw"], f"{w['predicted_cut']:+.1%}",
+                             f"{w['measured_cut']:+.1%}", f"{w['error_pp']:+.1f}",
+                             f"{w['predicted_p99_ratio']:.2f}", f"{w['measured_p99_ratio']:.2f}",
+                             f"{scale(w.get('pace_scale'))} / {scale(w.get('stock_pace_scale'))}"] for w in rows]), ""]
+
+
 def pattern_markdown(pattern: str, p: dict) -> list[str]:
     """One pattern's tables: latency per mode; against stock; by length class; the best lenpred mode's checks."""
     sh = lambda x: f"{x:.2f}"  # noqa: E731
@@ -172,18 +190,7 @@ def pattern_markdown(pattern: str, p: dict) -> list[str]:
                       "slower): " + ", ".join(f"draw {d} " + ("–" if f is None else f"{f:.3f}")
                                              for d, f in p["stock_pace_scale"].items()) + ".", ""]
     if p.get("whatif"):
-        scale = lambda x: "–" if x is None else f"{x:.3f}"  # noqa: E731
-        lines += ["`lenpred whatif` on each plug-in run's own traffic log (the simulator's cost model at the pace "
-                  "whatif fits to the log, the run's D and starvation guard) against that draw's measured cut vs "
-                  "stock; the paces (> 1: slower) of the plug-in run (whatif's fit; – : the log does not say the order "
-                  "it was served in) and of the stock run it is measured against:", "",
-                  markdown_table(["mode", "draw", "whatif: cut vs stock", "measured cut", "error, points",
-                                  "whatif: p99 / stock", "measured p99 / stock", "pace: plug-in run / stock run"],
-                                 [[w.get("mode", "plugin"), w["draw"], f"{w['predicted_cut']:+.1%}",
-                                   f"{w['measured_cut']:+.1%}", f"{w['error_pp']:+.1f}",
-                                   f"{w['predicted_p99_ratio']:.2f}", f"{w['measured_p99_ratio']:.2f}",
-                                   f"{scale(w.get('pace_scale'))} / {scale(w.get('stock_pace_scale'))}"]
-                                  for w in p["whatif"]]), ""]
+        lines += whatif_markdown(p["whatif"])
     if p.get("pace_ms"):
         draws = sorted({d for x in p["pace_ms"].values() for d in x}, key=int)
         ms = lambda x: "–" if x is None else f"{x:.0f}"  # noqa: E731

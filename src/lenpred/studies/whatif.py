@@ -318,12 +318,19 @@ def replay(requests: list[WorkloadRequest], cost, decode_slots: int, aging_token
     return {m: replay_order(requests, cost, decode_slots, m, aging_tokens_per_s, max_wait_s) for m in MODES}
 
 
-def replayed_served_order(directory: str | Path) -> tuple[str | None, str]:
+DESIGN_DEFAULTS = {"admit_by": "prompt_len", "max_idle_s": None, "switch_margin_tokens": 16.0}
+"""The plug-in's settings the replayed lenpred order assumes beside policy ``srpt`` and a window of D (the
+:class:`lenpred.serving.parked.SchedulerConfig` defaults); a log whose engine settings lack one was served at its
+default."""
+
+
+def replayed_served_order(directory: str | Path, traffic: LoggedTraffic) -> tuple[str | None, str]:
     """``(order, why)``: the order of :data:`MODES` the log was served in, as its engine settings
-    (:func:`lenpred.online.traffic_log.read_engine_settings`) tell it: ``stock FCFS`` under policy ``observe``,
-    ``lenpred`` under the plug-in's design (policy ``srpt``, a window of ``decode_slots``); ``None`` and the reason
-    otherwise (no settings beside the log: ``lenpred serve``'s vLLM priority order or an older plug-in; another
-    policy or window; settings that cannot be read)."""
+    (:func:`lenpred.online.traffic_log.read_engine_settings`) tell it: ``stock FCFS`` under policy ``observe`` (at the
+    bound its streamed rows show), ``lenpred`` under the plug-in's design (policy ``srpt``, a window of
+    ``decode_slots`` within ``max_num_seqs``, :data:`DESIGN_DEFAULTS`); ``None`` and the reason otherwise (no settings
+    beside the log: ``lenpred serve``'s vLLM priority order or an older plug-in; settings that cannot be read;
+    another policy or setting; ``observe`` rows that were not streamed)."""
     from lenpred.online.traffic_log import ENGINE_FILE, read_engine_settings
 
     try:
@@ -334,11 +341,28 @@ def replayed_served_order(directory: str | Path) -> tuple[str | None, str]:
         return None, (f"no {ENGINE_FILE} beside the log says which order served it (lenpred serve's priority order "
                       "or an older plug-in)")
     if engine["policy"] == "observe":
+        if not streamed(traffic):
+            return None, ("its rows were not streamed, so the bound it was served at under policy observe cannot be "
+                          "read from them")
         return "stock FCFS", f"policy observe ({ENGINE_FILE})"
-    if engine["policy"] == "srpt" and engine["prefill_ahead"] == engine["decode_slots"]:
-        return "lenpred", f"the plug-in's design ({ENGINE_FILE})"
-    return None, (f"policy {engine['policy']} with a window of {engine['prefill_ahead']} ({ENGINE_FILE}) is not an "
-                  "order the replay has")
+    other = {k: engine[k] for k, v in DESIGN_DEFAULTS.items() if engine.get(k, v) != v}
+    if (engine["policy"] != "srpt" or engine["prefill_ahead"] != engine["decode_slots"]
+            or engine["decode_slots"] > engine["max_num_seqs"] or other):
+        shown = ", ".join(f"{k} {engine[k]}" for k in ("policy", "decode_slots", "prefill_ahead", "max_num_seqs",
+                                                         *other))
+        return None, f"{shown} ({ENGINE_FILE}) is not an order the replay has"
+    return "lenpred", f"the plug-in's design ({ENGINE_FILE})"
+
+
+def fit_guards(directory: str | Path, aging_tokens_per_s: float, max_wait_s: float | None) -> tuple:
+    """``(aging_tokens_per_s, max_wait_s)`` to fit the pace with: the order as it was served, so each guard the
+    engine settings beside the log record (:func:`served_guard` without a flag), whatever the replay asks about; one
+    they do not record (an engine from before it was) is the replay's, ``aging_tokens_per_s`` / ``max_wait_s``."""
+    from lenpred.online.traffic_log import read_engine_settings
+
+    engine = read_engine_settings(directory) or {}
+    return tuple(served_guard(directory, None, k)[0] if k in engine else v
+                 for k, v in (("aging_tokens_per_s", aging_tokens_per_s), ("max_wait_s", max_wait_s)))
 
 
 def fit_replay_pace(requests: list[WorkloadRequest], cost: CostModel, decode_slots: int, order: str,
@@ -404,13 +428,13 @@ def run_whatif(cfg: WhatifConfig) -> dict:
     traffic = LoggedTraffic.read(cfg.traffic)
     try:
         own, bound_source, parked = served_bound(cfg.traffic, traffic)
-        served_order = "lenpred" if parked else "stock FCFS"
+        order, order_source = replayed_served_order(cfg.traffic, traffic)
     except LenpredError:  # an unreadable engine.json: --decode-slots stands in for the bound it would give
         if not cfg.decode_slots:
             raise
         own, bound_source, parked = (cfg.decode_slots[0], "--decode-slots (the engine settings beside the log are "
                                      "unreadable)", False)
-        served_order = "unknown"
+        order, order_source = None, "the engine settings beside the log are unreadable"
     if cfg.cost_model is not None:
         cost, source = CostModel.load(cfg.cost_model), f"the calibration file {cfg.cost_model}"
     else:
@@ -429,17 +453,16 @@ def run_whatif(cfg: WhatifConfig) -> dict:
     requests = workload(traffic)
     logged = float(np.mean(traffic.finish_s - traffic.arrival_s))
     pace, pace_source = None, "not fitted (--no-fit-pace)"
-    if cfg.fit_pace:
-        order, why = replayed_served_order(cfg.traffic)
-        if order is None:
-            pace_source = f"not fitted: {why}"
-        else:
-            pace = fit_replay_pace(requests, cost, own, order, logged, aging, wait)
-            pace_source = (f"fitted so that the replayed {order} at D = {own}, the order it was served in ({why}), "
-                           f"takes the log's mean JCT" if pace is not None else
-                           f"not fitted: no scale in {PACE_BOUNDS} gives the replayed {order} the log's mean JCT")
-            if pace is not None:
-                cost = cost.with_pace(pace)
+    if cfg.fit_pace and order is None:
+        pace_source = f"not fitted: {order_source}"
+    elif cfg.fit_pace:
+        pace = fit_replay_pace(requests, cost, own, order, logged, *fit_guards(cfg.traffic, aging, wait))
+        pace_source = (f"fitted so that the replayed {order} at D = {own}, the order it was served in "
+                       f"({order_source}), takes the log's mean JCT" if pace is not None else
+                       f"not fitted: no scale in {PACE_BOUNDS[0]:g}-{PACE_BOUNDS[1]:g}x gives the replayed {order} "
+                       "the log's mean JCT")
+        if pace is not None:
+            cost = cost.with_pace(pace)
     results = {}
     for d in bounds:
         logger.info("whatif: replaying %d requests at D = %d", len(requests), d)
@@ -449,7 +472,7 @@ def run_whatif(cfg: WhatifConfig) -> dict:
     if settings["max_wait_s"] == float("inf"):
         settings["max_wait_s"] = "inf"  # JSON has no infinity
     report = {"traffic": str(cfg.traffic), "num_requests": len(requests), "observed_bound": own,
-              "bound_source": bound_source, "served_order": served_order,
+              "bound_source": bound_source, "served_order": order or "unknown", "served_order_source": order_source,
               "logged_mean_jct_s": logged,
               "cost_source": source, "pace_scale": pace, "pace_source": pace_source,
               "cost_coefficients": cost.coefficients,
@@ -475,12 +498,14 @@ def guard_text(report: dict) -> str:
 
 def fidelity(report: dict) -> str:
     """The header's pointer to the replay's fidelity: the replayed order the log was served in, at its own bound
-    (``report["observed_bound"]``), or what is missing to compare them."""
+    (``report["observed_bound"]``), or what is missing to compare them; nothing where the replay is fitted to it
+    (:func:`pace_text` says so)."""
     served_order, own = report.get("served_order", "stock FCFS"), report["observed_bound"]
     if report.get("pace_scale") is not None:
-        return ""  # the replay is fitted to it (:func:`pace_text`)
+        return ""
     if served_order == "unknown":
-        return " (the order it was served in is unknown: the engine settings beside the log are unreadable)"
+        why = report.get("served_order_source", "the engine settings beside the log are unreadable")
+        return f" (the order it was served in is unknown: {why})"
     if str(own) not in report["results"]:
         bounds = ",".join(map(str, sorted({*map(int, report["results"]), own})))
         return (f" (served {served_order} at D = {own}, a bound not replayed here: --decode-slots {bounds} shows the "

@@ -114,6 +114,8 @@ def test_traffic_log_holds_each_finished_request_with_the_state_the_head_read(se
     engine = read_engine_settings(traffic)  # how it served, for lenpred whatif: the bound is decode_slots here
     assert (engine["policy"], engine["decode_slots"]) == ("srpt", 1) and engine["max_num_seqs"] >= 1
     assert engine["aging_tokens_per_s"] == 0.0  # no starvation guard: whatif replays lenpred unguarded
+    # this engine admits by arrival with no hysteresis: not the design whatif replays, so it fits no pace to this log
+    assert (engine["admit_by"], engine["switch_margin_tokens"], engine["max_idle_s"]) == ("arrival", 0, None)
 
 
 def test_vllms_chat_renderer_gives_prepare_prompts_ids():

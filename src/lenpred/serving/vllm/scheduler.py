@@ -258,6 +258,8 @@ class LenpredScheduler(Scheduler):
         if cfg.traffic_log:  # how this engine serves, for a replay of its log (lenpred whatif)
             write_engine_settings(cfg.traffic_log, {
                 "policy": cfg.policy, "decode_slots": cfg.decode_slots, "prefill_ahead": cfg.prefill_ahead,
+                "admit_by": cfg.admit_by, "max_idle_s": cfg.max_idle_s,
+                "switch_margin_tokens": cfg.switch_margin_tokens,
                 "aging_tokens_per_s": cfg.aging_tokens_per_s, "max_wait_s": cfg.max_wait_s,
                 "max_num_seqs": vllm_config.scheduler_config.max_num_seqs,
                 "started": time.strftime("%Y-%m-%dT%H:%M:%S")})
