@@ -318,7 +318,7 @@ def replay(requests: list[WorkloadRequest], cost, decode_slots: int, aging_token
     return {m: replay_order(requests, cost, decode_slots, m, aging_tokens_per_s, max_wait_s) for m in MODES}
 
 
-DESIGN_DEFAULTS = {"admit_by": "prompt_len", "max_idle_s": None, "switch_margin_tokens": 16.0}
+DESIGN_DEFAULTS = {k: getattr(SchedulerConfig(), k) for k in ("admit_by", "max_idle_s", "switch_margin_tokens")}
 """The plug-in's settings the replayed lenpred order assumes beside policy ``srpt`` and a window of D (the
 :class:`lenpred.serving.parked.SchedulerConfig` defaults); a log whose engine settings lack one was served at its
 default."""
