@@ -74,6 +74,19 @@ def _p99(runs: dict, key: str) -> float:
     return float(np.percentile([x["jct_s"] for x in runs["runs"][key]["results"]], 99))
 
 
+def _and(items: list[str]) -> str:
+    """``a, b and c``."""
+    return ", ".join(items[:-1]) + f" and {items[-1]}" if len(items) > 1 else items[0]
+
+
+def _longest(runs: dict, key: str) -> tuple[int, float, int]:
+    """``(output tokens, TTFT s, decode steps parked)`` of the request with the longest JCT in one run of a
+    ``runs.json`` (the parked steps from the plug-in's log)."""
+    top = max(runs["runs"][key]["results"], key=lambda x: x["jct_s"])
+    log = next(x for x in runs["runs"][key]["plugin_log"] if re.search(rf"-q{top['request_id']}-", x["request_id"]))
+    return top["completion_tokens"], top["ttft_s"], log["num_parked_steps"]
+
+
 def PCT(x: float) -> str:  # noqa: N802 - a formatter like the others, named for what it prints
     """``+16.2 %`` from a fraction."""
     return f"{_signed(100 * x)} %"
@@ -370,7 +383,7 @@ CHECKS = [
     (CONV, CONV_CELL + "plugin/jct_cut_vs_stock", pct, "on the Poisson-like conv trace by {} at 1.1× (2 slices)"),
     (TRACE_ENGINE, TRACE_11 + "/modes/plugin/p99_jct_ratio_vs_stock", first(f2), "free**: p99 JCT is {}×, 1.39×"),
     (TRACE_ENGINE_09, "patterns/tracecodex0.9/modes/plugin/p99_jct_ratio_vs_stock", first(f2), "is 1.18×, {}× and"),
-    (CONV, CONV_CELL + "plugin/p99_jct_ratio_vs_stock", first(f2), "1.39× and {}× stock's, and no setting"),
+    (CONV, CONV_CELL + "plugin/p99_jct_ratio_vs_stock", first(f2), "1.39× and {}× stock's. The age threshold"),
     # lenpred serve on a second 1.1x slice, beside its own stock run
     (SERVE_11, "patterns/tracecodex1.1/modes/priority_lenpred/jct_cut_vs_stock", pct, "+28.1] on slice 4 and {} on slice 0", GUIDE),
     (SERVE_11, "patterns/tracecodex1.1/modes/priority_lenpred/p99_jct_ratio_vs_stock", first(f2), "with p99 1.32× and {}×.", GUIDE),
@@ -414,7 +427,10 @@ CHECKS = [
     (FRONTIER_11, at_T(200), lambda pt: f"T = 200 s keeps {PCT(pt['cut'])} with p99 {pt['p99_ratio']:.2f}×",
      "the same {} (`scripts/guard_frontier.py`)", GUIDE),
     (FRONTIER_WAIT, lambda r: at_T(200)(r)["cut"] - r["measured"]["cut"], lambda x: f"{100 * x:.1f} points",
-     "the simulator was {} more hopeful", GUIDE),
+     "said +11.0 % with 1.05×, {} more hopeful", GUIDE),
+    (FRONTIER_WAIT, as_run, lambda pt: f"said {PCT(pt['cut'])} with {pt['p99_ratio']:.2f}×",
+     "at each stock run's pace, {}, 0.7 points", GUIDE),
+    (FRONTIER_WAIT, lambda r: r["measured"]["p99_ratio"] - as_run(r)["p99_ratio"], f2, "and {} lower on the tail", GUIDE),
     (FRONTIER_09, at_T(80), lambda pt: f"T = 80 s: {PCT(pt['cut'])}, {pt['p99_ratio']:.2f}×", "6 % and 1.05× ({}).", GUIDE),
     (FRONTIER_11, as_run, lambda pt: f"{PCT(pt['cut'])} with p99 {pt['p99_ratio']:.2f}× at 1.1×",
      "the plug-in as it ran comes out at {}", GUIDE),
@@ -430,12 +446,14 @@ CHECKS = [
      "the same simulator {} and", GUIDE),
     (FRONTIER_WAIT, "measured", lambda m: f"measured {PCT(m['cut'])} with {m['p99_ratio']:.2f}×", "the engine {}:",
      GUIDE),
-    (FRONTIER_WAIT, at_T(200), lambda pt: "(simulated {:.2f}× and {:.2f}×".format(*pt["p99_ratio_per_draw"]),
-     "the tails agree {},", GUIDE),
-    (FRONTIER_WAIT, "measured", lambda m: "measured {:.2f}× and {:.2f}×)".format(*m["p99_ratio_per_draw"]),
-     "1.72×, {} and", GUIDE),
+    (FRONTIER_WAIT, at_T(200), lambda pt: "(simulated " + _and([f"{x:.2f}×" for x in pt["p99_ratio_per_draw"]]),
+     "the tails agree {}, measured", GUIDE),
+    (FRONTIER_WAIT, "measured", lambda m: "measured " + _and([f"{x:.2f}×" for x in m["p99_ratio_per_draw"]]) + ")",
+     "1.17×, {}, so", GUIDE),
+    (FRONTIER_11, lambda r: at_T(200)(r)["p99_ratio_per_draw"][2], f2, "T = 200 s gives {}× where the", GUIDE),
+    (FRONTIER_WAIT, lambda r: as_run(r)["p99_ratio_per_draw"][2], f2, "`plugin_wait` run gives {}×.", GUIDE),
     (FRONTIER_11, at_T(200), lambda pt: ", ".join(f"{x:.2f}×" for x in pt["p99_ratio_per_draw"][:-1])
-     + f" and {pt['p99_ratio_per_draw'][-1]:.2f}×", "at T = 200 s they run {} of stock's", GUIDE),
+     + f" and {pt['p99_ratio_per_draw'][-1]:.2f}×", "re-simulated at T = 200 s run {} of stock's", GUIDE),
     (FRONTIER_09, at_T(70), lambda pt: f"T = 70 s {PCT(pt['cut'])} with {pt['p99_ratio']:.2f}×", "1.05×: {}, 80 s",
      GUIDE),
     (FRONTIER_09, at_T(80), lambda pt: f"80 s {PCT(pt['cut'])} with {pt['p99_ratio']:.2f}×", "1.02×, {}, 100 s",
@@ -451,24 +469,32 @@ CHECKS = [
      "`guard_frontier_tracecodex0.9_sjf.md`: {}", GUIDE),
     (FRONTIER_09_SJF, at_T(80), lambda pt: f"{PCT(pt['cut'])} with {pt['p99_ratio']:.2f}× at T = 80 s",
      "threshold, {}):", GUIDE),
-    (WAIT, "patterns/tracecodex1.1/modes/plugin_wait/jct_cut_vs_stock", pct, "measured {} with p99 1.11× [1.06, 1.80] on", GUIDE),
+    (WAIT, "patterns/tracecodex1.1/modes/plugin_wait/jct_cut_vs_stock", pct, "slices, measured {} with p99", GUIDE),
+    (WAIT, "patterns/tracecodex1.1/modes/plugin_wait/jct_cut_vs_stock", pct, "(`max_wait_s` 200 s) keeps {} at 1.1×"),
     (WAIT, "patterns/tracecodex1.1/modes/plugin_wait/p99_jct_ratio_vs_stock",
-     lambda t: f"{t[0]:.2f}× [{t[1]:.2f}, {t[2]:.2f}]", "+22.6] with p99 {} on 2 slices", GUIDE),
-    (WAIT, lambda r: len(r["patterns"]["tracecodex1.1"]["draws"]), f0, "with p99 1.11× [1.06, 1.80] on {} slices beside", GUIDE),
+     lambda t: f"{t[0]:.2f}× [{t[1]:.2f}, {t[2]:.2f}]", "at 1.1× with p99 {} (5 slices)"),
+    (WAIT, "patterns/tracecodex1.1/modes/plugin_wait/p99_jct_ratio_vs_stock",
+     lambda t: f"{t[0]:.2f}× [{t[1]:.2f}, {t[2]:.2f}]", "+16.5] with p99 {} on 5 slices", GUIDE),
+    (WAIT, lambda r: len(r["patterns"]["tracecodex1.1"]["draws"]), f0, "1.30] on {} slices, each beside", GUIDE),
+    (WAIT, "patterns/tracecodex1.1/modes/plugin_wait/throughput_ratio_vs_stock", lambda x: f"{x:.3f}",
+     "(throughput {}×)", GUIDE),
     (TRACE, TRACE_CELL.format("tracecodex1.1", "plugin:srpt:W16:prompt_len:w200") + "/jct_cut_vs_stock", first(PCT),
      "simulator's 10 slices, where it keeps {} with p99", GUIDE),
-    (WAIT, "patterns/tracecodex1.1/modes/plugin_wait/jct_cut_vs_stock", pct, "fresh stock run (`code_x1.1_wait/`): {}",
-     GUIDE),
-    (WAIT, "patterns/tracecodex1.1/modes/plugin_wait/p99_jct_ratio_vs_stock", first(f2), "+22.6] with p99 {}× (per",
-     GUIDE),
+    (WAIT, "patterns/tracecodex1.1/modes/plugin_wait/jct_cut_vs_stock", pct,
+     "one sitting (`code_x1.1_wait/`): {} with p99", GUIDE),
+    (WAIT, "patterns/tracecodex1.1/modes/plugin_wait/p99_jct_ratio_vs_stock",
+     lambda t: f"{t[0]:.2f}× [{t[1]:.2f}, {t[2]:.2f}]", "+16.5] with p99 {} (per", GUIDE),
     (WAIT, "patterns/tracecodex1.1/modes/plugin_wait/measured_cut_vs_stock_per_draw",
-     lambda v: f"per slice {PCT(v[0])} and {PCT(v[1])}", "({}, p99", GUIDE),
+     lambda v: "per slice " + _and([PCT(x) for x in v]), "({}; p99", GUIDE),
     (WAIT_RUNS, lambda r: [_p99(r, f"{d}/plugin_wait/tracecodex1.1") / _p99(r, f"{d}/stock/tracecodex1.1")
-                           for d in (0, 1)], lambda v: f"p99 {v[0]:.2f}× and {v[1]:.2f}×", "+17.5 %, {})", GUIDE),
+                           for d in range(5)], lambda v: "p99 " + _and([f"{x:.2f}×" for x in v]), "+15.1 %; {})", GUIDE),
     (WAIT, "patterns/tracecodex1.1/modes/plugin_wait/simulated_cut_vs_stock", PCT,
      "the simulator at one pace says {} with", GUIDE),
     (WAIT, "patterns/tracecodex1.1/modes/plugin_wait/simulated_p99_ratio_vs_stock", f2,
-     "at one pace says +10.9 % with {}×.", GUIDE),
+     "at one pace says +9.6 % with {}×. No slice", GUIDE),
+    (WAIT_RUNS, lambda r: _longest(r, "0/plugin_wait/tracecodex1.1"),
+     lambda x: f"{x[0]:,} tokens, {x[1]:.1f} s to its first token, {x[2]:,} decode steps parked",
+     "slice 0's longest: {})", GUIDE),
     (WAIT_RUNS, lambda r: [sum(x["jct_s"] for x in r["runs"][f"{d}/stock/tracecodex1.1"]["results"]) / 218
                            for d in (1, 0)], lambda v: f"(stock's mean JCT {v[0]:.1f} s against {v[1]:.1f} s on slice 0",
      "Slice 1 is a light slice {}", GUIDE),
@@ -478,7 +504,7 @@ CHECKS = [
     (WAIT, "patterns/tracecodex1.1/modes/plugin_wait/simulated_p99_over_measured", f2,
      "for stock, {} under the threshold)", GUIDE),
     (WAIT, lambda r: max(abs(w["error_pp"]) for w in r["patterns"]["tracecodex1.1"]["whatif"]), f1,
-     "both runs' logs was within {} points", GUIDE),
+     "the five runs' logs was within {} points", GUIDE),
     (TRACE_ENGINE, TRACE_11 + "/modes/plugin_guard/jct_cut_vs_stock", first(PCT), "plug-in's measured {} is mostly drift", GUIDE),
     (TRACE_ENGINE, TRACE_11 + "/modes/plugin/jct_cut_vs_stock", pct, "the plug-in cuts mean JCT by {} and", GUIDE),
     (TRACE_ENGINE, TRACE_11 + "/modes/priority_prompt_len/jct_cut_vs_stock", pct,
@@ -723,5 +749,8 @@ def whatif_sentence(d: dict) -> str:
 def test_the_guides_whatif_summary_is_its_json():
     d = whatif_drift()
     assert whatif_sentence(d) in _readme(GUIDE), f"the guide should say: {whatif_sentence(d)}"
+    readme = (f"predicts its measured cut within {d['near_max']:.1f} points wherever the plug-in run and its stock run "
+              f"ran at the same pace ({d['near']} of {d['n']} runs;")
+    assert readme in _readme(), f"the README should say: {readme}"
     lo, hi = d["stock_paces"]
     assert f"stores ran at {lo:.2f}–{hi:.2f}× its cost model's step times" in _readme(GUIDE)
