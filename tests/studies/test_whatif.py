@@ -342,7 +342,9 @@ def test_the_replay_is_fitted_to_the_pace_the_log_was_served_at(tmp_path):
                                        clusters=4, bootstrap_resamples=100))
     assert unfitted["pace_scale"] is None and "not fitted: no engine.json" in unfitted["pace_source"]
     assert unfitted["served_order"] == "unknown"
-    assert "the order it was served in is unknown: no engine.json" in (tmp_path / "a" / "whatif.md").read_text()
+    text = (tmp_path / "a" / "whatif.md").read_text()  # the reason once, in the fidelity note
+    assert "the order it was served in is unknown: no engine.json" in text and text.count("no engine.json") == 1
+    assert "(pace not fitted: the order it was served in is unknown)" in text
     write_engine_settings(log, {"policy": "srpt", "decode_slots": 2, "prefill_ahead": 2, "max_num_seqs": 4})
     assert replayed_served_order(log, traffic_) == ("lenpred", "the plug-in's design (engine.json)")
     report = run_whatif(WhatifConfig(traffic=log, cost_model=str(cost), out=str(tmp_path / "b"), clusters=4,

@@ -518,6 +518,8 @@ def pace_text(report: dict) -> str:
     pace, source = report.get("pace_scale"), report.get("pace_source")
     if pace is not None:
         return f", its step times x{pace:.3f}: {source}"
+    if source and report.get("served_order") == "unknown" and source.endswith(report.get("served_order_source", "")):
+        return " (pace not fitted: the order it was served in is unknown)"  # the fidelity note says why
     return f" (pace {source})" if source else ""
 
 
