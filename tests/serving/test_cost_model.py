@@ -24,8 +24,11 @@ def test_cost_model_fit_recovers_coefficients(tmp_path):
     direct = model.prefill_time_s([P] * B) + sum(model.decode_step_time_s(B, B * (P + k)) for k in (1, 2))
     assert model.generate_time_s([P] * B, L) == pytest.approx(direct)
     assert run_features(B, [P] * B, L)[5] == B * (P + 1) + B * (P + 2)
-    with pytest.raises(LenpredError, match="not a lenpred cost model"):
+    with pytest.raises(LenpredError, match="missing.json does not exist"):
         CostModel.load(tmp_path / "missing.json")
+    (tmp_path / "junk.json").write_text("[1, 2]")
+    with pytest.raises(LenpredError, match="not a lenpred cost model"):
+        CostModel.load(tmp_path / "junk.json")
 
 
 def test_with_pace_scales_every_step_time():

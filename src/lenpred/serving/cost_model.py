@@ -208,15 +208,24 @@ class CostModel:
         """Read a JSON written by :meth:`save`.
 
         Raises:
-            LenpredError: missing or not a cost model.
+            LenpredError: missing, not a cost model, or a coefficient missing or not a finite number.
         """
+        if not Path(path).is_file():
+            raise LenpredError(f"cost model {path} does not exist: give the JSON a calibration wrote "
+                               "(`lenpred schedule calibrate`, or scripts/decode_knee.py for vLLM)")
         try:
             data = json.loads(Path(path).read_text())
-            if set(COEFFICIENTS) - set(data["coefficients"]):
-                raise KeyError("coefficients")
+            missing = set(COEFFICIENTS) - set(data["coefficients"])
+            if missing:
+                raise KeyError(f"coefficients lack {', '.join(sorted(missing))}")
+            bad = [k for k in COEFFICIENTS if isinstance(data["coefficients"][k], bool)
+                   or not isinstance(data["coefficients"][k], numbers.Real) or not math.isfinite(data["coefficients"][k])]
+            if bad:
+                raise ValueError(f"coefficients {', '.join(bad)} are not finite numbers")
             return cls(**data)
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise LenpredError(f"{path} is not a lenpred cost model ({exc}): run `lenpred schedule calibrate`") from None
+            raise LenpredError(f"{path} is not a lenpred cost model ({exc}): run `lenpred schedule calibrate` (or "
+                               "scripts/decode_knee.py for vLLM)") from None
 
 
 def fit_pace(cost: CostModel, mean_jct_s, measured_s: float) -> float | None:

@@ -44,6 +44,9 @@ PROBES = 16
 """Times per request at which :func:`cost_from_log` counts the requests generating beside it."""
 TAIL_LIMIT = 1.1
 """The largest p99 JCT ratio to stock called "the tail unchanged"."""
+MISMATCH = 1.25
+"""The largest ratio (either way) of the served order's replayed mean JCT to the log's own for which whatif gives a
+verdict: beyond it the cost does not time the engine that served the log."""
 
 
 @dataclass
@@ -213,7 +216,11 @@ def served_bound(directory: str | Path, traffic: LoggedTraffic) -> tuple[int, st
     from lenpred.online.traffic_log import ENGINE_FILE, read_engine_settings
 
     engine = read_engine_settings(directory)
-    if engine is None or engine["policy"] == "observe":
+    if engine is None:
+        return observed_bound(traffic), ("the most requests the log shows generating at once; no engine settings "
+                                         "beside it: if a scheduling policy served it, parked requests count too, "
+                                         "so pass --decode-slots"), False
+    if engine["policy"] == "observe":
         return observed_bound(traffic), "the most requests the log shows generating at once", False
     bound = min(int(engine["decode_slots"]), int(engine["max_num_seqs"]))
     return bound, f"the plug-in's decode_slots under policy {engine['policy']} ({ENGINE_FILE})", True
@@ -409,6 +416,9 @@ def verdict(cells: dict[str, dict], decode_slots: int) -> str:
                 "longest requests wait behind shorter ones that keep arriving; a starvation guard (max_wait_s, the age "
                 "threshold, or aging_tokens_per_s) trades gain for tail.")
     best = oracle["jct_cut_vs_stock"][0]
+    if cut[2] < WORTH_IT <= best:
+        return (f"Leave it off: {head}, reliably under {WORTH_IT:.0%} where the recorded length gains {best:+.1%}; "
+                "logging more traffic will not change that at this bound.")
     if best < WORTH_IT:
         why = (f"even the recorded length gains {best:+.1%}: requests rarely wait for a slot at this bound, so no order "
                "can help much")
@@ -463,11 +473,24 @@ def run_whatif(cfg: WhatifConfig) -> dict:
                        "the log's mean JCT")
         if pace is not None:
             cost = cost.with_pace(pace)
+    if cfg.clusters > len(requests) // 2:
+        raise LenpredError(f"--clusters {cfg.clusters} is more than half the log's {len(requests)} requests: blocks of "
+                           "one or two requests make the interval falsely tight; give at most "
+                           f"{len(requests) // 2} (default 10)")
+    replayed = None  # the served order replayed at its bound, against the log's own mean JCT
+    if order is not None:
+        replayed = float(replay_order(requests, cost, own, order, *fit_guards(cfg.traffic, aging, wait)).mean())
     results = {}
     for d in bounds:
         logger.info("whatif: replaying %d requests at D = %d", len(requests), d)
         results[d] = compare_modes(replay(requests, cost, d, aging, wait), cfg.clusters, cfg.bootstrap_resamples)
     at = own if own in results else bounds[0]
+    said = verdict(results[at], at)
+    if replayed is not None and not 1 / MISMATCH <= replayed / logged <= MISMATCH:
+        said = (f"No verdict: the replayed {order} at D = {own}, the order the log was served in, takes "
+                f"{replayed:.1f} s on average where the log took {logged:.1f} s ({replayed / logged:.2f}x): the cost "
+                "does not time this engine; pass a --cost-model measured on the serving machine "
+                "(scripts/decode_knee.py).")
     settings = dataclasses.asdict(cfg)
     if settings["max_wait_s"] == float("inf"):
         settings["max_wait_s"] = "inf"  # JSON has no infinity
@@ -479,7 +502,7 @@ def run_whatif(cfg: WhatifConfig) -> dict:
               "aging_tokens_per_s": aging, "aging_source": aging_source,
               "max_wait_s": wait, "max_wait_source": wait_source,
               "duration_s": float(traffic.finish_s.max()), "results": {str(d): r for d, r in results.items()},
-              "verdict_at": at, "verdict": verdict(results[at], at), "settings": settings}
+              "replayed_served_mean_jct_s": replayed, "verdict_at": at, "verdict": said, "settings": settings}
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "whatif.json", report)
@@ -497,20 +520,15 @@ def guard_text(report: dict) -> str:
 
 
 def fidelity(report: dict) -> str:
-    """The header's pointer to the replay's fidelity: the replayed order the log was served in, at its own bound
-    (``report["observed_bound"]``), or what is missing to compare them; nothing where the replay is fitted to it
-    (:func:`pace_text` says so)."""
-    served_order, own = report.get("served_order", "stock FCFS"), report["observed_bound"]
+    """The header's pointer to the replay's fidelity: the order the log was served in, replayed at its own bound
+    (``report["observed_bound"]``), against the log's mean JCT, or why that order is unknown; nothing where the replay
+    is fitted to it (:func:`pace_text` says so)."""
     if report.get("pace_scale") is not None:
         return ""
-    if served_order == "unknown":
-        why = report.get("served_order_source", "the engine settings beside the log are unreadable")
-        return f" (the order it was served in is unknown: {why})"
-    if str(own) not in report["results"]:
-        bounds = ",".join(map(str, sorted({*map(int, report["results"]), own})))
-        return (f" (served {served_order} at D = {own}, a bound not replayed here: --decode-slots {bounds} shows the "
-                "replay's fidelity)")
-    return f" (compare the replayed {served_order}, the order it was served in, at that D: the replay's fidelity)"
+    if report["replayed_served_mean_jct_s"] is None:
+        return f" (the order it was served in is unknown: {report['served_order_source']})"
+    return (f" against {report['replayed_served_mean_jct_s']:.1f} s for the replayed {report['served_order']} at that "
+            "D, the order it was served in: the replay's fidelity")
 
 
 def pace_text(report: dict) -> str:
