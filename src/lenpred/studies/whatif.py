@@ -461,6 +461,10 @@ def run_whatif(cfg: WhatifConfig) -> dict:
     wait, wait_source = served_guard(cfg.traffic, cfg.max_wait_s, "max_wait_s")
     wait = None if wait == float("inf") else wait  # off, as given
     requests = workload(traffic)
+    if cfg.clusters > len(requests) // 2:
+        raise LenpredError(f"--clusters {cfg.clusters} is more than half the log's {len(requests)} requests: blocks of "
+                           "one or two requests make the interval falsely tight; give at most "
+                           f"{len(requests) // 2} (default 10)")
     logged = float(np.mean(traffic.finish_s - traffic.arrival_s))
     pace, pace_source = None, "not fitted (--no-fit-pace)"
     if cfg.fit_pace and order is None:
@@ -473,10 +477,6 @@ def run_whatif(cfg: WhatifConfig) -> dict:
                        "the log's mean JCT")
         if pace is not None:
             cost = cost.with_pace(pace)
-    if cfg.clusters > len(requests) // 2:
-        raise LenpredError(f"--clusters {cfg.clusters} is more than half the log's {len(requests)} requests: blocks of "
-                           "one or two requests make the interval falsely tight; give at most "
-                           f"{len(requests) // 2} (default 10)")
     replayed = None  # the served order replayed at its bound, against the log's own mean JCT
     if order is not None:
         replayed = float(replay_order(requests, cost, own, order, *fit_guards(cfg.traffic, aging, wait)).mean())
