@@ -91,7 +91,7 @@ def ints(option: str, text: Optional[str]) -> Optional[tuple[int, ...]]:
     try:
         return tuple(int(x) for x in text.split(","))
     except ValueError:
-        raise LenpredError(f"{option} takes comma-separated integers (e.g. 0,1,2), got '{text}'") from None
+        raise LenpredError(f"{option} takes comma-separated integers (e.g. 1,2,4), got '{text}'") from None
 
 
 def names(text: Optional[str]) -> Optional[tuple[str, ...]]:

@@ -89,6 +89,15 @@ def test_save_load_round_trip(name, train_set, tmp_path):
     assert model.n_features_in_ == loaded.n_features_in_ == (D if model.reads().layer is not None else None)
 
 
+def test_load_names_the_loader_of_a_saved_predictor_directory(tmp_path):
+    # a LengthPredictor directory (the shipped one's layout) is not one head's file: the message says what loads it
+    (tmp_path / "predictor.safetensors").write_bytes(b"")
+    with pytest.raises(LenpredError, match="is a directory: .* loads with lenpred.LengthPredictor.from_pretrained"):
+        Predictor.load(tmp_path)
+    with pytest.raises(LenpredError, match="is not a readable lenpred predictor .SafetensorError"):
+        Predictor.load(tmp_path / "predictor.safetensors")  # an empty file: not a predictor
+
+
 def test_pooled_predictor_predictions_lie_within_training_range(train_set):
     # expected value over bin centres (means of training lengths) stays within [min y, max y]
     signals, y = train_set

@@ -117,7 +117,7 @@ def test_delay_dependent_priority_ranks_prediction_plus_rate_times_arrival():
     # admission by prompt length: round(200 + 2 × 12.4) = 225; arrival order ignores both
     assert admission_priority("prompt_len", 200, 12.4, 2.0) == 225
     assert admission_priority("prompt_len", 200) == 200 and admission_priority("arrival", 200, 12.4, 2.0) == 0
-    with pytest.raises(LenpredError, match="aging must be a number >= 0"):
+    with pytest.raises(LenpredError, match=r"rate \(aging_tokens_per_s\) must be a number >= 0"):
         pol("srpt", aging_tokens_per_s=-1.0)
 
 

@@ -128,7 +128,7 @@ def test_delay_dependent_priority_is_prediction_plus_rate_times_arrival():
     plain, guarded = finish(make_policy("sjf:est")), finish(aged)
     assert plain[0] == max(plain.values()) and guarded[0] < guarded[3]
     for bad in (-1.0, True, "4", None):  # a negative rate, and what is not a number (a bool is not one here)
-        with pytest.raises(LenpredError, match="aging must be a number >= 0"):
+        with pytest.raises(LenpredError, match=r"rate \(aging_tokens_per_s\) must be a number >= 0"):
             make_policy("sjf:est", aging_tokens_per_s=bad)
 
 

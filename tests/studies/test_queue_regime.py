@@ -86,3 +86,19 @@ def test_the_guarded_plugin_mode_sets_the_plugins_own_guard():
     assert "aging_tokens_per_s" not in plain["plugin"]
     assert guard["proxy"] is None and guard["max_num_seqs"] == 32 and guard["scheduling_policy"] == "priority"
     assert EngineConfig(**guard["plugin"]).aging_tokens_per_s == 4.0  # a setting the plug-in takes
+
+
+def test_a_slices_modes_share_one_rate_but_slices_may_differ():
+    # each slice is stretched to the capacity measured before its own sitting: draw 1 ran at 0.25 req/s on another
+    # machine; adding draw 0's modes at 0.30 is fine, adding to draw 1 at 0.30 would pair two rates in one slice
+    from lenpred.studies.queue_bench import check_rates
+
+    store = {"runs": {"0/stock/tracecodex0.9": {"settings": {"rate_req_s": 0.30}},
+                      "1/stock/tracecodex0.9": {"settings": {"rate_req_s": 0.25}},
+                      "1/stock/burst8": {"settings": {"rate_req_s": None}}}}
+    plan = {(d, "tracecodex0.9"): {"rate_req_s": 0.30} for d in (0, 1)} | {(1, "burst8"): {"rate_req_s": None}}
+    check_rates(store, plan, [0])
+    for now in ([1], [0, 1], None):
+        with pytest.raises(LenpredError, match="draw 1's tracecodex0.9 runs in runs.json arrived at 0.2500 req/s, "
+                                               "this setting plans 0.3000 req/s: a slice's modes pair only at one"):
+            check_rates(store, plan, now)

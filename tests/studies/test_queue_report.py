@@ -456,3 +456,16 @@ def test_guard_frontier_resimulates_the_plugin_run_under_each_age_threshold(tmp_
     assert written["max_waits"] == [0.0, None]  # sorted, once each, none last
     assert [p["cut"] for p in written["points"]] == pytest.approx([as_run["cut"], t0["cut"], never["cut"]])
     assert written["command"].endswith("--max-waits none,0,0")
+
+def test_the_header_gives_each_draws_rate_where_slices_ran_at_their_own_sittings_capacity(report):
+    from lenpred.studies.queue_render import pattern_markdown
+
+    p = report["patterns"]["burst4"]
+    assert (p["rate_req_s_per_draw"], p["num_requests_per_draw"]) == ([None, None], [3, 3])
+    one = p | {"rate_req_s": 0.298, "rate_req_s_per_draw": [0.298, 0.298]}
+    assert pattern_markdown("tracecodex0.9", one)[0] == ("## tracecodex0.9 (3 requests per draw, a trace slice's "
+                                                          "arrivals at 0.298 req/s; draws [0, 1])")
+    two = p | {"rate_req_s": 0.298, "rate_req_s_per_draw": [0.298, 0.2245], "num_requests_per_draw": [179, 135]}
+    assert pattern_markdown("tracecodex0.9", two)[0] == (
+        "## tracecodex0.9 (135–179 requests per draw, a trace slice's arrivals at 0.225–0.298 req/s, each draw at its "
+        "own sitting's capacity: 0.298, 0.225; draws [0, 1])")

@@ -227,6 +227,8 @@ def test_the_bound_comes_from_the_engine_settings_beside_the_log(tmp_path):
     other = run_whatif(WhatifConfig(traffic=str(tmp_path / "log"), out=str(tmp_path / "o4"), decode_slots=(4,),
                                     clusters=4, bootstrap_resamples=100, fit_pace=False))  # not replayed: say so
     assert list(other["results"]) == ["4"]  # the served order is still replayed at its own bound, 2, for fidelity
+    assert "- The verdict: at D = 4, the first bound asked: the log's own, D = 2, was not among --decode-slots." in (
+        tmp_path / "o4" / "whatif.md").read_text()
     assert other["replayed_served_mean_jct_s"] == pytest.approx(one["replayed_served_mean_jct_s"])
     # under observe nothing is parked: the rows show what ran together (a max_num_seqs of 256 would queue nothing)
     write_engine_settings(tmp_path / "log", {"policy": "observe", "decode_slots": 2, "prefill_ahead": 2,
@@ -242,7 +244,10 @@ def test_the_bound_comes_from_the_engine_settings_beside_the_log(tmp_path):
     # the unreadable file's bound and order: the given bound, the order unknown (no fidelity claimed)
     assert (given["observed_bound"], given["served_order"]) == (2, "unknown")
     assert "the order it was served in is unknown" in (tmp_path / "o" / "whatif.md").read_text()
-    assert given["max_wait_s"] is None and "age threshold" not in (tmp_path / "o" / "whatif.md").read_text()
+    text = (tmp_path / "o" / "whatif.md").read_text()  # the guard turned off by --max-wait-s inf is named as off
+    assert given["max_wait_s"] is None and "the age threshold at" not in text
+    assert "- lenpred's starvation guards: none (--max-wait-s inf: no age threshold; --max-wait-s S" in text
+    assert "- The verdict: at D = 2, the log's own bound." in text
     with pytest.raises(LenpredError, match="engine.json is not the engine settings"):  # the guard still reads it
         run_whatif(WhatifConfig(traffic=str(tmp_path / "log"), out=str(tmp_path / "o"), decode_slots=(2,),
                                 clusters=4, bootstrap_resamples=100))

@@ -245,10 +245,15 @@ class Predictor(ABC):
         """Read a predictor written by :meth:`save`.
 
         Raises:
-            LenpredError: the file is missing, unreadable, or not a lenpred predictor.
+            LenpredError: the file is missing, unreadable, or not a lenpred predictor; a directory (a saved
+                :class:`lenpred.pipeline.LengthPredictor`: the message names its loader).
         """
         from safetensors import SafetensorError, safe_open
 
+        if Path(path).is_dir():
+            raise LenpredError(f"{path} is a directory: a predictor saved by `lenpred train` (or the shipped one) loads "
+                               "with lenpred.LengthPredictor.from_pretrained(path); Predictor.load reads one head's "
+                               ".safetensors file")
         try:
             with safe_open(str(path), framework="pt") as f:
                 header = f.metadata() or {}

@@ -539,8 +539,9 @@ def check_aging_rate(aging_tokens_per_s: float) -> None:
     numpy's included; not a bool or a string) with ``0 <= aging_tokens_per_s <= MAX_AGING_TOKENS_PER_S`` (0 is off)."""
     real = isinstance(aging_tokens_per_s, numbers.Real) and not isinstance(aging_tokens_per_s, bool)
     if not real or not 0 <= aging_tokens_per_s <= MAX_AGING_TOKENS_PER_S:  # nan fails every comparison
-        raise LenpredError(f"aging must be a number >= 0 tokens per second of waiting (0: no starvation guard) and "
-                           f"at most {MAX_AGING_TOKENS_PER_S:g}, got {aging_tokens_per_s!r}")
+        raise LenpredError(f"the starvation guard's rate (aging_tokens_per_s) must be a number >= 0 tokens per second "
+                           f"of waiting (0: no guard) and at most {MAX_AGING_TOKENS_PER_S:g}, got "
+                           f"{aging_tokens_per_s!r}")
 
 
 def aged_priority(prediction: float, arrival_s: float, aging_tokens_per_s: float) -> float:

@@ -263,21 +263,26 @@ def planned(cfg: QueueBenchConfig, source, reg: dict) -> dict:
 
 # ---------------------------------------------------------------------------------------------------- runs
 
-def check_rates(store: dict, plan: dict) -> None:
-    """Refuse to add runs of a sustained pattern at another arrival rate than its stored runs used (a changed
-    capacity: ``--capacity-req-s`` or the cost model).
+def check_rates(store: dict, plan: dict, draws_now: list[int] | None = None) -> None:
+    """Refuse to add runs of a sustained pattern at another arrival rate than the stored runs of the same draw used
+    (a changed capacity: ``--capacity-req-s`` or the cost model): a slice's modes are paired, so they share one
+    rate. Draws not run now (``draws_now``; ``None``: every draw) may differ: each slice is stretched to the capacity
+    measured on the machine that runs it, just before its sitting.
 
     Raises:
-        LenpredError: a stored run's ``rate_req_s`` differs from the planned one (names the pattern and the fix).
+        LenpredError: a stored run of a draw run now has another ``rate_req_s`` than planned (names the draw, the
+            pattern and the fix).
     """
     for key, rec in store["runs"].items():
         d, _, pattern = key.split("/")
+        if draws_now is not None and int(d) not in draws_now:
+            continue
         planned_rate = plan.get((int(d), pattern), {}).get("rate_req_s")
         stored = rec["settings"].get("rate_req_s")
         if stored is not None and planned_rate is not None and abs(stored - planned_rate) > 1e-9:
-            raise LenpredError(f"{pattern} runs in runs.json arrived at {stored:.4f} req/s, this setting plans "
-                               f"{planned_rate:.4f} req/s: pass the capacity they used (--capacity-req-s) or a new "
-                               "--out")
+            raise LenpredError(f"draw {d}'s {pattern} runs in runs.json arrived at {stored:.4f} req/s, this setting "
+                               f"plans {planned_rate:.4f} req/s: a slice's modes pair only at one rate; pass the "
+                               "capacity they used (--capacity-req-s) or a new --out")
 
 
 def traffic_dir(out: Path, settings: dict, draw: int) -> Path | None:
@@ -388,7 +393,7 @@ def run(cfg: QueueBenchConfig) -> dict:
                            fingerprint={"engine_regime": fixed})
     store["regime"] = reg
     plan = planned(cfg, source, reg)
-    check_rates(store, plan)
+    check_rates(store, plan, cfg.draw_list())
     messages = source.messages([p["rows"] for p in plan.values()])
     model_dir = str(resolve_model()[0])
     vllm_cpus, client_cpus = pin_cores(cfg.vllm_cpus, cfg.client_cpus)

@@ -138,8 +138,16 @@ def pattern_markdown(pattern: str, p: dict) -> list[str]:
     sh = lambda x: f"{x:.2f}"  # noqa: E731
     cells = p["modes"]
     kind = "a trace slice's arrivals" if pattern.startswith("trace") else "Gamma arrivals"
-    rate = "all at once" if p["rate_req_s"] is None else f"{kind} at {p['rate_req_s']:.3f} req/s"
-    lines = [f"## {pattern} ({p['num_requests']} requests per draw, {rate}; draws {p['draws']})", ""]
+    rates, sizes = p.get("rate_req_s_per_draw", [p["rate_req_s"]]), p.get("num_requests_per_draw", [p["num_requests"]])
+    if p["rate_req_s"] is None:
+        rate = "all at once"
+    elif len(set(rates)) == 1:
+        rate = f"{kind} at {p['rate_req_s']:.3f} req/s"
+    else:  # each slice stretched to the capacity measured in its own sitting
+        rate = (f"{kind} at {min(rates):.3f}–{max(rates):.3f} req/s, each draw at its own sitting's capacity: "
+                + ", ".join(f"{r:.3f}" for r in rates))
+    size = f"{sizes[0]}" if len(set(sizes)) == 1 else f"{min(sizes)}–{max(sizes)}"
+    lines = [f"## {pattern} ({size} requests per draw, {rate}; draws {p['draws']})", ""]
     for mode, ds in p.get("draws_apart_from_stock", {}).items():
         lines += [f"**{mode}: draws {ds} ran more than {SITTING_H:g} h from stock's run**: the engine's pace "
                   "drifts over hours, so those pairs compare paces as well as orders (the simulator's cut at one "

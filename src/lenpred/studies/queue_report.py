@@ -167,7 +167,11 @@ def pattern_report(store: dict, pattern: str, num_draws: int, n: int) -> dict | 
         return None
     first = store["runs"][run_key(done[0], modes[0], pattern)]["settings"]
     cells, jct = paired_cells(store, pattern, done, modes, n)
+    settings = [store["runs"][run_key(d, modes[0], pattern)]["settings"] for d in done]
     out = {"num_requests": first["num_requests"], "rate_req_s": first["rate_req_s"], "draws": done, "modes": cells,
+           # per draw: each slice may be stretched to the capacity measured before its own sitting
+           "num_requests_per_draw": [st["num_requests"] for st in settings],
+           "rate_req_s_per_draw": [st["rate_req_s"] for st in settings],
            "mixed_machine_draws": mixed_machine_draws(store, pattern, done),
            "draws_apart_from_stock": draws_apart_from_stock(store, pattern, done, modes)}
     if first["rate_req_s"] is None and "stock" in modes:  # a burst: stock's capacity at D on this machine

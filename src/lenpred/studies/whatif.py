@@ -512,11 +512,15 @@ def run_whatif(cfg: WhatifConfig) -> dict:
 
 
 def guard_text(report: dict) -> str:
-    """The lenpred order's starvation guards, as the report's header says them ("" without one)."""
+    """The lenpred order's starvation guards as the report's header says them: each guard on, with where its value
+    came from, or that none is on and how to set one."""
     aging, wait = report.get("aging_tokens_per_s", 0.0), report.get("max_wait_s")
-    return ((f"lenpred with its starvation guard at {aging:g} tokens/s ({report['aging_source']}). " if aging else "")
-            + (f"lenpred with its age threshold at {wait:g} s ({report['max_wait_source']}). "
-               if wait is not None else ""))
+    on = ([f"the starvation guard at {aging:g} tokens/s ({report['aging_source']})"] if aging else []) + (
+        [f"the age threshold at {wait:g} s ({report['max_wait_source']})"] if wait is not None else [])
+    if on:
+        return "; ".join(on)
+    return ("none (" + ("--max-wait-s inf: no age threshold; " if report.get("max_wait_source") == "--max-wait-s"
+                        else "") + "--max-wait-s S or --aging-tokens-per-s R sets one)")
 
 
 def fidelity(report: dict) -> str:
@@ -541,16 +545,28 @@ def pace_text(report: dict) -> str:
     return f" (pace {source})" if source else ""
 
 
+def verdict_bound_text(report: dict) -> str:
+    """Which bound the verdict speaks of: the log's own, or the first one asked where the own one was not."""
+    at, own = report["verdict_at"], report["observed_bound"]
+    return (f"D = {at}, the log's own bound" if at == own else
+            f"D = {at}, the first bound asked: the log's own, D = {own}, was not among --decode-slots")
+
+
 def render_whatif(report: dict) -> str:
-    """The report as Markdown: one table per concurrency bound, then the cost's source and the verdict."""
+    """The report as Markdown: a header (one line per setting: the log, the cost, the guards, the verdict's bound,
+    the intervals), one table per concurrency bound, then the verdict."""
     pct = lambda t: f"{t[0]:+.1%} [{t[1]:+.1%}, {t[2]:+.1%}]"  # noqa: E731
-    lines = [f"# What if: {report['num_requests']} logged requests over {report['duration_s']:.0f} s",
-             "", f"The log's own concurrency bound: D = {report['observed_bound']} ({report['bound_source']}); its "
-             "mean JCT as served "
-             f"{report['logged_mean_jct_s']:.1f} s" + fidelity(report) + "; "
-             f"the engine's cost from {report['cost_source']}" + pace_text(report)
-             + "; the KV cache is not a bound in the replay. "
-             + guard_text(report) + "Intervals: paired, clustered by consecutive arrivals.", ""]
+    settings = report.get("settings", {})
+    lines = [f"# What if: {report['num_requests']} logged requests over {report['duration_s']:.0f} s", "",
+             f"- The log: served at D = {report['observed_bound']} ({report['bound_source']}); its mean JCT as "
+             f"served {report['logged_mean_jct_s']:.1f} s" + fidelity(report) + ".",
+             f"- The engine's cost: from {report['cost_source']}" + pace_text(report)
+             + ". The KV cache is not a bound in the replay.",
+             f"- lenpred's starvation guards: {guard_text(report)}.",
+             f"- The verdict: at {verdict_bound_text(report)}.",
+             "- Intervals: 95 %, paired, clustered by consecutive arrivals"
+             + (f" ({settings['clusters']} blocks, {settings['bootstrap_resamples']} resamples)."
+                if "clusters" in settings else "."), ""]
     for d, cells in report["results"].items():
         lines += [f"## D = {d}", "", "| order | mean JCT s | mean-JCT cut vs stock | p99 JCT s | p99 / stock |",
                   "|---|---:|---:|---:|---:|"]

@@ -133,7 +133,8 @@ def test_the_starvation_guard_adds_the_aging_rate_times_the_arrival_time():
     assert round(30.4 + 2 * (before - AGING_EPOCH_S)) <= sent <= round(30.4 + 2 * (after - AGING_EPOCH_S))
     assert r.headers["x-lenpred-priority"] == str(sent)
     for bad in (-1.0, float("inf"), float("nan"), 2e6):
-        with pytest.raises(LenpredError, match="aging-tokens-per-s: aging must be a number >= 0"):
+        with pytest.raises(LenpredError,
+                           match=r"aging-tokens-per-s: the starvation guard.s rate \(aging_tokens_per_s\) must be"):
             create_app("http://unused", StubPredictor(), aging_tokens_per_s=bad)
 
 
