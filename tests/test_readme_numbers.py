@@ -380,10 +380,11 @@ CHECKS = [
     # the README's summary of the engine's trace runs (the table and the narrative are in the guide)
     (TRACE_ENGINE, TRACE_11 + "/modes/plugin/jct_cut_vs_stock", pct, "on the bursty code trace by {} at 1.1×"),
     (TRACE_ENGINE_09, "patterns/tracecodex0.9/modes/plugin/jct_cut_vs_stock", pct, "(5 slices) and by {} at 0.9×"),
+    (TRACE_ENGINE_09, lambda r: len(r["patterns"]["tracecodex0.9"]["draws"]), str, "] at 0.9× ({} slices), and on"),
     (CONV, CONV_CELL + "plugin/jct_cut_vs_stock", pct, "on the Poisson-like conv trace by {} at 1.1× (2 slices)"),
-    (TRACE_ENGINE, TRACE_11 + "/modes/plugin/p99_jct_ratio_vs_stock", first(f2), "free**: p99 JCT is {}×, 1.39×"),
+    (TRACE_ENGINE, TRACE_11 + "/modes/plugin/p99_jct_ratio_vs_stock", first(f2), "free**: p99 JCT is {}×, 1.42×"),
     (TRACE_ENGINE_09, "patterns/tracecodex0.9/modes/plugin/p99_jct_ratio_vs_stock", first(f2), "is 1.18×, {}× and"),
-    (CONV, CONV_CELL + "plugin/p99_jct_ratio_vs_stock", first(f2), "1.39× and {}× stock's. The age threshold"),
+    (CONV, CONV_CELL + "plugin/p99_jct_ratio_vs_stock", first(f2), "1.42× and {}× stock's. The age threshold"),
     # lenpred serve on a second 1.1x slice, beside its own stock run
     (SERVE_11, "patterns/tracecodex1.1/modes/priority_lenpred/jct_cut_vs_stock", pct, "+28.1] on slice 4 and {} on slice 0", GUIDE),
     (SERVE_11, "patterns/tracecodex1.1/modes/priority_lenpred/p99_jct_ratio_vs_stock", first(f2), "with p99 1.32× and {}×.", GUIDE),
@@ -456,9 +457,9 @@ CHECKS = [
      + f" and {pt['p99_ratio_per_draw'][-1]:.2f}×", "re-simulated at T = 200 s run {} of stock's", GUIDE),
     (FRONTIER_09, at_T(70), lambda pt: f"T = 70 s {PCT(pt['cut'])} with {pt['p99_ratio']:.2f}×", "1.05×: {}, 80 s",
      GUIDE),
-    (FRONTIER_09, at_T(80), lambda pt: f"80 s {PCT(pt['cut'])} with {pt['p99_ratio']:.2f}×", "1.02×, {}, 100 s",
+    (FRONTIER_09, at_T(80), lambda pt: f"80 s {PCT(pt['cut'])} with {pt['p99_ratio']:.2f}×", "1.03×, {}, 100 s",
      GUIDE),
-    (FRONTIER_09, at_T(100), lambda pt: f"100 s {PCT(pt['cut'])} with {pt['p99_ratio']:.2f}×", "1.06×, {}. On",
+    (FRONTIER_09, at_T(100), lambda pt: f"100 s {PCT(pt['cut'])} with {pt['p99_ratio']:.2f}×", "1.08×, {}. On",
      GUIDE),
     (FRONTIER_09, lambda r: [x for pt in r["points"][1:] for x in pt["p99_ratio_per_draw"][1:3]],
      lambda v: f"{min(v):.2f}–{max(v):.2f}×", "the p99 stays at {} at every T down to", GUIDE),
@@ -599,10 +600,26 @@ CHECKS = [
      GUIDE),
     (TRACE_ENGINE_09, lambda r: r["patterns"]["tracecodex0.9"]["modes"]["plugin"]["measured_cut_vs_stock_per_draw"],
      lambda v: "the plug-in cut " + ", ".join(PCT(x) for x in v[:-1]) + f" and {PCT(v[-1])}", "{}", GUIDE),
-    (RUNS_09, lambda r: [sum(x["ttft_s"] for x in r["runs"][f"{d}/stock/tracecodex0.9"]["results"]) / 179
-                         for d in range(5)], lambda v: ", ".join(f"{x:.1f}" for x in v[:-1]) + f" and {v[-1]:.1f} s",
+    (RUNS_09, lambda r: [sum(x["ttft_s"] for x in r["runs"][k]["results"]) / len(r["runs"][k]["results"])
+                         for k in sorted((k for k in r["runs"] if k.endswith("/stock/tracecodex0.9")),
+                                         key=lambda k: int(k.split("/")[0]))],
+     lambda v: ", ".join(f"{x:.1f}" for x in v[:-1]) + f" and {v[-1]:.1f} s",
      "mean TTFT per slice was {} (", GUIDE),
     (TRACE_ENGINE, TRACE_11 + "/modes/stock/mean_ttft_s", f1, "({} s at 1.1×)", GUIDE),
+    # slice 5's plug-in run, slower than its stock run: its fitted pace, speed probe and load, the simulator's cut
+    (TRACE_ENGINE_09, lambda r: next(w for w in r["patterns"]["tracecodex0.9"]["whatif"]
+                                     if (w["draw"], w["mode"]) == (5, "plugin")),
+     lambda w: (f"went {100 * (w['pace_scale'] / w['stock_pace_scale'] - 1):.1f} % slower than its stock run (fitted "
+                f"paces {w['pace_scale']:.3f} and {w['stock_pace_scale']:.3f};"), "Slice 5's plug-in run {}", GUIDE),
+    (RUNS_09, lambda r: (r["runs"]["5/plugin/tracecodex0.9"]["speed_probe"]["tpot_s"],
+                         [x["speed_probe"]["tpot_s"] for k, x in r["runs"].items() if k != "5/plugin/tracecodex0.9"],
+                         [x["loadavg_1m_during"]["mean"] for x in r["runs"].values()],
+                         r["runs"]["5/plugin/tracecodex0.9"]["loadavg_1m_during"]["mean"]),
+     lambda v: (f"{1000 * v[0]:.0f} ms per token against {1000 * min(v[1]):.0f}–{1000 * max(v[1]):.0f} ms in every "
+                f"other run of the store, and the {'highest' if v[3] == max(v[2]) else 'NOT highest'} load average of "
+                f"them, {v[3]:.1f} on average"), "its speed probe {}", GUIDE),
+    (FRONTIER_09, lambda r: (as_run(r)["cut_per_draw"][5], r["measured"]["cut_per_draw"][5]),
+     lambda v: f"gives that slice {PCT(v[0])} where the engine measured {PCT(v[1])}", "pace {};", GUIDE),
     (TRACE_ENGINE_09, "patterns/tracecodex0.9/modes/stock/simulated_over_measured", f2,
      "(simulator / measured {} for stock's runs", GUIDE),
     (TRACE_ENGINE, TRACE_11 + "/modes/stock/simulated_over_measured", f2, "stock's runs against {} at 1.1×", GUIDE),
