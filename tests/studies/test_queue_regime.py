@@ -102,3 +102,17 @@ def test_a_slices_modes_share_one_rate_but_slices_may_differ():
         with pytest.raises(LenpredError, match="draw 1's tracecodex0.9 runs in runs.json arrived at 0.2500 req/s, "
                                                "this setting plans 0.3000 req/s: a slice's modes pair only at one"):
             check_rates(store, plan, now)
+
+
+def test_the_draws_checked_are_those_this_run_adds_to():
+    # draw 0 has every mode asked, draw 1 lacks plugin, draw 2 has nothing: a rerun without --only-draws adds to 1
+    # and 2 only, so draw 0's rate (another sitting's) is not checked
+    from lenpred.studies.queue_bench import QueueBenchConfig, draws_left
+
+    store = {"runs": {"0/stock/tracecodex0.9": {}, "0/plugin/tracecodex0.9": {}, "1/stock/tracecodex0.9": {}}}
+    cfg = QueueBenchConfig(patterns="tracecodex0.9", modes="stock,plugin", draws=3, capacity_req_s=0.3)
+    assert draws_left(cfg, store) == [1, 2]
+    assert draws_left(QueueBenchConfig(patterns="tracecodex0.9", modes="stock,plugin", draws=3, only_draws="0,2",
+                                       capacity_req_s=0.3), store) == [2]
+    assert draws_left(QueueBenchConfig(patterns="tracecodex0.9", modes="stock", draws=2, capacity_req_s=0.3),
+                      store) == []

@@ -457,15 +457,28 @@ def test_guard_frontier_resimulates_the_plugin_run_under_each_age_threshold(tmp_
     assert [p["cut"] for p in written["points"]] == pytest.approx([as_run["cut"], t0["cut"], never["cut"]])
     assert written["command"].endswith("--max-waits none,0,0")
 
-def test_the_header_gives_each_draws_rate_where_slices_ran_at_their_own_sittings_capacity(report):
-    from lenpred.studies.queue_render import pattern_markdown
 
-    p = report["patterns"]["burst4"]
-    assert (p["rate_req_s_per_draw"], p["num_requests_per_draw"]) == ([None, None], [3, 3])
-    one = p | {"rate_req_s": 0.298, "rate_req_s_per_draw": [0.298, 0.298]}
-    assert pattern_markdown("tracecodex0.9", one)[0] == ("## tracecodex0.9 (3 requests per draw, a trace slice's "
-                                                          "arrivals at 0.298 req/s; draws [0, 1])")
-    two = p | {"rate_req_s": 0.298, "rate_req_s_per_draw": [0.298, 0.2245], "num_requests_per_draw": [179, 135]}
-    assert pattern_markdown("tracecodex0.9", two)[0] == (
-        "## tracecodex0.9 (135–179 requests per draw, a trace slice's arrivals at 0.225–0.298 req/s, each draw at its "
-        "own sitting's capacity: 0.298, 0.225; draws [0, 1])")
+def test_the_header_gives_each_draws_rate_where_slices_ran_at_their_own_sittings_capacity(report):
+    from lenpred.studies.queue_render import markdown, pattern_markdown
+    from lenpred.studies.queue_report import pattern_report
+
+    # two slices of a trace stretched to 0.9x the capacity of their own sittings: 0.2979 and 0.2007 req/s
+    runs = {}
+    for d, rate, n in ((0, 0.2979, 4), (1, 0.2007, 3)):
+        for mode, jcts in (("stock", [10.0, 20.0, 30.0, 40.0]), ("plugin", [5.0, 10.0, 15.0, 40.0])):
+            run = _run(mode, "tracecodex0.9", jcts[:n])
+            run["settings"] |= {"rate_req_s": rate}
+            runs[f"{d}/{mode}/tracecodex0.9"] = run
+    p = pattern_report({"runs": runs}, "tracecodex0.9", 2, 50)
+    assert (p["rate_req_s_per_draw"], p["num_requests_per_draw"]) == ([0.2979, 0.2007], [4, 3])
+    assert pattern_markdown("tracecodex0.9", p)[0] == (
+        "## tracecodex0.9 (3–4 requests per draw, a trace slice's arrivals at 0.9× the capacity measured in each "
+        "draw's own sitting: draw 0 0.2979, draw 1 0.2007 req/s; draws [0, 1])")
+    # one rate (to the 4 decimals printed): one figure; and the store's capacity line says whose it is
+    one = p | {"rate_req_s_per_draw": [0.29791, 0.29788]}
+    assert pattern_markdown("tracecodex0.9", one)[0].endswith("a trace slice's arrivals at 0.298 req/s; draws [0, 1])")
+    mixed = report | {"patterns": {"tracecodex0.9": p}}
+    assert "(given (--capacity-req-s); the latest sitting's: the draws of a pattern below ran at their own" in (
+        markdown(mixed))
+    assert "the latest sitting's" not in markdown(report | {"patterns": {"tracecodex0.9": one}})
+    assert report["patterns"]["burst4"]["rate_req_s_per_draw"] == [None, None]

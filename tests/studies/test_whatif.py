@@ -105,6 +105,10 @@ def test_run_whatif_on_a_written_traffic_log(tmp_path):
     assert saved["verdict"] == report["verdict"] and (tmp_path / "out" / "whatif.png").stat().st_size > 0
     md = (tmp_path / "out" / "whatif.md").read_text()
     assert "## D = 4" in md and md.rstrip().endswith(report["verdict"])
+    # the log's own bound (what ran together in its rows) was not asked: the verdict speaks of the first one asked
+    assert report["observed_bound"] not in (4, 8) and not report["verdict"].startswith("No verdict")
+    assert (f"- The verdict (below): speaks of D = 4, the first bound asked: the log's own, D = "
+            f"{report['observed_bound']}, was not among --decode-slots.") in md
     # a burst of 40 behind 4 slots queues: the recorded length gains and the sentence is a decision either way
     assert report["results"]["4"]["recorded length"]["jct_cut_vs_stock"][0] > 0
     assert report["verdict"].split(":")[0] in ("Turn it on", "Turn it on only if the tail may grow",
@@ -227,7 +231,8 @@ def test_the_bound_comes_from_the_engine_settings_beside_the_log(tmp_path):
     other = run_whatif(WhatifConfig(traffic=str(tmp_path / "log"), out=str(tmp_path / "o4"), decode_slots=(4,),
                                     clusters=4, bootstrap_resamples=100, fit_pace=False))  # not replayed: say so
     assert list(other["results"]) == ["4"]  # the served order is still replayed at its own bound, 2, for fidelity
-    assert "- The verdict: at D = 4, the first bound asked: the log's own, D = 2, was not among --decode-slots." in (
+    assert other["verdict"].startswith("No verdict") and ("- The verdict (below): none: the served order replayed at "
+                                                          "D = 2, the log's own bound, does not match the log.") in (
         tmp_path / "o4" / "whatif.md").read_text()
     assert other["replayed_served_mean_jct_s"] == pytest.approx(one["replayed_served_mean_jct_s"])
     # under observe nothing is parked: the rows show what ran together (a max_num_seqs of 256 would queue nothing)
@@ -246,8 +251,10 @@ def test_the_bound_comes_from_the_engine_settings_beside_the_log(tmp_path):
     assert "the order it was served in is unknown" in (tmp_path / "o" / "whatif.md").read_text()
     text = (tmp_path / "o" / "whatif.md").read_text()  # the guard turned off by --max-wait-s inf is named as off
     assert given["max_wait_s"] is None and "the age threshold at" not in text
-    assert "- lenpred's starvation guards: none (--max-wait-s inf: no age threshold; --max-wait-s S" in text
-    assert "- The verdict: at D = 2, the log's own bound." in text
+    assert ("- lenpred's starvation guards: none (no aging (--aging-tokens-per-s 0); no age threshold (--max-wait-s "
+            "inf); --max-wait-s S or --aging-tokens-per-s R sets one)." in text)
+    # the bound is the one given: the log's own is unknown (its engine settings are unreadable)
+    assert "- The verdict (below): speaks of D = 2, the first bound given (the log's own is unknown)." in text
     with pytest.raises(LenpredError, match="engine.json is not the engine settings"):  # the guard still reads it
         run_whatif(WhatifConfig(traffic=str(tmp_path / "log"), out=str(tmp_path / "o"), decode_slots=(2,),
                                 clusters=4, bootstrap_resamples=100))
@@ -279,7 +286,12 @@ def test_the_lenpred_order_runs_with_the_engines_starvation_guard(tmp_path):
     report = run_whatif(WhatifConfig(traffic=str(tmp_path / "log"), out=str(tmp_path / "o"), decode_slots=(2,),
                                      clusters=4, bootstrap_resamples=100))
     assert report["aging_tokens_per_s"] == 4.0
-    assert "starvation guard at 4 tokens/s (the plug-in's own (engine.json))" in (tmp_path / "o" / "whatif.md").read_text()
+    assert "guards: aging at 4 tokens/s (the plug-in's own (engine.json))." in (tmp_path / "o" / "whatif.md").read_text()
+    # a guard on beside one a flag turned off: both named
+    run_whatif(WhatifConfig(traffic=str(tmp_path / "log"), out=str(tmp_path / "o2"), decode_slots=(2,),
+                            max_wait_s=float("inf"), clusters=4, bootstrap_resamples=100))
+    assert ("guards: aging at 4 tokens/s (the plug-in's own (engine.json)); no age threshold (--max-wait-s inf)."
+            in (tmp_path / "o2" / "whatif.md").read_text())
     with pytest.raises(LenpredError, match="--aging-tokens-per-s must be >= 0"):
         WhatifConfig(traffic="x", aging_tokens_per_s=-1.0)
 

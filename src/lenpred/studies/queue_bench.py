@@ -84,7 +84,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from lenpred.errors import LenpredError, raise_first
-from lenpred.studies.engine_bench import (EngineWorkload, cpu_lock, plugin_args, row_priority, servers,
+from lenpred.studies.engine_bench import (EngineWorkload, cpu_lock, plugin_args, row_priority, run_key, servers,
                                           split_stats, vllm_command)
 from lenpred.studies.queue_regime import (QUEUE_MODES, fcfs_capacity, kv_bytes_per_token, kv_cache_bytes,
                                           parse_modes, parse_patterns, plugin_max_num_seqs, plugin_settings)
@@ -263,11 +263,20 @@ def planned(cfg: QueueBenchConfig, source, reg: dict) -> dict:
 
 # ---------------------------------------------------------------------------------------------------- runs
 
+def draws_left(cfg: QueueBenchConfig, store: dict) -> list[int]:
+    """The draws this invocation will add runs to: those of ``--only-draws`` (every draw without it) that still lack
+    a run of a mode and pattern asked (as :func:`lenpred.studies.engine_bench.run_grid` decides)."""
+    draws = cfg.draw_list()
+    return [d for d in (range(cfg.draws) if draws is None else draws)
+            if any(run_key(d, m, p.name) not in store["runs"]
+                   for m in parse_modes(cfg.modes) for p in parse_patterns(cfg.patterns))]
+
+
 def check_rates(store: dict, plan: dict, draws_now: list[int] | None = None) -> None:
     """Refuse to add runs of a sustained pattern at another arrival rate than the stored runs of the same draw used
     (a changed capacity: ``--capacity-req-s`` or the cost model): a slice's modes are paired, so they share one
-    rate. Draws not run now (``draws_now``; ``None``: every draw) may differ: each slice is stretched to the capacity
-    measured on the machine that runs it, just before its sitting.
+    rate. Draws not run now (``draws_now``, :func:`draws_left`; ``None``: every draw) may differ: each slice may be
+    stretched to the capacity measured on the machine that runs it, just before its sitting.
 
     Raises:
         LenpredError: a stored run of a draw run now has another ``rate_req_s`` than planned (names the draw, the
@@ -282,7 +291,8 @@ def check_rates(store: dict, plan: dict, draws_now: list[int] | None = None) -> 
         if stored is not None and planned_rate is not None and abs(stored - planned_rate) > 1e-9:
             raise LenpredError(f"draw {d}'s {pattern} runs in runs.json arrived at {stored:.4f} req/s, this setting "
                                f"plans {planned_rate:.4f} req/s: a slice's modes pair only at one rate; pass the "
-                               "capacity they used (--capacity-req-s) or a new --out")
+                               "capacity they used (--capacity-req-s), run other draws (--only-draws) or use a new "
+                               "--out")
 
 
 def traffic_dir(out: Path, settings: dict, draw: int) -> Path | None:
@@ -393,7 +403,7 @@ def run(cfg: QueueBenchConfig) -> dict:
                            fingerprint={"engine_regime": fixed})
     store["regime"] = reg
     plan = planned(cfg, source, reg)
-    check_rates(store, plan, cfg.draw_list())
+    check_rates(store, plan, draws_left(cfg, store))
     messages = source.messages([p["rows"] for p in plan.values()])
     model_dir = str(resolve_model()[0])
     vllm_cpus, client_cpus = pin_cores(cfg.vllm_cpus, cfg.client_cpus)

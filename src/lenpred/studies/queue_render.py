@@ -9,7 +9,7 @@ from pathlib import Path
 
 from lenpred.io import write_json
 from lenpred.studies.engine_bench import fmt_ci, pct
-from lenpred.studies.queue_regime import LENGTH_CLASSES, QUEUE_MODES
+from lenpred.studies.queue_regime import LENGTH_CLASSES, QUEUE_MODES, parse_pattern
 from lenpred.studies.queue_report import MAP_MODES, SITTING_H, add_whatif, mode_cells, report
 from lenpred.tables import markdown_table
 
@@ -22,7 +22,9 @@ def markdown(rep: dict) -> str:
              f"{rep['label']}", "",
              f"KV cache {reg['kv_cache_bytes']:,} bytes for every mode ({reg['kv_bytes_per_token']:,} bytes/token, "
              f"{reg['kv_dtype']}; one-request floor applied: {reg['kv_floor_applied']}); --max-model-len "
-             f"{reg['max_model_len']}. FCFS capacity at D: {cap['capacity_req_s']:.3f} req/s ({cap['how']}; cost "
+             f"{reg['max_model_len']}. FCFS capacity at D: {cap['capacity_req_s']:.3f} req/s ({cap['how']}"
+             + ("; the latest sitting's: the draws of a pattern below ran at their own sittings' capacities"
+                if any(mixed_rates(p) for p in rep["patterns"].values()) else "") + "; cost "
              f"model {cap.get('cost_model')}). Plug-in: `{json.dumps(reg['plugin'])}`{mode_guards(rep)}. The last "
              f"invocation's settings (each run's own are in runs.json): `{json.dumps(rep['settings'])}`", ""]
     if "simulator_cost_model" in rep:
@@ -133,6 +135,12 @@ def whatif_markdown(rows: list[dict]) -> list[str]:
                              f"{scale(w.get('pace_scale'))} / {scale(w.get('stock_pace_scale'))}"] for w in rows]), ""]
 
 
+def mixed_rates(p: dict) -> bool:
+    """Whether a pattern's draws ran at different arrival rates (to 4 decimals, as the report prints them): each
+    slice stretched to the capacity measured in its own sitting."""
+    return len({round(r, 4) for r in p.get("rate_req_s_per_draw", []) if r is not None}) > 1
+
+
 def pattern_markdown(pattern: str, p: dict) -> list[str]:
     """One pattern's tables: latency per mode; against stock; by length class; the best lenpred mode's checks."""
     sh = lambda x: f"{x:.2f}"  # noqa: E731
@@ -141,11 +149,11 @@ def pattern_markdown(pattern: str, p: dict) -> list[str]:
     rates, sizes = p.get("rate_req_s_per_draw", [p["rate_req_s"]]), p.get("num_requests_per_draw", [p["num_requests"]])
     if p["rate_req_s"] is None:
         rate = "all at once"
-    elif len(set(rates)) == 1:
+    elif not mixed_rates(p):
         rate = f"{kind} at {p['rate_req_s']:.3f} req/s"
-    else:  # each slice stretched to the capacity measured in its own sitting
-        rate = (f"{kind} at {min(rates):.3f}–{max(rates):.3f} req/s, each draw at its own sitting's capacity: "
-                + ", ".join(f"{r:.3f}" for r in rates))
+    else:  # each slice stretched to load x the capacity measured in its own sitting
+        rate = (f"{kind} at {parse_pattern(pattern).load:g}× the capacity measured in each draw's own sitting: "
+                + ", ".join(f"draw {d} {r:.4f}" for d, r in zip(p["draws"], rates)) + " req/s")
     size = f"{sizes[0]}" if len(set(sizes)) == 1 else f"{min(sizes)}–{max(sizes)}"
     lines = [f"## {pattern} ({size} requests per draw, {rate}; draws {p['draws']})", ""]
     for mode, ds in p.get("draws_apart_from_stock", {}).items():

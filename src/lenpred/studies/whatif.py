@@ -513,14 +513,16 @@ def run_whatif(cfg: WhatifConfig) -> dict:
 
 def guard_text(report: dict) -> str:
     """The lenpred order's starvation guards as the report's header says them: each guard on, with where its value
-    came from, or that none is on and how to set one."""
+    came from; each one a flag or the plug-in's settings turned off; or that none is on and how to set one."""
     aging, wait = report.get("aging_tokens_per_s", 0.0), report.get("max_wait_s")
-    on = ([f"the starvation guard at {aging:g} tokens/s ({report['aging_source']})"] if aging else []) + (
-        [f"the age threshold at {wait:g} s ({report['max_wait_source']})"] if wait is not None else [])
+    aging_source, wait_source = report.get("aging_source", "none"), report.get("max_wait_source", "none")
+    on = ([f"aging at {aging:g} tokens/s ({aging_source})"] if aging else []) + (
+        [f"the age threshold at {wait:g} s ({wait_source})"] if wait is not None else [])
+    off = ([f"no aging ({aging_source} 0)"] if not aging and aging_source != "none" else []) + (
+        [f"no age threshold ({wait_source} inf)"] if wait is None and wait_source != "none" else [])
     if on:
-        return "; ".join(on)
-    return ("none (" + ("--max-wait-s inf: no age threshold; " if report.get("max_wait_source") == "--max-wait-s"
-                        else "") + "--max-wait-s S or --aging-tokens-per-s R sets one)")
+        return "; ".join(on + off)
+    return "none (" + "".join(f"{o}; " for o in off) + "--max-wait-s S or --aging-tokens-per-s R sets one)"
 
 
 def fidelity(report: dict) -> str:
@@ -546,10 +548,15 @@ def pace_text(report: dict) -> str:
 
 
 def verdict_bound_text(report: dict) -> str:
-    """Which bound the verdict speaks of: the log's own, or the first one asked where the own one was not."""
+    """Which bound the verdict below the tables speaks of: the log's own, the first one asked where the own one was
+    not, the one given where the log's own is unknown; or, with no verdict, the bound whose replay did not match."""
     at, own = report["verdict_at"], report["observed_bound"]
-    return (f"D = {at}, the log's own bound" if at == own else
-            f"D = {at}, the first bound asked: the log's own, D = {own}, was not among --decode-slots")
+    if report["verdict"].startswith("No verdict"):
+        return f"none: the served order replayed at D = {own}, the log's own bound, does not match the log"
+    if report["bound_source"].startswith("--decode-slots"):
+        return f"speaks of D = {at}, the first bound given (the log's own is unknown)"
+    return (f"speaks of D = {at}, the log's own bound" if at == own else
+            f"speaks of D = {at}, the first bound asked: the log's own, D = {own}, was not among --decode-slots")
 
 
 def render_whatif(report: dict) -> str:
@@ -563,7 +570,7 @@ def render_whatif(report: dict) -> str:
              f"- The engine's cost: from {report['cost_source']}" + pace_text(report)
              + ". The KV cache is not a bound in the replay.",
              f"- lenpred's starvation guards: {guard_text(report)}.",
-             f"- The verdict: at {verdict_bound_text(report)}.",
+             f"- The verdict (below): {verdict_bound_text(report)}.",
              "- Intervals: 95 %, paired, clustered by consecutive arrivals"
              + (f" ({settings['clusters']} blocks, {settings['bootstrap_resamples']} resamples)."
                 if "clusters" in settings else "."), ""]
