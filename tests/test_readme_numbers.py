@@ -50,6 +50,9 @@ RUNS_CONV = "results/scripts/serving/queue_trace_engine/conv_x1.1/runs.json"
 FRONTIER_CONV = "results/scripts/serving/queue_trace_engine/conv_x1.1/guard_frontier_traceconvx1.1.json"
 SERVE_11 = "results/scripts/serving/queue_trace_engine/code_x1.1_serve/report.json"
 CAPACITY_CONV = "results/scripts/serving/queue_trace_engine/capacity_conv/report.json"
+SITTING = "results/scripts/serving/queue_trace_engine/code_x0.9_sitting/report.json"
+SITTING_CELL = "patterns/tracecodex0.9/modes/"
+CAPACITY_1206 = "results/scripts/serving/queue_trace_engine/capacity_1206/report.json"
 FRONTIER_11 = "results/scripts/serving/queue_trace_engine/code_x1.1/guard_frontier_tracecodex1.1.json"
 FRONTIER_09 = "results/scripts/serving/queue_trace_engine/code_x0.9/guard_frontier_tracecodex0.9.json"
 FRONTIER_09_SJF = "results/scripts/serving/queue_trace_engine/code_x0.9/guard_frontier_tracecodex0.9_sjf.json"
@@ -606,6 +609,25 @@ CHECKS = [
      lambda v: ", ".join(f"{x:.1f}" for x in v[:-1]) + f" and {v[-1]:.1f} s",
      "mean TTFT per slice was {} (", GUIDE),
     (TRACE_ENGINE, TRACE_11 + "/modes/stock/mean_ttft_s", f1, "({} s at 1.1×)", GUIDE),
+    # the slices stretched to the capacity of their own sitting, on another VM
+    (SITTING, SITTING_CELL + "plugin/jct_cut_vs_stock", pct, "the plug-in {} with p99", GUIDE),
+    (SITTING, SITTING_CELL + "plugin/p99_jct_ratio_vs_stock", first(f2), "+4.1] with p99 {}× and", GUIDE),
+    (SITTING, SITTING_CELL + "plugin/throughput_ratio_vs_stock", f3, "throughput {}× stock's; prompt", GUIDE),
+    (SITTING, SITTING_CELL + "priority_prompt_len/jct_cut_vs_stock", pct, "prompt-length priority {} with p99", GUIDE),
+    (SITTING, SITTING_CELL + "priority_prompt_len/p99_jct_ratio_vs_stock", first(f2), "+10.7] with p99 {}×.", GUIDE),
+    (SITTING, SITTING_CELL + "plugin/jct_cut_vs_stock", pct, "its own capacity gave the plug-in {} with p99"),
+    (SITTING, SITTING_CELL + "plugin/p99_jct_ratio_vs_stock", first(f2), "+4.1] with p99 {}× (prompt-length"),
+    (SITTING, SITTING_CELL + "priority_prompt_len/jct_cut_vs_stock", first(PCT), "(prompt-length priority {}): not"),
+    (SITTING, "patterns/tracecodex0.9/rate_req_s_per_draw/0", f3, "that VM's capacity ({} req/s, 120", GUIDE),
+    (CAPACITY_1206, "patterns/burst8/stock_capacity_req_s/0", f3, "stock's burst of 128 measured {} req/s", GUIDE),
+    (SITTING, lambda r: r["patterns"]["tracecodex0.9"]["whatif"][0],
+     lambda w: (f"went {100 * (w['pace_scale'] / w['stock_pace_scale'] - 1):.1f} % slower than its stock run (fitted "
+                f"paces {w['pace_scale']:.3f} and {w['stock_pace_scale']:.3f}): whatif on its log, at its own pace, "
+                f"says {PCT(w['predicted_cut'])} where it measured {PCT(w['measured_cut'])}"), "run {};", GUIDE),
+    (SITTING, lambda r: r["patterns"]["tracecodex0.9"]["whatif"][1],
+     lambda w: f"plug-in measured {PCT(w['measured_cut'])} (whatif {PCT(w['predicted_cut'])})", "the {}.", GUIDE),
+    ("results/scripts/serving/overhead_1206.json", "median_paired_ratio", f3,
+     "plug-in / stock wall time {} (median of pairs)", GUIDE),
     # slice 5's plug-in run, slower than its stock run: its fitted pace, speed probe and load, the simulator's cut
     (TRACE_ENGINE_09, lambda r: next(w for w in r["patterns"]["tracecodex0.9"]["whatif"]
                                      if (w["draw"], w["mode"]) == (5, "plugin")),
