@@ -615,19 +615,23 @@ CHECKS = [
     (SITTING, SITTING_CELL + "plugin/throughput_ratio_vs_stock", f3, "throughput {}× stock's; prompt", GUIDE),
     (SITTING, SITTING_CELL + "priority_prompt_len/jct_cut_vs_stock", pct, "prompt-length priority {} with p99", GUIDE),
     (SITTING, SITTING_CELL + "priority_prompt_len/p99_jct_ratio_vs_stock", first(f2), "+10.7] with p99 {}×.", GUIDE),
-    (SITTING, SITTING_CELL + "plugin/jct_cut_vs_stock", pct, "its own capacity gave the plug-in {} with p99"),
-    (SITTING, SITTING_CELL + "plugin/p99_jct_ratio_vs_stock", first(f2), "+4.1] with p99 {}× (prompt-length"),
-    (SITTING, SITTING_CELL + "priority_prompt_len/jct_cut_vs_stock", first(PCT), "(prompt-length priority {}): not"),
+    (SITTING, SITTING_CELL + "plugin/jct_cut_vs_stock", pct, "the cut: the plug-in {} with p99"),
+    (SITTING, SITTING_CELL + "plugin/p99_jct_ratio_vs_stock", first(f2), "+4.1] with p99 {}×, prompt-length priority"),
+    (SITTING, SITTING_CELL + "priority_prompt_len/jct_cut_vs_stock", pct, "×, prompt-length priority {} (inconclusive"),
     (SITTING, "patterns/tracecodex0.9/rate_req_s_per_draw/0", f3, "that VM's capacity ({} req/s, 120", GUIDE),
     (CAPACITY_1206, "patterns/burst8/stock_capacity_req_s/0", f3, "stock's burst of 128 measured {} req/s", GUIDE),
+    (CAPACITY_1206, "patterns/burst8/stock_capacity_req_s/0", f3, "the capacity measured there ({} req/s) did not"),
+    (CAPACITY_CONV, lambda r: (_load(RUNS_09)["runs"]["0/stock/tracecodex0.9"]["settings"]["rate_req_s"]
+                               / r["patterns"]["burst8"]["stock_capacity_req_s"][0]), f2,
+     "slices above ran near {}× of the engine's capacity"),
     (SITTING, lambda r: r["patterns"]["tracecodex0.9"]["whatif"][0],
      lambda w: (f"went {100 * (w['pace_scale'] / w['stock_pace_scale'] - 1):.1f} % slower than its stock run (fitted "
-                f"paces {w['pace_scale']:.3f} and {w['stock_pace_scale']:.3f}): whatif on its log, at its own pace, "
+                f"paces {w['pace_scale']:.3f} and {w['stock_pace_scale']:.3f} of the cost model's step times): whatif on its log, at its own pace, "
                 f"says {PCT(w['predicted_cut'])} where it measured {PCT(w['measured_cut'])}"), "run {};", GUIDE),
     (SITTING, lambda r: r["patterns"]["tracecodex0.9"]["whatif"][1],
      lambda w: f"plug-in measured {PCT(w['measured_cut'])} (whatif {PCT(w['predicted_cut'])})", "the {}.", GUIDE),
     ("results/scripts/serving/overhead_1206.json", "median_paired_ratio", f3,
-     "plug-in / stock wall time {} (median of pairs)", GUIDE),
+     "plug-in / stock wall time {} (median of pairs;", GUIDE),
     # slice 5's plug-in run, slower than its stock run: its fitted pace, speed probe and load, the simulator's cut
     (TRACE_ENGINE_09, lambda r: next(w for w in r["patterns"]["tracecodex0.9"]["whatif"]
                                      if (w["draw"], w["mode"]) == (5, "plugin")),
