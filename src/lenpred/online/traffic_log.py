@@ -763,12 +763,14 @@ def read_engine_settings(directory: str | Path) -> dict | None:
                            "pass what it holds yourself (lenpred whatif --decode-slots, --aging-tokens-per-s, "
                            "--max-wait-s)") from exc
     missing = ENGINE_KEYS - set(settings) if isinstance(settings, dict) else ENGINE_KEYS
-    if (missing or not all(isinstance(settings[k], int) and settings[k] >= 1 for k in ("decode_slots", "max_num_seqs"))
-            or not (settings["prefill_ahead"] is None
-                    or isinstance(settings["prefill_ahead"], int) and settings["prefill_ahead"] >= 0)):
+    bounds_ok = not missing and all(isinstance(settings[k], int) and settings[k] >= 1
+                                    for k in ("decode_slots", "max_num_seqs"))
+    window = None if missing else settings["prefill_ahead"]
+    if not bounds_ok or not (window is None or isinstance(window, int) and window >= 0):
         raise LenpredError(f"{path} is not the engine settings lenpred writes (needs {', '.join(sorted(ENGINE_KEYS))}"
-                           ", the bounds as integers >= 1 and the window >= 0): delete it (the engine rewrites it) or pass what "
-                           "it holds yourself (lenpred whatif --decode-slots, --aging-tokens-per-s, --max-wait-s)")
+                           ", the bounds as integers >= 1 and the window >= 0): delete it (the engine rewrites it) or "
+                           "pass what it holds yourself (lenpred whatif --decode-slots, --aging-tokens-per-s, "
+                           "--max-wait-s)")
     return settings
 
 

@@ -266,10 +266,9 @@ def planned(cfg: QueueBenchConfig, source, reg: dict) -> dict:
 def draws_left(cfg: QueueBenchConfig, store: dict) -> list[int]:
     """The draws this invocation will add runs to: those of ``--only-draws`` (every draw without it) that still lack
     a run of a mode and pattern asked (as :func:`lenpred.studies.engine_bench.run_grid` decides)."""
-    draws = cfg.draw_list()
+    draws, modes, patterns = cfg.draw_list(), parse_modes(cfg.modes), parse_patterns(cfg.patterns)
     return [d for d in (range(cfg.draws) if draws is None else draws)
-            if any(run_key(d, m, p.name) not in store["runs"]
-                   for m in parse_modes(cfg.modes) for p in parse_patterns(cfg.patterns))]
+            if any(run_key(d, m, p.name) not in store["runs"] for m in modes for p in patterns)]
 
 
 def check_rates(store: dict, plan: dict, draws_now: list[int] | None = None) -> None:

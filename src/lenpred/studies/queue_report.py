@@ -165,9 +165,9 @@ def pattern_report(store: dict, pattern: str, num_draws: int, n: int) -> dict | 
     modes, done = complete_draws(store, pattern, QUEUE_MODES, num_draws)
     if not done:
         return None
-    first = store["runs"][run_key(done[0], modes[0], pattern)]["settings"]
-    cells, jct = paired_cells(store, pattern, done, modes, n)
     settings = [store["runs"][run_key(d, modes[0], pattern)]["settings"] for d in done]
+    first = settings[0]
+    cells, jct = paired_cells(store, pattern, done, modes, n)
     out = {"num_requests": first["num_requests"], "rate_req_s": first["rate_req_s"], "draws": done, "modes": cells,
            # per draw: each slice may be stretched to the capacity measured before its own sitting
            "num_requests_per_draw": [st["num_requests"] for st in settings],

@@ -467,10 +467,12 @@ def run_whatif(cfg: WhatifConfig) -> dict:
                            f"{len(requests) // 2} (default 10)")
     logged = float(np.mean(traffic.finish_s - traffic.arrival_s))
     pace, pace_source = None, "not fitted (--no-fit-pace)"
+    # the guards the served order ran with (engine.json's), read once for the pace fit and the fidelity replay
+    served_guards = fit_guards(cfg.traffic, aging, wait) if order is not None else None
     if cfg.fit_pace and order is None:
         pace_source = f"not fitted: {order_source}"
     elif cfg.fit_pace:
-        pace = fit_replay_pace(requests, cost, own, order, logged, *fit_guards(cfg.traffic, aging, wait))
+        pace = fit_replay_pace(requests, cost, own, order, logged, *served_guards)
         pace_source = (f"fitted so that the replayed {order} at D = {own}, the order it was served in "
                        f"({order_source}), takes the log's mean JCT" if pace is not None else
                        f"not fitted: no scale in {PACE_BOUNDS[0]:g}-{PACE_BOUNDS[1]:g}x gives the replayed {order} "
@@ -479,7 +481,7 @@ def run_whatif(cfg: WhatifConfig) -> dict:
             cost = cost.with_pace(pace)
     replayed = None  # the served order replayed at its bound, against the log's own mean JCT
     if order is not None:
-        replayed = float(replay_order(requests, cost, own, order, *fit_guards(cfg.traffic, aging, wait)).mean())
+        replayed = float(replay_order(requests, cost, own, order, *served_guards).mean())
     results = {}
     for d in bounds:
         logger.info("whatif: replaying %d requests at D = %d", len(requests), d)
