@@ -234,8 +234,8 @@ def traffic_replay(**options):
 @app.command()
 @one_line_errors
 @with_options(Options(WhatifConfig, {
-    "traffic": "Traffic-log directory to replay (the plug-in's traffic_log or lenpred serve --traffic-log; policy "
-               "observe logs without changing the order).",
+    "traffic": "Traffic-log directory to replay (the plug-in's traffic_log or lenpred serve --traffic-log); a "
+               "plug-in under policy observe logs traffic in stock's own order.",
     "cost_model": "Cost-model JSON measured on the serving machine \\[default: fitted from the log's timings].",
     "decode_slots": "Concurrency bounds D to replay at, comma-separated \\[default: the log's own, half and double].",
     "aging_tokens_per_s": "Starvation guard of the lenpred order, tokens per second waited (0: none) \\[default: "
@@ -246,7 +246,11 @@ def traffic_replay(**options):
                 "at its bound, takes the log's mean JCT: the engine's pace while it served the log.",
     "out": "Output directory for whatif.json / .md / .png.",
     "clusters": "Blocks of consecutive arrivals the paired bootstrap resamples.",
-    "bootstrap_resamples": "Paired bootstrap resamples."}))
+    "bootstrap_resamples": "Paired bootstrap resamples.",
+    "since": "Replay only requests that arrived at or after this time: ISO 8601 (UTC unless it names an offset) or "
+             "epoch seconds \\[default: the whole log].",
+    "worth_it": "The smallest mean-JCT cut (a fraction: 0.02 is 2 %) the verdict turns scheduling on for; the cut's "
+                "interval must reach it."}))
 def whatif(**options):
     """Would length-aware scheduling help this traffic? Replays a traffic log's arrivals, lengths and served
     predictions: stock FCFS vs prompt-length priority vs lenpred vs the recorded length, and a verdict."""

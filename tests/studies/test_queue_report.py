@@ -207,8 +207,8 @@ def test_a_guarded_plugin_run_is_simulated_with_its_guard():
 
 def test_whatif_on_each_plugin_runs_own_traffic_log_beside_the_measured_cut(tmp_path: Path):
     """``add_whatif``: one row per draw whose plug-in run kept its traffic log, the measured cut and p99 ratio
-    worked by hand from the runs, the prediction what ``lenpred whatif`` says of that log; a draw whose log is gone
-    gets no row."""
+    worked by hand from the runs, the prediction what ``lenpred whatif`` says of that log from the run's first arrival
+    (the benchmark's warm-up requests, logged before it, are not replayed); a draw whose log is gone gets no row."""
     import numpy as np
 
     import shutil
@@ -221,6 +221,10 @@ def test_whatif_on_each_plugin_runs_own_traffic_log_beside_the_measured_cut(tmp_
 
     rng = np.random.default_rng(3)
     with TrafficLogWriter(TrafficLogConfig(tmp_path / "log")) as w:
+        for _ in range(2):  # the two warm-up requests, done long before the run (the run has no speed probe)
+            w.record(TrafficRecord(features=np.zeros(4), expected=9.0, low=0, high=1, num_output_tokens=9,
+                                   finish_reason="stop", arrival_time_s=900.0, first_token_time_s=900.5,
+                                   finish_time_s=901.0, num_prompt_tokens=20))
         for i in range(40):  # a burst of 40, served 4 at a time
             n, first = int(rng.integers(5, 300)), 0.5 + (i // 4) * 3.0
             w.record(TrafficRecord(features=np.zeros(4), expected=float(n), low=0, high=1, num_output_tokens=n,
@@ -230,22 +234,23 @@ def test_whatif_on_each_plugin_runs_own_traffic_log_beside_the_measured_cut(tmp_
     CostModel("40 ms a step", {"p0": 0.04, "p1": 0.0, "p2": 0.0, "d0": 0.04, "d1": 0.0, "d2": 0.0},
               fused_prefill=True).save(cost)  # about the log's pace: a scale in 0.5-2 matches its mean JCT
     run = lambda jct, log=None: {"settings": {"traffic_log": log},  # noqa: E731
-                                 "results": [{"jct_s": x, "outcome": "ok"} for x in jct]}
-    guarded = run([9.0, 9.0, 27.0], str(tmp_path / "log"))
+                                 "results": [{"jct_s": x, "outcome": "ok"} for x in jct for _ in range(20)]}
+    guarded = run([9.0, 27.0], str(tmp_path / "log"))
     guarded["settings"]["plugin"] = {"aging_tokens_per_s": 4.0}
     # draw 1's log is the same rows with the plug-in's engine settings beside them (the order it served): fitted
     shutil.copytree(tmp_path / "log", tmp_path / "served")
     write_engine_settings(tmp_path / "served", {"policy": "srpt", "decode_slots": 4, "prefill_ahead": 4,
                                                 "max_num_seqs": 8})
-    store = {"runs": {"0/stock/burst8": run([10.0, 10.0, 30.0]), "0/plugin_guard/burst8": guarded,
-                      "0/plugin/burst8": run([8.0, 8.0, 24.0], str(tmp_path / "log")),
-                      "1/stock/burst8": run([10.0]), "1/plugin/burst8": run([5.0], str(tmp_path / "served")),
+    store = {"runs": {"0/stock/burst8": run([10.0, 30.0]), "0/plugin_guard/burst8": guarded,
+                      "0/plugin/burst8": run([8.0, 24.0], str(tmp_path / "log")),
+                      "1/stock/burst8": run([10.0, 10.0]), "1/plugin/burst8": run([5.0, 5.0], str(tmp_path / "served")),
                       "2/stock/burst8": run([10.0]), "2/plugin/burst8": run([5.0], str(tmp_path / "gone"))}}
     rep = {"regime": {"decode_bound": 4}, "patterns": {"burst8": {"stock_pace_scale": {"0": 0.9, "1": 1.1}}}}
     add_whatif(rep, store, tmp_path / "out", str(cost), 200)
     row, fitted, guard_row = rep["patterns"]["burst8"]["whatif"]  # by mode (the plug-in first), then draw
     want = {a: run_whatif(WhatifConfig(traffic=str(tmp_path / "log"), cost_model=str(cost), decode_slots=(4,),
-                                       aging_tokens_per_s=a, out=str(tmp_path / "again"), bootstrap_resamples=200)
+                                       aging_tokens_per_s=a, out=str(tmp_path / "again"), bootstrap_resamples=200,
+                                       since="1000")
                           )["results"]["4"]["lenpred"] for a in (0.0, 4.0)}
     assert (row["mode"], row["draw"]) == ("plugin", 0) and row["measured_cut"] == pytest.approx(0.2)  # 1 - 40/50
     assert row["measured_p99_ratio"] == pytest.approx(0.8) and row["predicted_cut"] == want[0.0]["jct_cut_vs_stock"][0]
@@ -253,14 +258,15 @@ def test_whatif_on_each_plugin_runs_own_traffic_log_beside_the_measured_cut(tmp_
     # beside it the paces: the stock run's of its own draw, and none fitted to a log without its engine settings
     assert (row["pace_scale"], row["stock_pace_scale"]) == (None, 0.9)
     served = run_whatif(WhatifConfig(traffic=str(tmp_path / "served"), cost_model=str(cost), decode_slots=(4,),
-                                     out=str(tmp_path / "again"), bootstrap_resamples=200))
+                                     out=str(tmp_path / "again"), bootstrap_resamples=200, since="1000"))
     assert served["pace_scale"] is not None and (fitted["draw"], fitted["measured_cut"]) == (1, pytest.approx(0.5))
     assert (fitted["pace_scale"], fitted["stock_pace_scale"]) == (served["pace_scale"], 1.1)
     assert fitted["predicted_cut"] == served["results"]["4"]["lenpred"]["jct_cut_vs_stock"][0]
     # the guarded run is replayed with its own guard
     assert guard_row["mode"] == "plugin_guard" and guard_row["measured_cut"] == pytest.approx(0.1)  # 1 - 45/50
     assert guard_row["predicted_cut"] == want[4.0]["jct_cut_vs_stock"][0]
-    assert (tmp_path / "out" / "whatif" / "0-plugin-burst8" / "whatif.json").is_file()
+    replayed = json.loads((tmp_path / "out" / "whatif" / "0-plugin-burst8" / "whatif.json").read_text())
+    assert (replayed["num_requests"], replayed["num_before_since"], replayed["since_epoch_s"]) == (40, 2, 1000.0)
     assert json.loads((tmp_path / "out" / "whatif" / "0-plugin_guard-burst8" / "whatif.json").read_text()
                       )["aging_tokens_per_s"] == 4.0
     table = "\n".join(whatif_markdown(rep["patterns"]["burst8"]["whatif"]))
@@ -482,3 +488,28 @@ def test_the_header_gives_each_draws_rate_where_slices_ran_at_their_own_sittings
         markdown(mixed))
     assert "the latest sitting's" not in markdown(report | {"patterns": {"tracecodex0.9": one}})
     assert report["patterns"]["burst4"]["rate_req_s_per_draw"] == [None, None]
+
+
+def test_the_runs_first_arrival_in_its_log_follows_the_warm_up_and_the_speed_probe(tmp_path: Path):
+    """``run_since``: a log holding 2 warm-up requests, a 4-request speed probe and the run's 3 requests gives the
+    run's first arrival; a log that holds other counts, or warm-ups still running when the run began, is refused."""
+    import numpy as np
+
+    from lenpred.online.traffic_log import TrafficLogConfig, TrafficLogWriter, TrafficRecord
+    from lenpred.errors import LenpredError
+    from lenpred.studies.queue_report import run_since
+
+    def log(name, rows):  # rows: (arrival, finish), recorded in finish order as the plug-in does
+        with TrafficLogWriter(TrafficLogConfig(tmp_path / name)) as w:
+            for a, f in sorted(rows, key=lambda r: r[1]):
+                w.record(TrafficRecord(features=np.zeros(2), expected=5.0, num_output_tokens=5, finish_reason="stop",
+                                       arrival_time_s=a, first_token_time_s=a, finish_time_s=f, num_prompt_tokens=9))
+        return tmp_path / name
+
+    rec = {"speed_probe": {"requests": 4}, "results": [{}] * 3}
+    before = [(10.0, 12.0), (10.0, 11.0)] + [(13.0, 15.0)] * 4  # warm-up, then the probe
+    assert run_since(log("ok", before + [(20.0, 40.0), (21.5, 22.0), (20.5, 30.0)]), rec) == 20.0
+    with pytest.raises(LenpredError, match="holds 8 requests, not the 6 sent before the run .* and the run's 3"):
+        run_since(log("short", before + [(20.0, 40.0), (21.0, 22.0)]), rec)
+    with pytest.raises(LenpredError, match="it is not this run's log"):  # a probe request outlived the run's start
+        run_since(log("late", before[:-1] + [(13.0, 25.0), (20.0, 40.0), (21.0, 22.0), (22.0, 23.0)]), rec)

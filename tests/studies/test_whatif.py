@@ -7,7 +7,7 @@ import pytest
 
 from lenpred.errors import LenpredError
 from lenpred.serving.cost_model import CostModel
-from lenpred.studies.whatif import (LoggedTraffic, WhatifConfig, busy_counts, compare_modes, cost_from_log,
+from lenpred.studies.whatif import (TERMS, LoggedTraffic, WhatifConfig, busy_counts, compare_modes, cost_from_log,
                                     fit_replay_pace, observed_bound, replay, replay_order, replayed_served_order,
                                     run_whatif, verdict, workload)
 
@@ -100,19 +100,19 @@ def test_run_whatif_on_a_written_traffic_log(tmp_path):
     report = run_whatif(WhatifConfig(traffic=str(tmp_path / "log"), cost_model=str(cost), decode_slots=(4, 8),
                                      out=str(tmp_path / "out"), clusters=4, bootstrap_resamples=200))
     assert report["num_requests"] == 40 and report["cost_source"].startswith("the calibration file")
-    assert list(report["results"]) == ["4", "8"] and report["verdict_at"] == 4
+    # the log's own bound (what ran together in its rows, 23) is replayed beside the two asked: the verdict's bound
+    own = report["observed_bound"]
+    assert own == 23 and list(report["results"]) == ["4", "8", "23"] and report["verdict_at"] == own
     saved = json.loads((tmp_path / "out" / "whatif.json").read_text())
     assert saved["verdict"] == report["verdict"] and (tmp_path / "out" / "whatif.png").stat().st_size > 0
     md = (tmp_path / "out" / "whatif.md").read_text()
-    assert "## D = 4" in md and md.rstrip().endswith(report["verdict"])
-    # the log's own bound (what ran together in its rows) was not asked: the verdict speaks of the first one asked
-    assert report["observed_bound"] not in (4, 8) and not report["verdict"].startswith("No verdict")
-    assert (f"- The verdict (below): speaks of D = 4, the first bound asked: the log's own, D = "
-            f"{report['observed_bound']}, was not among --decode-slots.") in md
-    # a burst of 40 behind 4 slots queues: the recorded length gains and the sentence is a decision either way
+    assert "## D = 4" in md and md.rstrip().endswith(TERMS) and f"\n{report['verdict']}\n\n{TERMS}" in md
+    assert ("- The verdict (below): speaks of D = 23, the log's own bound (replayed beside --decode-slots, which did "
+            "not name it).") in md
+    # a burst of 40 behind 4 slots queues: the recorded length gains; at 23 slots of 40 the sentence is a decision
     assert report["results"]["4"]["recorded length"]["jct_cut_vs_stock"][0] > 0
-    assert report["verdict"].split(":")[0] in ("Turn it on", "Turn it on only if the tail may grow",
-                                               "Leave it off for now")
+    assert "Nothing waits for a slot at D = 4" not in md  # requests wait there: no note under its table
+    assert report["verdict"].split(":")[0].lower() == report["verdict_kind"] != "no verdict"
     with TrafficLogWriter(TrafficLogConfig(tmp_path / "small")) as w:
         for i in range(5):
             w.record(TrafficRecord(features=np.zeros(4), expected=1.0, low=0, high=1, num_output_tokens=3,
@@ -230,7 +230,7 @@ def test_the_bound_comes_from_the_engine_settings_beside_the_log(tmp_path):
     assert (one["observed_bound"], one["served_order"], list(one["results"])) == (2, "lenpred", ["2"])
     other = run_whatif(WhatifConfig(traffic=str(tmp_path / "log"), out=str(tmp_path / "o4"), decode_slots=(4,),
                                     clusters=4, bootstrap_resamples=100, fit_pace=False))  # not replayed: say so
-    assert list(other["results"]) == ["4"]  # the served order is still replayed at its own bound, 2, for fidelity
+    assert list(other["results"]) == ["2", "4"]  # the log's own bound, 2, is always replayed beside those asked
     assert other["verdict"].startswith("No verdict") and ("- The verdict (below): none: the served order replayed at "
                                                           "D = 2, the log's own bound, does not match the log.") in (
         tmp_path / "o4" / "whatif.md").read_text()
@@ -401,12 +401,13 @@ def test_the_replay_is_fitted_to_the_pace_the_log_was_served_at(tmp_path):
     assert report["results"]["2"]["stock FCFS"]["mean_jct_s"] == pytest.approx(stock.mean(), rel=0.01)
     assert report["cost_coefficients"]["d0"] == pytest.approx(report["pace_scale"])  # the scaled cost is stored
     text = (tmp_path / "b" / "whatif.md").read_text()
-    assert f"its step times x{report['pace_scale']:.3f}: fitted so that the replayed lenpred at D = 2" in text
+    assert (f"its step times x{report['pace_scale']:.3f}, fitted so that the replayed lenpred at D = 2 takes the log's "
+            "mean JCT") in text and "so that row of the D = 2 table matches the log by construction" in text
     assert "compare the replayed" not in text  # fitted to the served order: no separate fidelity claim
     # the bounds asked about leave out the served one: the pace is still fitted at the served bound
     four = run_whatif(WhatifConfig(traffic=log, cost_model=str(cost), decode_slots=(4,), out=str(tmp_path / "c"),
                                    clusters=4, bootstrap_resamples=100))
-    assert list(four["results"]) == ["4"] and four["pace_scale"] == pytest.approx(report["pace_scale"])
+    assert list(four["results"]) == ["2", "4"] and four["pace_scale"] == pytest.approx(report["pace_scale"])
     for settings, why in (({"policy": "sjf"}, "policy sjf, decode_slots 2, prefill_ahead 2, max_num_seqs 4"),
                           ({"prefill_ahead": 8}, "policy srpt, decode_slots 2, prefill_ahead 8, max_num_seqs 4"),
                           ({"admit_by": "arrival"},
@@ -453,3 +454,56 @@ def test_the_pace_is_fitted_with_the_guards_that_served_the_log(tmp_path):
     none = run_whatif(WhatifConfig(traffic=flat, cost_model=str(cost), decode_slots=(2,), out=str(tmp_path / "f"),
                                    clusters=4, bootstrap_resamples=100))
     assert none["pace_scale"] is None and "its rows were not streamed" in none["pace_source"]
+
+
+def test_the_verdict_names_a_growing_tail_and_takes_the_threshold_it_is_given():
+    from lenpred.studies.whatif import verdict_kind
+
+    cell = lambda cut, p99: {"jct_cut_vs_stock": cut, "p99_ratio_vs_stock": p99}  # noqa: E731
+    cells = {"lenpred": cell((0.03, -0.01, 0.07), (2.06, 1.27, 2.74)), "recorded length": cell((0.2, 0.1, 0.3), None),
+             "prompt-length priority": cell((0.01, 0, 0.02), None)}
+    said = verdict(cells, 8)  # off for now (-1 % < 2 %), and the tail's interval lies wholly above 1.1
+    assert verdict_kind(cells) == "leave it off for now" and said.startswith("Leave it off for now")
+    assert ", the interval's lower end under 2%;" in said
+    assert said.endswith(" Its tail grows too: p99 2.06x [1.27, 2.74] stock's; an age threshold (--max-wait-s S) "
+                         "bounds the wait of the longest requests.")
+    cells["lenpred"]["p99_ratio_vs_stock"] = (1.5, 1.05, 2.0)  # the interval reaches 1.1: nothing said of the tail
+    assert "tail" not in verdict(cells, 8)
+    # a lower threshold turns it on: -2 % is the interval's lower end, the tail 1.5x
+    cells["lenpred"]["jct_cut_vs_stock"] = (0.03, -0.02, 0.07)
+    assert verdict_kind(cells, worth_it=-0.0) == "leave it off for now"
+    cells["lenpred"]["jct_cut_vs_stock"] = (0.03, 0.005, 0.07)
+    assert verdict_kind(cells) == "leave it off for now"
+    assert verdict_kind(cells, worth_it=0.005) == "turn it on only if the tail may grow"
+    assert verdict(cells, 8, worth_it=0.005).startswith("Turn it on only if the tail may grow")
+    with pytest.raises(LenpredError, match="--worth-it must be a fraction in"):
+        WhatifConfig(traffic="x", worth_it=2.0)
+
+
+def test_since_replays_the_log_from_a_time_on(tmp_path):
+    from lenpred.online.traffic_log import TrafficLogConfig, TrafficLogWriter, TrafficRecord
+    from lenpred.studies.whatif import render_whatif, since_epoch_s
+
+    assert since_epoch_s("1796530247.5") == 1796530247.5 and since_epoch_s(None) is None
+    assert since_epoch_s("1970-01-01T00:01:40") == 100.0  # UTC unless it names an offset
+    assert since_epoch_s("1970-01-01T01:01:40+01:00") == 100.0
+    with pytest.raises(LenpredError, match="--since 'yesterday' is neither an ISO 8601 time"):
+        WhatifConfig(traffic="x", since="yesterday")
+    with TrafficLogWriter(TrafficLogConfig(tmp_path / "log")) as w:
+        for i in range(30):  # one request every 2 s from t = 100 s, 20 tokens each
+            w.record(TrafficRecord(features=np.zeros(4), expected=20.0, num_output_tokens=20, finish_reason="stop",
+                                   arrival_time_s=100.0 + 2 * i, first_token_time_s=100.1 + 2 * i,
+                                   finish_time_s=101.0 + 2 * i, num_prompt_tokens=30 + i))
+    t = LoggedTraffic.read(tmp_path / "log", since=110.0)  # rows from t = 110 s on (5 earlier): times from there
+    assert (len(t.arrival_s), t.num_before_since, t.arrival_s[0], t.num_prompt_tokens[0]) == (25, 5, 0.0, 35)
+    with pytest.raises(LenpredError, match=r"holds 10 requests from --since \(20 arrived before it\); a replay needs "
+                                           "at least 20: log longer, or give an earlier --since"):
+        LoggedTraffic.read(tmp_path / "log", since=140.0)
+    report = run_whatif(WhatifConfig(traffic=str(tmp_path / "log"), out=str(tmp_path / "o"), clusters=4,
+                                     bootstrap_resamples=100, since="1970-01-01T00:01:50"))
+    assert (report["num_requests"], report["num_before_since"]) == (25, 5)
+    assert render_whatif(report).startswith("# What if: 25 logged requests over 49 s from 1970-01-01T00:01:50+00:00 "
+                                            "(--since; 5 earlier rows not replayed)\n")
+    # a request every 2 s, each done in 1 s: nothing waits at any bound, and the tables say so
+    assert "Nothing waits for a slot at D = 2 in the replay" in render_whatif(report)
+    assert render_whatif(report).count("Nothing waits for a slot") == len(report["results"])

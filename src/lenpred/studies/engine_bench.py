@@ -140,6 +140,8 @@ def load_requests(rows: list[dict], messages: dict, times, tag: str, priority: s
     return out
 
 
+WARMUP_REQUESTS = 2
+"""Requests a fresh server gets before anything is measured on it (the first rows of the run's plan, at once)."""
 PROBE_REQUESTS, PROBE_TOKENS = 4, 64
 """The speed probe (:func:`speed_probe`): this many requests at once, each forced to this many output tokens."""
 

@@ -391,8 +391,8 @@ def run(cfg: QueueBenchConfig) -> dict:
     """Every missing run of the grid (:func:`lenpred.studies.engine_bench.run_grid`); returns the store."""
     from lenpred.backbone import resolve_model
     from lenpred.serving.loadgen import run_replay
-    from lenpred.studies.engine_bench import (MODEL_NAME, load_requests, one_run, pin_cores, run_grid,
-                                              speed_probe)
+    from lenpred.studies.engine_bench import (MODEL_NAME, WARMUP_REQUESTS, load_requests, one_run, pin_cores,
+                                              run_grid, speed_probe)
 
     out = Path(cfg.out)
     source = EngineWorkload(cfg.max_tokens)
@@ -418,8 +418,8 @@ def run(cfg: QueueBenchConfig) -> dict:
 
     def warm(d, mode, url):
         rows = plan[(d, patterns[0])]["rows"]
-        run_replay(url, load_requests(rows[:2], messages, [0, 0], f"warm-{d}-{mode}-", QUEUE_MODES[mode].priority),
-                   MODEL_NAME)
+        run_replay(url, load_requests(rows[:WARMUP_REQUESTS], messages, [0] * WARMUP_REQUESTS, f"warm-{d}-{mode}-",
+                                      QUEUE_MODES[mode].priority), MODEL_NAME)
         probes[(d, mode)] = speed_probe(url, rows, messages, f"probe-{d}-{mode}-")
 
     def run_one(d, mode, pattern, url):

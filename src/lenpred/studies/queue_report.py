@@ -498,6 +498,31 @@ WHATIF_MODES = ("plugin", "plugin_guard", "plugin_wait")
 """The modes whose runs :func:`add_whatif` replays (the plug-in keeps a traffic log), in the rows' order."""
 
 
+def run_since(log: str | Path, rec: dict) -> float:
+    """Seconds since the epoch of a run's first arrival in its traffic log, for ``lenpred whatif --since``: the log
+    also holds what the benchmark sent the same server before the run, :data:`~lenpred.studies.engine_bench.
+    WARMUP_REQUESTS` warm-up requests and then the speed probe's (``rec["speed_probe"]["requests"]``), each finished
+    before the run's first request was sent, so they are the log's earliest arrivals.
+
+    Raises:
+        LenpredError: the log does not hold exactly those and the run's requests, or one of those finished after the
+            run's first arrival (the log is not this run's: rerun the run, or the report without its whatif row).
+    """
+    from lenpred.errors import LenpredError
+    from lenpred.online.traffic_log import read_traffic_log
+    from lenpred.studies.engine_bench import WARMUP_REQUESTS
+
+    c = read_traffic_log(log).columns
+    order = np.argsort(c["arrival_time_s"], kind="stable")
+    arrival, finish = c["arrival_time_s"][order], c["finish_time_s"][order]
+    before = WARMUP_REQUESTS + ((rec.get("speed_probe") or {}).get("requests") or 0)
+    if len(arrival) != before + len(rec["results"]) or finish[:before].max() > arrival[before]:
+        raise LenpredError(f"traffic log {log} holds {len(arrival)} requests, not the {before} sent before the run "
+                           f"(finished before it began) and the run's {len(rec['results'])}: it is not this run's log; "
+                           "rerun the run")
+    return float(arrival[before])
+
+
 def add_whatif(rep: dict, store: dict, out: Path, cost_model: str, n_resamples: int) -> None:
     """Per pattern, per draw whose plug-in run (:data:`WHATIF_MODES`) left its traffic log on disk
     (``settings["traffic_log"]``) beside a stock run: ``lenpred whatif`` on that log (at the run's D and starvation
@@ -523,7 +548,7 @@ def add_whatif(rep: dict, store: dict, out: Path, cost_model: str, n_resamples: 
                                              aging_tokens_per_s=plugin.get("aging_tokens_per_s", 0.0),
                                              max_wait_s=plugin.get("max_wait_s"),
                                              out=str(out / "whatif" / f"{d}-{mode}-{pattern}"),
-                                             bootstrap_resamples=n_resamples))
+                                             bootstrap_resamples=n_resamples, since=str(run_since(log, rec))))
             w = whatif["results"][str(D)]["lenpred"]
             ours, theirs = ok_jct(rec), ok_jct(stock)
             measured = 1 - ours.mean() / theirs.mean()

@@ -39,7 +39,7 @@ the plug-in's design (parked SRPT, D decode slots, a window of D, shortest promp
 served; the same design on each request's recorded length."""
 MIN_REQUESTS = 20
 WORTH_IT = 0.02
-"""The smallest mean-JCT cut (its interval's lower end) worth turning scheduling on for."""
+"""The smallest mean-JCT cut (its interval's lower end) worth turning scheduling on for (``--worth-it``)."""
 PROBES = 16
 """Times per request at which :func:`cost_from_log` counts the requests generating beside it."""
 TAIL_LIMIT = 1.1
@@ -73,6 +73,10 @@ class WhatifConfig:
             it was served in is known and replayed; ``False``: the cost as given.
         clusters: consecutive-arrival blocks the bootstrap resamples (>= 2).
         bootstrap_resamples: paired bootstrap resamples.
+        since: replay only the requests that arrived at or after this time: ISO 8601 (UTC unless it names an
+            offset, e.g. ``2026-12-06T10:00``) or seconds since the epoch; ``None``: the whole log.
+        worth_it: the smallest mean-JCT cut, as a fraction, that the verdict turns scheduling on for: its interval's
+            lower end must reach it (0 <= worth_it < 1).
     """
 
     traffic: str
@@ -84,8 +88,13 @@ class WhatifConfig:
     out: str = "results/whatif"
     clusters: int = 10
     bootstrap_resamples: int = 2000
+    since: str | None = None
+    worth_it: float = WORTH_IT
 
     def __post_init__(self):
+        since_epoch_s(self.since)  # refused here, before the log is read
+        if not 0 <= self.worth_it < 1:
+            raise LenpredError(f"--worth-it must be a fraction in [0, 1) (0.02: a 2 % cut), got {self.worth_it}")
         if self.decode_slots is not None and (not self.decode_slots or min(self.decode_slots) < 1):
             shown = ",".join(str(d) for d in self.decode_slots)
             raise LenpredError(f"--decode-slots must be integers >= 1, got '{shown}': give bounds such as 8,16,32")
@@ -102,6 +111,29 @@ class WhatifConfig:
             raise LenpredError(f"--out {self.out} is a file: give a directory (it is created if missing)")
 
 
+def since_epoch_s(since: str | float | None) -> float | None:
+    """``since`` (:attr:`WhatifConfig.since`) as seconds since the epoch: a number as it is, an ISO 8601 time as UTC
+    unless it names an offset (:meth:`datetime.datetime.fromisoformat`); ``None`` as it is.
+
+    Raises:
+        LenpredError: neither a number nor an ISO 8601 time.
+    """
+    from datetime import datetime, timezone
+
+    if since is None:
+        return None
+    try:
+        return float(since)
+    except ValueError:
+        pass
+    try:
+        at = datetime.fromisoformat(str(since))
+    except ValueError:
+        raise LenpredError(f"--since {since!r} is neither an ISO 8601 time (2026-12-06T10:00, UTC unless it names an "
+                           "offset) nor seconds since the epoch") from None
+    return (at if at.tzinfo else at.replace(tzinfo=timezone.utc)).timestamp()
+
+
 @dataclass
 class LoggedTraffic:
     """What the replay reads of a traffic log, rows in arrival order; times in seconds from the first arrival.
@@ -110,6 +142,7 @@ class LoggedTraffic:
         arrival_s, first_token_s, finish_s: ``(n,)`` float64.
         num_prompt_tokens, num_output_tokens: ``(n,)`` int64.
         expected: ``(n,)`` float64, the predicted length served, tokens.
+        num_before_since: rows of the log that arrived before ``since`` (:meth:`read`), not replayed.
     """
 
     arrival_s: np.ndarray
@@ -118,14 +151,16 @@ class LoggedTraffic:
     num_prompt_tokens: np.ndarray
     num_output_tokens: np.ndarray
     expected: np.ndarray
+    num_before_since: int = 0
 
     @classmethod
-    def read(cls, directory: str | Path) -> "LoggedTraffic":
-        """Read a traffic log (:func:`lenpred.online.traffic_log.read_traffic_log`).
+    def read(cls, directory: str | Path, since: float | None = None) -> "LoggedTraffic":
+        """Read a traffic log (:func:`lenpred.online.traffic_log.read_traffic_log`), only its rows that arrived at or
+        after ``since`` (seconds since the epoch; ``None``: every row).
 
         Raises:
-            LenpredError: fewer than :data:`MIN_REQUESTS` rows, rows without a time, prompt length or prediction, or
-                times out of order.
+            LenpredError: fewer than :data:`MIN_REQUESTS` rows (from ``since``), rows without a time, prompt length or
+                prediction, or times out of order.
         """
         from lenpred.online.traffic_log import read_traffic_log
 
@@ -137,10 +172,17 @@ class LoggedTraffic:
                                "predictions to replay; train a head on it (`lenpred train --traffic`), serve with it "
                                "in observe, and replay that log")
         c = log.columns
+        before = 0
+        if since is not None:
+            keep = c["arrival_time_s"] >= since
+            before = int((~keep).sum())
+            c = {k: v[keep] for k, v in c.items()}
         n = len(c["arrival_time_s"])
         if n < MIN_REQUESTS:
-            raise LenpredError(f"traffic log {directory} holds {n} requests; a replay needs at least {MIN_REQUESTS}: "
-                               "log longer")
+            raise LenpredError(f"traffic log {directory} holds {n} requests" + (
+                f" from --since ({before} arrived before it)" if since is not None else "")
+                + f"; a replay needs at least {MIN_REQUESTS}: log longer" + (", or give an earlier --since"
+                                                                              if since is not None else ""))
         for name in ("arrival_time_s", "first_token_time_s", "finish_time_s", "num_prompt_tokens", "expected"):
             if not np.isfinite(c[name]).all():
                 raise LenpredError(f"traffic log {directory} has rows without {name}: whatif replays logs that record "
@@ -152,7 +194,7 @@ class LoggedTraffic:
         t0 = c["arrival_time_s"][order[0]]
         return cls(c["arrival_time_s"][order] - t0, c["first_token_time_s"][order] - t0, c["finish_time_s"][order] - t0,
                    c["num_prompt_tokens"][order].astype(np.int64), c["num_output_tokens"][order].astype(np.int64),
-                   c["expected"][order].astype(np.float64))
+                   c["expected"][order].astype(np.float64), before)
 
 
 def busy_counts(starts: np.ndarray, ends: np.ndarray, at: np.ndarray) -> np.ndarray:
@@ -400,32 +442,50 @@ def compare_modes(jct: dict[str, np.ndarray], clusters: int, n_resamples: int) -
     return out
 
 
-def verdict(cells: dict[str, dict], decode_slots: int) -> str:
-    """One sentence: turn lenpred on or not at ``decode_slots``, and why (module constants :data:`WORTH_IT` and
+VERDICTS = ("turn it on", "turn it on only if the tail may grow", "leave it off", "leave it off for now", "no verdict")
+"""The verdict's kinds (``report["verdict_kind"]``), the sentence's opening words in order of :func:`verdict`'s rules;
+the last where the cost does not time the engine (:data:`MISMATCH`)."""
+
+
+def verdict_kind(cells: dict[str, dict], worth_it: float = WORTH_IT) -> str:
+    """Which of :data:`VERDICTS` (but the last) :func:`verdict` gives: on where lenpred's cut has its interval's lower
+    end at ``worth_it`` or more (without the tail if its p99 ratio exceeds :data:`TAIL_LIMIT`); else off, for good
+    where the interval lies wholly under ``worth_it`` while the recorded length reaches it, for now otherwise."""
+    cut, p99 = cells["lenpred"]["jct_cut_vs_stock"], cells["lenpred"]["p99_ratio_vs_stock"][0]
+    if cut[1] >= worth_it:
+        return VERDICTS[0] if p99 <= TAIL_LIMIT else VERDICTS[1]
+    return VERDICTS[2] if cut[2] < worth_it <= cells["recorded length"]["jct_cut_vs_stock"][0] else VERDICTS[3]
+
+
+def verdict(cells: dict[str, dict], decode_slots: int, worth_it: float = WORTH_IT) -> str:
+    """One sentence: turn lenpred on or not at ``decode_slots``, and why (:func:`verdict_kind`, with ``worth_it`` and
     :data:`TAIL_LIMIT`): the gain's interval, the tail, the free prompt-length priority and the recorded length's
-    gain (what any order could get) decide the reason given."""
+    gain (what any order could get) decide the reason given. Where lenpred is left off while its p99 ratio's interval
+    lies wholly above :data:`TAIL_LIMIT`, the sentence says that too and names the age threshold that bounds it."""
     ours, oracle, free = cells["lenpred"], cells["recorded length"], cells["prompt-length priority"]
-    cut, p99 = ours["jct_cut_vs_stock"], ours["p99_ratio_vs_stock"][0]
+    cut, p99 = ours["jct_cut_vs_stock"], ours["p99_ratio_vs_stock"]
     head = f"at D = {decode_slots} lenpred cuts mean JCT by {cut[0]:+.1%} [{cut[1]:+.1%}, {cut[2]:+.1%}]"
     vs_free = f"prompt-length priority, free, {free['jct_cut_vs_stock'][0]:+.1%}"
-    if cut[1] >= WORTH_IT and p99 <= TAIL_LIMIT:
-        return (f"Turn it on: {head} with p99 {p99:.2f}x stock's ({vs_free}): requests wait here, and the shorter "
+    best, kind = oracle["jct_cut_vs_stock"][0], verdict_kind(cells, worth_it)
+    tail = (f" Its tail grows too: p99 {p99[0]:.2f}x [{p99[1]:.2f}, {p99[2]:.2f}] stock's; an age threshold "
+            "(--max-wait-s S) bounds the wait of the longest requests." if p99[1] > TAIL_LIMIT else "")
+    if kind == VERDICTS[0]:
+        return (f"Turn it on: {head} with p99 {p99[0]:.2f}x stock's ({vs_free}): requests wait here, and the shorter "
                 "ones finish sooner.")
-    if cut[1] >= WORTH_IT:
-        return (f"Turn it on only if the tail may grow: {head}, but p99 is {p99:.2f}x stock's ({vs_free}): the "
+    if kind == VERDICTS[1]:
+        return (f"Turn it on only if the tail may grow: {head}, but p99 is {p99[0]:.2f}x stock's ({vs_free}): the "
                 "longest requests wait behind shorter ones that keep arriving; a starvation guard (max_wait_s, the age "
                 "threshold, or aging_tokens_per_s) trades gain for tail.")
-    best = oracle["jct_cut_vs_stock"][0]
-    if cut[2] < WORTH_IT <= best:
-        return (f"Leave it off: {head}, reliably under {WORTH_IT:.0%} where the recorded length gains {best:+.1%}; "
-                "logging more traffic will not change that at this bound.")
-    if best < WORTH_IT:
+    if kind == VERDICTS[2]:
+        return (f"Leave it off: {head}, reliably under {worth_it:.0%} where the recorded length gains {best:+.1%}; "
+                "logging more traffic will not change that at this bound." + tail)
+    if best < worth_it:
         why = (f"even the recorded length gains {best:+.1%}: requests rarely wait for a slot at this bound, so no order "
                "can help much")
     else:
         why = (f"the recorded length would gain {best:+.1%}, but lenpred's interval is too wide to promise "
-               f"{WORTH_IT:.0%}: log more traffic and ask again")
-    return f"Leave it off for now: {head}, not reliably {WORTH_IT:.0%} or more; {why}."
+               f"{worth_it:.0%}: log more traffic and ask again")
+    return f"Leave it off for now: {head}, the interval's lower end under {worth_it:.0%}; {why}." + tail
 
 
 def run_whatif(cfg: WhatifConfig) -> dict:
@@ -435,15 +495,17 @@ def run_whatif(cfg: WhatifConfig) -> dict:
     Raises:
         LenpredError: an unreadable or too small log (:meth:`LoggedTraffic.read`), an unreadable cost model.
     """
-    traffic = LoggedTraffic.read(cfg.traffic)
+    since = since_epoch_s(cfg.since)
+    traffic = LoggedTraffic.read(cfg.traffic, since)
+    given = False  # the bound is the first of --decode-slots, the log's own unknown
     try:
         own, bound_source, parked = served_bound(cfg.traffic, traffic)
         order, order_source = replayed_served_order(cfg.traffic, traffic)
     except LenpredError:  # an unreadable engine.json: --decode-slots stands in for the bound it would give
         if not cfg.decode_slots:
             raise
-        own, bound_source, parked = (cfg.decode_slots[0], "--decode-slots (the engine settings beside the log are "
-                                     "unreadable)", False)
+        own, bound_source, parked, given = (cfg.decode_slots[0], "--decode-slots (the engine settings beside the "
+                                            "log are unreadable)", False, True)
         order, order_source = None, "the engine settings beside the log are unreadable"
     if cfg.cost_model is not None:
         cost, source = CostModel.load(cfg.cost_model), f"the calibration file {cfg.cost_model}"
@@ -456,7 +518,9 @@ def run_whatif(cfg: WhatifConfig) -> dict:
     if cfg.decode_slots is None and not streamed(traffic):
         raise LenpredError("the traffic log's first tokens came with the finish (non-streamed responses), so its "
                            "concurrency bound cannot be read from it: pass --decode-slots")
-    bounds = cfg.decode_slots or tuple(sorted({max(own // 2, 1), own, 2 * own}))
+    # the log's own bound is always replayed: the verdict speaks of it
+    bounds = tuple(sorted({*cfg.decode_slots, own})) if cfg.decode_slots else tuple(sorted({max(own // 2, 1), own,
+                                                                                            2 * own}))
     aging, aging_source = served_guard(cfg.traffic, cfg.aging_tokens_per_s)
     wait, wait_source = served_guard(cfg.traffic, cfg.max_wait_s, "max_wait_s")
     wait = None if wait == float("inf") else wait  # off, as given
@@ -473,8 +537,9 @@ def run_whatif(cfg: WhatifConfig) -> dict:
         pace_source = f"not fitted: {order_source}"
     elif cfg.fit_pace:
         pace = fit_replay_pace(requests, cost, own, order, logged, *served_guards)
-        pace_source = (f"fitted so that the replayed {order} at D = {own}, the order it was served in "
-                       f"({order_source}), takes the log's mean JCT" if pace is not None else
+        pace_source = (f"fitted so that the replayed {order} at D = {own} takes the log's mean JCT ({order} is the "
+                       f"order it was served in: {order_source}), so that row of the D = {own} table matches the log "
+                       "by construction" if pace is not None else
                        f"not fitted: no scale in {PACE_BOUNDS[0]:g}-{PACE_BOUNDS[1]:g}x gives the replayed {order} "
                        "the log's mean JCT")
         if pace is not None:
@@ -486,25 +551,26 @@ def run_whatif(cfg: WhatifConfig) -> dict:
     for d in bounds:
         logger.info("whatif: replaying %d requests at D = %d", len(requests), d)
         results[d] = compare_modes(replay(requests, cost, d, aging, wait), cfg.clusters, cfg.bootstrap_resamples)
-    at = own if own in results else bounds[0]
-    said = verdict(results[at], at)
+    kind, said = verdict_kind(results[own], cfg.worth_it), verdict(results[own], own, cfg.worth_it)
     if replayed is not None and not 1 / MISMATCH <= replayed / logged <= MISMATCH:
-        said = (f"No verdict: the replayed {order} at D = {own}, the order the log was served in, takes "
+        kind, said = VERDICTS[-1], (f"No verdict: the replayed {order} at D = {own}, the order the log was served in, takes "
                 f"{replayed:.1f} s on average where the log took {logged:.1f} s ({replayed / logged:.2f}x): the cost "
                 "does not time this engine; pass a --cost-model measured on the serving machine "
                 "(scripts/decode_knee.py).")
     settings = dataclasses.asdict(cfg)
     if settings["max_wait_s"] == float("inf"):
         settings["max_wait_s"] = "inf"  # JSON has no infinity
-    report = {"traffic": str(cfg.traffic), "num_requests": len(requests), "observed_bound": own,
-              "bound_source": bound_source, "served_order": order or "unknown", "served_order_source": order_source,
+    report = {"traffic": str(cfg.traffic), "num_requests": len(requests), "num_before_since": traffic.num_before_since,
+              "since_epoch_s": since, "observed_bound": own, "bound_source": bound_source,
+              "bound_given": given, "served_order": order or "unknown", "served_order_source": order_source,
               "logged_mean_jct_s": logged,
               "cost_source": source, "pace_scale": pace, "pace_source": pace_source,
               "cost_coefficients": cost.coefficients,
               "aging_tokens_per_s": aging, "aging_source": aging_source,
               "max_wait_s": wait, "max_wait_source": wait_source,
               "duration_s": float(traffic.finish_s.max()), "results": {str(d): r for d, r in results.items()},
-              "replayed_served_mean_jct_s": replayed, "verdict_at": at, "verdict": said, "settings": settings}
+              "replayed_served_mean_jct_s": replayed, "verdict_at": own, "verdict_kind": kind, "verdict": said,
+              "settings": settings}
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "whatif.json", report)
@@ -543,22 +609,51 @@ def pace_text(report: dict) -> str:
     """The header's words on the cost's pace (:func:`fit_replay_pace`): the scale and how it was fitted, or why not."""
     pace, source = report.get("pace_scale"), report.get("pace_source")
     if pace is not None:
-        return f", its step times x{pace:.3f}: {source}"
+        return f", its step times x{pace:.3f}, {source}"
     if source and report.get("served_order") == "unknown" and source.endswith(report.get("served_order_source", "")):
         return " (pace not fitted: the order it was served in is unknown)"  # the fidelity note says why
     return f" (pace {source})" if source else ""
 
 
 def verdict_bound_text(report: dict) -> str:
-    """Which bound the verdict below the tables speaks of: the log's own, the first one asked where the own one was
-    not, the one given where the log's own is unknown; or, with no verdict, the bound whose replay did not match."""
-    at, own = report["verdict_at"], report["observed_bound"]
-    if report["verdict"].startswith("No verdict"):
+    """Which bound the verdict below the tables speaks of: the log's own (always replayed, beside any
+    ``--decode-slots``), the one given where the log's own is unknown; or, with no verdict, the bound whose replay did
+    not match."""
+    own, asked = report["observed_bound"], report.get("settings", {}).get("decode_slots")
+    if report["verdict_kind"] == VERDICTS[-1]:
         return f"none: the served order replayed at D = {own}, the log's own bound, does not match the log"
-    if report["bound_source"].startswith("--decode-slots"):
-        return f"speaks of D = {at}, the first bound given (the log's own is unknown)"
-    return (f"speaks of D = {at}, the log's own bound" if at == own else
-            f"speaks of D = {at}, the first bound asked: the log's own, D = {own}, was not among --decode-slots")
+    if report["bound_given"]:
+        return f"speaks of D = {own}, the first bound given (the log's own is unknown)"
+    added = " (replayed beside --decode-slots, which did not name it)" if asked and own not in asked else ""
+    return f"speaks of D = {own}, the log's own bound{added}"
+
+
+def since_text(report: dict) -> str:
+    """The header's words on ``--since``: from when the log was replayed and how many earlier rows were not."""
+    if report.get("since_epoch_s") is None:
+        return ""
+    from datetime import datetime, timezone
+
+    at = datetime.fromtimestamp(report["since_epoch_s"], timezone.utc).isoformat(timespec="seconds")
+    return f" from {at} (--since; {report['num_before_since']} earlier rows not replayed)"
+
+
+def idle_note(cells: dict[str, dict], d: str) -> list[str]:
+    """A line under a table where every order gives stock's mean JCT to the millisecond: nothing waits for a slot at
+    that bound, so no order can cut anything (an all-zero table is not a failure)."""
+    stock = cells["stock FCFS"]["mean_jct_s"]
+    if all(abs(c["mean_jct_s"] - stock) < 1e-3 for c in cells.values()):
+        return [f"Nothing waits for a slot at D = {d} in the replay: every order serves each request as it arrives, "
+                "so none changes anything.", ""]
+    return []
+
+
+TERMS = ("Terms: D is the concurrency bound (requests decoding at once); JCT, job completion time (arrival to last "
+         "token); stock FCFS, vLLM's default first-come-first-served order; prompt-length priority, vLLM's priority "
+         "queue on prompt tokens (no prediction); lenpred, the plug-in's order (shortest predicted remaining first, "
+         "extra requests parked) on the predictions the log served; recorded length, the same order on each request's "
+         "actual output length: an oracle no scheduler has, the most an order could gain.")
+"""The glossary closing ``whatif.md``."""
 
 
 def render_whatif(report: dict) -> str:
@@ -566,7 +661,8 @@ def render_whatif(report: dict) -> str:
     the intervals), one table per concurrency bound, then the verdict."""
     pct = lambda t: f"{t[0]:+.1%} [{t[1]:+.1%}, {t[2]:+.1%}]"  # noqa: E731
     settings = report.get("settings", {})
-    lines = [f"# What if: {report['num_requests']} logged requests over {report['duration_s']:.0f} s", "",
+    lines = [f"# What if: {report['num_requests']} logged requests over {report['duration_s']:.0f} s"
+             + since_text(report), "",
              f"- The log: served at D = {report['observed_bound']} ({report['bound_source']}); its mean JCT as "
              f"served {report['logged_mean_jct_s']:.1f} s" + fidelity(report) + ".",
              f"- The engine's cost: from {report['cost_source']}" + pace_text(report)
@@ -584,8 +680,8 @@ def render_whatif(report: dict) -> str:
             ratio = (f"{c['p99_ratio_vs_stock'][0]:.2f} [{c['p99_ratio_vs_stock'][1]:.2f}, "
                      f"{c['p99_ratio_vs_stock'][2]:.2f}]") if "p99_ratio_vs_stock" in c else "–"
             lines.append(f"| {mode} | {c['mean_jct_s']:.1f} | {cut} | {c['p99_jct_s']:.1f} | {ratio} |")
-        lines.append("")
-    return "\n".join(lines + [report["verdict"], ""])
+        lines += [""] + idle_note(cells, d)
+    return "\n".join(lines + [report["verdict"], "", TERMS, ""])
 
 
 def plot_whatif(report: dict, path: Path) -> None:
