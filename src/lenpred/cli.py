@@ -237,7 +237,8 @@ def traffic_replay(**options):
     "traffic": "Traffic-log directory to replay (the plug-in's traffic_log or lenpred serve --traffic-log); a "
                "plug-in under policy observe logs traffic in stock's own order.",
     "cost_model": "Cost-model JSON measured on the serving machine \\[default: fitted from the log's timings].",
-    "decode_slots": "Concurrency bounds D to replay at, comma-separated \\[default: the log's own, half and double].",
+    "decode_slots": "Concurrency bounds D to replay at, comma-separated; the log's own is added where it says it, "
+                    "else the first stands in for it \\[default: the log's own, half and double].",
     "aging_tokens_per_s": "Starvation guard of the lenpred order, tokens per second waited (0: none) \\[default: "
                           "the plug-in's own, from engine.json beside the log, else 0].",
     "max_wait_s": "Age threshold of the lenpred order, s: a request this long past its arrival runs in arrival order "
@@ -248,7 +249,8 @@ def traffic_replay(**options):
     "clusters": "Blocks of consecutive arrivals the paired bootstrap resamples.",
     "bootstrap_resamples": "Paired bootstrap resamples.",
     "since": "Replay only requests that arrived at or after this time: ISO 8601 (UTC unless it names an offset) or "
-             "epoch seconds \\[default: the whole log].",
+             "epoch seconds \\[default: from the log's start].",
+    "until": "Replay only requests that arrived at or before this time (as --since) \\[default: to the log's end].",
     "worth_it": "The smallest mean-JCT cut (a fraction: 0.02 is 2 %) the verdict turns scheduling on for; the cut's "
                 "interval must reach it."}))
 def whatif(**options):

@@ -234,7 +234,7 @@ def test_whatif_on_each_plugin_runs_own_traffic_log_beside_the_measured_cut(tmp_
     CostModel("40 ms a step", {"p0": 0.04, "p1": 0.0, "p2": 0.0, "d0": 0.04, "d1": 0.0, "d2": 0.0},
               fused_prefill=True).save(cost)  # about the log's pace: a scale in 0.5-2 matches its mean JCT
     run = lambda jct, log=None: {"settings": {"traffic_log": log},  # noqa: E731
-                                 "results": [{"jct_s": x, "outcome": "ok"} for x in jct for _ in range(20)]}
+                                 "results": [{"jct_s": x, "outcome": "ok", "sent_s": 0.0} for x in jct for _ in range(20)]}
     guarded = run([9.0, 27.0], str(tmp_path / "log"))
     guarded["settings"]["plugin"] = {"aging_tokens_per_s": 4.0}
     # draw 1's log is the same rows with the plug-in's engine settings beside them (the order it served): fitted
@@ -250,7 +250,7 @@ def test_whatif_on_each_plugin_runs_own_traffic_log_beside_the_measured_cut(tmp_
     row, fitted, guard_row = rep["patterns"]["burst8"]["whatif"]  # by mode (the plug-in first), then draw
     want = {a: run_whatif(WhatifConfig(traffic=str(tmp_path / "log"), cost_model=str(cost), decode_slots=(4,),
                                        aging_tokens_per_s=a, out=str(tmp_path / "again"), bootstrap_resamples=200,
-                                       since="1000")
+                                       since="1000", until="1000")
                           )["results"]["4"]["lenpred"] for a in (0.0, 4.0)}
     assert (row["mode"], row["draw"]) == ("plugin", 0) and row["measured_cut"] == pytest.approx(0.2)  # 1 - 40/50
     assert row["measured_p99_ratio"] == pytest.approx(0.8) and row["predicted_cut"] == want[0.0]["jct_cut_vs_stock"][0]
@@ -258,7 +258,7 @@ def test_whatif_on_each_plugin_runs_own_traffic_log_beside_the_measured_cut(tmp_
     # beside it the paces: the stock run's of its own draw, and none fitted to a log without its engine settings
     assert (row["pace_scale"], row["stock_pace_scale"]) == (None, 0.9)
     served = run_whatif(WhatifConfig(traffic=str(tmp_path / "served"), cost_model=str(cost), decode_slots=(4,),
-                                     out=str(tmp_path / "again"), bootstrap_resamples=200, since="1000"))
+                                     out=str(tmp_path / "again"), bootstrap_resamples=200, since="1000", until="1000"))
     assert served["pace_scale"] is not None and (fitted["draw"], fitted["measured_cut"]) == (1, pytest.approx(0.5))
     assert (fitted["pace_scale"], fitted["stock_pace_scale"]) == (served["pace_scale"], 1.1)
     assert fitted["predicted_cut"] == served["results"]["4"]["lenpred"]["jct_cut_vs_stock"][0]
@@ -266,7 +266,8 @@ def test_whatif_on_each_plugin_runs_own_traffic_log_beside_the_measured_cut(tmp_
     assert guard_row["mode"] == "plugin_guard" and guard_row["measured_cut"] == pytest.approx(0.1)  # 1 - 45/50
     assert guard_row["predicted_cut"] == want[4.0]["jct_cut_vs_stock"][0]
     replayed = json.loads((tmp_path / "out" / "whatif" / "0-plugin-burst8" / "whatif.json").read_text())
-    assert (replayed["num_requests"], replayed["num_before_since"], replayed["since_epoch_s"]) == (40, 2, 1000.0)
+    assert replayed["num_requests"] == 40 and replayed["window"] == {"since_epoch_s": 1000.0, "until_epoch_s": 1000.0,
+                                                                     "num_outside": 2, "num_in_flight": 0}
     assert json.loads((tmp_path / "out" / "whatif" / "0-plugin_guard-burst8" / "whatif.json").read_text()
                       )["aging_tokens_per_s"] == 4.0
     table = "\n".join(whatif_markdown(rep["patterns"]["burst8"]["whatif"]))
@@ -490,26 +491,34 @@ def test_the_header_gives_each_draws_rate_where_slices_ran_at_their_own_sittings
     assert report["patterns"]["burst4"]["rate_req_s_per_draw"] == [None, None]
 
 
-def test_the_runs_first_arrival_in_its_log_follows_the_warm_up_and_the_speed_probe(tmp_path: Path):
-    """``run_since``: a log holding 2 warm-up requests, a 4-request speed probe and the run's 3 requests gives the
-    run's first arrival; a log that holds other counts, or warm-ups still running when the run began, is refused."""
+def test_a_runs_window_in_its_log_is_the_block_matching_its_send_times(tmp_path: Path):
+    """``run_window``: in a log holding 2 warm-up requests, a 4-request speed probe and two patterns' runs (3 requests
+    each), each run is the block of arrivals whose spacing matches its send times; a log without such a block is
+    refused, and ``add_whatif`` then leaves that run without a row instead of failing the report."""
     import numpy as np
 
-    from lenpred.online.traffic_log import TrafficLogConfig, TrafficLogWriter, TrafficRecord
     from lenpred.errors import LenpredError
-    from lenpred.studies.queue_report import run_since
+    from lenpred.online.traffic_log import TrafficLogConfig, TrafficLogWriter, TrafficRecord
+    from lenpred.studies.queue_report import add_whatif, run_window
 
-    def log(name, rows):  # rows: (arrival, finish), recorded in finish order as the plug-in does
+    def log(name, arrivals):  # recorded in finish order, each done 0.5 s after it arrives (the writer's order)
         with TrafficLogWriter(TrafficLogConfig(tmp_path / name)) as w:
-            for a, f in sorted(rows, key=lambda r: r[1]):
+            for a in arrivals[::-1]:
                 w.record(TrafficRecord(features=np.zeros(2), expected=5.0, num_output_tokens=5, finish_reason="stop",
-                                       arrival_time_s=a, first_token_time_s=a, finish_time_s=f, num_prompt_tokens=9))
+                                       arrival_time_s=a, first_token_time_s=a, finish_time_s=a + 0.5,
+                                       num_prompt_tokens=9))
         return tmp_path / name
 
-    rec = {"speed_probe": {"requests": 4}, "results": [{}] * 3}
-    before = [(10.0, 12.0), (10.0, 11.0)] + [(13.0, 15.0)] * 4  # warm-up, then the probe
-    assert run_since(log("ok", before + [(20.0, 40.0), (21.5, 22.0), (20.5, 30.0)]), rec) == 20.0
-    with pytest.raises(LenpredError, match="holds 8 requests, not the 6 sent before the run .* and the run's 3"):
-        run_since(log("short", before + [(20.0, 40.0), (21.0, 22.0)]), rec)
-    with pytest.raises(LenpredError, match="it is not this run's log"):  # a probe request outlived the run's start
-        run_since(log("late", before[:-1] + [(13.0, 25.0), (20.0, 40.0), (21.0, 22.0), (22.0, 23.0)]), rec)
+    run = lambda *sent: {"results": [{"sent_s": x} for x in sent]}  # noqa: E731
+    path = log("two", [10.0, 10.0, 12.0, 12.0, 12.0, 12.0, 20.0, 20.6, 22.0, 40.0, 45.0, 46.2])
+    assert run_window(path, run(0.0, 0.5, 2.1)) == (20.0, 22.0)  # the run at 20 s (strays 0.1 s)
+    assert run_window(path, run(0.01, 5.0, 6.0)) == (40.0, 46.2)  # the second pattern's, at 40 s
+    with pytest.raises(LenpredError, match="no 3 consecutive arrivals match the run's send times within 1 s"):
+        run_window(path, run(0.0, 9.0, 30.0))
+    with pytest.raises(LenpredError, match="holds 12 requests, fewer than the run's 13"):
+        run_window(path, run(*range(13)))
+    store = {"runs": {"0/stock/burst8": {"results": [{"jct_s": 1.0, "outcome": "ok"}]},
+                      "0/plugin/burst8": run(0.0, 9.0, 30.0) | {"settings": {"traffic_log": str(path)}}}}
+    rep = {"regime": {"decode_bound": 4}, "patterns": {"burst8": {}}}
+    add_whatif(rep, store, tmp_path / "out", "unused.json", 200)  # the run's log does not match it: no row
+    assert "whatif" not in rep["patterns"]["burst8"]

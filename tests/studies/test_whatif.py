@@ -100,18 +100,20 @@ def test_run_whatif_on_a_written_traffic_log(tmp_path):
     report = run_whatif(WhatifConfig(traffic=str(tmp_path / "log"), cost_model=str(cost), decode_slots=(4, 8),
                                      out=str(tmp_path / "out"), clusters=4, bootstrap_resamples=200))
     assert report["num_requests"] == 40 and report["cost_source"].startswith("the calibration file")
-    # the log's own bound (what ran together in its rows, 23) is replayed beside the two asked: the verdict's bound
-    own = report["observed_bound"]
-    assert own == 23 and list(report["results"]) == ["4", "8", "23"] and report["verdict_at"] == own
+    # no engine settings beside the log say its bound (its rows show 23 generating at once, parked ones included if
+    # a policy served it): the first bound given stands in for it, and the verdict speaks of it
+    assert (report["observed_bound"], report["bound_given"], list(report["results"])) == (4, True, ["4", "8"])
+    assert report["bound_source"] == ("the first of --decode-slots: the log does not say its own (no engine settings "
+                                      "beside it; its rows show up to 23 generating at once, parked requests included "
+                                      "if a scheduling policy served it)")
     saved = json.loads((tmp_path / "out" / "whatif.json").read_text())
     assert saved["verdict"] == report["verdict"] and (tmp_path / "out" / "whatif.png").stat().st_size > 0
     md = (tmp_path / "out" / "whatif.md").read_text()
     assert "## D = 4" in md and md.rstrip().endswith(TERMS) and f"\n{report['verdict']}\n\n{TERMS}" in md
-    assert ("- The verdict (below): speaks of D = 23, the log's own bound (replayed beside --decode-slots, which did "
-            "not name it).") in md
+    assert "- The verdict (below): speaks of D = 4, the first bound given (the log's own is unknown)." in md
     # a burst of 40 behind 4 slots queues: the recorded length gains; at 23 slots of 40 the sentence is a decision
     assert report["results"]["4"]["recorded length"]["jct_cut_vs_stock"][0] > 0
-    assert "Nothing waits for a slot at D = 4" not in md  # requests wait there: no note under its table
+    assert "Every order gives stock's mean JCT at D = 4" not in md  # requests wait there: no note under its table
     assert report["verdict"].split(":")[0].lower() == report["verdict_kind"] != "no verdict"
     with TrafficLogWriter(TrafficLogConfig(tmp_path / "small")) as w:
         for i in range(5):
@@ -408,6 +410,11 @@ def test_the_replay_is_fitted_to_the_pace_the_log_was_served_at(tmp_path):
     four = run_whatif(WhatifConfig(traffic=log, cost_model=str(cost), decode_slots=(4,), out=str(tmp_path / "c"),
                                    clusters=4, bootstrap_resamples=100))
     assert list(four["results"]) == ["2", "4"] and four["pace_scale"] == pytest.approx(report["pace_scale"])
+    assert ("- The verdict (below): speaks of D = 2, the log's own bound (replayed beside --decode-slots, which did not "
+            "name it).") in (tmp_path / "c" / "whatif.md").read_text()
+    two = run_whatif(WhatifConfig(traffic=log, cost_model=str(cost), decode_slots=(2, 4), out=str(tmp_path / "d"),
+                                  clusters=4, bootstrap_resamples=100))  # asked: said plainly
+    assert "- The verdict (below): speaks of D = 2, the log's own bound.\n" in (tmp_path / "d" / "whatif.md").read_text()
     for settings, why in (({"policy": "sjf"}, "policy sjf, decode_slots 2, prefill_ahead 2, max_num_seqs 4"),
                           ({"prefill_ahead": 8}, "policy srpt, decode_slots 2, prefill_ahead 8, max_num_seqs 4"),
                           ({"admit_by": "arrival"},
@@ -476,34 +483,93 @@ def test_the_verdict_names_a_growing_tail_and_takes_the_threshold_it_is_given():
     assert verdict_kind(cells) == "leave it off for now"
     assert verdict_kind(cells, worth_it=0.005) == "turn it on only if the tail may grow"
     assert verdict(cells, 8, worth_it=0.005).startswith("Turn it on only if the tail may grow")
-    with pytest.raises(LenpredError, match="--worth-it must be a fraction in"):
-        WhatifConfig(traffic="x", worth_it=2.0)
+    for bad in (2.0, -0.01):
+        with pytest.raises(LenpredError, match="--worth-it must be a fraction in"):
+            WhatifConfig(traffic="x", worth_it=bad)
+    # wholly under a 0.5 % bar while the recorded length reaches it: off for good, the bar and the tail said as given
+    cells["lenpred"] = cell((0.001, -0.003, 0.004), (1.3, 1.2, 1.4))
+    said = verdict(cells, 8, worth_it=0.005)
+    assert said.startswith("Leave it off: at D = 8 lenpred cuts mean JCT by +0.1% [-0.3%, +0.4%], reliably under 0.5% "
+                           "where the recorded length gains +20.0%;")
+    assert said.endswith("Its tail grows too: p99 1.30x [1.20, 1.40] stock's; an age threshold (--max-wait-s S) bounds "
+                         "the wait of the longest requests.")
 
 
-def test_since_replays_the_log_from_a_time_on(tmp_path):
+def test_a_window_of_the_log_is_replayed_from_since_to_until(tmp_path, monkeypatch):
+    import time
+
     from lenpred.online.traffic_log import TrafficLogConfig, TrafficLogWriter, TrafficRecord
-    from lenpred.studies.whatif import render_whatif, since_epoch_s
+    from lenpred.studies.whatif import epoch_s, render_whatif
 
-    assert since_epoch_s("1796530247.5") == 1796530247.5 and since_epoch_s(None) is None
-    assert since_epoch_s("1970-01-01T00:01:40") == 100.0  # UTC unless it names an offset
-    assert since_epoch_s("1970-01-01T01:01:40+01:00") == 100.0
-    with pytest.raises(LenpredError, match="--since 'yesterday' is neither an ISO 8601 time"):
-        WhatifConfig(traffic="x", since="yesterday")
+    assert epoch_s("1796530247.5") == 1796530247.5 and epoch_s(None) is None
+    monkeypatch.setenv("TZ", "America/New_York")  # a naive ISO time is UTC, whatever the machine's zone
+    time.tzset()
+    try:
+        assert epoch_s("1970-01-01T00:01:40") == 100.0 and epoch_s("1970-01-01T01:01:40+01:00") == 100.0
+        assert epoch_s("19700102") == 86400.0  # a basic ISO date, not 19,700,102 s
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
+    for bad in ("yesterday", "nan", "inf", "-inf", "-1e20"):
+        with pytest.raises(LenpredError, match=f"--since '{bad}' is neither an ISO 8601 time .* nor a finite number"):
+            WhatifConfig(traffic="x", since=bad)
+    with pytest.raises(LenpredError, match="--until 5 is before --since 10: give a window that ends after it starts"):
+        WhatifConfig(traffic="x", since="10", until="5")
     with TrafficLogWriter(TrafficLogConfig(tmp_path / "log")) as w:
-        for i in range(30):  # one request every 2 s from t = 100 s, 20 tokens each
+        for i in range(30):  # one request every 2 s from t = 100 s, each done 1 s after it arrives (1.5 s: i = 4)
             w.record(TrafficRecord(features=np.zeros(4), expected=20.0, num_output_tokens=20, finish_reason="stop",
                                    arrival_time_s=100.0 + 2 * i, first_token_time_s=100.1 + 2 * i,
-                                   finish_time_s=101.0 + 2 * i, num_prompt_tokens=30 + i))
-    t = LoggedTraffic.read(tmp_path / "log", since=110.0)  # rows from t = 110 s on (5 earlier): times from there
-    assert (len(t.arrival_s), t.num_before_since, t.arrival_s[0], t.num_prompt_tokens[0]) == (25, 5, 0.0, 35)
-    with pytest.raises(LenpredError, match=r"holds 10 requests from --since \(20 arrived before it\); a replay needs "
-                                           "at least 20: log longer, or give an earlier --since"):
+                                   finish_time_s=101.0 + 2 * i + 0.5 * (i == 4), num_prompt_tokens=30 + i))
+    # rows from t = 109 s (i = 5) on: times from there; the one arrived at 108 s still ran at 109 s
+    t = LoggedTraffic.read(tmp_path / "log", since=109.0)
+    assert (len(t.arrival_s), t.num_outside, t.num_in_flight, t.arrival_s[0], t.num_prompt_tokens[0]) == (25, 5, 1, 0.0,
+                                                                                                          35)
+    t = LoggedTraffic.read(tmp_path / "log", since=110.0, until=150.0)  # both ends in: i = 5..25
+    assert (len(t.arrival_s), t.num_outside, t.num_in_flight) == (21, 9, 0)
+    with pytest.raises(LenpredError, match="has rows without arrival_time_s"):  # damaged, not "outside the window"
+        with TrafficLogWriter(TrafficLogConfig(tmp_path / "nan")) as w:
+            for i in range(25):
+                w.record(TrafficRecord(features=np.zeros(4), expected=20.0, num_output_tokens=20, finish_reason="stop",
+                                       arrival_time_s=float("nan") if i == 3 else float(i), first_token_time_s=i + 0.1,
+                                       finish_time_s=i + 1.0, num_prompt_tokens=30))
+        LoggedTraffic.read(tmp_path / "nan", since=0.0)
+    with pytest.raises(LenpredError, match=r"holds 10 requests in the --since / --until window \(20 outside it\); a "
+                                           "replay needs at least 20: log longer, or widen the window"):
         LoggedTraffic.read(tmp_path / "log", since=140.0)
     report = run_whatif(WhatifConfig(traffic=str(tmp_path / "log"), out=str(tmp_path / "o"), clusters=4,
-                                     bootstrap_resamples=100, since="1970-01-01T00:01:50"))
-    assert (report["num_requests"], report["num_before_since"]) == (25, 5)
-    assert render_whatif(report).startswith("# What if: 25 logged requests over 49 s from 1970-01-01T00:01:50+00:00 "
-                                            "(--since; 5 earlier rows not replayed)\n")
-    # a request every 2 s, each done in 1 s: nothing waits at any bound, and the tables say so
-    assert "Nothing waits for a slot at D = 2 in the replay" in render_whatif(report)
-    assert render_whatif(report).count("Nothing waits for a slot") == len(report["results"])
+                                     bootstrap_resamples=100, since="1970-01-01T00:01:49"))
+    assert report["num_requests"] == 25 and report["window"] == {"since_epoch_s": 109.0, "until_epoch_s": None,
+                                                                 "num_outside": 5, "num_in_flight": 1}
+    text = render_whatif(report)
+    assert text.startswith("# What if: 25 logged requests over 49 s, those arriving from 1970-01-01T00:01:49+00:00 (5 "
+                           "rows outside the window not replayed, 1 of them still running when it opened (their work "
+                           "is not in the replay))\n")
+    # a request every 2 s, each done in about 1 s: no order changes anything at any bound, and the tables say so
+    assert text.count("Every order gives stock's mean JCT at D = ") == len(report["results"]) > 0
+
+
+def test_a_table_says_when_nothing_waits():
+    from lenpred.studies.whatif import idle_note
+
+    cells = {m: {"mean_jct_s": 10.0} for m in ("stock FCFS", "lenpred")}
+    assert idle_note(cells, "32")[0].startswith("Every order gives stock's mean JCT at D = 32 (to the millisecond)")
+    cells["lenpred"]["mean_jct_s"] = 10.002  # 2 ms apart: something moved
+    assert idle_note(cells, "32") == []
+
+
+def test_a_log_that_does_not_say_its_bound_takes_the_first_given(tmp_path):
+    from lenpred.online.traffic_log import TrafficLogConfig, TrafficLogWriter, TrafficRecord, write_engine_settings
+
+    with TrafficLogWriter(TrafficLogConfig(tmp_path / "log")) as w:
+        for i in range(24):  # not streamed: each first token logged at its finish
+            w.record(TrafficRecord(features=np.zeros(4), expected=20.0, num_output_tokens=20, finish_reason="stop",
+                                   arrival_time_s=0.0, first_token_time_s=2.0 + i, finish_time_s=2.0 + i,
+                                   num_prompt_tokens=30 + i))
+    write_engine_settings(tmp_path / "log", {"policy": "observe", "decode_slots": 2, "prefill_ahead": 2,
+                                             "max_num_seqs": 4})
+    cost = tmp_path / "cost.json"
+    UNIT.save(cost)
+    report = run_whatif(WhatifConfig(traffic=str(tmp_path / "log"), cost_model=str(cost), decode_slots=(4, 8),
+                                     out=str(tmp_path / "o"), clusters=4, bootstrap_resamples=100))
+    assert (report["observed_bound"], report["verdict_at"], list(report["results"])) == (4, 4, ["4", "8"])
+    assert report["bound_source"].endswith("(its rows were not streamed)")

@@ -498,29 +498,36 @@ WHATIF_MODES = ("plugin", "plugin_guard", "plugin_wait")
 """The modes whose runs :func:`add_whatif` replays (the plug-in keeps a traffic log), in the rows' order."""
 
 
-def run_since(log: str | Path, rec: dict) -> float:
-    """Seconds since the epoch of a run's first arrival in its traffic log, for ``lenpred whatif --since``: the log
-    also holds what the benchmark sent the same server before the run, :data:`~lenpred.studies.engine_bench.
-    WARMUP_REQUESTS` warm-up requests and then the speed probe's (``rec["speed_probe"]["requests"]``), each finished
-    before the run's first request was sent, so they are the log's earliest arrivals.
+WINDOW_MATCH_S = 1.0
+"""The most a run's arrival in its traffic log may stray from its send time (relative to the run's first) for
+:func:`run_window` to take that block of the log as the run (seen: up to 0.33 s)."""
+
+
+def run_window(log: str | Path, rec: dict) -> tuple[float, float]:
+    """``(since, until)``, seconds since the epoch: a run's first and last arrival in its traffic log, for ``lenpred
+    whatif --since / --until``. The log also holds what the benchmark sent the same server before the run (2 warm-up
+    requests, the speed probe's 4) and, in a store of several patterns, the other patterns' runs on that server; the
+    run is the block of ``len(rec["results"])`` consecutive arrivals whose times from the block's first match the run's
+    send times from its first (``sent_s``) within :data:`WINDOW_MATCH_S`, the best such block.
 
     Raises:
-        LenpredError: the log does not hold exactly those and the run's requests, or one of those finished after the
-            run's first arrival (the log is not this run's: rerun the run, or the report without its whatif row).
+        LenpredError: no block of the log matches (the log is not this run's: rerun the run).
     """
     from lenpred.errors import LenpredError
     from lenpred.online.traffic_log import read_traffic_log
-    from lenpred.studies.engine_bench import WARMUP_REQUESTS
 
-    c = read_traffic_log(log).columns
-    order = np.argsort(c["arrival_time_s"], kind="stable")
-    arrival, finish = c["arrival_time_s"][order], c["finish_time_s"][order]
-    before = WARMUP_REQUESTS + ((rec.get("speed_probe") or {}).get("requests") or 0)
-    if len(arrival) != before + len(rec["results"]) or finish[:before].max() > arrival[before]:
-        raise LenpredError(f"traffic log {log} holds {len(arrival)} requests, not the {before} sent before the run "
-                           f"(finished before it began) and the run's {len(rec['results'])}: it is not this run's log; "
-                           "rerun the run")
-    return float(arrival[before])
+    arrival = np.sort(read_traffic_log(log).columns["arrival_time_s"])
+    sent = np.sort([r["sent_s"] for r in rec["results"]])
+    n = len(sent)
+    if n == 0 or len(arrival) < n:
+        raise LenpredError(f"traffic log {log} holds {len(arrival)} requests, fewer than the run's {n}: it is not this "
+                           "run's log; rerun the run")
+    stray = [float(np.abs((arrival[k:k + n] - arrival[k]) - (sent - sent[0])).max()) for k in range(len(arrival) - n + 1)]
+    k = int(np.argmin(stray))
+    if stray[k] > WINDOW_MATCH_S:
+        raise LenpredError(f"traffic log {log}: no {n} consecutive arrivals match the run's send times within "
+                           f"{WINDOW_MATCH_S:g} s (best {stray[k]:.2f} s): it is not this run's log; rerun the run")
+    return float(arrival[k]), float(arrival[k + n - 1])
 
 
 def add_whatif(rep: dict, store: dict, out: Path, cost_model: str, n_resamples: int) -> None:
@@ -530,7 +537,10 @@ def add_whatif(rep: dict, store: dict, out: Path, cost_model: str, n_resamples: 
     written under ``<out>/whatif/<draw>-<mode>-<pattern>``) against the draw's measured cut vs stock (issue 49:
     within 5 points) and p99 ratio; stored as the pattern's ``whatif`` rows, by mode then draw, each with that pace
     (``pace_scale``, ``None`` where the log does not say the order it was served in) beside the stock run's
-    (``stock_pace_scale``, :func:`fit_stock_pace`): the measured cut pairs two runs, each at its own pace."""
+    (``stock_pace_scale``, :func:`fit_stock_pace`): the measured cut pairs two runs, each at its own pace. Each log is
+    replayed over its run's own arrivals (:func:`run_window`); a log no block of which matches its run gets no row
+    (a warning says why)."""
+    from lenpred.errors import LenpredError
     from lenpred.studies.whatif import WhatifConfig, run_whatif
 
     D = rep["regime"]["decode_bound"]
@@ -543,12 +553,17 @@ def add_whatif(rep: dict, store: dict, out: Path, cost_model: str, n_resamples: 
             log = rec["settings"].get("traffic_log")
             if stock is None or not log or not Path(log).is_dir():
                 continue
+            try:
+                since, until = run_window(log, rec)
+            except LenpredError as exc:  # one run's log: the rest of the report stands
+                logger.warning("no whatif row for %s: %s", run_key(d, mode, pattern), exc)
+                continue
             plugin = rec["settings"].get("plugin") or {}
             whatif = run_whatif(WhatifConfig(traffic=log, cost_model=cost_model, decode_slots=(D,),
                                              aging_tokens_per_s=plugin.get("aging_tokens_per_s", 0.0),
                                              max_wait_s=plugin.get("max_wait_s"),
                                              out=str(out / "whatif" / f"{d}-{mode}-{pattern}"),
-                                             bootstrap_resamples=n_resamples, since=str(run_since(log, rec))))
+                                             bootstrap_resamples=n_resamples, since=str(since), until=str(until)))
             w = whatif["results"][str(D)]["lenpred"]
             ours, theirs = ok_jct(rec), ok_jct(stock)
             measured = 1 - ours.mean() / theirs.mean()

@@ -61,7 +61,9 @@ class WhatifConfig:
             non-streaming proxy's log has no first-token times (:func:`streamed`): give ``cost_model`` and
             ``decode_slots``.
         cost_model: a cost-model JSON measured on the serving machine (``None``: fitted from the log's timings).
-        decode_slots: concurrency bounds D to replay at (``None``: the log's own bound, half and double it).
+        decode_slots: concurrency bounds D to replay at, the log's own added where it says it (engine settings
+            beside it naming a parked policy's ``decode_slots``, or streamed rows under ``observe``), else the first
+            standing in for it (``None``: the log's own bound, half and double it).
         aging_tokens_per_s: the starvation guard of the lenpred order (tokens of rank per second waited,
             :class:`lenpred.serving.parked.SchedulerConfig`), >= 0; ``None``: the engine's own, recorded beside the
             log (``engine.json``), else 0 (no guard).
@@ -73,8 +75,9 @@ class WhatifConfig:
             it was served in is known and replayed; ``False``: the cost as given.
         clusters: consecutive-arrival blocks the bootstrap resamples (>= 2).
         bootstrap_resamples: paired bootstrap resamples.
-        since: replay only the requests that arrived at or after this time: ISO 8601 (UTC unless it names an
-            offset, e.g. ``2026-12-06T10:00``) or seconds since the epoch; ``None``: the whole log.
+        since, until: replay only the requests that arrived in ``[since, until]``: each an ISO 8601 time (UTC unless
+            it names an offset, e.g. ``2026-12-06T10:00``) or seconds since the epoch; ``None``: from the log's start
+            / to its end.
         worth_it: the smallest mean-JCT cut, as a fraction, that the verdict turns scheduling on for: its interval's
             lower end must reach it (0 <= worth_it < 1).
     """
@@ -89,10 +92,14 @@ class WhatifConfig:
     clusters: int = 10
     bootstrap_resamples: int = 2000
     since: str | None = None
+    until: str | None = None
     worth_it: float = WORTH_IT
 
     def __post_init__(self):
-        since_epoch_s(self.since)  # refused here, before the log is read
+        since, until = epoch_s(self.since, "--since"), epoch_s(self.until, "--until")  # refused before the log is read
+        if since is not None and until is not None and until < since:
+            raise LenpredError(f"--until {self.until} is before --since {self.since}: give a window that ends after it "
+                               "starts")
         if not 0 <= self.worth_it < 1:
             raise LenpredError(f"--worth-it must be a fraction in [0, 1) (0.02: a 2 % cut), got {self.worth_it}")
         if self.decode_slots is not None and (not self.decode_slots or min(self.decode_slots) < 1):
@@ -111,27 +118,30 @@ class WhatifConfig:
             raise LenpredError(f"--out {self.out} is a file: give a directory (it is created if missing)")
 
 
-def since_epoch_s(since: str | float | None) -> float | None:
-    """``since`` (:attr:`WhatifConfig.since`) as seconds since the epoch: a number as it is, an ISO 8601 time as UTC
-    unless it names an offset (:meth:`datetime.datetime.fromisoformat`); ``None`` as it is.
+def epoch_s(value: str | float | None, flag: str = "--since") -> float | None:
+    """A time given to ``flag`` (:attr:`WhatifConfig.since` / ``until``) as seconds since the epoch: an ISO 8601 time
+    (:meth:`datetime.datetime.fromisoformat`, UTC unless it names an offset; tried first, so ``20261206`` is a date), else
+    a number of seconds; ``None`` as it is.
 
     Raises:
-        LenpredError: neither a number nor an ISO 8601 time.
+        LenpredError: neither, or a time that is not finite or outside the years 1-9999.
     """
     from datetime import datetime, timezone
 
-    if since is None:
+    if value is None:
         return None
     try:
-        return float(since)
+        at = datetime.fromisoformat(str(value))
+        return (at if at.tzinfo else at.replace(tzinfo=timezone.utc)).timestamp()
     except ValueError:
         pass
     try:
-        at = datetime.fromisoformat(str(since))
-    except ValueError:
-        raise LenpredError(f"--since {since!r} is neither an ISO 8601 time (2026-12-06T10:00, UTC unless it names an "
-                           "offset) nor seconds since the epoch") from None
-    return (at if at.tzinfo else at.replace(tzinfo=timezone.utc)).timestamp()
+        seconds = float(value)
+        datetime.fromtimestamp(seconds, timezone.utc)  # in range: the header can print it
+    except (ValueError, OverflowError, OSError):
+        raise LenpredError(f"{flag} {value!r} is neither an ISO 8601 time (2026-12-06T10:00, UTC unless it names an "
+                           "offset) nor a finite number of seconds since the epoch") from None
+    return seconds
 
 
 @dataclass
@@ -142,7 +152,9 @@ class LoggedTraffic:
         arrival_s, first_token_s, finish_s: ``(n,)`` float64.
         num_prompt_tokens, num_output_tokens: ``(n,)`` int64.
         expected: ``(n,)`` float64, the predicted length served, tokens.
-        num_before_since: rows of the log that arrived before ``since`` (:meth:`read`), not replayed.
+        num_outside: rows of the log that arrived outside ``[since, until]`` (:meth:`read`), not replayed.
+        num_in_flight: of those, the rows that arrived before ``since`` and finished after it: work the engine was
+            doing when the window opened, which the replay leaves out.
     """
 
     arrival_s: np.ndarray
@@ -151,16 +163,17 @@ class LoggedTraffic:
     num_prompt_tokens: np.ndarray
     num_output_tokens: np.ndarray
     expected: np.ndarray
-    num_before_since: int = 0
+    num_outside: int = 0
+    num_in_flight: int = 0
 
     @classmethod
-    def read(cls, directory: str | Path, since: float | None = None) -> "LoggedTraffic":
-        """Read a traffic log (:func:`lenpred.online.traffic_log.read_traffic_log`), only its rows that arrived at or
-        after ``since`` (seconds since the epoch; ``None``: every row).
+    def read(cls, directory: str | Path, since: float | None = None, until: float | None = None) -> "LoggedTraffic":
+        """Read a traffic log (:func:`lenpred.online.traffic_log.read_traffic_log`), only its rows that arrived in
+        ``[since, until]`` (seconds since the epoch; ``None``: no bound on that side).
 
         Raises:
-            LenpredError: fewer than :data:`MIN_REQUESTS` rows (from ``since``), rows without a time, prompt length or
-                prediction, or times out of order.
+            LenpredError: rows without a time, prompt length or prediction, or times out of order (anywhere in the
+                log), or fewer than :data:`MIN_REQUESTS` rows in the window.
         """
         from lenpred.online.traffic_log import read_traffic_log
 
@@ -172,17 +185,6 @@ class LoggedTraffic:
                                "predictions to replay; train a head on it (`lenpred train --traffic`), serve with it "
                                "in observe, and replay that log")
         c = log.columns
-        before = 0
-        if since is not None:
-            keep = c["arrival_time_s"] >= since
-            before = int((~keep).sum())
-            c = {k: v[keep] for k, v in c.items()}
-        n = len(c["arrival_time_s"])
-        if n < MIN_REQUESTS:
-            raise LenpredError(f"traffic log {directory} holds {n} requests" + (
-                f" from --since ({before} arrived before it)" if since is not None else "")
-                + f"; a replay needs at least {MIN_REQUESTS}: log longer" + (", or give an earlier --since"
-                                                                              if since is not None else ""))
         for name in ("arrival_time_s", "first_token_time_s", "finish_time_s", "num_prompt_tokens", "expected"):
             if not np.isfinite(c[name]).all():
                 raise LenpredError(f"traffic log {directory} has rows without {name}: whatif replays logs that record "
@@ -190,11 +192,24 @@ class LoggedTraffic:
         if (c["first_token_time_s"] < c["arrival_time_s"]).any() or (c["finish_time_s"] < c["first_token_time_s"]).any():
             raise LenpredError(f"traffic log {directory} has a first token before its arrival or after its finish: "
                                "its clocks disagree; replay a log from one machine")
+        arrival = c["arrival_time_s"]
+        keep = np.ones(len(arrival), dtype=bool)
+        if since is not None:
+            keep &= arrival >= since
+        if until is not None:
+            keep &= arrival <= until
+        in_flight = int(((arrival < since) & (c["finish_time_s"] > since)).sum()) if since is not None else 0
+        c = {k: v[keep] for k, v in c.items()}
+        n, windowed = len(c["arrival_time_s"]), since is not None or until is not None
+        if n < MIN_REQUESTS:
+            raise LenpredError(f"traffic log {directory} holds {n} requests" + (
+                f" in the --since / --until window ({len(arrival) - n} outside it)" if windowed else "")
+                + f"; a replay needs at least {MIN_REQUESTS}: log longer" + (", or widen the window" if windowed else ""))
         order = np.argsort(c["arrival_time_s"], kind="stable")
         t0 = c["arrival_time_s"][order[0]]
         return cls(c["arrival_time_s"][order] - t0, c["first_token_time_s"][order] - t0, c["finish_time_s"][order] - t0,
                    c["num_prompt_tokens"][order].astype(np.int64), c["num_output_tokens"][order].astype(np.int64),
-                   c["expected"][order].astype(np.float64), before)
+                   c["expected"][order].astype(np.float64), len(arrival) - n, in_flight)
 
 
 def busy_counts(starts: np.ndarray, ends: np.ndarray, at: np.ndarray) -> np.ndarray:
@@ -467,6 +482,7 @@ def verdict(cells: dict[str, dict], decode_slots: int, worth_it: float = WORTH_I
     head = f"at D = {decode_slots} lenpred cuts mean JCT by {cut[0]:+.1%} [{cut[1]:+.1%}, {cut[2]:+.1%}]"
     vs_free = f"prompt-length priority, free, {free['jct_cut_vs_stock'][0]:+.1%}"
     best, kind = oracle["jct_cut_vs_stock"][0], verdict_kind(cells, worth_it)
+    bar = f"{100 * worth_it:g}%"
     tail = (f" Its tail grows too: p99 {p99[0]:.2f}x [{p99[1]:.2f}, {p99[2]:.2f}] stock's; an age threshold "
             "(--max-wait-s S) bounds the wait of the longest requests." if p99[1] > TAIL_LIMIT else "")
     if kind == VERDICTS[0]:
@@ -477,15 +493,15 @@ def verdict(cells: dict[str, dict], decode_slots: int, worth_it: float = WORTH_I
                 "longest requests wait behind shorter ones that keep arriving; a starvation guard (max_wait_s, the age "
                 "threshold, or aging_tokens_per_s) trades gain for tail.")
     if kind == VERDICTS[2]:
-        return (f"Leave it off: {head}, reliably under {worth_it:.0%} where the recorded length gains {best:+.1%}; "
+        return (f"Leave it off: {head}, reliably under {bar} where the recorded length gains {best:+.1%}; "
                 "logging more traffic will not change that at this bound." + tail)
     if best < worth_it:
         why = (f"even the recorded length gains {best:+.1%}: requests rarely wait for a slot at this bound, so no order "
                "can help much")
     else:
         why = (f"the recorded length would gain {best:+.1%}, but lenpred's interval is too wide to promise "
-               f"{worth_it:.0%}: log more traffic and ask again")
-    return f"Leave it off for now: {head}, the interval's lower end under {worth_it:.0%}; {why}." + tail
+               f"{bar}: log more traffic and ask again")
+    return f"Leave it off for now: {head}, the interval's lower end under {bar}; {why}." + tail
 
 
 def run_whatif(cfg: WhatifConfig) -> dict:
@@ -495,18 +511,24 @@ def run_whatif(cfg: WhatifConfig) -> dict:
     Raises:
         LenpredError: an unreadable or too small log (:meth:`LoggedTraffic.read`), an unreadable cost model.
     """
-    since = since_epoch_s(cfg.since)
-    traffic = LoggedTraffic.read(cfg.traffic, since)
-    given = False  # the bound is the first of --decode-slots, the log's own unknown
+    since, until = epoch_s(cfg.since, "--since"), epoch_s(cfg.until, "--until")
+    traffic = LoggedTraffic.read(cfg.traffic, since, until)
     try:
         own, bound_source, parked = served_bound(cfg.traffic, traffic)
         order, order_source = replayed_served_order(cfg.traffic, traffic)
+        unsaid = ("its rows were not streamed" if not streamed(traffic) else
+                  f"no engine settings beside it; its rows show up to {own} generating at once, parked requests "
+                  "included if a scheduling policy served it")
     except LenpredError:  # an unreadable engine.json: --decode-slots stands in for the bound it would give
         if not cfg.decode_slots:
             raise
-        own, bound_source, parked, given = (cfg.decode_slots[0], "--decode-slots (the engine settings beside the "
-                                            "log are unreadable)", False, True)
+        own, parked, unsaid = None, False, "the engine settings beside it are unreadable"
         order, order_source = None, "the engine settings beside the log are unreadable"
+    # the bound is known where the engine settings say it (a parked policy's decode_slots) or its streamed rows do
+    # under policy observe; else the first of --decode-slots stands in for it
+    given = bool(cfg.decode_slots) and not (parked or order == "stock FCFS")
+    if given:
+        own, bound_source = cfg.decode_slots[0], f"the first of --decode-slots: the log does not say its own ({unsaid})"
     if cfg.cost_model is not None:
         cost, source = CostModel.load(cfg.cost_model), f"the calibration file {cfg.cost_model}"
     else:
@@ -560,8 +582,10 @@ def run_whatif(cfg: WhatifConfig) -> dict:
     settings = dataclasses.asdict(cfg)
     if settings["max_wait_s"] == float("inf"):
         settings["max_wait_s"] = "inf"  # JSON has no infinity
-    report = {"traffic": str(cfg.traffic), "num_requests": len(requests), "num_before_since": traffic.num_before_since,
-              "since_epoch_s": since, "observed_bound": own, "bound_source": bound_source,
+    report = {"traffic": str(cfg.traffic), "num_requests": len(requests),
+              "window": {"since_epoch_s": since, "until_epoch_s": until, "num_outside": traffic.num_outside,
+                         "num_in_flight": traffic.num_in_flight},
+              "observed_bound": own, "bound_source": bound_source,
               "bound_given": given, "served_order": order or "unknown", "served_order_source": order_source,
               "logged_mean_jct_s": logged,
               "cost_source": source, "pace_scale": pace, "pace_source": pace_source,
@@ -628,23 +652,29 @@ def verdict_bound_text(report: dict) -> str:
     return f"speaks of D = {own}, the log's own bound{added}"
 
 
-def since_text(report: dict) -> str:
-    """The header's words on ``--since``: from when the log was replayed and how many earlier rows were not."""
-    if report.get("since_epoch_s") is None:
+def window_text(report: dict) -> str:
+    """The header's words on ``--since`` / ``--until``: the window replayed, how many rows fell outside it and how many
+    of them were still running when it opened."""
+    w = report.get("window") or {}
+    if w.get("since_epoch_s") is None and w.get("until_epoch_s") is None:
         return ""
     from datetime import datetime, timezone
 
-    at = datetime.fromtimestamp(report["since_epoch_s"], timezone.utc).isoformat(timespec="seconds")
-    return f" from {at} (--since; {report['num_before_since']} earlier rows not replayed)"
+    at = lambda t: datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="seconds")  # noqa: E731
+    span = " ".join(([f"from {at(w['since_epoch_s'])}"] if w.get("since_epoch_s") is not None else [])
+                    + ([f"to {at(w['until_epoch_s'])}"] if w.get("until_epoch_s") is not None else []))
+    flight = (f", {w['num_in_flight']} of them still running when it opened (their work is not in the replay)"
+              if w.get("num_in_flight") else "")
+    return f", those arriving {span} ({w['num_outside']} rows outside the window not replayed{flight})"
 
 
 def idle_note(cells: dict[str, dict], d: str) -> list[str]:
-    """A line under a table where every order gives stock's mean JCT to the millisecond: nothing waits for a slot at
-    that bound, so no order can cut anything (an all-zero table is not a failure)."""
+    """A line under a table where every order gives stock's mean JCT to the millisecond: requests barely wait for a
+    slot at that bound, so no order changes anything (an all-zero table is not a failure)."""
     stock = cells["stock FCFS"]["mean_jct_s"]
     if all(abs(c["mean_jct_s"] - stock) < 1e-3 for c in cells.values()):
-        return [f"Nothing waits for a slot at D = {d} in the replay: every order serves each request as it arrives, "
-                "so none changes anything.", ""]
+        return [f"Every order gives stock's mean JCT at D = {d} (to the millisecond): requests barely wait for a slot "
+                "at this bound, so no order changes anything.", ""]
     return []
 
 
@@ -662,7 +692,7 @@ def render_whatif(report: dict) -> str:
     pct = lambda t: f"{t[0]:+.1%} [{t[1]:+.1%}, {t[2]:+.1%}]"  # noqa: E731
     settings = report.get("settings", {})
     lines = [f"# What if: {report['num_requests']} logged requests over {report['duration_s']:.0f} s"
-             + since_text(report), "",
+             + window_text(report), "",
              f"- The log: served at D = {report['observed_bound']} ({report['bound_source']}); its mean JCT as "
              f"served {report['logged_mean_jct_s']:.1f} s" + fidelity(report) + ".",
              f"- The engine's cost: from {report['cost_source']}" + pace_text(report)
