@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from lenpred.errors import LenpredError
+from lenpred.online.traffic_log import read_engine_settings
 from lenpred.serving.cost_model import CostModel
 from lenpred.studies.whatif import (TERMS, LoggedTraffic, WhatifConfig, busy_counts, compare_modes, cost_from_log,
                                     fit_replay_pace, observed_bound, replay, replay_order, replayed_served_order,
@@ -209,11 +210,11 @@ def test_the_bound_comes_from_the_engine_settings_beside_the_log(tmp_path):
                                    finish_time_s=i // 3 + 0.9, num_prompt_tokens=30))
     traffic = LoggedTraffic.read(tmp_path / "log")
     rows = (3, "the most requests the log shows generating at once", False)
-    bound, source, parked = served_bound(tmp_path / "log", traffic)  # no settings: maybe parked, so it says so
+    bound, source, parked = served_bound(read_engine_settings(tmp_path / "log"), traffic)  # no settings: maybe parked, so it says so
     assert (bound, parked) == (3, False) and source.startswith(rows[1]) and source.endswith("pass --decode-slots")
     write_engine_settings(tmp_path / "log", {"policy": "srpt", "decode_slots": 2, "prefill_ahead": 2,
                                              "max_num_seqs": 4})
-    bound, source, parked = served_bound(tmp_path / "log", traffic)
+    bound, source, parked = served_bound(read_engine_settings(tmp_path / "log"), traffic)
     assert (bound, parked) == (2, True) and "decode_slots under policy srpt" in source
     report = run_whatif(WhatifConfig(traffic=str(tmp_path / "log"), out=str(tmp_path / "o"), clusters=4,
                                      bootstrap_resamples=100, fit_pace=False))
@@ -240,10 +241,10 @@ def test_the_bound_comes_from_the_engine_settings_beside_the_log(tmp_path):
     # under observe nothing is parked: the rows show what ran together (a max_num_seqs of 256 would queue nothing)
     write_engine_settings(tmp_path / "log", {"policy": "observe", "decode_slots": 2, "prefill_ahead": 2,
                                              "max_num_seqs": 256})
-    assert served_bound(tmp_path / "log", traffic) == rows
+    assert served_bound(read_engine_settings(tmp_path / "log"), traffic) == rows
     (tmp_path / "log" / "engine.json").write_text('{"policy": "srpt", "decode_slots": null}')
     with pytest.raises(LenpredError, match="engine.json is not the engine settings lenpred writes"):
-        served_bound(tmp_path / "log", traffic)
+        served_bound(read_engine_settings(tmp_path / "log"), traffic)
     given = run_whatif(WhatifConfig(traffic=str(tmp_path / "log"), out=str(tmp_path / "o"), decode_slots=(2,),
                                     aging_tokens_per_s=0.0, max_wait_s=float("inf"), clusters=4,
                                     bootstrap_resamples=100))
@@ -280,11 +281,11 @@ def test_the_lenpred_order_runs_with_the_engines_starvation_guard(tmp_path):
             w.record(TrafficRecord(features=np.zeros(4), expected=20.0, low=0, high=1, num_output_tokens=20,
                                    finish_reason="stop", arrival_time_s=float(i), first_token_time_s=i + 0.1,
                                    finish_time_s=i + 0.9, num_prompt_tokens=30))
-    assert served_guard(tmp_path / "log", None) == (0.0, "none")  # no engine settings: no guard
+    assert served_guard(read_engine_settings(tmp_path / "log"), None) == (0.0, "none")  # no engine settings: no guard
     write_engine_settings(tmp_path / "log", {"policy": "srpt", "decode_slots": 2, "prefill_ahead": 2,
                                              "max_num_seqs": 4, "aging_tokens_per_s": 4.0})
-    assert served_guard(tmp_path / "log", None) == (4.0, "the plug-in's own (engine.json)")
-    assert served_guard(tmp_path / "log", 1.0) == (1.0, "--aging-tokens-per-s")
+    assert served_guard(read_engine_settings(tmp_path / "log"), None) == (4.0, "the plug-in's own (engine.json)")
+    assert served_guard(read_engine_settings(tmp_path / "log"), 1.0) == (1.0, "--aging-tokens-per-s")
     report = run_whatif(WhatifConfig(traffic=str(tmp_path / "log"), out=str(tmp_path / "o"), decode_slots=(2,),
                                      clusters=4, bootstrap_resamples=100))
     assert report["aging_tokens_per_s"] == 4.0
@@ -318,11 +319,11 @@ def test_the_lenpred_order_runs_with_the_engines_age_threshold(tmp_path):
             w.record(TrafficRecord(features=np.zeros(4), expected=20.0, low=0, high=1, num_output_tokens=20,
                                    finish_reason="stop", arrival_time_s=float(i), first_token_time_s=i + 0.1,
                                    finish_time_s=i + 0.9, num_prompt_tokens=30))
-    assert served_guard(tmp_path / "log", None, "max_wait_s") == (None, "none")
+    assert served_guard(read_engine_settings(tmp_path / "log"), None, "max_wait_s") == (None, "none")
     write_engine_settings(tmp_path / "log", {"policy": "srpt", "decode_slots": 2, "prefill_ahead": 2,
                                              "max_num_seqs": 4, "aging_tokens_per_s": 0.0, "max_wait_s": 10.0})
-    assert served_guard(tmp_path / "log", None, "max_wait_s") == (10.0, "the plug-in's own (engine.json)")
-    assert served_guard(tmp_path / "log", 30.0, "max_wait_s") == (30.0, "--max-wait-s")
+    assert served_guard(read_engine_settings(tmp_path / "log"), None, "max_wait_s") == (10.0, "the plug-in's own (engine.json)")
+    assert served_guard(read_engine_settings(tmp_path / "log"), 30.0, "max_wait_s") == (30.0, "--max-wait-s")
     report = run_whatif(WhatifConfig(traffic=str(tmp_path / "log"), out=str(tmp_path / "o"), decode_slots=(2,),
                                      clusters=4, bootstrap_resamples=100))
     assert (report["max_wait_s"], report["aging_tokens_per_s"]) == (10.0, 0.0)
@@ -340,8 +341,8 @@ def test_the_lenpred_order_runs_with_the_engines_age_threshold(tmp_path):
     for bad in ("abc", -5, [200], True):  # a hand-edited engine.json is refused, naming the file and the fix
         write_engine_settings(tmp_path / "log", {"policy": "srpt", "decode_slots": 2, "prefill_ahead": 2,
                                                  "max_num_seqs": 4, "max_wait_s": bad})
-        with pytest.raises(LenpredError, match=r"engine.json holds max_wait_s = .*pass --max-wait-s"):
-            served_guard(tmp_path / "log", None, "max_wait_s")
+        with pytest.raises(LenpredError, match=r"the engine.json beside the log holds max_wait_s = .*pass --max-wait-s"):
+            served_guard(read_engine_settings(tmp_path / "log"), None, "max_wait_s")
 
 
 def paced_log(tmp_path, name: str, max_wait_s=None, pace: float = 1.25, streamed: bool = True):
@@ -386,7 +387,7 @@ def test_the_replay_is_fitted_to_the_pace_the_log_was_served_at(tmp_path):
     cost = tmp_path / "cost.json"
     UNIT.save(cost)
     traffic_ = LoggedTraffic.read(log)
-    assert replayed_served_order(log, traffic_)[0] is None  # no engine settings: the order is not known
+    assert replayed_served_order(read_engine_settings(log), traffic_)[0] is None  # no engine settings: the order is not known
     unfitted = run_whatif(WhatifConfig(traffic=log, cost_model=str(cost), decode_slots=(2,), out=str(tmp_path / "a"),
                                        clusters=4, bootstrap_resamples=100))
     assert unfitted["pace_scale"] is None and "not fitted: no engine.json" in unfitted["pace_source"]
@@ -395,7 +396,7 @@ def test_the_replay_is_fitted_to_the_pace_the_log_was_served_at(tmp_path):
     assert "the order it was served in is unknown: no engine.json" in text and text.count("no engine.json") == 1
     assert "(pace not fitted: the order it was served in is unknown)" in text
     write_engine_settings(log, {"policy": "srpt", "decode_slots": 2, "prefill_ahead": 2, "max_num_seqs": 4})
-    assert replayed_served_order(log, traffic_) == ("lenpred", "the plug-in's design (engine.json)")
+    assert replayed_served_order(read_engine_settings(log), traffic_) == ("lenpred", "the plug-in's design (engine.json)")
     report = run_whatif(WhatifConfig(traffic=log, cost_model=str(cost), out=str(tmp_path / "b"), clusters=4,
                                      bootstrap_resamples=100))
     assert report["pace_scale"] == pytest.approx(1.25, abs=0.01)
@@ -422,14 +423,14 @@ def test_the_replay_is_fitted_to_the_pace_the_log_was_served_at(tmp_path):
                           ({"max_num_seqs": 1}, "policy srpt, decode_slots 2, prefill_ahead 2, max_num_seqs 1")):
         write_engine_settings(log, {"policy": "srpt", "decode_slots": 2, "prefill_ahead": 2, "max_num_seqs": 4,
                                     **settings})
-        assert replayed_served_order(log, traffic_) == (None, f"{why} (engine.json) is not an order the replay has")
+        assert replayed_served_order(read_engine_settings(log), traffic_) == (None, f"{why} (engine.json) is not an order the replay has")
     # the header names the order as unknown, not as the one replayed
     other = run_whatif(WhatifConfig(traffic=log, cost_model=str(cost), decode_slots=(1,), out=str(tmp_path / "d"),
                                     clusters=4, bootstrap_resamples=100))
     assert other["pace_scale"] is None and other["served_order"] == "unknown"
     assert "compare the replayed lenpred" not in (tmp_path / "d" / "whatif.md").read_text()
     write_engine_settings(log, {"policy": "observe", "decode_slots": 2, "prefill_ahead": 2, "max_num_seqs": 4})
-    assert replayed_served_order(log, traffic_) == ("stock FCFS", "policy observe (engine.json)")
+    assert replayed_served_order(read_engine_settings(log), traffic_) == ("stock FCFS", "policy observe (engine.json)")
 
 
 def test_the_pace_is_fitted_with_the_guards_that_served_the_log(tmp_path):
@@ -456,7 +457,7 @@ def test_the_pace_is_fitted_with_the_guards_that_served_the_log(tmp_path):
     # policy observe with rows that were not streamed: the bound cannot be read from them, nothing is fitted
     flat, _ = paced_log(tmp_path, "flat", streamed=False)
     write_engine_settings(flat, {"policy": "observe", "decode_slots": 2, "prefill_ahead": 2, "max_num_seqs": 4})
-    order, why = replayed_served_order(flat, LoggedTraffic.read(flat))
+    order, why = replayed_served_order(read_engine_settings(flat), LoggedTraffic.read(flat))
     assert order is None and why.startswith("its rows were not streamed")
     none = run_whatif(WhatifConfig(traffic=flat, cost_model=str(cost), decode_slots=(2,), out=str(tmp_path / "f"),
                                    clusters=4, bootstrap_resamples=100))

@@ -264,15 +264,14 @@ def cost_from_log(traffic: LoggedTraffic) -> CostModel:
                      fit_stats={"num_decode_requests": int(multi.sum()), "num_idle_arrivals": int(idle.sum())})
 
 
-def served_bound(directory: str | Path, traffic: LoggedTraffic) -> tuple[int, str, bool]:
+def served_bound(engine: dict | None, traffic: LoggedTraffic) -> tuple[int, str, bool]:
     """``(D, where it came from, parked)``: the concurrency bound the log was served at, and whether a scheduling
     policy parked requests while it was. The most requests the rows show generating at once (:func:`observed_bound`:
-    what ran together, the KV cache's limit included) unless the plug-in's engine settings beside the log
-    (:func:`lenpred.online.traffic_log.read_engine_settings`) name a parked policy: a parked request looks like a
-    running one in the rows, so its ``decode_slots`` (at most ``max_num_seqs``) is the bound."""
-    from lenpred.online.traffic_log import ENGINE_FILE, read_engine_settings
+    what ran together, the KV cache's limit included) unless the plug-in's engine settings beside the log (``engine``,
+    :func:`lenpred.online.traffic_log.read_engine_settings`; ``None``: none recorded) name a parked policy: a parked
+    request looks like a running one in the rows, so its ``decode_slots`` (at most ``max_num_seqs``) is the bound."""
+    from lenpred.online.traffic_log import ENGINE_FILE
 
-    engine = read_engine_settings(directory)
     if engine is None:
         return observed_bound(traffic), ("the most requests the log shows generating at once; no engine settings "
                                          "beside it: if a scheduling policy served it, parked requests count too, "
@@ -287,21 +286,25 @@ GUARDS = {"aging_tokens_per_s": ("--aging-tokens-per-s", 0.0), "max_wait_s": ("-
 """The lenpred order's starvation guards a replay sets: ``setting -> (its flag, its value when off)``."""
 
 
-def served_guard(directory: str | Path, given: float | None,
+def served_guard(engine: dict | None, given: float | None,
                  setting: str = "aging_tokens_per_s") -> tuple[float | None, str]:
     """``(value, where it came from)`` of one of the lenpred order's starvation guards (:data:`GUARDS`): ``given``
-    (its flag), else the value the plug-in recorded beside the log (in its engine settings), else off (0 tokens/s for
-    ``aging_tokens_per_s``, ``None`` for ``max_wait_s``)."""
-    from lenpred.online.traffic_log import ENGINE_FILE, read_engine_settings
+    (its flag), else the value the plug-in recorded beside the log (``engine``, its engine settings;
+    :func:`lenpred.online.traffic_log.read_engine_settings`), else off (0 tokens/s for ``aging_tokens_per_s``,
+    ``None`` for ``max_wait_s``).
+
+    Raises:
+        LenpredError: the recorded value is not a number >= 0.
+    """
+    from lenpred.online.traffic_log import ENGINE_FILE
 
     flag, off = GUARDS[setting]
     if given is not None:
         return float(given), flag
-    engine = read_engine_settings(directory)
     if engine is not None and engine.get(setting) not in (None, off):
         value = engine[setting]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-            raise LenpredError(f"{Path(directory) / ENGINE_FILE} holds {setting} = {value!r}, not a number >= 0: "
+            raise LenpredError(f"the {ENGINE_FILE} beside the log holds {setting} = {value!r}, not a number >= 0: "
                                f"delete the file (the engine rewrites it) or pass {flag}")
         return float(value), f"the plug-in's own ({ENGINE_FILE})"
     return off, "none"
@@ -388,19 +391,15 @@ DESIGN_DEFAULTS = {k: getattr(SchedulerConfig(), k) for k in ("admit_by", "max_i
 default."""
 
 
-def replayed_served_order(directory: str | Path, traffic: LoggedTraffic) -> tuple[str | None, str]:
-    """``(order, why)``: the order of :data:`MODES` the log was served in, as its engine settings
-    (:func:`lenpred.online.traffic_log.read_engine_settings`) tell it: ``stock FCFS`` under policy ``observe`` (at the
+def replayed_served_order(engine: dict | None, traffic: LoggedTraffic) -> tuple[str | None, str]:
+    """``(order, why)``: the order of :data:`MODES` the log was served in, as its engine settings (``engine``,
+    :func:`lenpred.online.traffic_log.read_engine_settings`) tell it: ``stock FCFS`` under policy ``observe`` (at the
     bound its streamed rows show), ``lenpred`` under the plug-in's design (policy ``srpt``, a window of
     ``decode_slots`` within ``max_num_seqs``, :data:`DESIGN_DEFAULTS`); ``None`` and the reason otherwise (no settings
-    beside the log: ``lenpred serve``'s vLLM priority order or an older plug-in; settings that cannot be read;
-    another policy or setting; ``observe`` rows that were not streamed)."""
-    from lenpred.online.traffic_log import ENGINE_FILE, read_engine_settings
+    beside the log: ``lenpred serve``'s vLLM priority order or an older plug-in; another policy or setting;
+    ``observe`` rows that were not streamed)."""
+    from lenpred.online.traffic_log import ENGINE_FILE
 
-    try:
-        engine = read_engine_settings(directory)
-    except LenpredError:
-        return None, f"its {ENGINE_FILE} cannot be read"
     if engine is None:
         return None, (f"no {ENGINE_FILE} beside the log says which order served it (lenpred serve's priority order "
                       "or an older plug-in)")
@@ -418,14 +417,12 @@ def replayed_served_order(directory: str | Path, traffic: LoggedTraffic) -> tupl
     return "lenpred", f"the plug-in's design ({ENGINE_FILE})"
 
 
-def fit_guards(directory: str | Path, aging_tokens_per_s: float, max_wait_s: float | None) -> tuple:
+def fit_guards(engine: dict | None, aging_tokens_per_s: float, max_wait_s: float | None) -> tuple:
     """``(aging_tokens_per_s, max_wait_s)`` to fit the pace with: the order as it was served, so each guard the
-    engine settings beside the log record (:func:`served_guard` without a flag), whatever the replay asks about; one
-    they do not record (an engine from before it was) is the replay's, ``aging_tokens_per_s`` / ``max_wait_s``."""
-    from lenpred.online.traffic_log import read_engine_settings
-
-    engine = read_engine_settings(directory) or {}
-    return tuple(served_guard(directory, None, k)[0] if k in engine else v
+    engine settings beside the log (``engine``) record (:func:`served_guard` without a flag), whatever the replay asks
+    about; one they do not record (an engine from before it was) is the replay's, ``aging_tokens_per_s`` /
+    ``max_wait_s``."""
+    return tuple(served_guard(engine, None, k)[0] if k in (engine or {}) else v
                  for k, v in (("aging_tokens_per_s", aging_tokens_per_s), ("max_wait_s", max_wait_s)))
 
 
@@ -513,16 +510,19 @@ def run_whatif(cfg: WhatifConfig) -> dict:
     """
     since, until = epoch_s(cfg.since, "--since"), epoch_s(cfg.until, "--until")
     traffic = LoggedTraffic.read(cfg.traffic, since, until)
+    from lenpred.online.traffic_log import read_engine_settings
+
     try:
-        own, bound_source, parked = served_bound(cfg.traffic, traffic)
-        order, order_source = replayed_served_order(cfg.traffic, traffic)
+        engine = read_engine_settings(cfg.traffic)  # read once: every helper below takes it
+        own, bound_source, parked = served_bound(engine, traffic)
+        order, order_source = replayed_served_order(engine, traffic)
         unsaid = ("its rows were not streamed" if not streamed(traffic) else
                   f"no engine settings beside it; its rows show up to {own} generating at once, parked requests "
                   "included if a scheduling policy served it")
-    except LenpredError:  # an unreadable engine.json: --decode-slots stands in for the bound it would give
-        if not cfg.decode_slots:
+    except LenpredError:  # an unreadable engine.json: replayed only with every setting it would give given
+        if not cfg.decode_slots or cfg.aging_tokens_per_s is None or cfg.max_wait_s is None:
             raise
-        own, parked, unsaid = None, False, "the engine settings beside it are unreadable"
+        engine, own, parked, unsaid = None, None, False, "the engine settings beside it are unreadable"
         order, order_source = None, "the engine settings beside the log are unreadable"
     # the bound is known where the engine settings say it (a parked policy's decode_slots) or its streamed rows do
     # under policy observe; else the first of --decode-slots stands in for it
@@ -543,8 +543,8 @@ def run_whatif(cfg: WhatifConfig) -> dict:
     # the log's own bound is always replayed: the verdict speaks of it
     bounds = tuple(sorted({*cfg.decode_slots, own})) if cfg.decode_slots else tuple(sorted({max(own // 2, 1), own,
                                                                                             2 * own}))
-    aging, aging_source = served_guard(cfg.traffic, cfg.aging_tokens_per_s)
-    wait, wait_source = served_guard(cfg.traffic, cfg.max_wait_s, "max_wait_s")
+    aging, aging_source = served_guard(engine, cfg.aging_tokens_per_s)
+    wait, wait_source = served_guard(engine, cfg.max_wait_s, "max_wait_s")
     wait = None if wait == float("inf") else wait  # off, as given
     requests = workload(traffic)
     if cfg.clusters > len(requests) // 2:
@@ -554,7 +554,7 @@ def run_whatif(cfg: WhatifConfig) -> dict:
     logged = float(np.mean(traffic.finish_s - traffic.arrival_s))
     pace, pace_source = None, "not fitted (--no-fit-pace)"
     # the guards the served order ran with (engine.json's), read once for the pace fit and the fidelity replay
-    served_guards = fit_guards(cfg.traffic, aging, wait) if order is not None else None
+    served_guards = fit_guards(engine, aging, wait) if order is not None else None
     if cfg.fit_pace and order is None:
         pace_source = f"not fitted: {order_source}"
     elif cfg.fit_pace:
@@ -634,7 +634,7 @@ def pace_text(report: dict) -> str:
     pace, source = report.get("pace_scale"), report.get("pace_source")
     if pace is not None:
         return f", its step times x{pace:.3f}, {source}"
-    if source and report.get("served_order") == "unknown" and source.endswith(report.get("served_order_source", "")):
+    if report.get("served_order") == "unknown" and report.get("settings", {}).get("fit_pace", True):
         return " (pace not fitted: the order it was served in is unknown)"  # the fidelity note says why
     return f" (pace {source})" if source else ""
 
