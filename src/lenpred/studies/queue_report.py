@@ -522,7 +522,8 @@ def run_window(log: str | Path, rec: dict) -> tuple[float, float]:
     if n == 0 or len(arrival) < n:
         raise LenpredError(f"traffic log {log} holds {len(arrival)} requests, fewer than the run's {n}: it is not this "
                            "run's log; rerun the run")
-    stray = [float(np.abs((arrival[k:k + n] - arrival[k]) - (sent - sent[0])).max()) for k in range(len(arrival) - n + 1)]
+    offsets = sent - sent[0]
+    stray = [float(np.abs(arrival[k:k + n] - arrival[k] - offsets).max()) for k in range(len(arrival) - n + 1)]
     k = int(np.argmin(stray))
     if stray[k] > WINDOW_MATCH_S:
         raise LenpredError(f"traffic log {log}: no {n} consecutive arrivals match the run's send times within "

@@ -120,8 +120,8 @@ class WhatifConfig:
 
 def epoch_s(value: str | float | None, flag: str = "--since") -> float | None:
     """A time given to ``flag`` (:attr:`WhatifConfig.since` / ``until``) as seconds since the epoch: an ISO 8601 time
-    (:meth:`datetime.datetime.fromisoformat`, UTC unless it names an offset; tried first, so ``20261206`` is a date), else
-    a number of seconds; ``None`` as it is.
+    (:meth:`datetime.datetime.fromisoformat`, UTC unless it names an offset; tried first, so ``20261206`` is a
+    date), else a number of seconds; ``None`` as it is.
 
     Raises:
         LenpredError: neither, or a time that is not finite or outside the years 1-9999.
@@ -204,7 +204,8 @@ class LoggedTraffic:
         if n < MIN_REQUESTS:
             raise LenpredError(f"traffic log {directory} holds {n} requests" + (
                 f" in the --since / --until window ({len(arrival) - n} outside it)" if windowed else "")
-                + f"; a replay needs at least {MIN_REQUESTS}: log longer" + (", or widen the window" if windowed else ""))
+                + f"; a replay needs at least {MIN_REQUESTS}: log longer"
+                + (", or widen the window" if windowed else ""))
         order = np.argsort(c["arrival_time_s"], kind="stable")
         t0 = c["arrival_time_s"][order[0]]
         return cls(c["arrival_time_s"][order] - t0, c["first_token_time_s"][order] - t0, c["finish_time_s"][order] - t0,
@@ -575,7 +576,8 @@ def run_whatif(cfg: WhatifConfig) -> dict:
         results[d] = compare_modes(replay(requests, cost, d, aging, wait), cfg.clusters, cfg.bootstrap_resamples)
     kind, said = verdict_kind(results[own], cfg.worth_it), verdict(results[own], own, cfg.worth_it)
     if replayed is not None and not 1 / MISMATCH <= replayed / logged <= MISMATCH:
-        kind, said = VERDICTS[-1], (f"No verdict: the replayed {order} at D = {own}, the order the log was served in, takes "
+        kind = VERDICTS[-1]
+        said = (f"No verdict: the replayed {order} at D = {own}, the order the log was served in, takes "
                 f"{replayed:.1f} s on average where the log took {logged:.1f} s ({replayed / logged:.2f}x): the cost "
                 "does not time this engine; pass a --cost-model measured on the serving machine "
                 "(scripts/decode_knee.py).")
@@ -644,9 +646,9 @@ def verdict_bound_text(report: dict) -> str:
     ``--decode-slots``), the one given where the log's own is unknown; or, with no verdict, the bound whose replay did
     not match."""
     own, asked = report["observed_bound"], report.get("settings", {}).get("decode_slots")
-    if report["verdict_kind"] == VERDICTS[-1]:
+    if report.get("verdict_kind") == VERDICTS[-1]:
         return f"none: the served order replayed at D = {own}, the log's own bound, does not match the log"
-    if report["bound_given"]:
+    if report.get("bound_given"):
         return f"speaks of D = {own}, the first bound given (the log's own is unknown)"
     added = " (replayed beside --decode-slots, which did not name it)" if asked and own not in asked else ""
     return f"speaks of D = {own}, the log's own bound{added}"
