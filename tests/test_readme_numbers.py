@@ -622,12 +622,15 @@ CHECKS = [
                 f"{m['plugin']['p99_jct_ratio_vs_stock'][0]:.2f}×, prompt-length priority "
                 f"{pct(m['priority_prompt_len']['jct_cut_vs_stock'])}"), "the cut: {}"),
     (SITTING, lambda r: len(r["patterns"]["tracecodex0.9"]["draws"]), str, "VM, {} slices each stretched to 0.9×"),
+    (TRACE_ENGINE, lambda r: r["patterns"]["tracecodex1.1"]["modes"]["plugin_guard"],
+     lambda m: f"{100 * m['jct_cut_vs_stock'][0]:+.1f} % with p99 {m['p99_jct_ratio_vs_stock'][0]:.2f}×",
+     "the guarded plug-in's {} in `code_x1.1/`"),
     (SITTING, lambda r: len(r["patterns"]["tracecodex0.9"]["draws"]), str, "Over {} slices at 0.9× of the capacity", GUIDE),
     (CAPACITY_1206, "patterns/burst8/stock_capacity_req_s/0", f3, "stock's burst of 128 measured {} req/s", GUIDE),
     (CAPACITY_1206B, lambda r: (_load(CAPACITY_1206)["patterns"]["burst8"]["stock_capacity_req_s"][0],
                                 r["patterns"]["burst8"]["stock_capacity_req_s"][0]),
      lambda v: f"{v[0]:.3f} and {v[1]:.3f} req/s", "capacity measured in its own sitting ({}) did not"),
-    (CAPACITY_1206B, "patterns/burst8/stock_capacity_req_s/0", f3, "a day later {} req/s", GUIDE),
+    (CAPACITY_1206B, "patterns/burst8/stock_capacity_req_s/0", f3, "2.5 hours later, on the same boot, {} req/s", GUIDE),
     (CAPACITY_CONV, lambda r: (_load(RUNS_09)["runs"]["0/stock/tracecodex0.9"]["settings"]["rate_req_s"]
                                / r["patterns"]["burst8"]["stock_capacity_req_s"][0]), f2,
      "slices above ran near {}× of the engine's capacity"),
@@ -795,7 +798,7 @@ def test_the_guides_whatif_summary_is_its_json():
     assert whatif_sentence(d) in _readme(GUIDE), f"the guide should say: {whatif_sentence(d)}"
     lo, hi = d["miss_drift"]
     readme = (f"predicts its measured cut within {d['near_max']:.1f} points wherever the plug-in run and its stock run "
-              f"ran at the same pace ({d['near']} of {d['n']} runs); {d['misses']} of the {d['n']} miss by more than 5 "
+              f"ran at the same pace, within 1.5 % ({d['near']} of {d['n']} runs); {d['misses']} of the {d['n']} miss by more than 5 "
               f"points, each where the two runs' paces differ by {lo:.1f}–{hi:.1f} %")
     assert readme in _readme(), f"the README should say: {readme}"
     lo, hi = d["stock_paces"]

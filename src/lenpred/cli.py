@@ -251,8 +251,8 @@ def traffic_replay(**options):
     "since": "Replay only requests that arrived at or after this time: ISO 8601 (UTC unless it names an offset) or "
              "epoch seconds \\[default: from the log's start].",
     "until": "Replay only requests that arrived at or before this time (as --since) \\[default: to the log's end].",
-    "worth_it": "The smallest mean-JCT cut (a fraction: 0.02 is 2 %) the verdict turns scheduling on for; the cut's "
-                "interval must reach it."}))
+    "worth_it": "The smallest mean-JCT cut (a fraction: 0.02 is 2 %) the verdict turns scheduling on for: the lower "
+                "end of the cut's interval must be at least this."}))
 def whatif(**options):
     """Would length-aware scheduling help this traffic? Replays a traffic log's arrivals, lengths and served
     predictions: stock FCFS vs prompt-length priority vs lenpred vs the recorded length, and a verdict."""

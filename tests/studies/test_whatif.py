@@ -42,8 +42,10 @@ def test_replay_hand_worked_three_requests_one_slot():
     assert cells["prompt-length priority"]["jct_cut_vs_stock"][0] == pytest.approx(1 - 17 / 16)
     said = verdict(cells, 1)  # 3 requests: the interval over three one-request blocks reaches below 2 %
     assert said.startswith("Leave it off for now: at D = 1 lenpred cuts mean JCT by +37.5%")
-    assert said.endswith("the recorded length would gain +37.5%, but lenpred's interval is too wide to promise 2%: "
-                         "log more traffic and ask again.")
+    assert said.endswith("there is a queue to reorder (the recorded length gains +37.5%), but lenpred's interval is "
+                         f"too wide to promise 2%: log more traffic and ask again. Its p99 is "
+                         f"{cells['lenpred']['p99_ratio_vs_stock'][0]:.2f}x [{cells['lenpred']['p99_ratio_vs_stock'][1]:.2f}, "
+                         f"{cells['lenpred']['p99_ratio_vs_stock'][2]:.2f}] stock's.")
 
 
 def test_verdict_names_the_regime():
@@ -58,7 +60,8 @@ def test_verdict_names_the_regime():
     below = verdict({"lenpred": cell((-0.021, -0.036, -0.011), 1.0), "recorded length": oracle,
                      "prompt-length priority": free}, 16)  # a tight interval below 2 %: more traffic will not help
     assert below == ("Leave it off: at D = 16 lenpred cuts mean JCT by -2.1% [-3.6%, -1.1%], reliably under 2% where "
-                     "the recorded length gains +20.0%; logging more traffic will not change that at this bound.")
+                     "the recorded length gains +20.0%; logging more traffic will not change that at this bound. Its p99 is 1.00x "
+                     "[1.00, 1.00] stock's.")
     off = verdict({"lenpred": cell((0.01, -0.02, 0.04), 1.0), "recorded length": cell((0.015, 0, 0.03), 1.0),
                    "prompt-length priority": free}, 8)
     assert off.startswith("Leave it off for now") and "even the recorded length gains +1.5%: requests rarely wait" in off
@@ -404,8 +407,10 @@ def test_the_replay_is_fitted_to_the_pace_the_log_was_served_at(tmp_path):
     assert report["results"]["2"]["stock FCFS"]["mean_jct_s"] == pytest.approx(stock.mean(), rel=0.01)
     assert report["cost_coefficients"]["d0"] == pytest.approx(report["pace_scale"])  # the scaled cost is stored
     text = (tmp_path / "b" / "whatif.md").read_text()
-    assert (f"its step times x{report['pace_scale']:.3f}, fitted so that the replayed lenpred at D = 2 takes the log's "
-            "mean JCT") in text and "so that row of the D = 2 table matches the log by construction" in text
+    assert (f"its step times x{report['pace_scale']:.3f} (the engine ran slower than the cost model by that factor), "
+            "fitted so that the replayed lenpred at D = 2 takes the log's mean JCT") in text
+    assert ("so that row of the D = 2 table matches the log by construction; every order is replayed at that pace, so "
+            "a slowdown the served order itself caused the engine is not counted against it") in text
     assert "compare the replayed" not in text  # fitted to the served order: no separate fidelity claim
     # the bounds asked about leave out the served one: the pace is still fitted at the served bound
     four = run_whatif(WhatifConfig(traffic=log, cost_model=str(cost), decode_slots=(4,), out=str(tmp_path / "c"),
@@ -545,6 +550,8 @@ def test_a_window_of_the_log_is_replayed_from_since_to_until(tmp_path, monkeypat
     assert text.startswith("# What if: 25 logged requests over 49 s, those arriving from 1970-01-01T00:01:49+00:00 (5 "
                            "rows outside the window not replayed, 1 of them still running when it opened (their work "
                            "is not in the replay))\n")
+    assert "- The log: its first replayed arrival at 1970-01-01T00:01:50+00:00; served at D = " in text
+    assert "- The bar: a cut whose interval's lower end is at least 2% turns it on (--worth-it).\n" in text
     # a request every 2 s, each done in about 1 s: no order changes anything at any bound, and the tables say so
     assert text.count("Every order gives stock's mean JCT at D = ") == len(report["results"]) > 0
 

@@ -155,6 +155,7 @@ class LoggedTraffic:
         num_outside: rows of the log that arrived outside ``[since, until]`` (:meth:`read`), not replayed.
         num_in_flight: of those, the rows that arrived before ``since`` and finished after it: work the engine was
             doing when the window opened, which the replay leaves out.
+        start_epoch_s: the first replayed arrival, seconds since the epoch (the times above count from it).
     """
 
     arrival_s: np.ndarray
@@ -165,6 +166,7 @@ class LoggedTraffic:
     expected: np.ndarray
     num_outside: int = 0
     num_in_flight: int = 0
+    start_epoch_s: float = 0.0
 
     @classmethod
     def read(cls, directory: str | Path, since: float | None = None, until: float | None = None) -> "LoggedTraffic":
@@ -210,7 +212,7 @@ class LoggedTraffic:
         t0 = c["arrival_time_s"][order[0]]
         return cls(c["arrival_time_s"][order] - t0, c["first_token_time_s"][order] - t0, c["finish_time_s"][order] - t0,
                    c["num_prompt_tokens"][order].astype(np.int64), c["num_output_tokens"][order].astype(np.int64),
-                   c["expected"][order].astype(np.float64), len(arrival) - n, in_flight)
+                   c["expected"][order].astype(np.float64), len(arrival) - n, in_flight, float(t0))
 
 
 def busy_counts(starts: np.ndarray, ends: np.ndarray, at: np.ndarray) -> np.ndarray:
@@ -482,7 +484,8 @@ def verdict(cells: dict[str, dict], decode_slots: int, worth_it: float = WORTH_I
     best, kind = oracle["jct_cut_vs_stock"][0], verdict_kind(cells, worth_it)
     bar = f"{100 * worth_it:g}%"
     tail = (f" Its tail grows too: p99 {p99[0]:.2f}x [{p99[1]:.2f}, {p99[2]:.2f}] stock's; an age threshold "
-            "(--max-wait-s S) bounds the wait of the longest requests." if p99[1] > TAIL_LIMIT else "")
+            "(--max-wait-s S) bounds the wait of the longest requests." if p99[1] > TAIL_LIMIT else
+            f" Its p99 is {p99[0]:.2f}x [{p99[1]:.2f}, {p99[2]:.2f}] stock's.")
     if kind == VERDICTS[0]:
         return (f"Turn it on: {head} with p99 {p99[0]:.2f}x stock's ({vs_free}): requests wait here, and the shorter "
                 "ones finish sooner.")
@@ -497,8 +500,8 @@ def verdict(cells: dict[str, dict], decode_slots: int, worth_it: float = WORTH_I
         why = (f"even the recorded length gains {best:+.1%}: requests rarely wait for a slot at this bound, so no order "
                "can help much")
     else:
-        why = (f"the recorded length would gain {best:+.1%}, but lenpred's interval is too wide to promise "
-               f"{bar}: log more traffic and ask again")
+        why = (f"there is a queue to reorder (the recorded length gains {best:+.1%}), but lenpred's interval is too "
+               f"wide to promise {bar}: log more traffic and ask again")
     return f"Leave it off for now: {head}, the interval's lower end under {bar}; {why}." + tail
 
 
@@ -562,7 +565,8 @@ def run_whatif(cfg: WhatifConfig) -> dict:
         pace = fit_replay_pace(requests, cost, own, order, logged, *served_guards)
         pace_source = (f"fitted so that the replayed {order} at D = {own} takes the log's mean JCT ({order} is the "
                        f"order it was served in: {order_source}), so that row of the D = {own} table matches the log "
-                       "by construction" if pace is not None else
+                       "by construction; every order is replayed at that pace, so a slowdown the served order itself "
+                       "caused the engine is not counted against it" if pace is not None else
                        f"not fitted: no scale in {PACE_BOUNDS[0]:g}-{PACE_BOUNDS[1]:g}x gives the replayed {order} "
                        "the log's mean JCT")
         if pace is not None:
@@ -594,7 +598,7 @@ def run_whatif(cfg: WhatifConfig) -> dict:
               "cost_coefficients": cost.coefficients,
               "aging_tokens_per_s": aging, "aging_source": aging_source,
               "max_wait_s": wait, "max_wait_source": wait_source,
-              "duration_s": float(traffic.finish_s.max()), "results": {str(d): r for d, r in results.items()},
+              "duration_s": float(traffic.finish_s.max()), "first_arrival_epoch_s": traffic.start_epoch_s, "results": {str(d): r for d, r in results.items()},
               "replayed_served_mean_jct_s": replayed, "verdict_at": own, "verdict_kind": kind, "verdict": said,
               "settings": settings}
     out = Path(cfg.out)
@@ -635,7 +639,8 @@ def pace_text(report: dict) -> str:
     """The header's words on the cost's pace (:func:`fit_replay_pace`): the scale and how it was fitted, or why not."""
     pace, source = report.get("pace_scale"), report.get("pace_source")
     if pace is not None:
-        return f", its step times x{pace:.3f}, {source}"
+        return (f", its step times x{pace:.3f} (the engine ran {'slower' if pace > 1 else 'faster'} than the cost "
+                f"model by that factor), {source}")
     if report.get("served_order") == "unknown" and report.get("settings", {}).get("fit_pace", True):
         return " (pace not fitted: the order it was served in is unknown)"  # the fidelity note says why
     return f" (pace {source})" if source else ""
@@ -654,17 +659,21 @@ def verdict_bound_text(report: dict) -> str:
     return f"speaks of D = {own}, the log's own bound{added}"
 
 
+def utc(epoch_s: float) -> str:
+    """Seconds since the epoch as an ISO 8601 UTC time to the second (``2026-12-06T10:00:00+00:00``)."""
+    from datetime import datetime, timezone
+
+    return datetime.fromtimestamp(epoch_s, timezone.utc).isoformat(timespec="seconds")
+
+
 def window_text(report: dict) -> str:
     """The header's words on ``--since`` / ``--until``: the window replayed, how many rows fell outside it and how many
     of them were still running when it opened."""
     w = report.get("window") or {}
     if w.get("since_epoch_s") is None and w.get("until_epoch_s") is None:
         return ""
-    from datetime import datetime, timezone
-
-    at = lambda t: datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="seconds")  # noqa: E731
-    span = " ".join(([f"from {at(w['since_epoch_s'])}"] if w.get("since_epoch_s") is not None else [])
-                    + ([f"to {at(w['until_epoch_s'])}"] if w.get("until_epoch_s") is not None else []))
+    span = " ".join(([f"from {utc(w['since_epoch_s'])}"] if w.get("since_epoch_s") is not None else [])
+                    + ([f"to {utc(w['until_epoch_s'])}"] if w.get("until_epoch_s") is not None else []))
     flight = (f", {w['num_in_flight']} of them still running when it opened (their work is not in the replay)"
               if w.get("num_in_flight") else "")
     return f", those arriving {span} ({w['num_outside']} rows outside the window not replayed{flight})"
@@ -682,9 +691,11 @@ def idle_note(cells: dict[str, dict], d: str) -> list[str]:
 
 TERMS = ("Terms: D is the concurrency bound (requests decoding at once); JCT, job completion time (arrival to last "
          "token); stock FCFS, vLLM's default first-come-first-served order; prompt-length priority, vLLM's priority "
-         "queue on prompt tokens (no prediction); lenpred, the plug-in's order (shortest predicted remaining first, "
-         "extra requests parked) on the predictions the log served; recorded length, the same order on each request's "
-         "actual output length: an oracle no scheduler has, the most an order could gain.")
+         "queue with the shortest prompt first (no prediction); lenpred, the plug-in's order (shortest predicted "
+         "remaining first, extra requests parked) on the predictions the log served; recorded length, the same order "
+         "on each request's actual output length: an oracle no scheduler has, the most an order could gain. A "
+         "positive cut means a shorter mean JCT than stock's; a p99 / stock above 1, a longer tail. whatif.png draws "
+         "both against D.")
 """The glossary closing ``whatif.md``."""
 
 
@@ -695,12 +706,16 @@ def render_whatif(report: dict) -> str:
     settings = report.get("settings", {})
     lines = [f"# What if: {report['num_requests']} logged requests over {report['duration_s']:.0f} s"
              + window_text(report), "",
-             f"- The log: served at D = {report['observed_bound']} ({report['bound_source']}); its mean JCT as "
+             "- The log: " + (f"its first replayed arrival at {utc(report['first_arrival_epoch_s'])}; "
+                              if "first_arrival_epoch_s" in report else "")
+             + f"served at D = {report['observed_bound']} ({report['bound_source']}); its mean JCT as "
              f"served {report['logged_mean_jct_s']:.1f} s" + fidelity(report) + ".",
              f"- The engine's cost: from {report['cost_source']}" + pace_text(report)
              + ". The KV cache is not a bound in the replay.",
              f"- lenpred's starvation guards: {guard_text(report)}.",
              f"- The verdict (below): {verdict_bound_text(report)}.",
+             f"- The bar: a cut whose interval's lower end is at least {100 * settings.get('worth_it', WORTH_IT):g}% "
+             "turns it on (--worth-it).",
              "- Intervals: 95 %, paired, clustered by consecutive arrivals"
              + (f" ({settings['clusters']} blocks, {settings['bootstrap_resamples']} resamples)."
                 if "clusters" in settings else "."), ""]
