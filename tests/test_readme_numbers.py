@@ -822,9 +822,9 @@ def sitting_slices() -> tuple[str, str]:
                       for i, d in enumerate(report["draws"]))
     queued = [d for d in report["draws"] if ttft[d] > 5]
     drift = [100 * (whatif[d]["pace_scale"] / whatif[d]["stock_pace_scale"] - 1) for d in queued]
-    readme = (f"{len(report['draws']) - len(queued)} of them barely queue (stock's mean TTFT "
+    readme = (f"{len(report['draws']) - len(queued)} of them queue little (stock's mean TTFT "
               f"{max(ttft[d] for d in report['draws'] if d not in queued):.1f} s at most); on the {len(queued)} that "
-              f"do, the plug-in's runs went " + " and ".join(f"{x:.1f}" for x in drift) + " % slower than their stock "
+              f"queue more, the plug-in's runs went " + " and ".join(f"{x:.1f}" for x in drift) + " % slower than their stock "
               "runs (fitted paces; the speed probes just before them: " + " and ".join(
                   f"{1000 * runs[f'{d}/plugin/tracecodex0.9']['speed_probe']['tpot_s']:.0f} vs "
                   f"{1000 * runs[f'{d}/stock/tracecodex0.9']['speed_probe']['tpot_s']:.0f}" for d in queued)
