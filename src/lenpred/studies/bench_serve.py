@@ -188,9 +188,8 @@ def run(cfg: BenchServeConfig) -> dict:
     benchmark before the client in each mode (the client replays its send times); returns the store."""
     from lenpred.backbone import resolve_model
     from lenpred.io import write_json
-    from lenpred.serving.loadgen import run_replay
-    from lenpred.studies.engine_bench import (MODEL_NAME, EngineWorkload, LoadSampler, cpu_lock, load_requests,
-                                              one_run, pin_cores, server_counters, server_side)
+    from lenpred.studies.engine_bench import (MODEL_NAME, EngineWorkload, LoadSampler, cpu_lock,
+                                              one_run, pin_cores, server_counters, server_side, warm_up)
     from lenpred.studies.queue_bench import mode_servers, mode_settings, planned, regime, traffic_dir
     from lenpred.studies.queue_regime import QUEUE_MODES, parse_modes
     from lenpred.studies.resume import load_resumable
@@ -241,7 +240,7 @@ def run(cfg: BenchServeConfig) -> dict:
         for i, (mode, client) in enumerate(todo, 1):  # each run on a fresh server, as the queue benchmark's
             spec, plugin_log = mode_servers(model_dir, mode_settings(mode, reg, qcfg), out, 0, vllm_cpus, client_cpus)
             with spec.start():
-                run_replay(spec.url, load_requests(rows[:2], messages, [0, 0], f"warm-{mode}-{client}-"), MODEL_NAME)
+                warm_up(spec.url, rows, messages, f"warm-{mode}-{client}-")
                 rec = run_one(mode, client, spec.url, plugin_log)
             store["runs"][f"0/{mode}/{client}"] = rec
             write_json(out / "runs.json", store)

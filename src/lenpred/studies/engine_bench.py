@@ -142,6 +142,16 @@ def load_requests(rows: list[dict], messages: dict, times, tag: str, priority: s
 
 WARMUP_REQUESTS = 2
 """Requests a fresh server gets before anything is measured on it (the first rows of the run's plan, at once)."""
+
+
+def warm_up(url: str, rows: list[dict], messages: dict, tag: str, priority: str | None = None) -> None:
+    """Send a fresh server the first :data:`WARMUP_REQUESTS` of ``rows`` at once (ids ``<tag>q<i>``, ``priority``
+    as :func:`load_requests`) and wait for them: nothing measured afterwards pays the first requests' costs."""
+    from lenpred.serving.loadgen import run_replay
+
+    run_replay(url, load_requests(rows[:WARMUP_REQUESTS], messages, [0.0] * WARMUP_REQUESTS, tag, priority),
+               MODEL_NAME)
+
 PROBE_REQUESTS, PROBE_TOKENS = 4, 64
 """The speed probe (:func:`speed_probe`): this many requests at once, each forced to this many output tokens."""
 

@@ -390,9 +390,7 @@ def progress(rec: dict) -> str:
 def run(cfg: QueueBenchConfig) -> dict:
     """Every missing run of the grid (:func:`lenpred.studies.engine_bench.run_grid`); returns the store."""
     from lenpred.backbone import resolve_model
-    from lenpred.serving.loadgen import run_replay
-    from lenpred.studies.engine_bench import (MODEL_NAME, WARMUP_REQUESTS, load_requests, one_run, pin_cores,
-                                              run_grid, speed_probe)
+    from lenpred.studies.engine_bench import load_requests, one_run, pin_cores, run_grid, speed_probe, warm_up
 
     out = Path(cfg.out)
     source = EngineWorkload(cfg.max_tokens)
@@ -418,8 +416,7 @@ def run(cfg: QueueBenchConfig) -> dict:
 
     def warm(d, mode, url):
         rows = plan[(d, patterns[0])]["rows"]
-        run_replay(url, load_requests(rows[:WARMUP_REQUESTS], messages, [0] * WARMUP_REQUESTS, f"warm-{d}-{mode}-",
-                                      QUEUE_MODES[mode].priority), MODEL_NAME)
+        warm_up(url, rows, messages, f"warm-{d}-{mode}-", QUEUE_MODES[mode].priority)
         probes[(d, mode)] = speed_probe(url, rows, messages, f"probe-{d}-{mode}-")
 
     def run_one(d, mode, pattern, url):

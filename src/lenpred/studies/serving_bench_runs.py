@@ -31,8 +31,8 @@ from pathlib import Path
 import numpy as np
 
 from lenpred.errors import LenpredError
-from lenpred.studies.engine_bench import (MODEL_NAME, EngineWorkload, engine_env, load_requests, one_run, pin_cores,
-                                          plugin_args, run_grid, servers, split_stats, vllm_command)
+from lenpred.studies.engine_bench import (EngineWorkload, engine_env, load_requests, one_run, pin_cores, plugin_args,
+                                          run_grid, servers, split_stats, vllm_command, warm_up)
 from lenpred.studies.resume import load_resumable
 
 MODES = ("stock", "observe", "parked_fcfs", "parked_sjf", "parked_srpt", "oracle_sjf", "prompt_oracle_sjf",
@@ -167,7 +167,6 @@ def run_engines(cfg: ServingBenchConfig) -> tuple[dict, list[list[dict]]]:
     """Every run of the grid not yet in ``out/runs.json`` (:func:`lenpred.studies.engine_bench.run_grid`); returns
     the store and the draws' rows. Starts servers: hold :func:`lenpred.studies.engine_bench.cpu_lock` around it."""
     from lenpred.backbone import resolve_model
-    from lenpred.serving.loadgen import run_replay
 
     engine_env()
     out = Path(cfg.out)
@@ -184,8 +183,7 @@ def run_engines(cfg: ServingBenchConfig) -> tuple[dict, list[list[dict]]]:
         return spec
 
     def warm(d, mode, url):
-        run_replay(url, load_requests(draws[d][:2], messages, [0, 0], f"warm-{d}-{mode}-", PRIORITY.get(mode)),
-                   MODEL_NAME)
+        warm_up(url, draws[d], messages, f"warm-{d}-{mode}-", PRIORITY.get(mode))
 
     def run_one(d, mode, pattern, url):
         tag = f"{d}-{mode}-{pattern}-"
