@@ -100,13 +100,29 @@ def test_the_engines_own_counters_parse_and_difference_by_hand():
         'vllm:e2e_request_latency_seconds_bucket{engine="0",le="1.0"} 1.0',  # not a counter it reads
         'vllm:inter_token_latency_seconds_sum{engine="0"} 2.0',
         'vllm:inter_token_latency_seconds_count{engine="0"} 20.0',
-        'vllm:num_preemptions_total{engine="0"} 1.0', 'vllm:num_preemptions_total{engine="1"} 2.0'])
+        'vllm:num_preemptions_total{engine="0"} 1.0', 'vllm:num_preemptions_total{engine="1"} 2.0',
+        'vllm:iteration_tokens_total_sum{engine="0"} 100.0', 'vllm:iteration_tokens_total_count{engine="0"} 10.0'])
     before = parse_counters(text)
     assert before["vllm:num_preemptions_total"] == 3.0 and before["vllm:e2e_request_latency_seconds_count"] == 3.0
     after = {**before, "vllm:e2e_request_latency_seconds_sum": 70.0, "vllm:e2e_request_latency_seconds_count": 5.0,
-             "vllm:inter_token_latency_seconds_sum": 5.0, "vllm:inter_token_latency_seconds_count": 50.0}
-    assert server_side(before, after) == {"preemptions": 0.0, "requests": 2.0, "mean_e2e_s": 20.0, "mean_itl_s": 0.1}
-    assert server_side(before, before)["mean_e2e_s"] is None
+             "vllm:inter_token_latency_seconds_sum": 5.0, "vllm:inter_token_latency_seconds_count": 50.0,
+             "vllm:iteration_tokens_total_sum": 164.0, "vllm:iteration_tokens_total_count": 14.0}
+    # 4 steps computed 64 tokens between the reads
+    assert server_side(before, after) == {"preemptions": 0.0, "requests": 2.0, "mean_e2e_s": 20.0, "mean_itl_s": 0.1,
+                                          "steps": 4.0, "tokens_per_step": 16.0}
+    assert server_side(before, before)["mean_e2e_s"] is None and server_side(before, before)["tokens_per_step"] is None
+
+
+def test_the_plugin_counters_are_read_from_its_scheduler_log(tmp_path):
+    from lenpred.io import write_json
+    from lenpred.studies.engine_bench import plugin_counters
+
+    log = tmp_path / "plugin.jsonl"
+    assert plugin_counters(None) == {} and plugin_counters(log) == {}  # no plug-in; not written yet
+    write_json(f"{log}.scheduler.json", {"steps": 512, "policy_s": 0.5, "head_s": 0.25, "predicted": 7,
+                                         "kv_parked": 3})
+    assert plugin_counters(log) == {"steps": 512.0, "policy_s": 0.5, "head_s": 0.25, "parked_request_steps": 0.0,
+                                    "predicted": 7.0}
 
 
 def test_the_speed_probe_is_the_median_time_per_token_after_the_first():

@@ -84,6 +84,22 @@ def test_the_pace_per_run_is_its_median_time_per_token_and_its_speed_probe():
     assert list(got) == ["stock", "plugin"] and got["stock"]["0"]["tpot_ms"] == pytest.approx(100.0)
     assert got["stock"]["0"]["probe_ms"] == pytest.approx(50.0) and got["plugin"]["1"]["probe_ms"] is None
     assert got["plugin"]["1"]["tpot_ms"] == pytest.approx(1000 * 0.5 / 9)
+    assert "steps" not in got["stock"]["0"]  # recorded before the engine's steps were
+
+
+def test_the_steps_per_run_give_the_time_per_step_and_the_plugins_share():
+    from lenpred.studies.queue_report import run_paces
+
+    runs = {"0/stock/burst8": _run("stock", "burst8", [1.0]) | {"wall_s": 100.0,
+                                                                  "server": {"steps": 1000.0, "tokens_per_step": 15.5}},
+            "0/plugin/burst8": _run("plugin", "burst8", [1.0]) | {
+                "wall_s": 105.0, "server": {"steps": 1000.0, "tokens_per_step": 15.5},
+                "plugin_counters": {"steps": 768.0, "policy_s": 0.5, "head_s": 0.268}}}
+    got = run_paces({"runs": runs}, "burst8", 1)
+    assert got["stock"]["0"]["wall_ms_per_step"] == pytest.approx(100.0)  # 100 s over 1000 steps
+    assert got["stock"]["0"]["plugin_ms_per_step"] is None
+    assert got["plugin"]["0"]["wall_ms_per_step"] == pytest.approx(105.0)
+    assert got["plugin"]["0"]["plugin_ms_per_step"] == pytest.approx(1.0)  # 0.768 s over 768 steps
 
 
 def test_regime_map_orders_depths_and_matches_the_cells(report):

@@ -280,9 +280,12 @@ def cpu_lock(path: str = LOCK):
 
 SERVER_COUNTERS = ("vllm:num_preemptions_total", "vllm:e2e_request_latency_seconds_sum",
                    "vllm:e2e_request_latency_seconds_count", "vllm:inter_token_latency_seconds_sum",
-                   "vllm:inter_token_latency_seconds_count")
-"""The engine's own counters a run records (vLLM's ``/metrics``): preemptions, and its end-to-end latency and
-inter-token latency histograms' sums and counts (what the server measured, whatever the client did)."""
+                   "vllm:inter_token_latency_seconds_count", "vllm:iteration_tokens_total_sum",
+                   "vllm:iteration_tokens_total_count")
+"""The engine's own counters a run records (vLLM's ``/metrics``): preemptions, its end-to-end latency and
+inter-token latency histograms' sums and counts (what the server measured, whatever the client did), and its
+tokens-per-step histogram's sum and count (one observation per engine step: prompt tokens computed plus tokens
+generated in it)."""
 
 
 def parse_counters(text: str) -> dict[str, float]:
@@ -304,12 +307,30 @@ def server_counters() -> dict[str, float]:
 
 def server_side(before: dict[str, float], after: dict[str, float]) -> dict:
     """What the engine measured between two :func:`server_counters` reads: ``preemptions``, ``requests`` finished,
-    their mean end-to-end latency and mean inter-token latency, s (``None`` with nothing finished)."""
-    d = {k: after[k] - before[k] for k in SERVER_COUNTERS}
+    their mean end-to-end latency and mean inter-token latency, s (``None`` with nothing finished), the engine
+    ``steps`` it ran and the mean ``tokens_per_step`` computed in them (``None`` with no step)."""
+    d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in SERVER_COUNTERS}
     n, tokens = d["vllm:e2e_request_latency_seconds_count"], d["vllm:inter_token_latency_seconds_count"]
+    steps = d["vllm:iteration_tokens_total_count"]
     return {"preemptions": d["vllm:num_preemptions_total"], "requests": n,
             "mean_e2e_s": d["vllm:e2e_request_latency_seconds_sum"] / n if n else None,
-            "mean_itl_s": d["vllm:inter_token_latency_seconds_sum"] / tokens if tokens else None}
+            "mean_itl_s": d["vllm:inter_token_latency_seconds_sum"] / tokens if tokens else None,
+            "steps": steps, "tokens_per_step": d["vllm:iteration_tokens_total_sum"] / steps if steps else None}
+
+
+PLUGIN_COUNTERS = ("steps", "policy_s", "head_s", "parked_request_steps", "predicted")
+"""The plug-in's scheduler counters a run records (:data:`lenpred.serving.vllm.prometheus.COUNTERS`)."""
+
+
+def plugin_counters(plugin_log: Path | None) -> dict[str, float]:
+    """:data:`PLUGIN_COUNTERS` from the plug-in's ``<plugin_log>.scheduler.json`` (its running totals, which the
+    scheduler writes every 256 steps and at shutdown: read between two runs they are up to 255 steps behind); ``{}``
+    without a plug-in log or before the file's first write."""
+    path = None if plugin_log is None else Path(f"{plugin_log}.scheduler.json")
+    if path is None or not path.exists():
+        return {}
+    counters = json.loads(path.read_text())
+    return {k: float(counters.get(k, 0.0)) for k in PLUGIN_COUNTERS}
 
 
 class LoadSampler:
@@ -350,7 +371,8 @@ class LoadSampler:
 def one_run(url: str, requests: list, tag: str, plugin_log: Path | None = None, timeout_s: float = 1200.0) -> dict:
     """Replay ``requests`` (:func:`load_requests`) once; the record keeps each request's result (with its longest
     stall, not every gap, so the file stays small), the replay's summary, the plug-in log's lines of this run, the
-    engine's own measurements during it (:func:`server_side`: preemptions, mean end-to-end and inter-token latency),
+    engine's own measurements during it (:func:`server_side`: preemptions, mean end-to-end and inter-token latency,
+    steps), the plug-in's scheduler counters gained during it (:func:`plugin_counters`; ``None`` without a plug-in),
     wall seconds, the 1-minute load average before and during it (:class:`LoadSampler`) and when it started and
     finished (local time, ISO; records written before ``finished`` existed hold the finish time in ``started``).
 
@@ -360,10 +382,11 @@ def one_run(url: str, requests: list, tag: str, plugin_log: Path | None = None, 
     from lenpred.serving.loadgen import run_replay, summarize_replay
 
     load, started = os.getloadavg()[0], time.strftime("%Y-%m-%dT%H:%M:%S")
-    before, t = server_counters(), time.time()
+    before, plugin_before, t = server_counters(), plugin_counters(plugin_log), time.time()
     with LoadSampler() as during:
         results = run_replay(url, requests, MODEL_NAME, timeout_s=timeout_s)
     server = server_side(before, server_counters())
+    plugin_after = plugin_counters(plugin_log)
     summary = summarize_replay(results)
     for r in results:
         r.pop("gaps_s", None)
@@ -373,6 +396,7 @@ def one_run(url: str, requests: list, tag: str, plugin_log: Path | None = None, 
                   if x["request_id"].startswith(f"chatcmpl-{tag}")]
     return {"results": results, "summary": summary, "plugin_log": logged, "preemptions": server["preemptions"],
             "server": server,
+            "plugin_counters": {k: v - plugin_before.get(k, 0.0) for k, v in plugin_after.items()} or None,
             "wall_s": time.time() - t, "loadavg_1m_before": load, "loadavg_1m_during": during.summary(),
             "started": started, "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
 

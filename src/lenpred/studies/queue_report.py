@@ -195,7 +195,11 @@ def run_paces(store: dict, pattern: str, num_draws: int) -> dict[str, dict[str, 
     :func:`~lenpred.studies.engine_bench.median_tpot_s` in ms (under stock FCFS and prompt-length priority nothing is
     parked, so on the same slice it is the engine's pace; under the plug-in it includes parked waits), and
     ``probe_ms``, the speed probe's just before the run (:func:`~lenpred.studies.engine_bench.speed_probe`; ``None``
-    for runs from before it was recorded)."""
+    for runs from before it was recorded); and where the run recorded the engine's steps
+    (:func:`~lenpred.studies.engine_bench.server_side`): ``steps``, ``tokens_per_step``, ``wall_ms_per_step`` (the
+    run's wall time over its steps: the time per step where the engine is busy throughout, as in a burst) and, under
+    the plug-in, ``plugin_ms_per_step`` (its policy and head seconds over its own steps,
+    :func:`~lenpred.studies.engine_bench.plugin_counters`)."""
     from lenpred.studies.engine_bench import median_tpot_s
 
     ms = lambda s: None if s is None else 1000 * s  # noqa: E731
@@ -203,8 +207,16 @@ def run_paces(store: dict, pattern: str, num_draws: int) -> dict[str, dict[str, 
     for m, ds in mode_draws(store, pattern, QUEUE_MODES, num_draws).items():
         for d in ds:
             rec = store["runs"][run_key(d, m, pattern)]
-            out.setdefault(m, {})[str(d)] = {"tpot_ms": ms(median_tpot_s(rec["results"])),
-                                              "probe_ms": ms((rec.get("speed_probe") or {}).get("tpot_s"))}
+            pace = {"tpot_ms": ms(median_tpot_s(rec["results"])),
+                    "probe_ms": ms((rec.get("speed_probe") or {}).get("tpot_s"))}
+            steps = (rec.get("server") or {}).get("steps")
+            if steps:
+                plugin = rec.get("plugin_counters") or {}
+                pace |= {"steps": steps, "tokens_per_step": rec["server"]["tokens_per_step"],
+                         "wall_ms_per_step": ms(rec["wall_s"] / steps),
+                         "plugin_ms_per_step": ms((plugin["policy_s"] + plugin["head_s"]) / plugin["steps"])
+                         if plugin.get("steps") else None}
+            out.setdefault(m, {})[str(d)] = pace
     return out
 
 
