@@ -87,3 +87,13 @@ def test_the_bench_serve_tables_in_the_serving_guide_are_their_json():
     rep = json.loads((ROOT / "results/scripts/serving/bench_serve/report.json").read_text())
     want = tables(rep)
     assert rendered_block(ROOT / "docs/serving.md", "bench_serve") == want, f"render it anew:\n{want}"
+
+
+def test_the_queue_share_tables_in_the_serving_guide_are_their_json():
+    from lenpred.studies.queue_share import bins_markdown
+
+    rep = json.loads((ROOT / "results/scripts/serving/queue_share/queue_share.json").read_text())
+    for source in ("simulator", "engine"):
+        want = bins_markdown(rep[source]["bins"]).strip()
+        got = rendered_block(ROOT / "docs/serving.md", f"queue_share_{source}")
+        assert got == want, f"render it anew:\n{want}"

@@ -54,6 +54,12 @@ SITTING = "results/scripts/serving/queue_trace_engine/code_x0.9_sitting/report.j
 SITTING_CELL = "patterns/tracecodex0.9/modes/"
 CAPACITY_1206 = "results/scripts/serving/queue_trace_engine/capacity_1206/report.json"
 CAPACITY_1206B = "results/scripts/serving/queue_trace_engine/capacity_1206b/report.json"
+SHARE = "results/scripts/serving/queue_share/queue_share.json"
+SITTING_11 = "results/scripts/serving/queue_trace_engine/code_x1.1_sitting/report.json"
+BURST_1206 = "results/scripts/serving/queue_trace_engine/burst_overhead_1206/report.json"
+BURST_1206_CELL = "patterns/burst8/modes/plugin"
+COST_1206 = "results/scripts/serving/queue_trace_engine/burst_overhead_1206/cost/cost_vllm_1core_sampled.json"
+SIM_COST = "results/scripts/serving/queue_guard/cost/cost_vllm_1core_sampled.json"
 FRONTIER_11 = "results/scripts/serving/queue_trace_engine/code_x1.1/guard_frontier_tracecodex1.1.json"
 FRONTIER_09 = "results/scripts/serving/queue_trace_engine/code_x0.9/guard_frontier_tracecodex0.9.json"
 FRONTIER_09_SJF = "results/scripts/serving/queue_trace_engine/code_x0.9/guard_frontier_tracecodex0.9_sjf.json"
@@ -189,6 +195,28 @@ def bold_point(f):
 def card_total(column: str):
     """The benchmark card's ``column`` summed over scenarios, split ``all``."""
     return lambda card: sum(row[column] for row in card if row["split"] == "all")
+
+
+def burst_steps(pace: dict) -> str:
+    """The guide's sentence on the second VM's burst: per draw, stock's and the plug-in's steps and wall ms per
+    step."""
+    def at(mode: str, d: str) -> str:
+        return f"{pace[mode][d]['steps']:,.0f} steps at {pace[mode][d]['wall_ms_per_step']:.0f} ms"
+
+    return (f"draw 0 {at('stock', '0')} under stock, {at('plugin', '0').replace(' steps', '')} under the plug-in; "
+            f"draw 1 {at('stock', '1').replace(' steps', '')} against {at('plugin', '1').replace(' steps', '')}")
+
+
+def thin_from(runs: dict, key: str) -> float:
+    """When fewer than 16 requests of a burst run were left: its (N − 16 + 1)-th finish, s after the burst."""
+    jct = sorted(x["jct_s"] for x in runs["runs"][key]["results"])
+    return jct[len(jct) - 16]
+
+
+def share_range(rep: dict, trace: str, load: float) -> str:
+    """``7–80 %``: the queue shares of the simulated slices of ``trace`` at ``load``, lowest to highest."""
+    x = [100 * r["queue_share"] for r in rep["simulator"]["slices"] if r["trace"] == trace and r["load"] == load]
+    return f"{min(x):.0f}–{max(x):.0f} %"
 
 
 # the README's table rows, by their first cell
@@ -710,6 +738,90 @@ CHECKS = [
     (FIRST_HEAD_ENGINE.format("shipped"), "patterns/burst8/modes/plugin/jct_cut_vs_stock", pct,
      "against the shipped head's {} on the same draw", GUIDE),
     (OUTSIDE, "later_half/refit: log + benchmark/mae_minus_shipped", diff, "beats the shipped head on unseen prompts: MAE difference {} tokens", GUIDE),
+    # the queue share: the plug-in's cut against how long stock keeps requests waiting, simulator and engine
+    (SHARE, lambda r: (r["simulator"]["spearman"]["plugin"], len(r["simulator"]["slices"]),
+                       r["engine"]["spearman"]["plugin"], len(r["engine"]["slices"])),
+     lambda v: f"(Spearman {v[0]:+.2f} over {v[1]} simulated slices of both traces at 0.6–1.2×, {v[2]:+.2f} over the "
+               f"{v[3]} engine slices)", "cut {}"),
+    (SHARE, lambda r: share_range(r, "code", 0.9), str, "(code at 0.9×: {})"),
+    (SHARE, lambda r: (r["simulator"]["bins"][0], r["engine"]["bins"][0]),
+     lambda b: (f"under 10 % the plug-in gains {pct(b[0]['cut_vs_stock']['plugin'])} in the simulator (the engine's "
+                f"{b[1]['num_slices']} slices: {pct(b[1]['cut_vs_stock']['plugin'])})"), "share is {}"),
+    (SHARE, lambda r: (r["simulator"]["bins"][3], r["engine"]["bins"][3]),
+     lambda b: (f"at 40–60 % {pct(b[0]['cut_vs_stock']['plugin'])} (the engine's {b[1]['num_slices']}: "
+                f"{pct(b[1]['cut_vs_stock']['plugin'])})"), "{}"),
+    (SHARE, lambda r: r["simulator"]["bins"],
+     lambda b: (f"pooled p99 {b[2]['p99_ratio_vs_stock']['plugin'][0]:.2f}× at 20–40 %, "
+                f"{b[3]['p99_ratio_vs_stock']['plugin'][0]:.2f}× at 40–60 %"), "({};"),
+    (SHARE, lambda r: (r["simulator"]["spearman"]["plugin"], r["simulator"]["spearman"]["priority:prompt_len"],
+                       share_range(r, "code", 0.7), share_range(r, "code", 0.9)),
+     lambda v: (f"Spearman's rank correlation of the queue share with the plug-in's cut is {v[0]:+.2f} (prompt-length "
+                f"priority's {v[1]:+.2f}), and at one nominal load the share spans most of its range (code at 0.7×: "
+                f"{v[2]}; at 0.9×: {v[3]})"), "{}", GUIDE),
+    (SHARE, lambda r: (r["simulator"]["bins"][0]["cut_vs_stock"]["plugin"][0],
+                       r["simulator"]["bins"][2]["p99_ratio_vs_stock"]["plugin"][0],
+                       r["simulator"]["bins"][3]["p99_ratio_vs_stock"]["plugin"][0],
+                       r["simulator"]["bins"][4]["p99_ratio_vs_stock"]["plugin"][0]),
+     lambda v: (f"(the plug-in {PCT(v[0])}); from a fifth on it gains a tenth or more. * **The tail costs most where "
+                f"waiting is moderate.** At 20–60 % the plug-in's pooled p99 is {v[1]:.2f}–{v[2]:.2f}× stock's, above "
+                f"60 % {v[3]:.2f}×"), "{}", GUIDE),
+    (SHARE, lambda r: (r["engine"]["spearman"]["plugin"], len(r["engine"]["slices"]),
+                       r["engine"]["bins"][0]["cut_vs_stock"]["plugin"][0],
+                       r["engine"]["bins"][3]["cut_vs_stock"]["plugin"][0]),
+     lambda v: (f"(Spearman {v[0]:+.2f} over {v[1]} slices of both machines; slice 2 of code 1.1×, run twice, counted "
+                f"once): {PCT(v[2])} under 10 % and {PCT(v[3])} at 40–60 %"), "{}", GUIDE),
+    (SITTING_11, lambda r: r["patterns"]["tracecodex1.1"],
+     lambda p: (f"the plug-in {pct(p['modes']['plugin']['jct_cut_vs_stock'])} with p99 "
+                f"{p['modes']['plugin']['p99_jct_ratio_vs_stock'][0]:.2f}×, where the simulator at one pace gives "
+                f"{PCT(p['modes']['plugin']['simulated_cut_vs_stock'])} and whatif "
+                f"{PCT(p['whatif'][0]['predicted_cut'])}"), "{}", GUIDE),
+    (SITTING_11, lambda r: r["patterns"]["tracecodex1.1"]["rate_req_s"], f3, "code_x1.1_sitting/`, {} req/s", GUIDE),
+    (SHARE, lambda r: [100 * x["queue_share"] for x in r["engine"]["slices"] if x["source"] == "code_x1.1_sitting"],
+     lambda v: f"a 1.1× slice at {v[0]:.0f} %", "{}", GUIDE),
+    (SHARE, lambda r: sorted(100 * x["queue_share"] for x in r["engine"]["slices"] if x["source"] == "code_x0.9_sitting"
+                             and x["cut_vs_stock"]["plugin"] < 0),
+     lambda v: f"the 0.9× slices at {v[0]:.0f} % and {v[1]:.0f} %", "{}", GUIDE),
+    (COST_1206, lambda c: (100 * c["fit_stats"]["mean_rel_error"], 100 * _load(SIM_COST)["fit_stats"]["mean_rel_error"],
+                           *[_load(COST_1206.replace("cost/cost_vllm_1core_sampled.json",
+                                                     f"whatif_own_cost/{d}-plugin-burst8/whatif.json"))
+                             ["results"]["16"]["lenpred"]["jct_cut_vs_stock"][0] for d in (0, 1)],
+                           *[w["measured_cut"] for w in _load(BURST_1206)["patterns"]["burst8"]["whatif"]]),
+     lambda v: (f"with a {v[0]:.1f} % mean error, the first VM's with {v[1]:.1f} %) whatif predicts {PCT(v[2])} and "
+                f"{PCT(v[3])} for the measured {PCT(v[4])} and {PCT(v[5])}"), "{}", GUIDE),
+    # the burst on the second VM: what the parked order costs there, its steps, and whatif on the first VM's cost model
+    (BURST_1206, BURST_1206_CELL, lambda m: (f"the plug-in {pct(m['jct_cut_vs_stock'])} with p99 "
+                                             f"{m['p99_jct_ratio_vs_stock'][0]:.2f}× and "
+                                             f"{m['throughput_ratio_vs_stock']:.2f}× stock's throughput"), "gave {}"),
+    (BURST_1206, BURST_1206_CELL, lambda m: (f"the plug-in {pct(m['jct_cut_vs_stock'])} with p99 "
+                                             f"{m['p99_jct_ratio_vs_stock'][0]:.2f}× and "
+                                             f"{m['throughput_ratio_vs_stock']:.2f}× stock's throughput (the simulator "
+                                             f"at one pace {PCT(m['simulated_cut_vs_stock'])})"), "saves: {}.", GUIDE),
+    (BURST_1206, lambda r: r["patterns"]["burst8"]["pace_ms"], burst_steps, "{}", GUIDE),
+    (BURST_1206.replace("report.json", "runs.json"), lambda r: [thin_from(r, f"{d}/{m}/burst8") for m in
+                                                                ("plugin", "stock") for d in (0, 1)],
+     lambda v: f"fewer than 16 requests were left after {v[0]:.0f} and {v[1]:.0f} s under the plug-in against "
+               f"{v[2]:.0f} and {v[3]:.0f} s under stock", "{}", GUIDE),
+    (BURST_1206, lambda r: [r["patterns"]["burst8"]["pace_ms"]["plugin"][d]["plugin_ms_per_step"] for d in "01"],
+     lambda v: f"took {v[0]:.2f} and {v[1]:.2f} ms per step", "{}", GUIDE),
+    (COST_1206, lambda c: c["coefficients"]["d2"] / _load(SIM_COST)["coefficients"]["d2"], f0,
+     "charges {}× more decode time per token of context"),
+    (COST_1206, lambda c: (c["coefficients"]["d2"] / _load(SIM_COST)["coefficients"]["d2"], 1e6 * c["coefficients"]["d2"],
+                           1e6 * _load(SIM_COST)["coefficients"]["d2"]),
+     lambda v: f"prices context {v[0]:.0f}× higher than the first VM's (its own cost model, `cost/`, fitted by "
+               f"`scripts/decode_knee.py` the same hour: {v[1]:.1f} µs per context token against {v[2]:.2f})",
+     "decode step {}", GUIDE),
+    (BURST_1206, lambda r: [-w["error_pp"] for w in r["patterns"]["burst8"]["whatif"]],
+     lambda v: f"misses the burst by {v[0]:.1f} and {v[1]:.1f} points", "second {}"),
+    (BURST_1206, lambda r: r["patterns"]["burst8"]["whatif"],
+     lambda w: (f"is missed by {-w[0]['error_pp']:.1f} and {-w[1]['error_pp']:.1f} points, because that machine's decode "
+                f"steps price context"), "{}", GUIDE),
+    (BURST_1206, lambda r: r["patterns"]["burst8"]["whatif"],
+     lambda w: " and ".join(f"{x['pace_scale']:.3f} / {x['stock_pace_scale']:.3f}" for x in w),
+     "slower, {}, where its makespans", GUIDE),
+    (BURST_1206.replace("report.json", "runs.json"),
+     lambda r: sorted(1 - r["runs"][f"{d}/plugin/burst8"]["wall_s"] / r["runs"][f"{d}/stock/burst8"]["wall_s"]
+                      for d in (0, 1)),
+     lambda v: f"{100 * v[0]:.0f}–{100 * v[1]:.0f} % shorter", "makespans were {}", GUIDE),
 ]
 
 
@@ -760,7 +872,9 @@ def test_every_check_names_a_file_in_the_repository():
 
 
 WHATIF_STORES = ("code_x0.9", "code_x1.1", "code_x1.1_repeat", "code_x1.1_wait", "conv_x1.1", "code_x0.9_sitting")
-"""The engine stores whose plug-in runs the guide's whatif summary reads."""
+"""The engine stores whose plug-in runs the guide's whatif summary reads: the first VM's and the second VM's trace
+slices, each replayed on the first VM's cost model (the second VM's burst, missed for that cost model's shape, is
+quoted on its own)."""
 
 
 def whatif_drift() -> dict:

@@ -44,6 +44,8 @@ def test_slices_pool_into_their_share_bins_the_last_one_closed():
     assert bins[1]["cut_vs_stock"]["plugin"][0] == pytest.approx(1 - 70 / 80)
     assert bins[0]["cut_vs_stock"]["plugin"][0] == pytest.approx(0.1)
     assert bins[2]["cut_vs_stock"]["plugin"] is None and bins[2]["p99_ratio_vs_stock"]["plugin"] is None
+    # the pooled p99: numpy's linear p99 of (9, 9) over that of (10, 10)
+    assert bins[0]["p99_ratio_vs_stock"]["plugin"][0] == pytest.approx(0.9)
     # ranks of the share (1, 2.5, 2.5, 4) against those of the cuts 0.1, 0.25, 0, 0 (3, 4, 1.5, 1.5): -2.25 / 4.5
     assert spearman(rows, "plugin") == pytest.approx(-0.5)
     assert spearman(rows[:2], "plugin") is None
@@ -54,14 +56,26 @@ def _result(rid: int, jct: float, ttft: float, outcome: str = "ok") -> dict:
 
 
 def test_engine_slices_pair_stock_and_the_plugin_on_trace_patterns_only(tmp_path):
-    stock = {"results": [_result(0, 10.0, 4.0), _result(1, 30.0, 6.0), _result(2, 50.0, 40.0, "cancelled")],
-             "settings": {"rate_req_s": 0.2}, "machine": {"boot_id": "2729868e-xx"}}
-    plugin = {"results": [_result(0, 5.0, 1.0), _result(1, 30.0, 2.0), _result(2, 1.0, 0.5)], "settings": {}}
-    store = {"runs": {"1/stock/tracecodex0.9": stock, "1/plugin/tracecodex0.9": plugin,
+    def run(results, when="2026-12-06T10:00:00", machine=None):
+        return {"results": results, "settings": {"rate_req_s": 0.2}, "finished": when,
+                **({"machine": {"boot_id": machine}} if machine else {})}
+
+    stock = run([_result(0, 10.0, 4.0), _result(1, 30.0, 6.0), _result(2, 50.0, 40.0, "cancelled")],
+                machine="2729868e-xx")
+    plugin = run([_result(0, 5.0, 1.0), _result(1, 30.0, 2.0), _result(2, 1.0, 0.5)])
+    store = {"config": {"seed": 100},
+             "runs": {"1/stock/tracecodex0.9": stock, "1/plugin/tracecodex0.9": plugin,
                       "0/stock/burst8": stock, "0/plugin/burst8": plugin,  # not a trace: left out
-                      "2/plugin_guard/tracecodex0.9": plugin}}  # not the plug-in's design, no stock run
-    (tmp_path / "code_x0.9").mkdir()
-    (tmp_path / "code_x0.9" / "runs.json").write_text(json.dumps(store))
+                      "2/plugin/tracecodex0.9": plugin,  # no stock run: left out
+                      "3/stock/tracecodex0.9": stock, "3/plugin_guard/tracecodex0.9": plugin,  # not the design
+                      "4/stock/tracecodex0.9": stock,  # its plug-in run 2 hours later: apart from stock, left out
+                      "4/plugin/tracecodex0.9": run(plugin["results"], when="2026-12-06T12:00:00")}}
+    for name, st in (("code_x0.9", store),
+                     ("code_x0.9_repeat", {"config": {"seed": 101},  # its draw 0 is code_x0.9's slice 1 again
+                                           "runs": {"0/stock/tracecodex0.9": stock,
+                                                    "0/plugin/tracecodex0.9": plugin}})):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "runs.json").write_text(json.dumps(st))
     rows, jcts = engine_slices(tmp_path)
     assert len(rows) == 1
     row = rows[0]
@@ -75,6 +89,13 @@ def test_engine_slices_pair_stock_and_the_plugin_on_trace_patterns_only(tmp_path
     (tmp_path / "code_x0.9" / "runs.json").write_text("{")
     with pytest.raises(LenpredError, match="runs.json is not valid JSON"):
         engine_slices(tmp_path)
+
+
+def test_a_slice_with_a_damaged_ttft_is_refused():
+    row, jct = _row(0.5, [10, 10], [9, 9])
+    row["queue_share"] = float("nan")
+    with pytest.raises(LenpredError, match="queue share outside"):
+        binned([row], [jct], (0.0, 1.0), n_resamples=10)
 
 
 @pytest.mark.parametrize("bad, msg", [({"share_bins": (0.1, 1.0)}, "ascend from 0 to 1"),

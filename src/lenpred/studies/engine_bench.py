@@ -284,8 +284,9 @@ SERVER_COUNTERS = ("vllm:num_preemptions_total", "vllm:e2e_request_latency_secon
                    "vllm:iteration_tokens_total_count")
 """The engine's own counters a run records (vLLM's ``/metrics``): preemptions, its end-to-end latency and
 inter-token latency histograms' sums and counts (what the server measured, whatever the client did), and its
-tokens-per-step histogram's sum and count (one observation per engine step: prompt tokens computed plus tokens
-generated in it)."""
+tokens-per-step histogram's sum and count (vLLM 0.32 observes it once per engine step that emitted a token: the
+tokens generated in it plus the prompt tokens of the requests whose prefill ended in it; a step that only advanced a
+chunked prefill is not counted)."""
 
 
 def parse_counters(text: str) -> dict[str, float]:
@@ -308,7 +309,8 @@ def server_counters() -> dict[str, float]:
 def server_side(before: dict[str, float], after: dict[str, float]) -> dict:
     """What the engine measured between two :func:`server_counters` reads: ``preemptions``, ``requests`` finished,
     their mean end-to-end latency and mean inter-token latency, s (``None`` with nothing finished), the engine
-    ``steps`` it ran and the mean ``tokens_per_step`` computed in them (``None`` with no step)."""
+    ``steps`` that emitted a token and the mean ``tokens_per_step`` computed in them (``None`` with no step;
+    :data:`SERVER_COUNTERS`)."""
     d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in SERVER_COUNTERS}
     n, tokens = d["vllm:e2e_request_latency_seconds_count"], d["vllm:inter_token_latency_seconds_count"]
     steps = d["vllm:iteration_tokens_total_count"]
@@ -322,11 +324,18 @@ PLUGIN_COUNTERS = ("steps", "policy_s", "head_s", "parked_request_steps", "predi
 """The plug-in's scheduler counters a run records (:data:`lenpred.serving.vllm.prometheus.COUNTERS`)."""
 
 
+def scheduler_log(plugin_log: Path | None) -> Path | None:
+    """Where the plug-in with log ``plugin_log`` writes its scheduler counters (``None`` without a plug-in log); a
+    server that reuses the log path must start without the previous server's file (:func:`plugin_counters` would
+    read its totals as this run's start)."""
+    return None if plugin_log is None else Path(f"{plugin_log}.scheduler.json")
+
+
 def plugin_counters(plugin_log: Path | None) -> dict[str, float]:
     """:data:`PLUGIN_COUNTERS` from the plug-in's ``<plugin_log>.scheduler.json`` (its running totals, which the
     scheduler writes every 256 steps and at shutdown: read between two runs they are up to 255 steps behind); ``{}``
     without a plug-in log or before the file's first write."""
-    path = None if plugin_log is None else Path(f"{plugin_log}.scheduler.json")
+    path = scheduler_log(plugin_log)
     if path is None or not path.exists():
         return {}
     counters = json.loads(path.read_text())

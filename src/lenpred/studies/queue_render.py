@@ -219,13 +219,14 @@ def pattern_markdown(pattern: str, p: dict) -> list[str]:
                                                               if d in x else "" for d in draws]]
                                                         for m, x in p["pace_ms"].items()]), ""]
         if any("steps" in y for x in p["pace_ms"].values() for y in x.values()):
-            cell = lambda y: "" if "steps" not in y else (  # noqa: E731
+            cell = lambda y: "–" if "steps" not in y else (  # noqa: E731
                 f"{y['steps']:.0f} / {y['tokens_per_step']:.1f} / {y['wall_ms_per_step']:.0f}"
                 + ("" if y["plugin_ms_per_step"] is None else f" ({y['plugin_ms_per_step']:.2f})"))
-            lines += ["The engine's steps per run (vLLM's tokens-per-step histogram): steps / tokens per step / the "
-                      "run's wall ms per step (the time per step where the engine is busy throughout, as in a burst) "
-                      "and, in parentheses, the plug-in's own ms per step (its policy and head; from its scheduler "
-                      "log, up to 255 steps behind):", "",
+            lines += ["The engine's steps per run (vLLM's tokens-per-step histogram: the steps that emitted a token): "
+                      "steps / tokens per step / the run's wall ms per step (the time per step where the engine is "
+                      "busy throughout, as in a burst) and, in parentheses, the plug-in's own ms per step (its policy "
+                      "and head; from its scheduler log, up to 255 steps behind; – : a run from before steps were "
+                      "recorded):", "",
                       markdown_table(["mode", *[f"draw {d}" for d in draws]],
                                      [[m, *[cell(x[d]) if d in x else "" for d in draws]]
                                       for m, x in p["pace_ms"].items()]), ""]

@@ -2,18 +2,21 @@
 ``scripts/queue_share.py``).
 
 A nominal load (requests/s as a multiple of stock's burst capacity) does not say how much a slice of real arrivals
-queues: at "0.9×" one slice of the Azure code trace leaves stock's requests waiting half their JCT and the next one
-2 %, and a machine's capacity measured on a burst does not carry over to trickling arrivals alike. What a reorder can
+queues: at "0.9×" one slice of the Azure code trace left stock's requests waiting half their JCT and another one 2 %,
+and a machine's capacity measured on a burst does not carry over to trickling arrivals alike. What a reorder can
 shorten is the wait. So per slice this study takes stock FCFS's **queue share**, mean TTFT / mean JCT over the
-slice's requests (TTFT: arrival to first token, the wait for admission plus the prefill; an operator reads the same
-from vLLM's ``/metrics``: ``vllm:time_to_first_token_seconds`` and ``vllm:e2e_request_latency_seconds``, sum over
-sum), beside the plug-in's paired mean-JCT cut vs stock and its p99 ratio:
+slice's requests (TTFT: arrival to first token, the wait for admission plus the prefill; an operator reads nearly the
+same from vLLM's ``/metrics``: the ``_sum`` of ``vllm:time_to_first_token_seconds`` over its ``_count``, divided by
+the same for ``vllm:e2e_request_latency_seconds``, over a window in which both counted the same requests), beside the
+plug-in's paired mean-JCT cut vs stock and its p99 ratio:
 
 * in the simulator, ``draws`` slices of each trace (:mod:`lenpred.serving.traces`) at each of ``loads`` × the
   simulated stock capacity (the slices, requests, KV cache and modes of :mod:`lenpred.studies.queue_sim`: stock,
   prompt-length priority and the plug-in's design ``plugin:srpt:W<D>:prompt_len``);
-* on the engine, every committed trace store's slices with a stock and a ``plugin`` run (paired request by request,
-  :func:`lenpred.studies.engine_bench.paired`).
+* on the engine, every committed trace store's slices with a stock and a ``plugin`` run in one sitting (paired
+  request by request, :func:`lenpred.studies.engine_bench.paired`; a slice rerun in another store counted once, the
+  first store's by name; a plug-in run more than :data:`lenpred.studies.queue_report.SITTING_H` hours from its stock
+  run left out, as the queue report leaves it out).
 
 Slices are pooled into bins of the queue share (``share_bins``); each bin's cut is a paired two-stage bootstrap over
 requests clustered by slice (:func:`lenpred.studies.paired.compare`). Output: ``<out>.json``, ``<out>.md``,
@@ -30,7 +33,7 @@ import numpy as np
 
 from lenpred.errors import LenpredError, raise_first
 
-MODES = ("stock", "priority:prompt_len", "plugin")
+MODES = ("stock", "plugin", "priority:prompt_len")
 """The simulated modes (``plugin``: :func:`design_mode`)."""
 
 
@@ -113,14 +116,17 @@ def slice_row(source: str, trace: str, load: float, draw: int, jct: dict[str, np
               stock_ttft_s: np.ndarray, **extra) -> dict:
     """One slice's row: where it came from, stock's mean TTFT and JCT (s) and :func:`queue_share`, and per other
     mode of ``jct`` (``(n,)`` arrays aligned request by request with ``jct["stock"]``) its mean-JCT cut vs stock
-    (``1 − Σ mode / Σ stock``) and p99 ratio (numpy's linear percentile)."""
+    (``1 − Σ mode / Σ stock``) and p99 ratio (numpy's linear percentile): :data:`lenpred.studies.paired.STATISTICS`'
+    ``mean_cut`` and ``p99_ratio``."""
+    from lenpred.studies.paired import STATISTICS
+
     stock = jct["stock"]
+    stat = lambda name, x: float(STATISTICS[name]({"ref": stock, "mode": x}))  # noqa: E731
     return {"source": source, "trace": trace, "load": load, "draw": draw, "num_requests": int(stock.size),
             "stock_mean_ttft_s": float(stock_ttft_s.mean()), "stock_mean_jct_s": float(stock.mean()),
             "queue_share": queue_share(stock_ttft_s, stock), **extra,
-            "cut_vs_stock": {m: float(1 - x.sum() / stock.sum()) for m, x in jct.items() if m != "stock"},
-            "p99_ratio_vs_stock": {m: float(np.percentile(x, 99) / np.percentile(stock, 99))
-                                   for m, x in jct.items() if m != "stock"}}
+            "cut_vs_stock": {m: stat("mean_cut", x) for m, x in jct.items() if m != "stock"},
+            "p99_ratio_vs_stock": {m: stat("p99_ratio", x) for m, x in jct.items() if m != "stock"}}
 
 
 def simulated_slices(cfg: QueueShareConfig) -> tuple[list[dict], list[dict[str, np.ndarray]], dict]:
@@ -129,9 +135,7 @@ def simulated_slices(cfg: QueueShareConfig) -> tuple[list[dict], list[dict[str, 
     from tqdm import tqdm
 
     from lenpred.serving.cost_model import CostModel
-    from lenpred.serving.simulator import SimConfig
-    from lenpred.studies.queue_sim import (BLOCK_SIZE, capacity, draw, kv_tokens, run_mode,
-                                           with_pattern_arrivals)
+    from lenpred.studies.queue_sim import capacity, draw_timings, kv_tokens
     from lenpred.studies.workload import load_workload_table, table_prompt_oracle
 
     cost = CostModel.load(cfg.cost_model).with_streaming_overhead(cfg.streaming_overhead_ms / 1e3)
@@ -140,18 +144,14 @@ def simulated_slices(cfg: QueueShareConfig) -> tuple[list[dict], list[dict[str, 
     D = cfg.decode_bound
     kv = kv_tokens(table, D)
     cap = capacity(table, cost, D, kv, cfg.seed)
-    names = {"stock": "stock", "priority:prompt_len": "priority:prompt_len", "plugin": design_mode(D)}
+    names = {"stock": "stock", "plugin": design_mode(D), "priority:prompt_len": "priority:prompt_len"}
     rows, jcts = [], []
     grid = [(t, load, d) for t in cfg.traces for load in cfg.loads for d in range(cfg.draws)]
     for trace, load, d in tqdm(grid, desc="simulated slices", unit="slice"):
         n, rate = int(round(load * cap * cfg.window_s)), load * cap
-        reqs, arrival = with_pattern_arrivals(draw(table, oracle_p, n, cfg.seed + d), f"trace:{trace}", rate,
-                                              cfg.seed + d)
-        base = SimConfig(max_num_seqs=D, max_num_batched_tokens=8192, arrival=arrival, rate_per_s=rate,
-                         seed=cfg.seed + d, kv_cache_tokens=kv, block_size=BLOCK_SIZE)
-        timings = {m: sorted(run_mode(name, reqs, cost, base, None), key=lambda t: t.request_id)
-                   for m, name in names.items()}
-        jct = {m: np.array([t.jct_s for t in ts]) for m, ts in timings.items()}
+        timings = draw_timings(table, oracle_p, cost, names.values(), n=n, arrival=f"trace:{trace}", rate=rate,
+                               cv=1.0, seed=cfg.seed + d, D=D, kv=kv)
+        jct = {m: np.array([t.jct_s for t in timings[name]]) for m, name in names.items()}
         ttft = np.array([t.ttft_s for t in timings["stock"]])
         rows.append(slice_row("simulator", trace, load, d, jct, ttft, rate_req_s=rate))
         jcts.append(jct)
@@ -160,45 +160,60 @@ def simulated_slices(cfg: QueueShareConfig) -> tuple[list[dict], list[dict[str, 
 
 def engine_slices(folder: str | Path) -> tuple[list[dict], list[dict[str, np.ndarray]]]:
     """``(rows, jct)``: every slice of a trace pattern (``trace<name>x<load>``) in ``folder/*/runs.json`` with a
-    ``stock`` and a ``plugin`` run, as :func:`slice_row` (``source`` the store's folder name, with the machine's
-    kernel boot id) and its paired JCTs; ``([], [])`` for a folder that does not exist.
+    ``stock`` and a ``plugin`` run in one sitting, as :func:`slice_row` (``source`` the store's folder name, with the
+    machine's kernel boot id) and its paired JCTs; a slice (trace, rate, the store's seed + draw) met again in a later
+    store by name is skipped; ``([], [])`` for a folder that does not exist.
 
     Raises:
         LenpredError: a ``runs.json`` that is not valid JSON (the message names it).
     """
     import json
-    import re
 
     from lenpred.studies.engine_bench import paired, run_key
+    from lenpred.studies.queue_regime import parse_pattern
+    from lenpred.studies.queue_report import draws_apart_from_stock
 
-    rows, jcts = [], []
+    rows, jcts, seen = [], [], set()
     for path in sorted(Path(folder).glob("*/runs.json")) if str(folder) else []:
         try:
             store = json.loads(path.read_text())
         except ValueError as exc:
             raise LenpredError(f"{path} is not valid JSON ({exc}): restore it with git checkout") from None
         keys = [k.split("/") for k in store.get("runs", {})]
-        for d, pattern in sorted({(int(d), p) for d, m, p in keys if m == "plugin"}):
-            match = re.fullmatch(r"trace(\w+?)x([0-9.]+)", pattern)
-            if match is None or run_key(d, "stock", pattern) not in store["runs"]:
+        for d, name in sorted({(int(d), p) for d, m, p in keys if m == "plugin"}):
+            pattern = parse_pattern(name)
+            if pattern.trace is None or run_key(d, "stock", name) not in store["runs"] \
+                    or draws_apart_from_stock(store, name, [d], ["plugin"]):
                 continue
-            jct = paired(store, [d], pattern, ["stock", "plugin"])
-            ttft = paired(store, [d], pattern, ["stock", "plugin"], key="ttft_s")["stock"][0]
-            jct = {m: x[0] for m, x in jct.items()}
-            rec = store["runs"][run_key(d, "stock", pattern)]
-            rows.append(slice_row(path.parent.name, match[1], float(match[2]), d, jct, ttft,
-                                  rate_req_s=rec["settings"].get("rate_req_s"),
-                                  boot_id=(rec.get("machine") or {}).get("boot_id")))
+            settings = store["runs"][run_key(d, "stock", name)].get("settings") or {}
+            slice_id = (pattern.trace, settings.get("rate_req_s"), store.get("config", {}).get("seed", 0) + d)
+            if slice_id in seen:  # the same slice rerun in another store: counted once
+                continue
+            seen.add(slice_id)
+            jct = {m: x[0] for m, x in paired(store, [d], name, ["stock", "plugin"]).items()}
+            ttft = paired(store, [d], name, ["stock", "plugin"], key="ttft_s")["stock"][0]
+            rows.append(slice_row(path.parent.name, pattern.trace, pattern.load, d, jct, ttft,
+                                  rate_req_s=settings.get("rate_req_s"),
+                                  boot_id=(store["runs"][run_key(d, "stock", name)].get("machine") or {})
+                                  .get("boot_id")))
             jcts.append(jct)
     return rows, jcts
 
 
 def binned(rows: list[dict], jcts: list[dict[str, np.ndarray]], bins: tuple[float, ...], n_resamples: int) -> list:
     """Per queue-share bin ``[low, high)`` (the last one closed): its slices' count and, per mode, the pooled mean-JCT
-    cut vs stock with a paired interval (requests clustered by slice) and the pooled p99 ratio; ``None`` cells for an
-    empty bin."""
+    cut vs stock and p99 ratio, each with a paired interval (requests clustered by slice); ``None`` cells for an
+    empty bin.
+
+    Raises:
+        LenpredError: a slice whose queue share is not a finite number in [0, 1] (a damaged TTFT).
+    """
     from lenpred.studies.paired import compare
 
+    bad = [r["source"] for r in rows if not 0 <= r["queue_share"] <= 1]
+    if bad:
+        raise LenpredError(f"{len(bad)} slice(s) with a queue share outside [0, 1] (first from {bad[0]}): a TTFT is "
+                           "missing or longer than its JCT; rerun that slice")
     out = []
     for k, (low, high) in enumerate(zip(bins[:-1], bins[1:])):
         last = k == len(bins) - 2
@@ -210,8 +225,7 @@ def binned(rows: list[dict], jcts: list[dict[str, np.ndarray]], bins: tuple[floa
                 continue
             stock, mode = [jcts[i]["stock"] for i in idx], [jcts[i][m] for i in idx]
             cell["cut_vs_stock"][m] = compare("mean_cut", stock, mode, n_resamples)
-            cell["p99_ratio_vs_stock"][m] = float(np.percentile(np.concatenate(mode), 99)
-                                                  / np.percentile(np.concatenate(stock), 99))
+            cell["p99_ratio_vs_stock"][m] = compare("p99_ratio", stock, mode, n_resamples)
         out.append(cell)
     return out
 
@@ -239,12 +253,27 @@ def run(cfg: QueueShareConfig) -> dict:
                        "spearman": {"plugin": spearman(eng_rows, "plugin")}}}
 
 
+def bins_markdown(bins: list[dict]) -> str:
+    """:func:`binned`'s cells as a Markdown table: per queue-share bin its slices and, per mode (in :data:`MODES`'
+    order), the pooled cut and p99 ratio with their intervals."""
+    from lenpred.tables import markdown_table
+
+    from lenpred.studies.engine_bench import fmt_ci, pct
+
+    cut = lambda t: "–" if t is None else fmt_ci(t, pct)  # noqa: E731
+    ratio = lambda t: "–" if t is None else fmt_ci(t, lambda x: f"{x:.2f}")  # noqa: E731
+    name = {"plugin": "plug-in", "priority:prompt_len": "prompt-length priority"}
+    modes = [m for m in MODES[1:] if bins and m in bins[0]["cut_vs_stock"]]
+    return markdown_table(["queue share", "slices", *(f"{name.get(m, m)}: {x}" for m in modes for x in ("cut", "p99"))],
+                          [[f"{b['low']:.0%}–{b['high']:.0%}", str(b["num_slices"]),
+                            *(y for m in modes for y in (cut(b["cut_vs_stock"][m]), ratio(b["p99_ratio_vs_stock"][m])))]
+                           for b in bins])
+
+
 def markdown(rep: dict) -> str:
     """The report as Markdown: the bins (simulator, then engine), then every engine slice."""
     from lenpred.tables import markdown_table
 
-    pct = lambda t: "–" if t is None else f"{t[0]:+.1%} [{t[1]:+.1%}, {t[2]:+.1%}]"  # noqa: E731
-    ratio = lambda x: "–" if x is None else f"{x:.2f}"  # noqa: E731
     rho = lambda x: "–" if x is None else f"{x:+.2f}"  # noqa: E731
     s, sim, eng = rep["settings"], rep["simulator"], rep["engine"]
     lines = ["# The plug-in's gain against stock's queue share", "",
@@ -257,19 +286,11 @@ def markdown(rep: dict) -> str:
              f"`{rep['design_mode']}`. Spearman's rank correlation of the queue share with the cut: plug-in "
              f"{rho(sim['spearman']['plugin'])}, prompt-length priority {rho(sim['spearman']['priority:prompt_len'])} "
              f"({len(sim['slices'])} slices).", "",
-             markdown_table(["queue share", "slices", "plug-in cut", "plug-in p99", "prompt-length cut",
-                             "prompt-length p99"],
-                            [[f"{b['low']:.0%}–{b['high']:.0%}", str(b["num_slices"]),
-                              pct(b["cut_vs_stock"].get("plugin")), ratio(b["p99_ratio_vs_stock"].get("plugin")),
-                              pct(b["cut_vs_stock"].get("priority:prompt_len")),
-                              ratio(b["p99_ratio_vs_stock"].get("priority:prompt_len"))] for b in sim["bins"]]), ""]
+             bins_markdown(sim["bins"]), ""]
     if eng["slices"]:
         lines += [f"Engine (`{s['engine_stores']}`, every slice with a stock and a plug-in run; Spearman "
                   f"{rho(eng['spearman']['plugin'])} over {len(eng['slices'])} slices):", "",
-                  markdown_table(["queue share", "slices", "plug-in cut", "plug-in p99"],
-                                 [[f"{b['low']:.0%}–{b['high']:.0%}", str(b["num_slices"]),
-                                   pct(b["cut_vs_stock"].get("plugin")), ratio(b["p99_ratio_vs_stock"].get("plugin"))]
-                                  for b in eng["bins"]]), "",
+                  bins_markdown(eng["bins"]), "",
                   "Every engine slice, by queue share:", "",
                   markdown_table(["store", "slice", "machine", "requests", "stock TTFT s", "stock JCT s",
                                   "queue share", "plug-in cut", "plug-in p99"],

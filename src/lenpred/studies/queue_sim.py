@@ -249,6 +249,20 @@ def with_pattern_arrivals(reqs: list, arrival: str, rate: float, seed: int) -> t
     return reqs, "given"
 
 
+def draw_timings(table, oracle_p: np.ndarray, cost, modes, *, n: int, arrival: str, rate: float, cv: float, seed: int,
+                 D: int, kv: int, max_idle_s: float | None = None) -> dict[str, list]:
+    """One draw of a pattern under every mode of ``modes`` (:func:`run_mode`): ``n`` test-split requests
+    (:func:`draw`) arriving as ``arrival`` says (``all``, ``gamma`` at ``rate`` req/s with gap CV ``cv``, or
+    ``trace:<name>``, :func:`with_pattern_arrivals`), D decoding, a KV cache of ``kv`` tokens; per mode its
+    :class:`~lenpred.serving.metrics.RequestTiming` list sorted by request id (so modes pair request by request)."""
+    from lenpred.serving.simulator import SimConfig
+
+    reqs, sim_arrival = with_pattern_arrivals(draw(table, oracle_p, n, seed), arrival, rate, seed)
+    base = SimConfig(max_num_seqs=D, max_num_batched_tokens=8192, arrival=sim_arrival, rate_per_s=rate, cv=cv,
+                     seed=seed, kv_cache_tokens=kv, block_size=BLOCK_SIZE)
+    return {m: sorted(run_mode(m, reqs, cost, base, max_idle_s), key=lambda t: t.request_id) for m in modes}
+
+
 def cell(jct: dict[str, list[np.ndarray]], mode: str, n: int, design: str | None = None) -> dict:
     """Mean JCT, the paired cut vs stock, p99 ratio and shares of both oracles' gains (request-level, by draw); for
     the plug-in's measured ``design`` mode also ``jct_cut_vs``: its paired cut against every other mode."""
@@ -271,8 +285,6 @@ def cell(jct: dict[str, list[np.ndarray]], mode: str, n: int, design: str | None
 
 def study(cfg: QueueSimConfig, table, cost, oracle_p: np.ndarray, D: int) -> dict:
     """One decode bound's study: its KV cache, stock capacity and, per pattern, every mode's :func:`cell`."""
-    from lenpred.serving.simulator import SimConfig
-
     kv = kv_tokens(table, D)
     cap = capacity(table, cost, D, kv, cfg.seed)
     windows = tuple(int(f * D) for f in cfg.window_factors)
@@ -283,13 +295,10 @@ def study(cfg: QueueSimConfig, table, cost, oracle_p: np.ndarray, D: int) -> dic
                  if arrival != "all" or "@" not in m]
         jct: dict[str, list[np.ndarray]] = {m: [] for m in names}
         for d in range(cfg.draws):
-            reqs, sim_arrival = with_pattern_arrivals(draw(table, oracle_p, n, cfg.seed + d), arrival, rate,
-                                                      cfg.seed + d)
-            base = SimConfig(max_num_seqs=D, max_num_batched_tokens=8192, arrival=sim_arrival, rate_per_s=rate, cv=cv,
-                             seed=cfg.seed + d, kv_cache_tokens=kv, block_size=BLOCK_SIZE)
+            timings = draw_timings(table, oracle_p, cost, names, n=n, arrival=arrival, rate=rate, cv=cv,
+                                   seed=cfg.seed + d, D=D, kv=kv, max_idle_s=cfg.max_idle_s)
             for m in names:
-                timings = sorted(run_mode(m, reqs, cost, base, cfg.max_idle_s), key=lambda t: t.request_id)
-                jct[m].append(np.array([t.jct_s for t in timings]))
+                jct[m].append(np.array([t.jct_s for t in timings[m]]))
         out["patterns"][name] = {"num_requests": n, "arrival": arrival,
                                  "rate_req_s": rate if arrival != "all" else None,
                                  "cv": cv, "modes": {m: cell(jct, m, cfg.bootstrap_resamples, design)
