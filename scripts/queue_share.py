@@ -6,7 +6,7 @@ operator reads it off vLLM's ``/metrics``.
 The study is :mod:`lenpred.studies.queue_share`; this script builds its config and writes ``<out>.json``, ``.md``
 and ``.png``::
 
-    python scripts/queue_share.py          # ~1 min on one core
+    python scripts/queue_share.py          # ~2 min on one core
 """
 
 from __future__ import annotations

@@ -213,6 +213,22 @@ def thin_from(runs: dict, key: str) -> float:
     return jct[len(jct) - 16]
 
 
+FIRST_VM, SECOND_VM = "df4df3a0-", "2729868e-"
+"""The kernel boot ids' starts of the first and second VM the engine's trace slices ran on."""
+
+
+def machine(by_boot: dict, start: str):
+    """The value of the one key of ``by_boot`` (kernel boot ids) that starts with ``start``."""
+    (value,) = [v for k, v in by_boot.items() if k.startswith(start)]
+    return value
+
+
+def burst_probes(runs: dict) -> list[str]:
+    """The speed probes (ms per token) before the second VM's burst runs: plug-in, stock of draw 0, then of draw 1."""
+    return [f"{1000 * runs['runs'][f'{d}/{m}/burst8']['speed_probe']['tpot_s']:.0f}"
+            for d in (0, 1) for m in ("plugin", "stock")]
+
+
 def share_range(rep: dict, trace: str, load: float) -> str:
     """``7–80 %``: the queue shares of the simulated slices of ``trace`` at ``load``, lowest to highest."""
     x = [100 * r["queue_share"] for r in rep["simulator"]["slices"] if r["trace"] == trace and r["load"] == load]
@@ -740,9 +756,13 @@ CHECKS = [
     (OUTSIDE, "later_half/refit: log + benchmark/mae_minus_shipped", diff, "beats the shipped head on unseen prompts: MAE difference {} tokens", GUIDE),
     # the queue share: the plug-in's cut against how long stock keeps requests waiting, simulator and engine
     (SHARE, lambda r: (r["simulator"]["spearman"]["plugin"], len(r["simulator"]["slices"]),
-                       r["engine"]["spearman"]["plugin"], len(r["engine"]["slices"])),
-     lambda v: f"(Spearman {v[0]:+.2f} over {v[1]} simulated slices of both traces at 0.6–1.2×, {v[2]:+.2f} over the "
-               f"{v[3]} engine slices)", "cut {}"),
+                       r["simulator"]["spearman_load"]["plugin"], r["engine"]["spearman"]["plugin"],
+                       len(r["engine"]["slices"]), r["engine"]["spearman_load"]["plugin"]),
+     lambda v: (f"cut with Spearman {v[0]:+.2f} over {v[1]} simulated slices of both traces at 0.6–1.2× (the load: "
+                f"{v[2]:+.2f}) and {v[3]:+.2f} over the {v[4]} engine slices (the load: {v[5]:+.2f})"), "{}"),
+    (SHARE, lambda r: (r["simulator"]["bins"][2], r["engine"]["bins"][2]),
+     lambda b: (f"at 20–40 % the simulator's {pct(b[0]['cut_vs_stock']['plugin'])} is not what the engine's "
+                f"{b[1]['num_slices']} slices gave ({pct(b[1]['cut_vs_stock']['plugin'])})"), "{}"),
     (SHARE, lambda r: share_range(r, "code", 0.9), str, "(code at 0.9×: {})"),
     (SHARE, lambda r: (r["simulator"]["bins"][0], r["engine"]["bins"][0]),
      lambda b: (f"under 10 % the plug-in gains {pct(b[0]['cut_vs_stock']['plugin'])} in the simulator (the engine's "
@@ -754,22 +774,27 @@ CHECKS = [
      lambda b: (f"pooled p99 {b[2]['p99_ratio_vs_stock']['plugin'][0]:.2f}× at 20–40 %, "
                 f"{b[3]['p99_ratio_vs_stock']['plugin'][0]:.2f}× at 40–60 %"), "({};"),
     (SHARE, lambda r: (r["simulator"]["spearman"]["plugin"], r["simulator"]["spearman"]["priority:prompt_len"],
-                       share_range(r, "code", 0.7), share_range(r, "code", 0.9)),
-     lambda v: (f"Spearman's rank correlation of the queue share with the plug-in's cut is {v[0]:+.2f} (prompt-length "
-                f"priority's {v[1]:+.2f}), and at one nominal load the share spans most of its range (code at 0.7×: "
-                f"{v[2]}; at 0.9×: {v[3]})"), "{}", GUIDE),
+                       share_range(r, "code", 0.7), share_range(r, "code", 0.9), r["simulator"]["spearman_load"]["plugin"]),
+     lambda v: (f"correlation of the queue share with the plug-in's cut is {v[0]:+.2f} (of the nominal load "
+                f"{v[4]:+.2f}; of the share with prompt-length priority's cut {v[1]:+.2f}), and at one nominal load the "
+                f"share spans most of its range (code at 0.7×: {v[2]}; at 0.9×: {v[3]})"), "{}", GUIDE),
     (SHARE, lambda r: (r["simulator"]["bins"][0]["cut_vs_stock"]["plugin"][0],
                        r["simulator"]["bins"][2]["p99_ratio_vs_stock"]["plugin"][0],
                        r["simulator"]["bins"][3]["p99_ratio_vs_stock"]["plugin"][0],
                        r["simulator"]["bins"][4]["p99_ratio_vs_stock"]["plugin"][0]),
-     lambda v: (f"(the plug-in {PCT(v[0])}); from a fifth on it gains a tenth or more. * **The tail costs most where "
-                f"waiting is moderate.** At 20–60 % the plug-in's pooled p99 is {v[1]:.2f}–{v[2]:.2f}× stock's, above "
-                f"60 % {v[3]:.2f}×"), "{}", GUIDE),
+     lambda v: (f"(the plug-in {PCT(v[0])}); from a fifth on it gains a tenth or more. It is a correlation over slices, "
+                f"not a cause"), "{}", GUIDE),
+    (SHARE, lambda r: [r["simulator"]["bins"][k]["p99_ratio_vs_stock"]["plugin"][0] for k in (2, 3, 4)],
+     lambda v: f"At 20–60 % the plug-in's pooled p99 is {v[0]:.2f}–{v[1]:.2f}× stock's, above 60 % {v[2]:.2f}×",
+     "{}", GUIDE),
     (SHARE, lambda r: (r["engine"]["spearman"]["plugin"], len(r["engine"]["slices"]),
-                       r["engine"]["bins"][0]["cut_vs_stock"]["plugin"][0],
+                       r["engine"]["spearman_load"]["plugin"], r["engine"]["spearman_by_machine"],
+                       r["engine"]["bins"][0]["cut_vs_stock"]["plugin"][0], r["engine"]["bins"][2]["cut_vs_stock"]["plugin"],
                        r["engine"]["bins"][3]["cut_vs_stock"]["plugin"][0]),
-     lambda v: (f"(Spearman {v[0]:+.2f} over {v[1]} slices of both machines; slice 2 of code 1.1×, run twice, counted "
-                f"once): {PCT(v[2])} under 10 % and {PCT(v[3])} at 40–60 %"), "{}", GUIDE),
+     lambda v: (f"(Spearman {v[0]:+.2f} over {v[1]} slices of both machines, of the nominal load {v[2]:+.2f}; within "
+                f"the first VM's slices {machine(v[3], FIRST_VM):+.2f}, within the second VM's {machine(v[3], SECOND_VM):+.2f}; slice 2 "
+                f"of code 1.1×, run twice, counted once): {PCT(v[4])} under 10 %, {pct(v[5])} at 20–40 % and "
+                f"{PCT(v[6])} at 40–60 %"), "{}", GUIDE),
     (SITTING_11, lambda r: r["patterns"]["tracecodex1.1"],
      lambda p: (f"the plug-in {pct(p['modes']['plugin']['jct_cut_vs_stock'])} with p99 "
                 f"{p['modes']['plugin']['p99_jct_ratio_vs_stock'][0]:.2f}×, where the simulator at one pace gives "
@@ -791,11 +816,16 @@ CHECKS = [
     # the burst on the second VM: what the parked order costs there, its steps, and whatif on the first VM's cost model
     (BURST_1206, BURST_1206_CELL, lambda m: (f"the plug-in {pct(m['jct_cut_vs_stock'])} with p99 "
                                              f"{m['p99_jct_ratio_vs_stock'][0]:.2f}× and "
-                                             f"{m['throughput_ratio_vs_stock']:.2f}× stock's throughput"), "gave {}"),
+                                             f"{m['throughput_ratio_vs_stock']:.2f}× stock's throughput"),
+     "lost no throughput: {}"),
+    (BURST_1206.replace("report.json", "runs.json"), burst_probes, lambda v: f"{v[0]} vs {v[1]} and {v[2]} vs {v[3]}",
+     "(speed probes {} ms per token)"),
+    (BURST_1206.replace("report.json", "runs.json"), burst_probes,
+     lambda v: f"{v[0]} against {v[1]} and {v[2]} against {v[3]} ms per token", "faster machine than their stock runs ({}:", GUIDE),
     (BURST_1206, BURST_1206_CELL, lambda m: (f"the plug-in {pct(m['jct_cut_vs_stock'])} with p99 "
                                              f"{m['p99_jct_ratio_vs_stock'][0]:.2f}× and "
                                              f"{m['throughput_ratio_vs_stock']:.2f}× stock's throughput (the simulator "
-                                             f"at one pace {PCT(m['simulated_cut_vs_stock'])})"), "saves: {}.", GUIDE),
+                                             f"at one pace {PCT(m['simulated_cut_vs_stock'])})"), "It lost no throughput: {}, but", GUIDE),
     (BURST_1206, lambda r: r["patterns"]["burst8"]["pace_ms"], burst_steps, "{}", GUIDE),
     (BURST_1206.replace("report.json", "runs.json"), lambda r: [thin_from(r, f"{d}/{m}/burst8") for m in
                                                                 ("plugin", "stock") for d in (0, 1)],
@@ -803,18 +833,16 @@ CHECKS = [
                f"{v[2]:.0f} and {v[3]:.0f} s under stock", "{}", GUIDE),
     (BURST_1206, lambda r: [r["patterns"]["burst8"]["pace_ms"]["plugin"][d]["plugin_ms_per_step"] for d in "01"],
      lambda v: f"took {v[0]:.2f} and {v[1]:.2f} ms per step", "{}", GUIDE),
-    (COST_1206, lambda c: c["coefficients"]["d2"] / _load(SIM_COST)["coefficients"]["d2"], f0,
-     "charges {}× more decode time per token of context"),
     (COST_1206, lambda c: (c["coefficients"]["d2"] / _load(SIM_COST)["coefficients"]["d2"], 1e6 * c["coefficients"]["d2"],
                            1e6 * _load(SIM_COST)["coefficients"]["d2"]),
-     lambda v: f"prices context {v[0]:.0f}× higher than the first VM's (its own cost model, `cost/`, fitted by "
-               f"`scripts/decode_knee.py` the same hour: {v[1]:.1f} µs per context token against {v[2]:.2f})",
-     "decode step {}", GUIDE),
+     lambda v: f"prices context {v[0]:.0f}× higher than the first VM's ({v[1]:.1f} µs per context token against {v[2]:.2f})",
+     "the same hour) {}", GUIDE),
     (BURST_1206, lambda r: [-w["error_pp"] for w in r["patterns"]["burst8"]["whatif"]],
      lambda v: f"misses the burst by {v[0]:.1f} and {v[1]:.1f} points", "second {}"),
     (BURST_1206, lambda r: r["patterns"]["burst8"]["whatif"],
-     lambda w: (f"is missed by {-w[0]['error_pp']:.1f} and {-w[1]['error_pp']:.1f} points, because that machine's decode "
-                f"steps price context"), "{}", GUIDE),
+     lambda w: f"is missed by {-w[0]['error_pp']:.1f} and {-w[1]['error_pp']:.1f} points, on a cost model", "{}", GUIDE),
+    (COST_1206, lambda c: c["coefficients"]["d2"] / _load(SIM_COST)["coefficients"]["d2"], f0,
+     "(its own prices context {}× higher)", GUIDE),
     (BURST_1206, lambda r: r["patterns"]["burst8"]["whatif"],
      lambda w: " and ".join(f"{x['pace_scale']:.3f} / {x['stock_pace_scale']:.3f}" for x in w),
      "slower, {}, where its makespans", GUIDE),

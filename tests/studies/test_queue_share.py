@@ -49,6 +49,9 @@ def test_slices_pool_into_their_share_bins_the_last_one_closed():
     # ranks of the share (1, 2.5, 2.5, 4) against those of the cuts 0.1, 0.25, 0, 0 (3, 4, 1.5, 1.5): -2.25 / 4.5
     assert spearman(rows, "plugin") == pytest.approx(-0.5)
     assert spearman(rows[:2], "plugin") is None
+    for r, load in zip(rows, (0.6, 0.9, 1.1, 1.2)):  # by the nominal load instead: ranks 1..4 against 3, 4, 1.5, 1.5
+        r["load"] = load
+    assert spearman(rows, "plugin", "load") == pytest.approx(-3.5 / (5 ** 0.5 * 4.5 ** 0.5))
 
 
 def _result(rid: int, jct: float, ttft: float, outcome: str = "ok") -> dict:

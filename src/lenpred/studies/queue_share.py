@@ -230,27 +230,33 @@ def binned(rows: list[dict], jcts: list[dict[str, np.ndarray]], bins: tuple[floa
     return out
 
 
-def spearman(rows: list[dict], mode: str) -> float | None:
-    """Spearman's rank correlation of the queue share with ``mode``'s cut over ``rows`` (scipy; ``None`` below 3
-    slices)."""
+def spearman(rows: list[dict], mode: str, by: str = "queue_share") -> float | None:
+    """Spearman's rank correlation of the rows' ``by`` (the queue share, or the nominal ``load``) with ``mode``'s cut
+    over ``rows`` (scipy; ``None`` below 3 slices)."""
     from scipy.stats import spearmanr
 
     if len(rows) < 3:
         return None
-    return float(spearmanr([r["queue_share"] for r in rows], [r["cut_vs_stock"][mode] for r in rows]).statistic)
+    return float(spearmanr([r[by] for r in rows], [r["cut_vs_stock"][mode] for r in rows]).statistic)
 
 
 def run(cfg: QueueShareConfig) -> dict:
     """The study (module docstring): ``settings``, the simulated and engine slices, their bins and rank
-    correlations."""
+    correlations of the cut with the queue share (``spearman``) and with the nominal load (``spearman_load``; on the
+    engine also the share's per machine, by kernel boot id)."""
     sim_rows, sim_jct, setting = simulated_slices(cfg)
     eng_rows, eng_jct = engine_slices(cfg.engine_stores)
     n = cfg.bootstrap_resamples
     return {"settings": dataclasses.asdict(cfg), **setting, "design_mode": design_mode(cfg.decode_bound),
             "simulator": {"slices": sim_rows, "bins": binned(sim_rows, sim_jct, cfg.share_bins, n),
-                          "spearman": {m: spearman(sim_rows, m) for m in MODES[1:]}},
+                          "spearman": {m: spearman(sim_rows, m) for m in MODES[1:]},
+                          "spearman_load": {m: spearman(sim_rows, m, "load") for m in MODES[1:]}},
             "engine": {"slices": eng_rows, "bins": binned(eng_rows, eng_jct, cfg.share_bins, n),
-                       "spearman": {"plugin": spearman(eng_rows, "plugin")}}}
+                       "spearman": {"plugin": spearman(eng_rows, "plugin")},
+                       "spearman_load": {"plugin": spearman(eng_rows, "plugin", "load")},
+                       "spearman_by_machine": {str(boot): spearman([r for r in eng_rows if r.get("boot_id") == boot],
+                                                                   "plugin")
+                                               for boot in sorted({r.get("boot_id") for r in eng_rows}, key=str)}}}
 
 
 def bins_markdown(bins: list[dict]) -> str:
@@ -285,11 +291,14 @@ def markdown(rep: dict) -> str:
              f"`{s['cost_model']}`), {s['draws']} slices of {s['window_s']:g} s each; the plug-in "
              f"`{rep['design_mode']}`. Spearman's rank correlation of the queue share with the cut: plug-in "
              f"{rho(sim['spearman']['plugin'])}, prompt-length priority {rho(sim['spearman']['priority:prompt_len'])} "
-             f"({len(sim['slices'])} slices).", "",
+             f"({len(sim['slices'])} slices); of the nominal load with the plug-in's cut "
+             f"{rho(sim['spearman_load']['plugin'])}.", "",
              bins_markdown(sim["bins"]), ""]
     if eng["slices"]:
-        lines += [f"Engine (`{s['engine_stores']}`, every slice with a stock and a plug-in run; Spearman "
-                  f"{rho(eng['spearman']['plugin'])} over {len(eng['slices'])} slices):", "",
+        per_machine = ", ".join(f"{rho(v)} on machine {k[:8]}" for k, v in eng["spearman_by_machine"].items())
+        lines += [f"Engine (`{s['engine_stores']}`, every slice with a stock and a plug-in run; Spearman of the share "
+                  f"{rho(eng['spearman']['plugin'])} over {len(eng['slices'])} slices ({per_machine}), of the nominal "
+                  f"load {rho(eng['spearman_load']['plugin'])}):", "",
                   bins_markdown(eng["bins"]), "",
                   "Every engine slice, by queue share:", "",
                   markdown_table(["store", "slice", "machine", "requests", "stock TTFT s", "stock JCT s",
