@@ -838,7 +838,7 @@ CHECKS = [
      lambda v: f"prices context {v[0]:.0f}× higher than the first VM's ({v[1]:.1f} µs per context token against {v[2]:.2f})",
      "the same hour) {}", GUIDE),
     (BURST_1206, lambda r: [-w["error_pp"] for w in r["patterns"]["burst8"]["whatif"]],
-     lambda v: f"misses the burst by {v[0]:.1f} and {v[1]:.1f} points", "second {}"),
+     lambda v: f"misses the burst by {v[0]:.1f} and {v[1]:.1f} points", "second VM {}"),
     (BURST_1206, lambda r: r["patterns"]["burst8"]["whatif"],
      lambda w: f"is missed by {-w[0]['error_pp']:.1f} and {-w[1]['error_pp']:.1f} points, on a cost model", "{}", GUIDE),
     (COST_1206, lambda c: c["coefficients"]["d2"] / _load(SIM_COST)["coefficients"]["d2"], f0,
@@ -899,7 +899,8 @@ def test_every_check_names_a_file_in_the_repository():
         assert (ROOT / path).is_file(), path
 
 
-WHATIF_STORES = ("code_x0.9", "code_x1.1", "code_x1.1_repeat", "code_x1.1_wait", "conv_x1.1", "code_x0.9_sitting")
+WHATIF_STORES = ("code_x0.9", "code_x1.1", "code_x1.1_repeat", "code_x1.1_wait", "conv_x1.1", "code_x0.9_sitting",
+                 "code_x1.1_sitting")
 """The engine stores whose plug-in runs the guide's whatif summary reads: the first VM's and the second VM's trace
 slices, each replayed on the first VM's cost model (the second VM's burst, missed for that cost model's shape, is
 quoted on its own)."""

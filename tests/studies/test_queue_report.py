@@ -271,6 +271,7 @@ def test_whatif_on_each_plugin_runs_own_traffic_log_beside_the_measured_cut(tmp_
     assert (row["mode"], row["draw"]) == ("plugin", 0) and row["measured_cut"] == pytest.approx(0.2)  # 1 - 40/50
     assert row["measured_p99_ratio"] == pytest.approx(0.8) and row["predicted_cut"] == want[0.0]["jct_cut_vs_stock"][0]
     assert row["error_pp"] == pytest.approx(100 * (want[0.0]["jct_cut_vs_stock"][0] - 0.2))
+    assert (row["since"], row["until"]) == (1000.0, 1000.0)  # the window replayed: every arrival of the log at 1000 s
     # beside it the paces: the stock run's of its own draw, and none fitted to a log without its engine settings
     assert (row["pace_scale"], row["stock_pace_scale"]) == (None, 0.9)
     served = run_whatif(WhatifConfig(traffic=str(tmp_path / "served"), cost_model=str(cost), decode_slots=(4,),

@@ -60,7 +60,7 @@ def _result(rid: int, jct: float, ttft: float, outcome: str = "ok") -> dict:
 
 def test_engine_slices_pair_stock_and_the_plugin_on_trace_patterns_only(tmp_path):
     def run(results, when="2026-12-06T10:00:00", machine=None):
-        return {"results": results, "settings": {"rate_req_s": 0.2}, "finished": when,
+        return {"results": results, "settings": {"rate_req_s": 0.2}, "started": when, "finished": when,
                 **({"machine": {"boot_id": machine}} if machine else {})}
 
     stock = run([_result(0, 10.0, 4.0), _result(1, 30.0, 6.0), _result(2, 50.0, 40.0, "cancelled")],
@@ -88,10 +88,14 @@ def test_engine_slices_pair_stock_and_the_plugin_on_trace_patterns_only(tmp_path
     assert row["num_requests"] == 2 and row["queue_share"] == pytest.approx(10 / 40)
     assert row["cut_vs_stock"]["plugin"] == pytest.approx(1 - 35 / 40)
     np.testing.assert_allclose(jcts[0]["plugin"], [5.0, 30.0])
-    assert engine_slices(tmp_path / "nowhere") == ([], [])
-    (tmp_path / "code_x0.9" / "runs.json").write_text("{")
-    with pytest.raises(LenpredError, match="runs.json is not valid JSON"):
-        engine_slices(tmp_path)
+    assert row["day"] == "2026-12-06"  # the day the stock run started
+    assert engine_slices("") == ([], [])  # the simulator only
+    with pytest.raises(LenpredError, match="no engine stores"):  # a wrong path, or one store instead of the folder
+        engine_slices(tmp_path / "code_x0.9")
+    for bad in ("{", "[]", '{"runs": {"1/plugin/tracecodex0.9": {}, "1/stock/tracecodex0.9": {}}}'):
+        (tmp_path / "code_x0.9" / "runs.json").write_text(bad)
+        with pytest.raises(LenpredError, match="code_x0.9/runs.json is not a queue benchmark's store"):
+            engine_slices(tmp_path)
 
 
 def test_a_slice_with_a_damaged_ttft_is_refused():
@@ -105,7 +109,9 @@ def test_a_slice_with_a_damaged_ttft_is_refused():
                                       ({"share_bins": (0.0, 0.5, 0.5, 1.0)}, "ascend from 0 to 1"),
                                       ({"traces": ("chat",)}, "unknown trace chat"),
                                       ({"loads": (0.0,)}, r"loads must be in \(0, 10\)"),
-                                      ({"draws": 0}, "draws must be >= 1")])
+                                      ({"draws": 0}, "draws must be >= 1"),
+                                      ({"seed": -1}, "seed must be >= 0"),
+                                      ({"bootstrap_resamples": 0}, "bootstrap resamples must be >= 100")])
 def test_bad_settings_are_refused(bad, msg):
     with pytest.raises(LenpredError, match=msg):
         QueueShareConfig(**bad)
@@ -120,7 +126,7 @@ def test_a_small_simulated_study_runs_end_to_end(tmp_path, monkeypatch):
     (tmp_path / "t" / TRACES["code"]).write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "\n".join(rows) + "\n")
     monkeypatch.setenv("LENPRED_TRACE_DIR", str(tmp_path / "t"))
     cfg = QueueShareConfig(traces=("code",), loads=(1.0,), draws=2, window_s=40.0, engine_stores="",
-                           bootstrap_resamples=50, out=str(tmp_path / "out" / "share"))
+                           bootstrap_resamples=100, out=str(tmp_path / "out" / "share"))
     rep = run(cfg)
     slices = rep["simulator"]["slices"]
     assert len(slices) == 2 and rep["engine"]["slices"] == []

@@ -548,7 +548,8 @@ def add_whatif(rep: dict, store: dict, out: Path, cost_model: str, n_resamples: 
     (``settings["traffic_log"]``) beside a stock run: ``lenpred whatif`` on that log (at the run's D and starvation
     guard, on ``cost_model`` at the pace whatif fits to the log, :func:`lenpred.studies.whatif.fit_replay_pace`;
     written under ``<out>/whatif/<draw>-<mode>-<pattern>``) against the draw's measured cut vs stock (issue 49:
-    within 5 points) and p99 ratio; stored as the pattern's ``whatif`` rows, by mode then draw, each with that pace
+    within 5 points) and p99 ratio; stored as the pattern's ``whatif`` rows, by mode then draw (each with the window
+    it replayed, ``since`` / ``until`` in seconds since the epoch), each with that pace
     (``pace_scale``, ``None`` where the log does not say the order it was served in) beside the stock run's
     (``stock_pace_scale``, :func:`fit_stock_pace`): the measured cut pairs two runs, each at its own pace. Each log is
     replayed over its run's own arrivals (:func:`run_window`); a log no block of which matches its run gets no row
@@ -580,7 +581,8 @@ def add_whatif(rep: dict, store: dict, out: Path, cost_model: str, n_resamples: 
             w = whatif["results"][str(D)]["lenpred"]
             ours, theirs = ok_jct(rec), ok_jct(stock)
             measured = 1 - ours.mean() / theirs.mean()
-            rows.append({"draw": d, "mode": mode, "traffic_log": log, "pace_scale": whatif["pace_scale"],
+            rows.append({"draw": d, "mode": mode, "traffic_log": log, "since": since, "until": until,
+                         "pace_scale": whatif["pace_scale"],
                          "stock_pace_scale": p.get("stock_pace_scale", {}).get(str(d)),
                          "predicted_cut": w["jct_cut_vs_stock"][0],
                          "measured_cut": float(measured), "error_pp": 100 * (w["jct_cut_vs_stock"][0] - measured),

@@ -2,9 +2,9 @@
 ``scripts/queue_share.py``).
 
 A nominal load (requests/s as a multiple of stock's burst capacity) does not say how much a slice of real arrivals
-queues: at "0.9×" one slice of the Azure code trace left stock's requests waiting half their JCT and another one 2 %,
-and a machine's capacity measured on a burst does not carry over to trickling arrivals alike. What a reorder can
-shorten is the wait. So per slice this study takes stock FCFS's **queue share**, mean TTFT / mean JCT over the
+queues: at "0.9×" one slice of the Azure code trace left stock's requests waiting half their JCT and another one 2 %
+(and a capacity measured on a burst need not carry over to trickling arrivals alike on every machine). What a
+reorder can shorten is the wait. So per slice this study takes stock FCFS's **queue share**, mean TTFT / mean JCT over the
 slice's requests (TTFT: arrival to first token, the wait for admission plus the prefill; an operator reads nearly the
 same from vLLM's ``/metrics``: the ``_sum`` of ``vllm:time_to_first_token_seconds`` over its ``_count``, divided by
 the same for ``vllm:e2e_request_latency_seconds``, over a window in which both counted the same requests), beside the
@@ -63,7 +63,7 @@ class QueueShareConfig:
         out: output path prefix.
 
     Raises:
-        LenpredError: a bad load, draw count, bin edges or overhead; an unknown trace.
+        LenpredError: a bad load, draw count, seed, resample count, bin edges or overhead; an unknown trace.
     """
 
     traces: tuple[str, ...] = ("code", "conv")
@@ -90,6 +90,9 @@ class QueueShareConfig:
                      (not self.traces or not self.loads, "name at least one trace and one load"),
                      (any(not 0 < x < 10 for x in self.loads), f"loads must be in (0, 10), got {self.loads}"),
                      (self.draws < 1, f"draws must be >= 1, got {self.draws}"),
+                     (self.seed < 0, f"the seed must be >= 0, got {self.seed}"),
+                     (self.bootstrap_resamples < 100,
+                      f"bootstrap resamples must be >= 100 for a 95 % interval, got {self.bootstrap_resamples}"),
                      (self.decode_bound < 1, f"the decode bound must be >= 1, got {self.decode_bound}"),
                      (not self.window_s > 0, f"the window must be > 0 s, got {self.window_s}"),
                      (len(bins) < 2 or bins[0] != 0 or bins[-1] != 1 or bool(np.any(np.diff(bins) <= 0)),
@@ -161,11 +164,38 @@ def simulated_slices(cfg: QueueShareConfig) -> tuple[list[dict], list[dict[str, 
 def engine_slices(folder: str | Path) -> tuple[list[dict], list[dict[str, np.ndarray]]]:
     """``(rows, jct)``: every slice of a trace pattern (``trace<name>x<load>``) in ``folder/*/runs.json`` with a
     ``stock`` and a ``plugin`` run in one sitting, as :func:`slice_row` (``source`` the store's folder name, with the
-    machine's kernel boot id) and its paired JCTs; a slice (trace, rate, the store's seed + draw) met again in a later
-    store by name is skipped; ``([], [])`` for a folder that does not exist.
+    machine's kernel boot id and the day its stock run started) and its paired JCTs; a slice (trace, rate, the
+    store's seed + draw) met again in a later store by name is skipped; ``([], [])`` for ``""`` (the simulator only).
 
     Raises:
-        LenpredError: a ``runs.json`` that is not valid JSON (the message names it).
+        LenpredError: a folder with no ``*/runs.json`` (a store itself, or a wrong path), or a ``runs.json`` that is
+            not a queue benchmark's store (the message names it).
+    """
+    if not str(folder):
+        return [], []
+    paths = sorted(Path(folder).glob("*/runs.json"))
+    if not paths:
+        raise LenpredError(f"no engine stores (*/runs.json) under {folder}: give the folder that holds the stores of "
+                           "scripts/queue_benchmark.py (e.g. results/scripts/serving/queue_trace_engine), or '' for "
+                           "the simulator only")
+    rows, jcts, seen = [], [], set()
+    for path in paths:
+        try:
+            found = store_slices(path, seen)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
+            raise LenpredError(f"{path} is not a queue benchmark's store ({type(exc).__name__}: {exc}): restore it "
+                               "with git checkout, or rerun that store with scripts/queue_benchmark.py") from None
+        for row, jct in found:
+            rows.append(row)
+            jcts.append(jct)
+    return rows, jcts
+
+
+def store_slices(path: Path, seen: set) -> list[tuple[dict, dict[str, np.ndarray]]]:
+    """:func:`engine_slices` of one ``runs.json``; ``seen`` collects the slices met so far (and is added to).
+
+    Raises:
+        ValueError, KeyError, TypeError, AttributeError, OSError: a file that is not a queue benchmark's store.
     """
     import json
 
@@ -173,31 +203,27 @@ def engine_slices(folder: str | Path) -> tuple[list[dict], list[dict[str, np.nda
     from lenpred.studies.queue_regime import parse_pattern
     from lenpred.studies.queue_report import draws_apart_from_stock
 
-    rows, jcts, seen = [], [], set()
-    for path in sorted(Path(folder).glob("*/runs.json")) if str(folder) else []:
-        try:
-            store = json.loads(path.read_text())
-        except ValueError as exc:
-            raise LenpredError(f"{path} is not valid JSON ({exc}): restore it with git checkout") from None
-        keys = [k.split("/") for k in store.get("runs", {})]
-        for d, name in sorted({(int(d), p) for d, m, p in keys if m == "plugin"}):
-            pattern = parse_pattern(name)
-            if pattern.trace is None or run_key(d, "stock", name) not in store["runs"] \
-                    or draws_apart_from_stock(store, name, [d], ["plugin"]):
-                continue
-            settings = store["runs"][run_key(d, "stock", name)].get("settings") or {}
-            slice_id = (pattern.trace, settings.get("rate_req_s"), store.get("config", {}).get("seed", 0) + d)
-            if slice_id in seen:  # the same slice rerun in another store: counted once
-                continue
-            seen.add(slice_id)
-            jct = {m: x[0] for m, x in paired(store, [d], name, ["stock", "plugin"]).items()}
-            ttft = paired(store, [d], name, ["stock", "plugin"], key="ttft_s")["stock"][0]
-            rows.append(slice_row(path.parent.name, pattern.trace, pattern.load, d, jct, ttft,
-                                  rate_req_s=settings.get("rate_req_s"),
-                                  boot_id=(store["runs"][run_key(d, "stock", name)].get("machine") or {})
-                                  .get("boot_id")))
-            jcts.append(jct)
-    return rows, jcts
+    store = json.loads(path.read_text())
+    out = []
+    keys = [k.split("/") for k in store["runs"]]
+    for d, name in sorted({(int(d), p) for d, m, p in keys if m == "plugin"}):
+        pattern = parse_pattern(name)
+        if pattern.trace is None or run_key(d, "stock", name) not in store["runs"] \
+                or draws_apart_from_stock(store, name, [d], ["plugin"]):
+            continue
+        stock = store["runs"][run_key(d, "stock", name)]
+        settings = stock.get("settings") or {}
+        slice_id = (pattern.trace, settings.get("rate_req_s"), store.get("config", {}).get("seed", 0) + d)
+        if slice_id in seen:  # the same slice rerun in another store: counted once
+            continue
+        seen.add(slice_id)
+        jct = {m: x[0] for m, x in paired(store, [d], name, ["stock", "plugin"]).items()}
+        ttft = paired(store, [d], name, ["stock", "plugin"], key="ttft_s")["stock"][0]
+        out.append((slice_row(path.parent.name, pattern.trace, pattern.load, d, jct, ttft,
+                              rate_req_s=settings.get("rate_req_s"),
+                              boot_id=(stock.get("machine") or {}).get("boot_id"),
+                              day=(stock.get("started") or "")[:10] or None), jct))
+    return out
 
 
 def binned(rows: list[dict], jcts: list[dict[str, np.ndarray]], bins: tuple[float, ...], n_resamples: int) -> list:
@@ -286,29 +312,40 @@ def markdown(rep: dict) -> str:
              "Queue share of a slice: stock FCFS's mean TTFT / mean JCT over its requests (the wait for admission plus "
              "the prefill, as a share of the job). Cut: 1 − mean JCT / stock's on the same requests; intervals 95 %, "
              "paired, requests clustered by slice. p99: the pooled p99 JCT over stock's.", "",
+             "Terms: JCT, job completion time (arrival to last token); TTFT, time to first token; p99, the 99th "
+             "percentile; D, the sequences decoded per step; the plug-in, lenpred's in-engine scheduler as it ships "
+             f"(`{rep['design_mode']}`: parked SRPT on the engine's own prediction, a window of D prefilled requests, "
+             "shortest prompt first into it); machine: the kernel boot id of the engine's host (and the day its stock "
+             "run started).", "",
              f"Simulator: traces {', '.join(s['traces'])} at {', '.join(f'{x:g}' for x in s['loads'])} × the "
              f"simulated stock capacity ({rep['capacity_req_s']:.3f} req/s at D = {s['decode_bound']}, cost model "
-             f"`{s['cost_model']}`), {s['draws']} slices of {s['window_s']:g} s each; the plug-in "
-             f"`{rep['design_mode']}`. Spearman's rank correlation of the queue share with the cut: plug-in "
+             f"`{s['cost_model']}`), {s['draws']} slice(s) of {s['window_s']:g} s each. Spearman's rank correlation of the queue share with the cut: plug-in "
              f"{rho(sim['spearman']['plugin'])}, prompt-length priority {rho(sim['spearman']['priority:prompt_len'])} "
-             f"({len(sim['slices'])} slices); of the nominal load with the plug-in's cut "
+             f"({len(sim['slices'])} slice(s)); of the nominal load with the plug-in's cut "
              f"{rho(sim['spearman_load']['plugin'])}.", "",
              bins_markdown(sim["bins"]), ""]
     if eng["slices"]:
         per_machine = ", ".join(f"{rho(v)} on machine {k[:8]}" for k, v in eng["spearman_by_machine"].items())
         lines += [f"Engine (`{s['engine_stores']}`, every slice with a stock and a plug-in run; Spearman of the share "
-                  f"{rho(eng['spearman']['plugin'])} over {len(eng['slices'])} slices ({per_machine}), of the nominal "
+                  f"{rho(eng['spearman']['plugin'])} over {len(eng['slices'])} slice(s) ({per_machine}), of the nominal "
                   f"load {rho(eng['spearman_load']['plugin'])}):", "",
                   bins_markdown(eng["bins"]), "",
                   "Every engine slice, by queue share:", "",
-                  markdown_table(["store", "slice", "machine", "requests", "stock TTFT s", "stock JCT s",
+                  markdown_table(["store", "slice", "machine (day)", "requests", "stock TTFT s", "stock JCT s",
                                   "queue share", "plug-in cut", "plug-in p99"],
-                                 [[r["source"], str(r["draw"]), (r.get("boot_id") or "–")[:8], str(r["num_requests"]),
+                                 [[r["source"], str(r["draw"]), machine_label(r), str(r["num_requests"]),
                                    f"{r['stock_mean_ttft_s']:.1f}", f"{r['stock_mean_jct_s']:.1f}",
                                    f"{r['queue_share']:.0%}", f"{r['cut_vs_stock']['plugin']:+.1%}",
                                    f"{r['p99_ratio_vs_stock']['plugin']:.2f}"]
                                   for r in sorted(eng["slices"], key=lambda r: r["queue_share"])]), ""]
     return "\n".join(lines)
+
+
+def machine_label(row: dict) -> str:
+    """``2729868e (2026-12-06)``: an engine slice's machine (its kernel boot id's start) and the day of its stock
+    run."""
+    boot = (row.get("boot_id") or "–")[:8]
+    return f"{boot} ({row['day']})" if row.get("day") else boot
 
 
 def plot(rep: dict, path: Path) -> None:
@@ -337,8 +374,10 @@ def plot(rep: dict, path: Path) -> None:
         rows = [r for r in eng["slices"] if r.get("boot_id") == boot]
         marker = "D^v<>"[k % 5]
         x = [100 * r["queue_share"] for r in rows]
+        days = sorted(r["day"] for r in rows if r.get("day"))
+        when = f" ({days[0]}{'' if days[0] == days[-1] else ' to ' + days[-1]})" if days else ""
         left.scatter(x, [100 * r["cut_vs_stock"]["plugin"] for r in rows], marker=marker, s=55, facecolor="none",
-                     edgecolor="crimson", linewidth=1.5, label=f"engine, machine {str(boot)[:8]}")
+                     edgecolor="crimson", linewidth=1.5, label=f"engine, machine {str(boot)[:8]}{when}")
         right.scatter(x, [r["p99_ratio_vs_stock"]["plugin"] for r in rows], marker=marker, s=55, facecolor="none",
                       edgecolor="crimson", linewidth=1.5)
     left.axhline(0, color="grey", lw=0.8)
