@@ -201,10 +201,10 @@ def burst_steps(pace: dict) -> str:
     """The guide's sentence on the second VM's burst: per draw, stock's and the plug-in's steps and wall ms per
     step."""
     def at(mode: str, d: str) -> str:
-        return f"{pace[mode][d]['steps']:,.0f} steps at {pace[mode][d]['wall_ms_per_step']:.0f} ms"
+        return f"{pace[mode][d]['steps']:,.0f} at {pace[mode][d]['wall_ms_per_step']:.0f} ms"
 
-    return (f"draw 0 {at('stock', '0')} under stock, {at('plugin', '0').replace(' steps', '')} under the plug-in; "
-            f"draw 1 {at('stock', '1').replace(' steps', '')} against {at('plugin', '1').replace(' steps', '')}")
+    return (f"draw 0 {at('stock', '0').replace(' at', ' steps at')} under stock, {at('plugin', '0')} under the "
+            f"plug-in; draw 1 {at('stock', '1')} against {at('plugin', '1')}")
 
 
 def thin_from(runs: dict, key: str) -> float:
