@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from lenpred.errors import LenpredError
+from lenpred.errors import run_script
 from lenpred.studies.bench_serve import BenchServeConfig
 
 
@@ -39,13 +39,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    import sys
-
     from lenpred.serving.supervisor import exit_on_sigterm
 
     exit_on_sigterm()
-    try:
-        main()
-    except LenpredError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
+    run_script(main)

@@ -18,7 +18,6 @@ Reads the signal cache of `lenpred evaluate` / `lenpred demo`.
 from __future__ import annotations
 
 import argparse
-import json
 
 
 

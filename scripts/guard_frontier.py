@@ -18,7 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-from lenpred.errors import LenpredError
+from lenpred.errors import LenpredError, run_script
 
 
 def parse_max_waits(text: str) -> list[float | None]:
@@ -79,8 +79,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except LenpredError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
+    run_script(main)

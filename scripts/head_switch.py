@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from lenpred.errors import LenpredError
+from lenpred.errors import run_script
 
 
 def main() -> int:
@@ -26,12 +26,8 @@ def main() -> int:
     ap.add_argument("--num-after", type=int, default=d.num_after)
     ap.add_argument("--out", default=d.out)
     a = ap.parse_args()
-    try:
-        report = run_head_switch(HeadSwitchConfig(old=a.old, new=a.new, num_requests=a.num_requests,
-                                                  num_after=a.num_after, out=a.out))
-    except LenpredError as exc:
-        print(f"error: {exc}")
-        return 2
+    report = run_head_switch(HeadSwitchConfig(old=a.old, new=a.new, num_requests=a.num_requests,
+                                              num_after=a.num_after, out=a.out))
     print(json.dumps({k: v for k, v in report.items() if k != "config"}, indent=2))
     return 0
 
@@ -40,4 +36,4 @@ if __name__ == "__main__":
     from lenpred.serving.supervisor import exit_on_sigterm
 
     exit_on_sigterm()
-    raise SystemExit(main())
+    run_script(main)

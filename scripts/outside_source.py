@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 
-from lenpred.errors import LenpredError
+from lenpred.errors import run_script
 
 
 def main() -> int:
@@ -33,23 +33,17 @@ def main() -> int:
     ap.add_argument("--bootstrap-resamples", type=int, default=a.bootstrap_resamples)
     ap.add_argument("--out", default=a.out)
     x = ap.parse_args()
-    try:
-        if x.serve:
-            from lenpred.studies.outside_serve import serve_outside
+    if x.serve:
+        from lenpred.studies.outside_serve import serve_outside
 
-            serve_outside(OutsideServeConfig(num_prompts=x.num_prompts, samples=x.samples,
-                                             prompt_sets_dir=x.prompt_sets_dir, max_num_seqs=x.max_num_seqs,
-                                             out=x.out))
-            return 0
-        from lenpred.studies.outside_source import render, run_outside
+        serve_outside(OutsideServeConfig(num_prompts=x.num_prompts, samples=x.samples,
+                                         prompt_sets_dir=x.prompt_sets_dir, max_num_seqs=x.max_num_seqs, out=x.out))
+        return 0
+    from lenpred.studies.outside_source import render, run_outside
 
-        print(render(run_outside(OutsideConfig(out=x.out, draws=x.draws,
-                                               bootstrap_resamples=x.bootstrap_resamples))))
-    except LenpredError as exc:
-        print(f"error: {exc}")
-        return 2
+    print(render(run_outside(OutsideConfig(out=x.out, draws=x.draws, bootstrap_resamples=x.bootstrap_resamples))))
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_script(main)

@@ -18,10 +18,9 @@ throughput. Intervals: 95 %, paired over requests clustered by draw (the mean JC
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-from lenpred.errors import LenpredError
+from lenpred.errors import run_script
 from lenpred.studies.parked_sim import ParkedSimConfig
 
 
@@ -57,8 +56,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except LenpredError as exc:
-        print(f"error: {exc}", file=sys.stderr)  # one line, as the lenpred commands print it
-        sys.exit(2)
+    run_script(main)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import argparse
 
-from lenpred.errors import LenpredError
+from lenpred.errors import run_script
 from lenpred.studies.queue_bench import QueueBenchConfig
 from lenpred.studies.queue_regime import QUEUE_MODES
 
@@ -84,13 +84,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    import sys
-
     from lenpred.serving.supervisor import exit_on_sigterm
 
     exit_on_sigterm()
-    try:
-        main()
-    except LenpredError as exc:
-        print(f"error: {exc}", file=sys.stderr)  # one line, as the lenpred commands print it
-        sys.exit(2)
+    run_script(main)

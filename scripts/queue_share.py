@@ -12,9 +12,8 @@ and ``.png``::
 from __future__ import annotations
 
 import argparse
-import sys
 
-from lenpred.errors import LenpredError
+from lenpred.errors import LenpredError, run_script
 from lenpred.studies.queue_share import QueueShareConfig
 
 
@@ -70,8 +69,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except LenpredError as exc:
-        print(f"error: {exc}", file=sys.stderr)  # one line, as the lenpred commands print it
-        sys.exit(2)
+    run_script(main)

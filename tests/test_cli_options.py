@@ -77,3 +77,19 @@ def test_an_option_with_no_field_is_refused_at_declaration():
     with pytest.raises(KeyError, match="option --nosuch"):
         Options(_Config, {"nosuch": "Help."})
     assert _run(Options(_Config, {"extra": Opt("Extra.", default="", type=tuple[str, ...])})) == {"extra": ()}
+
+
+def test_a_script_ends_as_the_commands_do(capsys):
+    """``run_script``: a LenpredError is one line on stderr and status 2; otherwise main's own status (None: 0)."""
+    from lenpred.errors import LenpredError, run_script
+
+    def bad():
+        raise LenpredError("--out is a file: pass a directory")
+
+    for main, status in ((bad, 2), (lambda: 3, 3), (lambda: None, 0)):
+        with pytest.raises(SystemExit) as stop:
+            run_script(main)
+        assert stop.value.code == status
+    assert capsys.readouterr().err == "error: --out is a file: pass a directory\n"
+    with pytest.raises(KeyError):  # anything else is a bug: its traceback is kept
+        run_script(lambda: {}["missing"])

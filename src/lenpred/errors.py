@@ -16,3 +16,24 @@ def raise_first(checks) -> None:
     for failed, message in checks:
         if failed:
             raise LenpredError(message)
+
+
+def run_script(main) -> None:
+    """Run a script's ``main()`` the way the ``lenpred`` commands run theirs (:mod:`lenpred.cli_options`): a
+    :class:`LenpredError` ends the process with ``error: <message>`` on one line of stderr and exit status 2, no
+    traceback; otherwise the process exits with the status ``main`` returns (``None``: 0).
+
+    Args:
+        main: a callable with no arguments returning an ``int`` exit status or ``None``.
+
+    Raises:
+        SystemExit: always (status 2 on a :class:`LenpredError`).
+    """
+    import sys
+
+    try:
+        status = main()
+    except LenpredError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(status or 0)

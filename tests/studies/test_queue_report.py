@@ -116,7 +116,9 @@ def test_regime_map_orders_depths_and_matches_the_cells(report):
     assert len(sim["plugin"]["simulated_p99_ratio_vs_stock_per_draw"]) == 2  # one per draw
     # these hand-made runs take 1-3 s per token, ten times the cost model's pace: no pace scale in 0.5-2 matches stock
     assert report["patterns"]["burst8"]["stock_pace_scale"] == {"0": None, "1": None}
+    assert report["patterns"]["burst8"]["stock_pace_elasticity"] == {"0": None, "1": None}
     assert sim["plugin"]["simulated_over_measured_at_stock_pace"] is None
+    assert sim["plugin"]["pace_scale_per_draw"] == {"0": None, "1": None} and "pace_scale_per_draw" not in sim["stock"]
     # measured per draw: 1 - 10 / 20 (5, 10, 15 against 10, 20, 30) and 1 - 10 / 10
     assert sim["plugin"]["measured_cut_vs_stock_per_draw"] == pytest.approx([0.5, 0.0])
     per_draw = sim["plugin"]["simulated_cut_vs_stock_per_draw"]
@@ -175,11 +177,11 @@ def test_a_trace_run_is_simulated_on_its_own_planned_send_times():
 
 
 def test_stock_pace_is_the_scale_that_makes_the_simulated_run_the_measured_one():
-    """``fit_stock_pace`` on the trace case above (two lone 3-token requests, 3 s each at the unit cost): nothing
+    """``fit_run_pace`` on the trace case above (two lone 3-token requests, 3 s each at the unit cost): nothing
     queues, so the simulated mean JCT is 3·f and a run measured at 3.6 s is the engine at f = 1.2; one measured at
     10 s would need f = 3.3, outside the bounds searched (0.5-2): no pace. ``with_pace`` scales every step."""
     from lenpred.serving.cost_model import CostModel
-    from lenpred.studies.queue_report import fit_stock_pace, simulated_mean_jct
+    from lenpred.studies.queue_report import fit_run_pace, pace_elasticity, simulated_mean_jct
 
     unit = CostModel("unit", {"p0": 1.0, "p1": 0.0, "p2": 0.0, "d0": 1.0, "d1": 0.0, "d2": 0.0}, fused_prefill=True)
     regime = {"kv_bytes_per_token": 46080}
@@ -191,11 +193,37 @@ def test_stock_pace_is_the_scale_that_makes_the_simulated_run_the_measured_one()
             r.update(arrival_s=t, completion_tokens=3)
         return rec
 
-    f = fit_stock_pace(measured(3.6), regime, unit, seed=0)
+    f = fit_run_pace(measured(3.6), regime, unit, seed=0)
     assert f == pytest.approx(1.2, abs=2e-3)
+    assert pace_elasticity(measured(3.6), regime, unit, seed=0, pace=f) == pytest.approx(1.0)  # 3·f: nothing waits
     assert simulated_mean_jct(measured(3.6), regime, unit.with_pace(1.2), seed=0) == pytest.approx(3.6)
-    assert fit_stock_pace(measured(10.0), regime, unit, seed=0) is None
-    assert fit_stock_pace(measured(1.2), regime, unit, seed=0) is None  # f = 0.4: below the bounds
+    assert fit_run_pace(measured(10.0), regime, unit, seed=0) is None
+    assert fit_run_pace(measured(1.2), regime, unit, seed=0) is None  # f = 0.4: below the bounds
+
+
+def test_a_plugin_runs_own_pace_is_fitted_with_its_own_mechanism():
+    """``fit_run_pace`` on a plug-in run (FCFS order, one decode slot, a 40-token request then 11 of 4 tokens every
+    2 s) measured at the simulated mean JCT of 1.3x the unit cost: its own mode simulated, the fit returns 1.3; the
+    report renders it beside stock's, mode by draw."""
+    from lenpred.serving.cost_model import CostModel
+    from lenpred.studies.queue_render import run_paces_markdown
+    from lenpred.studies.queue_report import fit_run_pace, pace_elasticity, simulated_mean_jct
+
+    unit = CostModel("unit", {"p0": 1.0, "p1": 0.0, "p2": 0.0, "d0": 1.0, "d1": 0.0, "d2": 0.0}, fused_prefill=True)
+    regime = {"kv_bytes_per_token": 46080}
+    rec = _run("plugin", "tracecodex1.1", [1.0] * 12)
+    rec["settings"].update(rate_req_s=0.5, plugin={**PLUGIN, "policy": "fcfs", "decode_slots": 1, "prefill_ahead": 1})
+    for i, (r, log) in enumerate(zip(rec["results"], rec["plugin_log"])):
+        r.update(arrival_s=2.0 * i, completion_tokens=40 if i == 0 else 4)
+        log["expected"] = float(r["completion_tokens"])
+    target = simulated_mean_jct(rec, regime, unit.with_pace(1.3), seed=0)
+    for r in rec["results"]:
+        r["jct_s"] = target
+    assert target > 1.3 * 8 and fit_run_pace(rec, regime, unit, seed=0) == pytest.approx(1.3, abs=2e-3)
+    assert pace_elasticity(rec, regime, unit, seed=0, pace=1.3) > 1.0  # the short ones wait behind the long one
+    md = run_paces_markdown({"0": 1.2, "1": None}, {"plugin": {"0": 1.3, "1": 0.95}})
+    assert md[2].splitlines() == ["| mode | draw 0 | draw 1 |", "|---|---|---|", "| stock | 1.200 | – |",
+                                  "| plugin | 1.300 | 0.950 |"]
 
 
 def test_a_guarded_plugin_run_is_simulated_with_its_guard():
@@ -224,7 +252,8 @@ def test_a_guarded_plugin_run_is_simulated_with_its_guard():
 def test_whatif_on_each_plugin_runs_own_traffic_log_beside_the_measured_cut(tmp_path: Path):
     """``add_whatif``: one row per draw whose plug-in run kept its traffic log, the measured cut and p99 ratio
     worked by hand from the runs, the prediction what ``lenpred whatif`` says of that log from the run's first arrival
-    (the benchmark's warm-up requests, logged before it, are not replayed); a draw whose log is gone gets no row."""
+    (the benchmark's warm-up requests, logged before it, are not replayed); a draw whose log is gone, or whose plug-in
+    ran FCFS, gets no row."""
     import numpy as np
 
     import shutil
@@ -260,7 +289,9 @@ def test_whatif_on_each_plugin_runs_own_traffic_log_beside_the_measured_cut(tmp_
     store = {"runs": {"0/stock/burst8": run([10.0, 30.0]), "0/plugin_guard/burst8": guarded,
                       "0/plugin/burst8": run([8.0, 24.0], str(tmp_path / "log")),
                       "1/stock/burst8": run([10.0, 10.0]), "1/plugin/burst8": run([5.0, 5.0], str(tmp_path / "served")),
-                      "2/stock/burst8": run([10.0]), "2/plugin/burst8": run([5.0], str(tmp_path / "gone"))}}
+                      "2/stock/burst8": run([10.0]), "2/plugin/burst8": run([5.0], str(tmp_path / "gone")),
+                      "3/stock/burst8": run([10.0]), "3/plugin/burst8": run([5.0], str(tmp_path / "log"))}}
+    store["runs"]["3/plugin/burst8"]["settings"]["plugin"] = {"policy": "fcfs"}  # not an order whatif replays
     rep = {"regime": {"decode_bound": 4}, "patterns": {"burst8": {"stock_pace_scale": {"0": 0.9, "1": 1.1}}}}
     add_whatif(rep, store, tmp_path / "out", str(cost), 200)
     row, fitted, guard_row = rep["patterns"]["burst8"]["whatif"]  # by mode (the plug-in first), then draw

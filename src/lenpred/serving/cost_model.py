@@ -185,7 +185,7 @@ class CostModel:
         times ``scale``. The engine's pace drifts over hours (a run's own pace against the one the model was measured
         at); near capacity a small drift moves queueing a lot, so the simulator calibrated on one measured run at its
         pace predicts the other runs of that sitting better than at the model's (:func:`lenpred.studies.queue_report.
-        fit_stock_pace`). ``settings["pace_scale"]`` holds the product of the scales applied; a streaming overhead
+        fit_run_pace`). ``settings["pace_scale"]`` holds the product of the scales applied; a streaming overhead
         already added (:meth:`with_streaming_overhead`, part of ``d1``) scales with it, and so does its record.
 
         Raises:

@@ -325,16 +325,16 @@ PLUGIN_COUNTERS = ("steps", "policy_s", "head_s", "parked_request_steps", "predi
 
 
 def scheduler_log(plugin_log: Path | None) -> Path | None:
-    """Where the plug-in with log ``plugin_log`` writes its scheduler counters (``None`` without a plug-in log); a
-    server that reuses the log path must start without the previous server's file (:func:`plugin_counters` would
-    read its totals as this run's start)."""
+    """Where the plug-in with log ``plugin_log`` writes its scheduler counters (``None`` without a plug-in log); the
+    scheduler writes the file when it starts, so a server that reuses the log path never shows the previous
+    server's totals."""
     return None if plugin_log is None else Path(f"{plugin_log}.scheduler.json")
 
 
 def plugin_counters(plugin_log: Path | None) -> dict[str, float]:
     """:data:`PLUGIN_COUNTERS` from the plug-in's ``<plugin_log>.scheduler.json`` (its running totals, which the
-    scheduler writes every 256 steps and at shutdown: read between two runs they are up to 255 steps behind); ``{}``
-    without a plug-in log or before the file's first write."""
+    scheduler writes at start, every 256 steps and at shutdown: read between two runs they are up to 255 steps
+    behind); ``{}`` without a plug-in log or before the file's first write."""
     path = scheduler_log(plugin_log)
     if path is None or not path.exists():
         return {}

@@ -85,7 +85,7 @@ from pathlib import Path
 
 from lenpred.errors import LenpredError, raise_first
 from lenpred.studies.engine_bench import (EngineWorkload, cpu_lock, plugin_args, row_priority, run_key,
-                                          scheduler_log, servers, split_stats, vllm_command)
+                                          servers, split_stats, vllm_command)
 from lenpred.studies.queue_regime import (QUEUE_MODES, fcfs_capacity, kv_bytes_per_token, kv_cache_bytes,
                                           parse_modes, parse_patterns, plugin_max_num_seqs, plugin_settings)
 from lenpred.studies.resume import load_resumable
@@ -345,7 +345,6 @@ def mode_servers(model_dir: str, settings: dict, out: Path, draw: int, vllm_cpus
         if fresh_log:
             fresh_traffic_dir(traffic)
         plugin_log = log_dir / f"{mode}.jsonl"
-        scheduler_log(plugin_log).unlink(missing_ok=True)  # the previous server's counters: not this one's
         extra += plugin_args(EngineConfig(**{**settings["plugin"], "log_path": str(plugin_log),
                                              "traffic_log": str(traffic)}))
     cmd = vllm_command(model_dir, settings["max_num_seqs"], settings["kv_cache_bytes"], settings["max_model_len"],

@@ -110,18 +110,37 @@ def engine_trace_table(reports: dict[str, dict]) -> str:
 
 def sim_over_measured(cell: dict) -> str:
     """The simulator's mean JCT over the measured, at the cost model's pace and, in parentheses, at the pace of the
-    same slices' stock runs (:func:`lenpred.studies.queue_report.fit_stock_pace`); "–" where it was not simulated."""
+    same slices' stock runs (:func:`lenpred.studies.queue_report.fit_run_pace`); "–" where it was not simulated."""
     if cell.get("simulated_over_measured") is None:
         return "–"
     at_pace = cell.get("simulated_over_measured_at_stock_pace")
     return f"{cell['simulated_over_measured']:.2f}" + ("" if at_pace is None else f" ({at_pace:.2f})")
 
 
+def run_paces_markdown(stock: dict, paced: dict) -> list[str]:
+    """Each run's own pace (:func:`~lenpred.studies.queue_report.fit_run_pace`), mode by draw, stock's first, with
+    its legend; "–": none fitted or no run.
+
+    Args:
+        stock: ``{draw: pace or None}``, the pattern's ``stock_pace_scale``.
+        paced: ``{mode: {draw: pace or None}}``, each other mode's ``pace_scale_per_draw``.
+    """
+    rows = {"stock": stock, **paced}
+    draws = sorted({d for x in rows.values() for d in x}, key=int)
+    scale = lambda x: "–" if x is None else f"{x:.3f}"  # noqa: E731
+    return ["Each run's pace, as a scale of the cost model's step times: the simulator of the run's own mode fitted to "
+            "its mean JCT (`fit_run_pace`; > 1: slower). It holds the machine's pace during the run and what the mode "
+            "costs the engine beyond the simulator's model; two runs of one draw at different paces compare the "
+            "machine as well as the modes (near capacity a pace 10 % off moves the mean JCT by 30-40 %):", "",
+            markdown_table(["mode", *(f"draw {d}" for d in draws)],
+                           [[m, *(scale(x.get(d)) for d in draws)] for m, x in rows.items()]), ""]
+
+
 def whatif_markdown(rows: list[dict]) -> list[str]:
     """A pattern's ``lenpred whatif`` rows (:func:`~lenpred.studies.queue_report.add_whatif`) as a table with its
     legend: per run the predicted and the measured cut, the error in points, both p99 ratios and both runs' paces
     (each fitted by its own replay of its own run: whatif's of the plug-in run's log, :func:`~lenpred.studies.
-    queue_report.fit_stock_pace`'s of the stock run, which adds the streaming overhead; "–": none fitted)."""
+    queue_report.fit_run_pace`'s of the stock run, which adds the streaming overhead; "–": none fitted)."""
     scale = lambda x: "–" if x is None else f"{x:.3f}"  # noqa: E731
     return ["`lenpred whatif` on each plug-in run's own traffic log (the simulator's cost model at the pace whatif "
             "fits to the log, the run's D and starvation guard) against that draw's measured cut vs stock; the paces "
@@ -202,9 +221,16 @@ def pattern_markdown(pattern: str, p: dict) -> list[str]:
                       f"{x['offline_over_measured']:.2f}{p99(x)}{at_pace(x)})" for m, x in simulated.items()) + ".",
                   ""]
         if p.get("stock_pace_scale"):
-            lines += ["Stock's pace per draw, as a scale of the cost model's step times (`fit_stock_pace`; > 1: "
-                      "slower): " + ", ".join(f"draw {d} " + ("–" if f is None else f"{f:.3f}")
-                                             for d, f in p["stock_pace_scale"].items()) + ".", ""]
+            elastic = p.get("stock_pace_elasticity", {})
+            lines += ["Stock's pace per draw, as a scale of the cost model's step times (`fit_run_pace`; > 1: "
+                      "slower) and, in parentheses, its mean JCT's elasticity to the pace there (`pace_elasticity`: "
+                      "the % a 1 % slower engine adds to it; 1 where nothing waits): " + ", ".join(
+                          f"draw {d} " + ("–" if f is None else f"{f:.3f}")
+                          + ("" if elastic.get(d) is None else f" ({elastic[d]:.1f})")
+                          for d, f in p["stock_pace_scale"].items()) + ".", ""]
+        paced = {m: x["pace_scale_per_draw"] for m, x in simulated.items() if x.get("pace_scale_per_draw")}
+        if paced:
+            lines += run_paces_markdown(p.get("stock_pace_scale") or {}, paced)
     if p.get("whatif"):
         lines += whatif_markdown(p["whatif"])
     if p.get("pace_ms"):

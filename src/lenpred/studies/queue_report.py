@@ -326,15 +326,32 @@ def fit_streaming_overhead(store: dict, regime_: dict, cost) -> dict:
     return {"s_per_token": float(fit.x), "fitted_on": keys}
 
 
-def fit_stock_pace(rec: dict, regime_: dict, cost, seed: int) -> float | None:
-    """The engine's pace during one stock run, against ``cost``'s (:func:`lenpred.serving.cost_model.fit_pace` on
-    :func:`simulated_mean_jct` of the run). The other modes of the same slice, simulated at that pace, then test the
-    simulator's orders at the engine's pace of that sitting rather than the cost model's, which a fixed cost model
-    cannot follow across hours. ``None``: no scale in the bounds matches (the run is not the simulator's kind of
-    run)."""
+def fit_run_pace(rec: dict, regime_: dict, cost, seed: int) -> float | None:
+    """The engine's pace during one run, against ``cost``'s (:func:`lenpred.serving.cost_model.fit_pace` on
+    :func:`simulated_mean_jct` of the run, its own mode simulated). Fitted to a stock run, the other modes of the
+    same slice, simulated at that pace, test the simulator's orders at the engine's pace of that sitting rather than
+    the cost model's, which a fixed cost model cannot follow across hours; fitted to another mode's run, it holds the
+    machine's pace of that run and whatever the mode costs the engine that the simulator does not model, so two
+    runs of one draw at different paces compare the machine as well as the modes. ``None``: no scale in the bounds
+    matches (the run is not the simulator's kind of run)."""
     from lenpred.serving.cost_model import fit_pace
 
     return fit_pace(cost, lambda c: simulated_mean_jct(rec, regime_, c, seed), float(ok_jct(rec).mean()))
+
+
+def pace_elasticity(rec: dict, regime_: dict, cost, seed: int, pace: float, step: float = 0.02) -> float:
+    """How much the engine's drift moves one run: the elasticity d ln(mean JCT) / d ln(pace) of the run's simulated
+    mean JCT (:func:`simulated_mean_jct`) at the cost model scaled to ``pace``, a central difference over
+    ``pace · (1 ± step)``; 1 where nothing queues (every request's time scales with the pace), more where requests
+    wait: a 1 % slower engine lengthens the mean JCT by about this many percent.
+
+    Args:
+        rec: one run's record; regime_: the store's regime; cost: the cost model; seed: the draw's seed.
+        pace: the scale of ``cost``'s step times (:func:`fit_run_pace`), > 0.
+        step: the relative half-width of the difference, in (0, 1).
+    """
+    lo, hi = (simulated_mean_jct(rec, regime_, cost.with_pace(pace * (1 + s)), seed) for s in (-step, step))
+    return float(np.log(hi / lo) / np.log((1 + step) / (1 - step)))
 
 
 def add_simulated(rep: dict, store: dict, cost_model: str) -> None:
@@ -348,8 +365,10 @@ def add_simulated(rep: dict, store: dict, cost_model: str) -> None:
     ``simulated_cut_vs_stock_per_draw`` and
     ``simulated_p99_ratio_vs_stock_per_draw`` per draw beside ``measured_cut_vs_stock_per_draw``;
     ``simulated_over_measured_at_stock_pace``: the mean over draws of the simulated mean JCT over the measured with
-    the cost model at the pace of the same draw's stock run (:func:`fit_stock_pace`, stored per draw as the
-    pattern's ``stock_pace_scale``), for the modes other than stock."""
+    the cost model at the pace of the same draw's stock run (:func:`fit_run_pace`, stored per draw as the
+    pattern's ``stock_pace_scale``, with the mean JCT's elasticity to it as ``stock_pace_elasticity``,
+    :func:`pace_elasticity`), for the modes other than stock, and each of their runs' own pace
+    (``pace_scale_per_draw``, :func:`fit_run_pace`; ``None`` where none matches)."""
     from lenpred.serving.cost_model import PACE_BOUNDS, CostModel
 
     offline = CostModel.load(cost_model)
@@ -370,9 +389,11 @@ def add_simulated(rep: dict, store: dict, cost_model: str) -> None:
             return sim_run(name, mode, d)[0]
 
         stock_draws = sorted({d for _, _, ds in cells for d in ds if run_key(d, "stock", pattern) in store["runs"]})
-        paces = {d: fit_stock_pace(store["runs"][run_key(d, "stock", pattern)], rep["regime"], served, seed + d)
+        paces = {d: fit_run_pace(store["runs"][run_key(d, "stock", pattern)], rep["regime"], served, seed + d)
                  for d in stock_draws}
         p["stock_pace_scale"] = {str(d): f for d, f in paces.items()}
+        p["stock_pace_elasticity"] = {str(d): None if f is None else pace_elasticity(
+            store["runs"][run_key(d, "stock", pattern)], rep["regime"], served, seed + d, f) for d, f in paces.items()}
         for d in (d for d, f in paces.items() if f is None):
             logger.warning("%s draw %d: no pace scale in %s matches stock's measured mean JCT: the simulator at "
                            "stock's pace leaves this draw out", pattern, d, PACE_BOUNDS)
@@ -390,7 +411,11 @@ def add_simulated(rep: dict, store: dict, cost_model: str) -> None:
             cell["offline_over_measured"] = float(mean["offline"] / real)
             cell["simulated_p99_over_measured"] = float(np.mean([x["p99_jct_s"] / np.percentile(j, 99)
                                                                  for x, j in zip(sim["served"], jct)]))
-            if mode == "stock" or not all(run_key(d, "stock", pattern) in store["runs"] for d in draws):
+            if mode == "stock":
+                continue
+            cell["pace_scale_per_draw"] = {str(d): fit_run_pace(store["runs"][run_key(d, mode, pattern)],
+                                                                rep["regime"], served, seed + d) for d in draws}
+            if not all(run_key(d, "stock", pattern) in store["runs"] for d in draws):
                 continue
             at_pace = [simulated_mean_jct(store["runs"][run_key(d, mode, pattern)], rep["regime"],
                                           served.with_pace(paces[d]), seed + d) / j.mean()
@@ -416,7 +441,7 @@ def guard_frontier(store: dict, rep: dict, pattern: str, max_waits: list[float |
     run re-simulated (:func:`simulated_run`: its arrivals, prompt and output tokens, the engine's own predictions)
     with ``max_wait_s`` = T, against the same draw's ``stock`` run simulated alike, both on the report's cost model
     (``simulator_cost_model``, plus its streaming overhead) at the pace of that draw's stock run
-    (``stock_pace_scale``, :func:`fit_stock_pace`). The first point is the run as it ran; beside it the measured cut
+    (``stock_pace_scale``, :func:`fit_run_pace`). The first point is the run as it ran; beside it the measured cut
     and p99 ratio, the check that the simulator reproduces the run before its thresholds are believed.
 
     Per point: ``cut`` = 1 − Σ_d mean JCT / Σ_d stock's mean JCT (the draws' means summed, as the report's
@@ -551,9 +576,9 @@ def add_whatif(rep: dict, store: dict, out: Path, cost_model: str, n_resamples: 
     within 5 points) and p99 ratio; stored as the pattern's ``whatif`` rows, by mode then draw (each with the window
     it replayed, ``since`` / ``until`` in seconds since the epoch), each with that pace
     (``pace_scale``, ``None`` where the log does not say the order it was served in) beside the stock run's
-    (``stock_pace_scale``, :func:`fit_stock_pace`): the measured cut pairs two runs, each at its own pace. Each log is
-    replayed over its run's own arrivals (:func:`run_window`); a log no block of which matches its run gets no row
-    (a warning says why)."""
+    (``stock_pace_scale``, :func:`fit_run_pace`): the measured cut pairs two runs, each at its own pace. Each log is
+    replayed over its run's own arrivals (:func:`run_window`); a log no block of which matches its run, or a run
+    whose plug-in ran a policy other than ``srpt`` (whatif's lenpred order), gets no row (a warning says why)."""
     from lenpred.errors import LenpredError
     from lenpred.studies.whatif import WhatifConfig, run_whatif
 
@@ -564,15 +589,18 @@ def add_whatif(rep: dict, store: dict, out: Path, cost_model: str, n_resamples: 
                       if pat == pattern and m in WHATIF_MODES)
         for _, d, mode in ours:
             rec, stock = store["runs"][run_key(d, mode, pattern)], store["runs"].get(run_key(d, "stock", pattern))
-            log = rec["settings"].get("traffic_log")
+            log, plugin = rec["settings"].get("traffic_log"), rec["settings"].get("plugin") or {}
             if stock is None or not log or not Path(log).is_dir():
+                continue
+            if plugin.get("policy", "srpt") != "srpt":  # whatif's lenpred row replays SRPT: no prediction of this run
+                logger.warning("no whatif row for %s: its plug-in ran policy %s, whatif replays lenpred's srpt",
+                               run_key(d, mode, pattern), plugin["policy"])
                 continue
             try:
                 since, until = run_window(log, rec)
             except LenpredError as exc:  # one run's log: the rest of the report stands
                 logger.warning("no whatif row for %s: %s", run_key(d, mode, pattern), exc)
                 continue
-            plugin = rec["settings"].get("plugin") or {}
             whatif = run_whatif(WhatifConfig(traffic=log, cost_model=cost_model, decode_slots=(D,),
                                              aging_tokens_per_s=plugin.get("aging_tokens_per_s", 0.0),
                                              max_wait_s=plugin.get("max_wait_s"),

@@ -54,7 +54,10 @@ def served(tmp_path_factory):
     backbone = load_backbone()
     ids = [chat_token_ids(backbone.tokenizer, p) for p in PROMPTS]
     assert len(ids[2]) > CHUNK
+    counters = log.parent / "requests.jsonl.scheduler.json"
+    counters.write_text(json.dumps({"steps": 999, "predicted": 7}))  # a previous engine's totals on the same path
     llm = _engine(backbone, cfg)
+    (log.parent / "counters_at_start.json").write_text(counters.read_text())
     params = SamplingParams(max_tokens=CAP, temperature=0.0, ignore_eos=True)  # equal lengths: order is the policy's
     runs = [llm.generate([{"prompt_token_ids": i} for i in ids], params, use_tqdm=False) for _ in range(2)]
     del llm
@@ -98,6 +101,12 @@ def test_scheduler_decodes_the_shorter_prediction_first(served):
     order = [x["num_prompt_tokens"] for x in first]
     assert order == sorted(order, key=lambda n: preds[n])  # every request ran CAP tokens: finish order = policy's
     assert first[-1]["num_parked_steps"] >= CAP  # the longest prediction waited for both others
+
+
+def test_the_scheduler_replaces_a_previous_engines_counters_when_it_starts(served):
+    *_, traffic = served
+    at_start = json.loads((traffic.parent / "counters_at_start.json").read_text())
+    assert at_start["steps"] == 0 and at_start["predicted"] == 0 and at_start["policy_s"] == 0.0
 
 
 def test_traffic_log_holds_each_finished_request_with_the_state_the_head_read(served):

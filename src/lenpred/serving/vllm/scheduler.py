@@ -249,6 +249,8 @@ class LenpredScheduler(Scheduler):
                                  "kv_parked": 0, "missing_states": 0, "kv_preempted": 0, "released": 0,
                                  "recomputed_tokens": 0, "head_s": 0.0, "policy_s": 0.0, "steps": 0}
         self._lp_metrics = PluginMetrics()
+        if cfg.log_path:  # this engine's counters from its start: a reused log path never shows a previous engine's
+            write_json(f"{cfg.log_path}.scheduler.json", self.lenpred_counters)
         self._lp_log = open(cfg.log_path, "a", buffering=1) if cfg.log_path else None  # noqa: SIM115 - engine lifetime
         self._lp_online = None
         if cfg.traffic_log or cfg.adaptive_interval:
@@ -427,7 +429,7 @@ class LenpredScheduler(Scheduler):
     def _lenpred_count(self, policy_s: float) -> None:
         """The policy's own time per step (outside vLLM's scheduler), written with the counters to ``/metrics``
         every 16 steps (:mod:`lenpred.serving.vllm.prometheus`) and to ``<log_path>.scheduler.json`` every 256 steps
-        when logging."""
+        when logging (and at start and shutdown)."""
         c = self.lenpred_counters
         c["steps"] += 1
         c["policy_s"] += policy_s
