@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 
-from lenpred.errors import LenpredError
+from lenpred.errors import LenpredError, run_script
 from lenpred.studies.first_head import FirstHeadConfig, run_first_head
 
 
@@ -35,14 +35,13 @@ def main() -> int:
     ap.add_argument("--out", default=d.out)
     a = ap.parse_args()
     try:
-        cfg = FirstHeadConfig(bench=a.bench, sizes=tuple(int(x) for x in a.sizes.split(",")), seed=a.seed,
-                              data_dir=a.data_dir, cache=a.cache, cost_model=a.cost_model,
-                              decode_bound=a.decode_bound, burst=a.burst, draws=a.draws,
-                              bootstrap_resamples=a.bootstrap_resamples, out=a.out)
-        report = run_first_head(cfg)
-    except (LenpredError, ValueError) as exc:
-        print(f"error: {exc}")
-        return 2
+        sizes = tuple(int(x) for x in a.sizes.split(","))
+    except ValueError:
+        raise LenpredError(f"--sizes takes comma-separated request counts, e.g. 250,500; got {a.sizes!r}") from None
+    report = run_first_head(FirstHeadConfig(bench=a.bench, sizes=sizes, seed=a.seed, data_dir=a.data_dir,
+                                            cache=a.cache, cost_model=a.cost_model, decode_bound=a.decode_bound,
+                                            burst=a.burst, draws=a.draws, bootstrap_resamples=a.bootstrap_resamples,
+                                            out=a.out))
     from lenpred.studies.first_head import render
 
     print(render(report))
@@ -50,4 +49,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_script(main)

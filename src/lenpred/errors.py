@@ -1,5 +1,7 @@
 """The one exception type the command line turns into a one-line message."""
 
+from collections.abc import Callable
+
 
 class LenpredError(ValueError):
     """Bad input or state that the user can fix; the message names the problem and the fix."""
@@ -18,16 +20,17 @@ def raise_first(checks) -> None:
             raise LenpredError(message)
 
 
-def run_script(main) -> None:
-    """Run a script's ``main()`` the way the ``lenpred`` commands run theirs (:mod:`lenpred.cli_options`): a
-    :class:`LenpredError` ends the process with ``error: <message>`` on one line of stderr and exit status 2, no
-    traceback; otherwise the process exits with the status ``main`` returns (``None``: 0).
+def run_script(main: Callable[[], int | None]) -> None:
+    """Run a script's ``main()`` as the ``lenpred`` commands end theirs (:func:`lenpred.cli_options.one_line_errors`):
+    a :class:`LenpredError` ends the process with ``error: <message>`` on one line of stderr and exit status 2, no
+    traceback; otherwise the process exits with the status ``main`` returns (``None``: 0). Any other exception is a
+    bug and propagates with its traceback.
 
     Args:
         main: a callable with no arguments returning an ``int`` exit status or ``None``.
 
     Raises:
-        SystemExit: always (status 2 on a :class:`LenpredError`).
+        SystemExit: when ``main`` returns or raises :class:`LenpredError` (status 2).
     """
     import sys
 

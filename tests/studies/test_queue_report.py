@@ -570,3 +570,42 @@ def test_a_runs_window_in_its_log_is_the_block_matching_its_send_times(tmp_path:
     rep = {"regime": {"decode_bound": 4}, "patterns": {"burst8": {}}}
     add_whatif(rep, store, tmp_path / "out", "unused.json", 200)  # the run's log does not match it: no row
     assert "whatif" not in rep["patterns"]["burst8"]
+
+
+def test_the_report_stores_each_runs_own_pace_and_stocks_elasticity(tmp_path: Path):
+    """``report`` with the simulator on one trace slice (one decode slot, a 40-token request at t = 0 and 11 of 4
+    tokens every 2 s, the unit cost saved as the cost model) whose stock run took the simulated mean JCT at 1.2x the
+    unit cost and the plug-in's at 0.9x: each run's stored pace is its own (1.2 and 0.9, to the fit's 0.001), stock's
+    elasticity is :func:`pace_elasticity` at 1.2 (> 1: the shorts queue), and the report renders both."""
+    from lenpred.serving.cost_model import CostModel
+    from lenpred.studies.queue_render import pattern_markdown
+    from lenpred.studies.queue_report import pace_elasticity, report, simulated_mean_jct
+
+    unit = CostModel("unit", {"p0": 1.0, "p1": 0.0, "p2": 0.0, "d0": 1.0, "d1": 0.0, "d2": 0.0}, fused_prefill=True)
+    unit.save(tmp_path / "cost.json")
+    regime = {"decode_bound": 1, "kv_cache_bytes": 46080 * 4096, "kv_bytes_per_token": 46080,
+              "kv_floor_applied": False, "kv_dtype": "float32", "max_model_len": 2422, "plugin": PLUGIN,
+              "capacity": {"capacity_req_s": 0.2, "how": "given (--capacity-req-s)", "cost_model": None}}
+    runs = {}
+    for mode, pace in (("stock", 1.2), ("plugin", 0.9)):
+        rec = _run(mode, "tracecodex1.1", [1.0] * 12)
+        rec["settings"].update(rate_req_s=0.5, max_num_seqs=1 if mode == "stock" else 2)
+        if mode == "plugin":
+            rec["settings"]["plugin"] = {**PLUGIN, "decode_slots": 1, "prefill_ahead": 1}
+        for i, r in enumerate(rec["results"]):
+            r.update(arrival_s=2.0 * i, completion_tokens=40 if i == 0 else 4)
+        for i, log in enumerate(rec["plugin_log"]):
+            log["expected"] = 40.0 if i == 0 else 4.0
+        target = simulated_mean_jct(rec, regime, unit.with_pace(pace), seed=100)
+        for r in rec["results"]:
+            r["jct_s"] = target
+        runs[f"0/{mode}/tracecodex1.1"] = rec
+    rep = report({"config": {"seed": 100, "max_tokens": None}, "regime": regime, "runs": runs}, n_resamples=50,
+                 sim_cost_model=str(tmp_path / "cost.json"))
+    p = rep["patterns"]["tracecodex1.1"]
+    assert p["stock_pace_scale"]["0"] == pytest.approx(1.2, abs=2e-3)
+    assert p["modes"]["plugin"]["pace_scale_per_draw"]["0"] == pytest.approx(0.9, abs=2e-3)
+    want = pace_elasticity(runs["0/stock/tracecodex1.1"], regime, unit, 100, p["stock_pace_scale"]["0"])
+    assert p["stock_pace_elasticity"]["0"] == pytest.approx(want) and want > 1.0
+    md = "\n".join(pattern_markdown("tracecodex1.1", p))
+    assert f"draw 0 ({want:.1f})" in md and "| plugin | 0.900 |" in md

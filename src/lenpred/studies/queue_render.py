@@ -119,7 +119,7 @@ def sim_over_measured(cell: dict) -> str:
 
 def run_paces_markdown(stock: dict, paced: dict) -> list[str]:
     """Each run's own pace (:func:`~lenpred.studies.queue_report.fit_run_pace`), mode by draw, stock's first, with
-    its legend; "–": none fitted or no run.
+    its legend, as Markdown lines; "–": none fitted or no run.
 
     Args:
         stock: ``{draw: pace or None}``, the pattern's ``stock_pace_scale``.
@@ -131,7 +131,7 @@ def run_paces_markdown(stock: dict, paced: dict) -> list[str]:
     return ["Each run's pace, as a scale of the cost model's step times: the simulator of the run's own mode fitted to "
             "its mean JCT (`fit_run_pace`; > 1: slower). It holds the machine's pace during the run and what the mode "
             "costs the engine beyond the simulator's model; two runs of one draw at different paces compare the "
-            "machine as well as the modes (near capacity a pace 10 % off moves the mean JCT by 30-40 %):", "",
+            "machine as well as the modes (by how much: stock's elasticity below):", "",
             markdown_table(["mode", *(f"draw {d}" for d in draws)],
                            [[m, *(scale(x.get(d)) for d in draws)] for m, x in rows.items()]), ""]
 
@@ -220,17 +220,14 @@ def pattern_markdown(pattern: str, p: dict) -> list[str]:
                       f"{m} {x['simulated_mean_jct_s']:.1f} ({x['simulated_over_measured']:.2f}; "
                       f"{x['offline_over_measured']:.2f}{p99(x)}{at_pace(x)})" for m, x in simulated.items()) + ".",
                   ""]
-        if p.get("stock_pace_scale"):
-            elastic = p.get("stock_pace_elasticity", {})
-            lines += ["Stock's pace per draw, as a scale of the cost model's step times (`fit_run_pace`; > 1: "
-                      "slower) and, in parentheses, its mean JCT's elasticity to the pace there (`pace_elasticity`: "
-                      "the % a 1 % slower engine adds to it; 1 where nothing waits): " + ", ".join(
-                          f"draw {d} " + ("–" if f is None else f"{f:.3f}")
-                          + ("" if elastic.get(d) is None else f" ({elastic[d]:.1f})")
-                          for d, f in p["stock_pace_scale"].items()) + ".", ""]
         paced = {m: x["pace_scale_per_draw"] for m, x in simulated.items() if x.get("pace_scale_per_draw")}
-        if paced:
-            lines += run_paces_markdown(p.get("stock_pace_scale") or {}, paced)
+        if any(f is not None for x in [p.get("stock_pace_scale", {}), *paced.values()] for f in x.values()):
+            lines += run_paces_markdown(p.get("stock_pace_scale", {}), paced)
+        elastic = {d: e for d, e in p.get("stock_pace_elasticity", {}).items() if e is not None}
+        if elastic:
+            lines += ["Stock's mean JCT's elasticity to the pace, per draw, at its fitted pace (`pace_elasticity`: the "
+                      "% a 1 % slower engine adds to it; 1 where nothing waits): "
+                      + ", ".join(f"draw {d} ({e:.1f})" for d, e in elastic.items()) + ".", ""]
     if p.get("whatif"):
         lines += whatif_markdown(p["whatif"])
     if p.get("pace_ms"):

@@ -346,9 +346,18 @@ def pace_elasticity(rec: dict, regime_: dict, cost, seed: int, pace: float, step
     wait: a 1 % slower engine lengthens the mean JCT by about this many percent.
 
     Args:
-        rec: one run's record; regime_: the store's regime; cost: the cost model; seed: the draw's seed.
+        rec: one run's record (``runs.json``).
+        regime_: the store's regime.
+        cost: the cost model (:class:`~lenpred.serving.cost_model.CostModel`).
+        seed: the draw's seed.
         pace: the scale of ``cost``'s step times (:func:`fit_run_pace`), > 0.
         step: the relative half-width of the difference, in (0, 1).
+
+    Returns:
+        The elasticity, dimensionless (``nan`` or ``inf`` where a simulated mean JCT is 0).
+
+    Raises:
+        LenpredError: ``pace · (1 − step)`` not > 0 (:meth:`~lenpred.serving.cost_model.CostModel.with_pace`).
     """
     lo, hi = (simulated_mean_jct(rec, regime_, cost.with_pace(pace * (1 + s)), seed) for s in (-step, step))
     return float(np.log(hi / lo) / np.log((1 + step) / (1 - step)))
