@@ -229,6 +229,30 @@ def burst_probes(runs: dict) -> list[str]:
             for d in (0, 1) for m in ("plugin", "stock")]
 
 
+ENGINE = "results/scripts/serving/queue_trace_engine/"
+SETTINGS_11 = ENGINE + "code_x1.1_settings/report.json"
+SRPT_1206 = ENGINE + "code_x1.1_srpt_1206/report.json"
+BURST_SETTINGS = ENGINE + "burst_settings_1206/report.json"
+SECOND_VM_STORES = ("burst_overhead_1206", "burst_settings_1206", "code_x1.1_sitting", "code_x0.9_sitting",
+                    "code_x1.1_settings", "code_x1.1_srpt_1206")
+"""The second VM's engine stores with a stock and a plug-in run per draw."""
+
+
+def pace_ratios() -> list[float]:
+    """Per pair of runs on the second VM: the plug-in run's own pace over its stock run's (both fitted by the
+    simulator of their own mode: ``pace_scale_per_draw`` / ``stock_pace_scale``)."""
+    out = []
+    for store in SECOND_VM_STORES:
+        for p in _load(ENGINE + store + "/report.json")["patterns"].values():
+            out += [f / p["stock_pace_scale"][d] for d, f in p["modes"]["plugin"]["pace_scale_per_draw"].items()]
+    return out
+
+
+def pace_gaps(p: dict) -> list[float]:
+    """Per draw of one pattern's report, |plug-in pace / stock pace − 1|, in %."""
+    return [100 * abs(f / p["stock_pace_scale"][d] - 1) for d, f in p["modes"]["plugin"]["pace_scale_per_draw"].items()]
+
+
 def share_range(rep: dict, trace: str, load: float) -> str:
     """``7–80 %``: the queue shares of the simulated slices of ``trace`` at ``load``, lowest to highest."""
     x = [100 * r["queue_share"] for r in rep["simulator"]["slices"] if r["trace"] == trace and r["load"] == load]
@@ -850,6 +874,50 @@ CHECKS = [
      lambda r: sorted(1 - r["runs"][f"{d}/plugin/burst8"]["wall_s"] / r["runs"][f"{d}/stock/burst8"]["wall_s"]
                       for d in (0, 1)),
      lambda v: f"{100 * v[0]:.0f}–{100 * v[1]:.0f} % shorter", "makespans were {}", GUIDE),
+    # the plug-in's settings with an FCFS order, and each run's own pace on the second VM
+    (BURST_SETTINGS, "patterns/burst8/modes/plugin", lambda m: f"{pct(m['jct_cut_vs_stock'])}, throughput "
+                                                             f"{m['throughput_ratio_vs_stock']:.3f}×",
+     "changed nothing in that burst ({}; `burst_settings_1206/`)"),
+    (SRPT_1206, lambda r: [*pace_ratios(), max(e for s in SECOND_VM_STORES for p in _load(ENGINE + s + "/report.json")
+                                               ["patterns"].values() for e in p["stock_pace_elasticity"].values())],
+     lambda v: (f"put the plug-in's run at {min(v[:-1]):.2f}–{max(v[:-1]):.2f}× its stock run's over {len(v) - 1} pairs, "
+                f"and near capacity a 1 % slower engine lengthened stock's mean JCT by up to {v[-1]:.1f} %"), "{}"),
+    (SRPT_1206, "patterns/tracecodex1.1/modes/plugin",
+     lambda m: f"{pct(m['jct_cut_vs_stock'])} with p99 {m['p99_jct_ratio_vs_stock'][0]:.2f}×",
+     "code 1.1× slices 0 and 1 in a later hour gave {}"),
+    (BURST_SETTINGS, "patterns/burst8/modes/plugin",
+     lambda m: (f"{pct(m['jct_cut_vs_stock'])}, p99 {m['p99_jct_ratio_vs_stock'][0]:.2f}× and "
+                f"{m['throughput_ratio_vs_stock']:.3f}× stock's throughput"), "In the burst of 128: {}", GUIDE),
+    (SETTINGS_11, "patterns/tracecodex1.1/modes/plugin",
+     lambda m: (f"{PCT(m['measured_cut_vs_stock_per_draw'][0])} and {PCT(m['measured_cut_vs_stock_per_draw'][1])} "
+                f"(pooled {pct(m['jct_cut_vs_stock'])})"), "`code_x1.1_sitting/`): {}, which", GUIDE),
+    (SETTINGS_11, "patterns/tracecodex1.1",
+     lambda p: (f"was {p['stock_pace_scale']['0']:.3f} (stock) and {p['modes']['plugin']['pace_scale_per_draw']['0']:.3f}"
+                f" (the plug-in) in draw 0, {p['stock_pace_scale']['1']:.3f} and "
+                f"{p['modes']['plugin']['pace_scale_per_draw']['1']:.3f} in draw 1; stock's pace on slice 0 had been "
+                f"{_load(SITTING_11)['patterns']['tracecodex1.1']['stock_pace_scale']['0']:.3f} two hours earlier, so "
+                f"the engine ran {100 * (p['stock_pace_scale']['0'] / _load(SITTING_11)['patterns']['tracecodex1.1']['stock_pace_scale']['0'] - 1):.0f} % slower"),
+     "{}", GUIDE),
+    (SETTINGS_11, "patterns/tracecodex1.1/stock_pace_elasticity", lambda e: f"by {e['0']:.1f} % and {e['1']:.1f} %",
+     "lengthens stock's mean JCT {} (the report's", GUIDE),
+    (SETTINGS_11, lambda r: pace_gaps(r["patterns"]["tracecodex1.1"]),
+     lambda g: f"draw 0's two runs are {g[0]:.1f} % apart, all the settings can cost if the machine held its pace "
+               f"there; draw 1's are {g[1]:.0f} % apart", "{}", GUIDE),
+    (SRPT_1206, "patterns/tracecodex1.1/modes/plugin",
+     lambda m: (f"{pct(m['jct_cut_vs_stock'])} with p99 {m['p99_jct_ratio_vs_stock'][0]:.2f}× and "
+                f"{m['throughput_ratio_vs_stock']:.3f}× stock's throughput (per draw "
+                f"{PCT(m['measured_cut_vs_stock_per_draw'][0])} and {PCT(m['measured_cut_vs_stock_per_draw'][1])}; the "
+                f"simulator at one pace {PCT(m['simulated_cut_vs_stock'])})"), "(ABBA again): {}", GUIDE),
+    (SRPT_1206, lambda r: pace_gaps(r["patterns"]["tracecodex1.1"]), lambda g: f"{g[0]:.1f} % and {g[1]:.1f} % faster",
+     "its runs {} in pace than their stock runs", GUIDE),
+    (SRPT_1206, lambda r: pace_ratios(), lambda v: f"Over the {len(v)} pairs of runs on that VM the plug-in run's pace "
+                                                  f"was {min(v):.2f}–{max(v):.2f}× its stock run's", "{}", GUIDE),
+    (SITTING_11, lambda r: pace_gaps(r["patterns"]["tracecodex1.1"])[0], lambda g: f"{g:.1f} %",
+     "Its plug-in run ran {} slower in pace than its stock run", GUIDE),
+    (SITTING_11, lambda r: pace_gaps(r["patterns"]["tracecodex1.1"])[0], lambda g: f"{g:.1f} %",
+     "{} on the 1.1× sitting slice", GUIDE),
+    (SRPT_1206, "patterns/tracecodex1.1/modes/plugin/measured_cut_vs_stock_per_draw/0", PCT,
+     "the plug-in's run the faster one, gave {} (`code_x1.1_srpt_1206/`", GUIDE),
 ]
 
 
@@ -900,7 +968,7 @@ def test_every_check_names_a_file_in_the_repository():
 
 
 WHATIF_STORES = ("code_x0.9", "code_x1.1", "code_x1.1_repeat", "code_x1.1_wait", "conv_x1.1", "code_x0.9_sitting",
-                 "code_x1.1_sitting")
+                 "code_x1.1_sitting", "code_x1.1_srpt_1206")
 """The engine stores whose plug-in runs the guide's whatif summary reads: the first VM's and the second VM's trace
 slices, each replayed on the first VM's cost model (the second VM's burst, missed for that cost model's shape, is
 quoted on its own)."""

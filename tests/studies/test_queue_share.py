@@ -34,6 +34,16 @@ def _row(share: float, stock, plugin) -> tuple[dict, dict]:
     return row, {"stock": stock, "plugin": plugin}
 
 
+def test_only_the_plugins_design_counts_as_the_plugin():
+    from lenpred.studies.queue_regime import plugin_settings
+    from lenpred.studies.queue_share import is_design
+
+    assert is_design(plugin_settings(16)) and is_design({})  # an old record without settings: the design
+    for other in ({"policy": "fcfs"}, {"admit_by": "arrival"}, {"prefill_ahead": 4}, {"max_wait_s": 200.0},
+                  {"aging_tokens_per_s": 4.0}, {"plp": True}):
+        assert not is_design(plugin_settings(16, other)), other
+
+
 def test_slices_pool_into_their_share_bins_the_last_one_closed():
     pairs = [_row(0.05, [10, 10], [9, 9]), _row(0.15, [10, 30], [5, 25]), _row(0.15, [20, 20], [20, 20]),
              _row(1.0, [10, 10], [10, 10])]
@@ -72,7 +82,10 @@ def test_engine_slices_pair_stock_and_the_plugin_on_trace_patterns_only(tmp_path
                       "2/plugin/tracecodex0.9": plugin,  # no stock run: left out
                       "3/stock/tracecodex0.9": stock, "3/plugin_guard/tracecodex0.9": plugin,  # not the design
                       "4/stock/tracecodex0.9": stock,  # its plug-in run 2 hours later: apart from stock, left out
-                      "4/plugin/tracecodex0.9": run(plugin["results"], when="2026-12-06T12:00:00")}}
+                      "4/plugin/tracecodex0.9": run(plugin["results"], when="2026-12-06T12:00:00"),
+                      "5/stock/tracecodex0.9": stock,  # the plug-in with an FCFS order: not the design, left out
+                      "5/plugin/tracecodex0.9": {**plugin, "settings": {"rate_req_s": 0.2, "plugin": {
+                          "policy": "fcfs", "admit_by": "arrival", "decode_slots": 16, "prefill_ahead": 16}}}}}
     for name, st in (("code_x0.9", store),
                      ("code_x0.9_repeat", {"config": {"seed": 101},  # its draw 0 is code_x0.9's slice 1 again
                                            "runs": {"0/stock/tracecodex0.9": stock,

@@ -37,6 +37,20 @@ MODES = ("stock", "plugin", "priority:prompt_len")
 """The simulated modes (``plugin``: :func:`design_mode`)."""
 
 
+DESIGN = {"policy": "srpt", "plp": False, "admit_by": "prompt_len", "max_idle_s": None, "aging_tokens_per_s": 0.0,
+          "max_wait_s": None}
+"""The plug-in's design (:func:`lenpred.studies.queue_regime.plugin_settings`, no starvation guard) an engine run
+must have served to count as the plug-in here; a setting a run's record lacks was at this value."""
+
+
+def is_design(plugin: dict) -> bool:
+    """Whether a plug-in run's settings (``runs.json``'s ``settings["plugin"]``) are :data:`DESIGN` with a window of
+    its decode slots (``prefill_ahead`` = ``decode_slots``); e.g. the plug-in run with an FCFS order to isolate its
+    settings is not."""
+    return (all(plugin.get(k, v) == v for k, v in DESIGN.items())
+            and plugin.get("prefill_ahead") == plugin.get("decode_slots"))
+
+
 def design_mode(D: int) -> str:
     """The plug-in's defaults as a :mod:`lenpred.studies.queue_sim` mode: parked SRPT, a window of D, shortest prompt
     first into it."""
@@ -209,6 +223,7 @@ def store_slices(path: Path, seen: set) -> list[tuple[dict, dict[str, np.ndarray
     for d, name in sorted({(int(d), p) for d, m, p in keys if m == "plugin"}):
         pattern = parse_pattern(name)
         if pattern.trace is None or run_key(d, "stock", name) not in store["runs"] \
+                or not is_design(store["runs"][run_key(d, "plugin", name)]["settings"].get("plugin") or {}) \
                 or draws_apart_from_stock(store, name, [d], ["plugin"]):
             continue
         stock = store["runs"][run_key(d, "stock", name)]
