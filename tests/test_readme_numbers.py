@@ -877,11 +877,12 @@ CHECKS = [
     # the plug-in's settings with an FCFS order, and each run's own pace on the second VM
     (BURST_SETTINGS, "patterns/burst8/modes/plugin", lambda m: f"{pct(m['jct_cut_vs_stock'])}, throughput "
                                                              f"{m['throughput_ratio_vs_stock']:.3f}×",
-     "changed nothing in that burst ({}; `burst_settings_1206/`)"),
+     "showed no detectable effect in that burst ({}, 2 draws; `burst_settings_1206/`)"),
     (SRPT_1206, lambda r: [*pace_ratios(), max(e for s in SECOND_VM_STORES for p in _load(ENGINE + s + "/report.json")
                                                ["patterns"].values() for e in p["stock_pace_elasticity"].values())],
      lambda v: (f"put the plug-in's run at {min(v[:-1]):.2f}–{max(v[:-1]):.2f}× its stock run's over {len(v) - 1} pairs, "
-                f"and near capacity a 1 % slower engine lengthened stock's mean JCT by up to {v[-1]:.1f} %"), "{}"),
+                f"and in the simulator, near capacity, a 1 % slower engine lengthens stock's mean JCT by up to "
+                f"{v[-1]:.1f} %"), "{}"),
     (SRPT_1206, "patterns/tracecodex1.1/modes/plugin",
      lambda m: f"{pct(m['jct_cut_vs_stock'])} with p99 {m['p99_jct_ratio_vs_stock'][0]:.2f}×",
      "code 1.1× slices 0 and 1 in a later hour gave {}"),
@@ -901,8 +902,26 @@ CHECKS = [
     (SETTINGS_11, "patterns/tracecodex1.1/stock_pace_elasticity", lambda e: f"by {e['0']:.1f} % and {e['1']:.1f} %",
      "lengthens stock's mean JCT {} (the report's", GUIDE),
     (SETTINGS_11, lambda r: pace_gaps(r["patterns"]["tracecodex1.1"]),
-     lambda g: f"draw 0's two runs are {g[0]:.1f} % apart, all the settings can cost if the machine held its pace "
-               f"there; draw 1's are {g[1]:.0f} % apart", "{}", GUIDE),
+     lambda g: f"The fitted paces of draw 0's runs are {g[0]:.1f} % apart", "{}", GUIDE),
+    (SETTINGS_11, lambda r: pace_gaps(r["patterns"]["tracecodex1.1"])[1], lambda g: f"Draw 1's are {g:.0f} %", "{}",
+     GUIDE),
+    (SETTINGS_11, "patterns/tracecodex1.1/pace_ms", lambda m: (
+        f"puts the plug-in's run {100 * (m['plugin']['0']['wall_ms_per_step'] / m['stock']['0']['wall_ms_per_step'] - 1):.1f}"
+        f" % slower"), "the wall time per step {}: draw 0", GUIDE),
+    (SETTINGS_11, "patterns/tracecodex1.1/pace_ms",
+     lambda m: f"{m['plugin']['1']['wall_ms_per_step'] / m['stock']['1']['wall_ms_per_step']:.2f}×",
+     "and the wall time per step ({}) puts that on the machine", GUIDE),
+    (SETTINGS_11, "patterns/tracecodex1.1/pace_ms", lambda m: (
+        f"{_load(SITTING_11)['patterns']['tracecodex1.1']['pace_ms']['stock']['0']['wall_ms_per_step']:.0f} → "
+        f"{m['stock']['0']['wall_ms_per_step']:.0f} ms, "
+        f"+{100 * (m['stock']['0']['wall_ms_per_step'] / _load(SITTING_11)['patterns']['tracecodex1.1']['pace_ms']['stock']['0']['wall_ms_per_step'] - 1):.0f} %; "
+        f"the speed probe +{100 * (m['stock']['0']['probe_ms'] / _load(SITTING_11)['patterns']['tracecodex1.1']['pace_ms']['stock']['0']['probe_ms'] - 1):.0f} %"),
+     "per step {})", GUIDE),
+    (SRPT_1206, lambda r: (*[pace_gaps(_load(SITTING)["patterns"]["tracecodex0.9"])[d] for d in (0, 3)],
+                           pace_gaps(_load(SITTING_11)["patterns"]["tracecodex1.1"])[0], sorted(pace_ratios())),
+     lambda v: (f"({v[0]:.1f}, {v[1]:.1f} and {v[2]:.1f} % on the two queueing 0.9× slices and the 1.1× sitting "
+                f"slice) sit at the top of that spread (the other {len(v[3]) - 3} pairs: "
+                f"{v[3][0]:.2f}–{v[3][-4]:.2f}×)"), "{}", GUIDE),
     (SRPT_1206, "patterns/tracecodex1.1/modes/plugin",
      lambda m: (f"{pct(m['jct_cut_vs_stock'])} with p99 {m['p99_jct_ratio_vs_stock'][0]:.2f}× and "
                 f"{m['throughput_ratio_vs_stock']:.3f}× stock's throughput (per draw "
@@ -914,8 +933,6 @@ CHECKS = [
                                                   f"was {min(v):.2f}–{max(v):.2f}× its stock run's", "{}", GUIDE),
     (SITTING_11, lambda r: pace_gaps(r["patterns"]["tracecodex1.1"])[0], lambda g: f"{g:.1f} %",
      "Its plug-in run ran {} slower in pace than its stock run", GUIDE),
-    (SITTING_11, lambda r: pace_gaps(r["patterns"]["tracecodex1.1"])[0], lambda g: f"{g:.1f} %",
-     "{} on the 1.1× sitting slice", GUIDE),
     (SRPT_1206, "patterns/tracecodex1.1/modes/plugin/measured_cut_vs_stock_per_draw/0", PCT,
      "the plug-in's run the faster one, gave {} (`code_x1.1_srpt_1206/`", GUIDE),
 ]

@@ -342,8 +342,9 @@ def fit_run_pace(rec: dict, regime_: dict, cost, seed: int) -> float | None:
 def pace_elasticity(rec: dict, regime_: dict, cost, seed: int, pace: float, step: float = 0.02) -> float:
     """How much the engine's drift moves one run: the elasticity d ln(mean JCT) / d ln(pace) of the run's simulated
     mean JCT (:func:`simulated_mean_jct`) at the cost model scaled to ``pace``, a central difference over
-    ``pace · (1 ± step)``; 1 where nothing queues (every request's time scales with the pace), more where requests
-    wait: a 1 % slower engine lengthens the mean JCT by about this many percent.
+    ``pace · (1 ± step)``: a 1 % slower engine lengthens the simulated mean JCT by about this many percent. 1 where
+    the schedule does not depend on the arrival times (nothing queues, or a burst at t = 0: every time scales with
+    the pace); more where requests arrive over time and a slower engine raises the load.
 
     Args:
         rec: one run's record (``runs.json``).
