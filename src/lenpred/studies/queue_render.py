@@ -226,9 +226,9 @@ def pattern_markdown(pattern: str, p: dict) -> list[str]:
         elastic = {d: e for d, e in p.get("stock_pace_elasticity", {}).items() if e is not None}
         if elastic:
             lines += ["Stock's mean JCT's elasticity to the pace, per draw, at its fitted pace (`pace_elasticity`: the "
-                      "% a 1 % slower engine adds to it in the simulator; 1 where the schedule does not depend on arrival times, as in "
-                      "a burst): "
-                      + ", ".join(f"draw {d} ({e:.1f})" for d, e in elastic.items()) + ".", ""]
+                      "% a 1 % slower engine adds to it in the simulator; 1 where the schedule does not depend on "
+                      "arrival times, as in a burst): " + ", ".join(f"draw {d} ({e:.1f})" for d, e in elastic.items())
+                      + ".", ""]
     if p.get("whatif"):
         lines += whatif_markdown(p["whatif"])
     if p.get("pace_ms"):

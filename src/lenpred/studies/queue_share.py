@@ -32,13 +32,14 @@ from pathlib import Path
 import numpy as np
 
 from lenpred.errors import LenpredError, raise_first
+from lenpred.studies.queue_regime import plugin_settings
 
 MODES = ("stock", "plugin", "priority:prompt_len")
 """The simulated modes (``plugin``: :func:`design_mode`)."""
 
 
-DESIGN = {"policy": "srpt", "plp": False, "admit_by": "prompt_len", "max_idle_s": None, "aging_tokens_per_s": 0.0,
-          "max_wait_s": None}
+DESIGN = {**{k: v for k, v in plugin_settings(0).items() if k not in ("decode_slots", "prefill_ahead")},
+          "aging_tokens_per_s": 0.0, "max_wait_s": None}
 """The plug-in's design (:func:`lenpred.studies.queue_regime.plugin_settings`, no starvation guard) an engine run
 must have served to count as the plug-in here; a setting a run's record lacks was at this value."""
 
