@@ -928,7 +928,18 @@ CHECKS = [
                 f"{PCT(m['measured_cut_vs_stock_per_draw'][0])} and {PCT(m['measured_cut_vs_stock_per_draw'][1])}; the "
                 f"simulator at one pace {PCT(m['simulated_cut_vs_stock'])})"), "(ABBA again): {}", GUIDE),
     (SRPT_1206, lambda r: pace_gaps(r["patterns"]["tracecodex1.1"]), lambda g: f"{g[0]:.1f} % and {g[1]:.1f} % faster",
-     "its runs {} in pace than their stock runs", GUIDE),
+     "its runs {} in fitted pace than their stock runs", GUIDE),
+    (SRPT_1206, "patterns/tracecodex1.1/pace_ms", lambda m: " and ".join(
+        f"{m['plugin'][d]['wall_ms_per_step']:.0f} against {m['stock'][d]['wall_ms_per_step']:.0f}" for d in "01"),
+     "wall time per step was the same ({} ms)", GUIDE),
+    (SRPT_1206, "patterns/tracecodex1.1/pace_ms", lambda m: " and ".join(
+        f"{m['plugin'][d]['wall_ms_per_step']:.0f} against {m['stock'][d]['wall_ms_per_step']:.0f}" for d in "01"),
+     "wall time per step {} ms), above the simulator's"),
+    (SRPT_1206, "patterns/tracecodex1.1/modes/plugin/simulated_cut_vs_stock", PCT,
+     "above the simulator's {} at one pace"),
+    (SETTINGS_11, "patterns/tracecodex1.1/stock_pace_scale/0",
+     lambda f: f"{1.1 * f / _load(SITTING_11)['patterns']['tracecodex1.1']['stock_pace_scale']['0']:.1f}×",
+     "the nominal 1.1× slices ran at about {} that hour's", GUIDE),
     (SRPT_1206, lambda r: pace_ratios(), lambda v: f"Over the {len(v)} pairs of runs on that VM the plug-in run's pace "
                                                   f"was {min(v):.2f}–{max(v):.2f}× its stock run's", "{}", GUIDE),
     (SITTING_11, lambda r: pace_gaps(r["patterns"]["tracecodex1.1"])[0], lambda g: f"{g:.1f} %",
