@@ -25,7 +25,7 @@ def main() -> None:
     from lenpred.studies.engine_bench import engine_env
     from lenpred.studies.queue_bench import load_runs
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     for f in dataclasses.fields(BenchServeConfig):  # one flag per setting (their meaning: the class docstring)
         kind = float if f.name == "capacity_req_s" else type(f.default)
         ap.add_argument(f"--{f.name.replace('_', '-')}", type=kind, default=f.default)

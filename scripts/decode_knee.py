@@ -22,7 +22,7 @@ from lenpred.studies.decode_knee import DecodeKneeConfig, replot, run
 
 def main() -> None:
     d = DecodeKneeConfig()
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--batch-sizes", default=",".join(map(str, d.batch_sizes)))
     ap.add_argument("--prompt-tokens", type=int, default=d.prompt_tokens)
     ap.add_argument("--steps", type=int, default=d.steps)

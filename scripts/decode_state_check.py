@@ -27,7 +27,7 @@ from lenpred.studies.progressive import DECODE_LAYERS
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--bench", default="benchmarks/smollm2-forelen")
     ap.add_argument("--n", type=int, default=6)
     ap.add_argument("--seed", type=int, default=0)

@@ -32,7 +32,7 @@ def main() -> None:
     from lenpred.tuning import TuningSettings, fit_and_score, one_se_choice, tuning_context
     from lenpred.io import write_json
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--bench", default="benchmarks/smollm2-forelen")
     ap.add_argument("--out", default="results/scripts/estp_selection_spread.json")
     ap.add_argument("--within", type=float, default=2.0, help="validation-MAE margin of a near tie (tokens)")

@@ -21,7 +21,7 @@ from lenpred.studies.first_head import FirstHeadConfig, run_first_head
 
 def main() -> int:
     d = FirstHeadConfig()
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--bench", default=d.bench)
     ap.add_argument("--sizes", default=",".join(map(str, d.sizes)), help="logged requests per head, comma-separated")
     ap.add_argument("--seed", type=int, default=d.seed)

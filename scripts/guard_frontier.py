@@ -51,7 +51,7 @@ def main() -> None:
     from lenpred.studies.queue_render import frontier_markdown, plot_frontier
     from lenpred.studies.queue_report import guard_frontier
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--store", required=True, help="a queue-benchmark output directory (runs.json, report.json)")
     ap.add_argument("--pattern", required=True, help="a trace pattern of that store, e.g. tracecodex1.1")
     ap.add_argument("--max-waits", default="50,100,150,200,250,300",

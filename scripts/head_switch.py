@@ -19,7 +19,7 @@ def main() -> int:
     from lenpred.studies.head_switch import HeadSwitchConfig, run_head_switch
 
     d = HeadSwitchConfig()
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--old", default=d.old, help="the head A serves (default: the shipped one)")
     ap.add_argument("--new", default=d.new, help="the head B serves (a lenpred train directory)")
     ap.add_argument("--num-requests", type=int, default=d.num_requests)

@@ -23,7 +23,7 @@ def main() -> int:
     from lenpred.studies.outside_source import OutsideConfig
 
     s, a = OutsideServeConfig(), OutsideConfig()
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--serve", action="store_true", help="serve the missing prompts through the plug-in first")
     ap.add_argument("--num-prompts", type=int, default=s.num_prompts)
     ap.add_argument("--samples", type=int, default=s.samples)

@@ -15,7 +15,7 @@ from lenpred.studies.diagnose.config import DiagnoseConfig
 from lenpred.studies.diagnose.run import render_diagnose, run_diagnose
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--max-batch-tokens", type=int, default=4096)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--k", type=int, default=4096, help="pruned output-vocabulary size")

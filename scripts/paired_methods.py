@@ -32,7 +32,7 @@ def main() -> None:
     from lenpred.torch_state import torch_threads
     from lenpred.tuning import clipped_predict
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--bench", default="benchmarks/smollm2-forelen")
     ap.add_argument("--predictors", default="results/evaluate/predictors")
     ap.add_argument("--pairs", default=DEFAULT_PAIRS, help="comma-separated a-b method pairs")

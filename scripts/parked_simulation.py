@@ -27,7 +27,7 @@ from lenpred.studies.parked_sim import ParkedSimConfig
 def parse_config() -> ParkedSimConfig:
     """The command line as a :class:`ParkedSimConfig` (its defaults)."""
     d = ParkedSimConfig()
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--draws", type=int, default=d.draws)
     ap.add_argument("--num-requests", type=int, default=d.num_requests)
     ap.add_argument("--decode-slots", type=int, default=d.decode_slots)

@@ -22,7 +22,7 @@ from lenpred.online.progressive import load_plp, update_cost
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--repeats", type=int, default=2000)
     ap.add_argument("--out", default="results/scripts/progressive/update_cost.json")
     args = ap.parse_args()

@@ -23,7 +23,7 @@ def main() -> None:
     from lenpred.tuning import fit_and_score
     from lenpred.io import write_json
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--bench", default="benchmarks/smollm2-forelen")
     ap.add_argument("--out", default="results/scripts/pool_span_choice.json")
     args = ap.parse_args()

@@ -21,7 +21,7 @@ from lenpred.studies.proxy_latency import ProxyLatencyConfig, ProxyLatencyReport
 
 def main() -> None:
     d = ProxyLatencyConfig()
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--before", default=d.before,
                     help="git revision of the 'before' proxy app (09b1c3b: the last with one prediction at a time)")
     ap.add_argument("--rounds", default=",".join(map(str, d.rounds)), help="bursts at 1, 8 and 32 concurrent requests")

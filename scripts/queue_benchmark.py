@@ -36,7 +36,7 @@ def parse_args() -> tuple[QueueBenchConfig, argparse.Namespace]:
     """``(config, actions)``: the settings as a :class:`QueueBenchConfig` (its defaults) and ``report_only`` /
     ``plan``."""
     d = QueueBenchConfig()
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--decode-bound", type=int, default=d.decode_bound,
                     help="D: sequences decoded per step at most, every mode")
     ap.add_argument("--patterns", default=d.patterns,

@@ -29,7 +29,7 @@ from lenpred.studies.serving_bench_runs import ServingBenchConfig
 
 def parse_config() -> ServingBenchConfig:
     d = ServingBenchConfig()
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--num-requests", type=int, default=d.num_requests, help="requests per draw")
     ap.add_argument("--draws", type=int, default=d.draws)
     ap.add_argument("--seed", type=int, default=d.seed, help="seed of draw 0 (draw d: seed + d)")

@@ -101,7 +101,7 @@ def main() -> None:
 
     import argparse
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--log-only", action="store_true", help="re-time the log only; keep the stored refit times")
     args = ap.parse_args()
     path = Path("results/scripts/traffic/cost.json")

@@ -20,7 +20,7 @@ from lenpred.studies.traffic_log_faults import TrafficLogFaultsConfig, TrafficLo
 
 def main() -> None:
     d = TrafficLogFaultsConfig()
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--kills", type=int, default=d.kills)
     ap.add_argument("--rate", type=float, default=d.rate, help="rows per second the writer records")
     ap.add_argument("--rows-per-part", type=int, default=d.rows_per_part)

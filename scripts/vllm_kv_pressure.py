@@ -18,7 +18,7 @@ from pathlib import Path
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--num-requests", type=int, default=128)
     ap.add_argument("--kv-cache-mib", type=int, default=64)
     ap.add_argument("--decode-slots", type=int, default=4)

@@ -18,7 +18,7 @@ import numpy as np
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--num-prompts", type=int, default=24)
     ap.add_argument("--out", default="results/scripts/serving/state_check.json")
     args = ap.parse_args()
