@@ -4,6 +4,8 @@ plug-in with the head and traffic log asked for, admission by prompt length unde
 import json
 from pathlib import Path
 
+import pytest
+
 from lenpred.studies.engine_bench import PORT
 from lenpred.studies.head_switch import _command, _outcomes
 
@@ -21,3 +23,13 @@ def test_each_engine_gets_its_port_its_head_its_log_and_a_drain_bound():
 def test_outcomes_count_what_finished():
     got = _outcomes([{"outcome": "ok"}, {"outcome": "ok"}, {"outcome": "error"}])
     assert got == {"sent": 3, "ok": 2, "outcomes": {"ok": 2, "error": 1}}
+
+
+def test_a_head_that_is_not_a_saved_predictor_is_refused_before_any_engine_starts(tmp_path):
+    from lenpred.errors import LenpredError
+    from lenpred.studies.head_switch import HeadSwitchConfig, run_head_switch
+
+    (tmp_path / "head").mkdir()  # a directory without the predictor's config.json
+    with pytest.raises(LenpredError, match=f"--new {tmp_path / 'head'} is not a saved predictor"):
+        run_head_switch(HeadSwitchConfig(new=str(tmp_path / "head"), out=str(tmp_path / "out")))
+    assert not (tmp_path / "out").exists()  # nothing started, nothing written

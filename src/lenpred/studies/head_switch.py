@@ -63,7 +63,8 @@ def run_head_switch(cfg: HeadSwitchConfig) -> dict:
     """The run (module docstring); writes and returns ``head_switch.json``.
 
     Raises:
-        LenpredError: a port in use or an engine that does not start (its log named)."""
+        LenpredError: a non-empty ``out``, a head that is not a saved predictor, a port in use or an engine that
+            does not start (its log named)."""
     import subprocess
 
     import httpx
@@ -75,10 +76,14 @@ def run_head_switch(cfg: HeadSwitchConfig) -> dict:
     from lenpred.serving.supervisor import ServerGroup, parse_cpu_set
     from lenpred.studies.engine_bench import MODEL_NAME, PORT, EngineWorkload, engine_env, load_requests
 
-    engine_env()
     out = Path(cfg.out)
     if out.exists() and any(out.iterdir()):
         raise LenpredError(f"{out} is not empty: its traffic logs would mix runs; pass a fresh --out")
+    for flag, head in (("--old", cfg.old), ("--new", cfg.new)):  # before an engine starts, not after A's 900 s
+        if head is not None and not (Path(head) / "config.json").is_file():
+            raise LenpredError(f"{flag} {head} is not a saved predictor (no config.json): pass a `lenpred train` "
+                               "output directory")
+    engine_env()
     model_dir = str(resolve_model()[0])
     source = EngineWorkload()
     rows = source.draw(cfg.num_requests + cfg.num_after, cfg.seed)
