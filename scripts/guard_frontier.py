@@ -61,6 +61,9 @@ def main() -> None:
                     help="re-simulate under this decode-slot policy (e.g. sjf; default: the run's own)")
     args = ap.parse_args()
     store_dir = Path(args.store)
+    if not (store_dir / "runs.json").is_file():
+        raise LenpredError(f"{store_dir} holds no runs.json: give a store scripts/queue_benchmark.py wrote (e.g. "
+                           "results/scripts/serving/queue_trace_engine/code_x1.1)")
     try:
         store = json.loads((store_dir / "runs.json").read_text())
         rep = json.loads((store_dir / "report.json").read_text())
