@@ -29,6 +29,20 @@ def _run(mode: str, pattern: str, jcts: list[float], boot_id: str = "boot-a") ->
             "loadavg_1m_before": 0.1, "plugin_log": log, "machine": {"hostname": "h", "boot_id": boot_id}}
 
 
+def _one_slot_run(mode: str, jcts: list[float]) -> dict:
+    """A trace slice's run at one decode slot (stock: ``max_num_seqs`` 1): a 40-token request at t = 0, then 11 of 4
+    tokens every 2 s, the plug-in's predictions exact; ``jcts`` the measured JCT per request, s."""
+    rec = _run(mode, "tracecodex1.1", jcts)
+    rec["settings"].update(rate_req_s=0.5, max_num_seqs=1 if mode == "stock" else 2)
+    if mode == "plugin":
+        rec["settings"]["plugin"] = {**PLUGIN, "decode_slots": 1, "prefill_ahead": 1}
+    for i, r in enumerate(rec["results"]):
+        r.update(arrival_s=2.0 * i, completion_tokens=40 if i == 0 else 4)
+    for i, log in enumerate(rec["plugin_log"]):
+        log["expected"] = 40.0 if i == 0 else 4.0
+    return rec
+
+
 @pytest.fixture
 def report(tmp_path: Path) -> dict:
     runs = {}
@@ -445,15 +459,8 @@ def test_guard_frontier_resimulates_the_plugin_run_under_each_age_threshold(tmp_
     unit.save(tmp_path / "cost.json")
     runs = {}
     for mode in ("stock", "plugin"):
-        rec = _run(mode, "tracecodex1.1", [2.0 * (i + 1) * (2 if mode == "stock" else 1) for i in range(12)])
-        rec["settings"].update(rate_req_s=0.5, max_num_seqs=1 if mode == "stock" else 2)
-        if mode == "plugin":
-            rec["settings"]["plugin"] = {**PLUGIN, "decode_slots": 1, "prefill_ahead": 1}
-        for i, r in enumerate(rec["results"]):
-            r.update(arrival_s=2.0 * i, completion_tokens=40 if i == 0 else 4)
-        for i, log in enumerate(rec["plugin_log"]):
-            log["expected"] = 40.0 if i == 0 else 4.0
-        runs[f"0/{mode}/tracecodex1.1"] = rec
+        runs[f"0/{mode}/tracecodex1.1"] = _one_slot_run(mode, [2.0 * (i + 1) * (2 if mode == "stock" else 1)
+                                                               for i in range(12)])
     runs["1/stock/tracecodex1.1"] = runs["0/stock/tracecodex1.1"]  # draw 1: no plug-in run, left out
     store = {"config": {"seed": 0}, "runs": runs}
     regime = {"kv_bytes_per_token": 46080}
@@ -588,14 +595,7 @@ def test_the_report_stores_each_runs_own_pace_and_stocks_elasticity(tmp_path: Pa
               "capacity": {"capacity_req_s": 0.2, "how": "given (--capacity-req-s)", "cost_model": None}}
     runs = {}
     for mode, pace in (("stock", 1.2), ("plugin", 0.9)):
-        rec = _run(mode, "tracecodex1.1", [1.0] * 12)
-        rec["settings"].update(rate_req_s=0.5, max_num_seqs=1 if mode == "stock" else 2)
-        if mode == "plugin":
-            rec["settings"]["plugin"] = {**PLUGIN, "decode_slots": 1, "prefill_ahead": 1}
-        for i, r in enumerate(rec["results"]):
-            r.update(arrival_s=2.0 * i, completion_tokens=40 if i == 0 else 4)
-        for i, log in enumerate(rec["plugin_log"]):
-            log["expected"] = 40.0 if i == 0 else 4.0
+        rec = _one_slot_run(mode, [1.0] * 12)
         target = simulated_mean_jct(rec, regime, unit.with_pace(pace), seed=100)
         for r in rec["results"]:
             r["jct_s"] = target
