@@ -117,6 +117,11 @@ def sim_over_measured(cell: dict) -> str:
     return f"{cell['simulated_over_measured']:.2f}" + ("" if at_pace is None else f" ({at_pace:.2f})")
 
 
+def fmt_scale(x: float | None) -> str:
+    """A fitted pace scale to 3 decimals; "–" for none."""
+    return "–" if x is None else f"{x:.3f}"
+
+
 def run_paces_markdown(stock: dict, paced: dict) -> list[str]:
     """Each run's own pace (:func:`~lenpred.studies.queue_report.fit_run_pace`), mode by draw, stock's first, with
     its legend, as Markdown lines; "–": none fitted or no run.
@@ -127,13 +132,12 @@ def run_paces_markdown(stock: dict, paced: dict) -> list[str]:
     """
     rows = {"stock": stock, **paced}
     draws = sorted({d for x in rows.values() for d in x}, key=int)
-    scale = lambda x: "–" if x is None else f"{x:.3f}"  # noqa: E731
     return ["Each run's pace, as a scale of the cost model's step times: the simulator of the run's own mode fitted to "
             "its mean JCT (`fit_run_pace`; > 1: slower). It holds the machine's pace during the run and what the mode "
             "costs the engine beyond the simulator's model; two runs of one draw at different paces compare the "
             "machine as well as the modes (by how much: stock's elasticity below):", "",
             markdown_table(["mode", *(f"draw {d}" for d in draws)],
-                           [[m, *(scale(x.get(d)) for d in draws)] for m, x in rows.items()]), ""]
+                           [[m, *(fmt_scale(x.get(d)) for d in draws)] for m, x in rows.items()]), ""]
 
 
 def whatif_markdown(rows: list[dict]) -> list[str]:
@@ -141,7 +145,6 @@ def whatif_markdown(rows: list[dict]) -> list[str]:
     legend: per run the predicted and the measured cut, the error in points, both p99 ratios and both runs' paces
     (each fitted by its own replay of its own run: whatif's of the plug-in run's log, :func:`~lenpred.studies.
     queue_report.fit_run_pace`'s of the stock run, which adds the streaming overhead; "–": none fitted)."""
-    scale = lambda x: "–" if x is None else f"{x:.3f}"  # noqa: E731
     return ["`lenpred whatif` on each plug-in run's own traffic log (the simulator's cost model at the pace whatif "
             "fits to the log, the run's D and starvation guard) against that draw's measured cut vs stock; the paces "
             "(> 1: slower) fitted to the plug-in run (by whatif; – : none, where the log does not say the order it "
@@ -151,7 +154,7 @@ def whatif_markdown(rows: list[dict]) -> list[str]:
                            [[w.get("mode", "plugin"), w["draw"], f"{w['predicted_cut']:+.1%}",
                              f"{w['measured_cut']:+.1%}", f"{w['error_pp']:+.1f}",
                              f"{w['predicted_p99_ratio']:.2f}", f"{w['measured_p99_ratio']:.2f}",
-                             f"{scale(w.get('pace_scale'))} / {scale(w.get('stock_pace_scale'))}"] for w in rows]), ""]
+                             f"{fmt_scale(w.get('pace_scale'))} / {fmt_scale(w.get('stock_pace_scale'))}"] for w in rows]), ""]
 
 
 def mixed_rates(p: dict) -> bool:
